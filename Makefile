@@ -1,0 +1,44 @@
+# `make demo` runs the main job on a local SLURM cluster; `make test` runs every test. Both install what they need.
+PYTHON ?= python3
+VENV := .venv
+SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-packages test unit integration demo bench clean cluster-down
+
+install: system-packages $(VENV)/.installed
+
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:" $$missing; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	fi
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+test: install
+	$(VENV)/bin/python -m pytest -q tests
+
+unit: install
+	$(VENV)/bin/python -m pytest -q tests -m "not integration"
+
+integration: install
+	$(VENV)/bin/python -m pytest -q tests -m integration
+
+demo: install
+	$(VENV)/bin/sigma demo
+
+bench: install
+	for b in bench/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+
+cluster-down:
+	$(VENV)/bin/sigma cluster down
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

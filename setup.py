@@ -1,0 +1,29 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="sigma-slurm",
+    version="0.1.0",
+    description="Keep GPU training clusters on SLURM productive: node validation, telemetry, "
+    "fault detection and recovery, and a resilient MoE trainer.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["sigma", "sigma.*"]),
+    include_package_data=True,
+    install_requires=[
+        "PyYAML>=6.0,<7",
+        "numpy>=1.26,<3",
+        "psutil>=5.9,<8",
+        "rich>=13,<16",
+        "submitit==1.5.4",
+        "prometheus-client>=0.20,<1",
+        "nvidia-ml-py>=12.535",
+        # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
+        "torch==2.13.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "transformers>=4.45"],
+        "llm": ["openai>=1.40"],
+    },
+    entry_points={"console_scripts": ["sigma=sigma.cli:main"]},
+)

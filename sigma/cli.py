@@ -1,0 +1,48 @@
+"""`sigma`: one command line for admins and researchers.
+
+Each area registers its own subcommands: a module `sigma/<area>/cli.py` with `register(subparsers)`. Handlers
+import their heavy dependencies lazily so `sigma health` in a prolog starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# Modules with register(subparsers), in the order of `sigma --help`; ones not present yet are skipped.
+COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
+    "slurm", "health", "telemetry", "controller", "rules", "companion", "train", "tune", "chaos")) + ("sigma.demo",)
+
+
+class CommandError(RuntimeError):
+    """A user-facing failure: printed as `sigma: error: ...` with exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sigma", description="Keep GPU training clusters on SLURM productive.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        package = name.rpartition(".")[0]
+        if importlib.util.find_spec(package) and importlib.util.find_spec(name):
+            importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sigma.slurm.cluster import ClusterError
+    from sigma.slurm.command import SlurmError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CommandError, ClusterError, SlurmError, FileNotFoundError, ValueError) as exc:
+        print(f"sigma: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

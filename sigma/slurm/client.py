@@ -1,0 +1,148 @@
+"""The one interface to SLURM: queries with typed results and the actions the controller may take."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from sigma.slurm.command import DEFAULT_TIMEOUT_S, SlurmError, run
+from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
+
+NEXT_STATES = ("RESUME", "DOWN", "DRAIN")
+NOTHING_FOUND = 9003  # sacct's "Nothing found with query" is an empty answer, not a failure
+
+
+class Slurm:
+    """SLURM commands against one cluster (SLURM_CONF=conf when given, else the environment's)."""
+
+    def __init__(self, conf: str | Path | None = None, timeout: float = DEFAULT_TIMEOUT_S):
+        self.env = {"SLURM_CONF": str(conf)} if conf else {}
+        self.timeout = timeout
+
+    def _run(self, *argv: str, timeout: float | None = None, input: str | None = None) -> str:
+        return run(argv, env=self.env, timeout=timeout or self.timeout, input=input).stdout
+
+    def _json(self, *argv: str) -> dict:
+        out = self._run(*argv, "--json")
+        try:
+            data = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(argv, 0, f"unparsable JSON ({exc}): {out[:200]!r}") from None
+        errors = [e for e in data.get("errors") or () if e.get("error_number") != NOTHING_FOUND]
+        if errors:
+            raise SlurmError(argv, 0, f"SLURM reported errors: {errors}")
+        return data
+
+    # ---------- queries ----------
+    def nodes(self) -> list[Node]:
+        return [Node.from_json(n) for n in self._json("sinfo")["nodes"]]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise SlurmError(["sinfo"], 0, f"no node named {name!r}")
+
+    def jobs(self, job_ids: Iterable[int] = ()) -> list[Job]:
+        wanted = {int(j) for j in job_ids}
+        jobs = [Job.from_json(j) for j in self._json("squeue")["jobs"]]
+        return [j for j in jobs if not wanted or j.job_id in wanted]
+
+    def job(self, job_id: int) -> Job | None:
+        found = self.jobs([job_id])
+        return found[0] if found else None
+
+    def accounting(self, job_ids: Iterable[int] = (), since: str | None = None,
+                   duplicates: bool = False) -> list[AccountingRecord]:
+        argv = ["sacct"]
+        ids = ",".join(str(j) for j in job_ids)
+        if ids:
+            argv += ["-j", ids]
+        if since:
+            argv += ["--starttime", since]
+        if duplicates:
+            argv.append("--duplicates")
+        return [AccountingRecord.from_json(j) for j in self._json(*argv)["jobs"]]
+
+    # ---------- node actions ----------
+    def drain(self, nodes: Sequence[str], reason: str) -> None:
+        """Drain with a reason that always starts with 'sigma:' so we can tell our drains from an admin's."""
+        self._update_nodes(nodes, "State=DRAIN", f"Reason={sigma_reason(reason)}")
+
+    def resume(self, nodes: Sequence[str], *, force: bool = False) -> None:
+        """Resume nodes we drained or set down (idempotent: available nodes are skipped).
+
+        Refuses a node whose reason an admin set, unless force=True: never undo somebody else's drain.
+        """
+        current = {n.name: n for n in self.nodes()}
+        unknown = [n for n in nodes if n not in current]
+        if unknown:
+            raise SlurmError(["scontrol", "update", "State=RESUME"], 0, f"no such nodes: {unknown}")
+        foreign = [n for n in nodes if current[n].reason and not current[n].drained_by_sigma]
+        if foreign and not force:
+            raise SlurmError(["scontrol", "update", "State=RESUME"], 0,
+                             f"refusing to resume {foreign}: their drain reason was not set by sigma")
+        todo = [n for n in nodes if current[n].drained or current[n].state == "down"]
+        if todo:
+            self._update_nodes(todo, "State=RESUME")
+
+    def set_down(self, nodes: Sequence[str], reason: str) -> None:
+        self._update_nodes(nodes, "State=DOWN", f"Reason={sigma_reason(reason)}")
+
+    def reboot(self, nodes: Sequence[str], *, next_state: str = "DOWN", reason: str = "", asap: bool = True) -> None:
+        """`scontrol reboot [ASAP] nextstate=... reason=... NODES`: reboot once idle, then enter next_state."""
+        if next_state.upper() not in NEXT_STATES:
+            raise ValueError(f"next_state must be one of {NEXT_STATES}, not {next_state!r}")
+        argv = ["scontrol", "reboot"] + (["ASAP"] if asap else []) + [f"nextstate={next_state.upper()}"]
+        if reason:
+            argv.append(f"reason={sigma_reason(reason)}")
+        self._run(*argv, ",".join(nodes))
+
+    def _update_nodes(self, nodes: Sequence[str], *settings: str) -> None:
+        if not nodes:
+            raise ValueError("no nodes given")
+        self._run("scontrol", "update", f"NodeName={','.join(nodes)}", *settings)
+
+    # ---------- job actions ----------
+    def submit(self, script: str | Path, *sbatch_args: str, wrap: str | None = None) -> int:
+        """sbatch a script file (or --wrap a command); return the job id."""
+        argv = ["sbatch", "--parsable", *sbatch_args]
+        argv += ["--wrap", wrap] if wrap is not None else [str(script)]
+        out = self._run(*argv).strip()
+        match = re.match(r"^(\d+)", out)
+        if not match:
+            raise SlurmError(argv, 0, f"sbatch printed no job id: {out!r}")
+        return int(match.group(1))
+
+    def requeue(self, job_id: int, *, hold: bool = False) -> None:
+        self._run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    def release(self, job_id: int) -> None:
+        self._run("scontrol", "release", str(job_id))
+
+    def start_now(self, job_id: int) -> None:
+        """Clear the ~2-minute BeginTime SLURM puts on a requeued job so it can start at once."""
+        self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        self._run("scancel", *([f"--signal={signal}"] if signal else []), str(job_id))
+
+    # ---------- reservations ----------
+    def create_reservation(self, name: str, nodes: Sequence[str], *, duration_min: int = 60,
+                           users: str = "root", flags: str = "MAINT,IGNORE_JOBS") -> None:
+        self._run("scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now",
+                  f"Duration={duration_min}", f"Nodes={','.join(nodes)}", f"Users={users}", f"Flags={flags}")
+
+    def delete_reservation(self, name: str) -> None:
+        self._run("scontrol", "delete", f"ReservationName={name}")
+
+    def reservations(self) -> list[str]:
+        out = self._run("scontrol", "-o", "show", "reservation")
+        return re.findall(r"ReservationName=(\S+)", out)
+
+
+def sigma_reason(reason: str) -> str:
+    reason = " ".join(reason.split())
+    return reason if reason.startswith(SIGMA_REASON_PREFIX) else f"{SIGMA_REASON_PREFIX} {reason}"

@@ -1,0 +1,413 @@
+"""A real SLURM cluster on one machine: munge, MariaDB + slurmdbd, slurmctld and N `slurmd -N nodeK`.
+
+Everything lives under one state directory (configs, pid files, logs, spool, database, per-node kernel logs).
+`down` stops only what `up` started, found through pid files, and leaves the directory for inspection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sigma.paths import configs_dir, default_cluster_dir, project_root
+from sigma.slurm.command import SlurmError, run
+
+DEBIAN_PACKAGES = "slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server"
+REQUIRED_PROGRAMS = {
+    "munged": "munge", "munge": "munge", "unmunge": "munge",
+    "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server", "mariadb": "mariadb-server",
+    "slurmdbd": "slurmdbd", "slurmctld": "slurmctld", "slurmd": "slurmd",
+    "sinfo": "slurm-client", "sacctmgr": "slurm-client", "scontrol": "slurm-client",
+}
+HOSTS_MARK = "# sigma local cluster"
+SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+class ClusterError(RuntimeError):
+    """The local cluster cannot be brought up, with a message that says what to do."""
+
+
+@dataclass
+class ClusterSpec:
+    """What `up` was asked for; saved as cluster.json so later commands reuse the same ports and secrets."""
+
+    nodes: int = 4  # emulated compute nodes node1..nodeN
+    port_base: int = 16800  # slurmctld=base, slurmdbd=base+1, mariadb=base+2, slurmd k=base+10+k
+    name: str = "sigma"  # ClusterName in slurm.conf and accounting
+    cpus: int = 2  # CPUs each emulated node advertises
+    memory_mb: int = 4096  # RealMemory each emulated node advertises
+    partition: str = "debug"
+    prolog: str = ""  # absolute path of the Prolog script, empty for none
+    epilog: str = ""  # absolute path of the Epilog script, empty for none
+    mysql_password: str = field(default_factory=lambda: secrets.token_hex(12))
+    started_munged: bool = False  # only stop munged in `down` if `up` started it
+
+
+class LocalCluster:
+    def __init__(self, state_dir: Path | str | None = None):
+        self.state_dir = Path(state_dir or default_cluster_dir()).expanduser().resolve()
+        self.spec_file = self.state_dir / "cluster.json"
+
+    # ---------- layout ----------
+    @property
+    def conf(self) -> Path:
+        return self.state_dir / "etc" / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf), "SIGMA_CLUSTER_DIR": str(self.state_dir)}
+
+    def load_spec(self) -> ClusterSpec | None:
+        if not self.spec_file.exists():
+            return None
+        return ClusterSpec(**json.loads(self.spec_file.read_text()))
+
+    def _save_spec(self, spec: ClusterSpec) -> None:
+        self.spec_file.write_text(json.dumps(asdict(spec), indent=2) + "\n")
+        self.spec_file.chmod(0o600)
+
+    def node_names(self, spec: ClusterSpec | None = None) -> list[str]:
+        spec = spec or self.load_spec() or ClusterSpec()
+        return [f"node{k}" for k in range(1, spec.nodes + 1)]
+
+    def node_dir(self, node: str) -> Path:
+        """Per-node files the emulation keeps apart: kernel log, sidecar database, health results."""
+        return self.state_dir / "nodes" / node
+
+    def kernel_log(self, node: str) -> Path:
+        return self.node_dir(node) / "kern.log"
+
+    def _pid_file(self, daemon: str) -> Path:
+        return self.state_dir / "run" / f"{daemon}.pid"
+
+    def _daemons(self, spec: ClusterSpec) -> list[str]:
+        return ["mariadb", "slurmdbd", "slurmctld"] + [f"slurmd-{n}" for n in self.node_names(spec)]
+
+    # ---------- public API ----------
+    def up(self, spec: ClusterSpec | None = None, timeout: float = 90.0) -> tuple[ClusterSpec, bool]:
+        """Start what is not running and wait for idle nodes; return (spec, whether it was already up)."""
+        check_packages()
+        saved = self.load_spec()
+        spec = _merge_spec(saved, spec)
+        if saved and self.running(spec) and self._all_nodes_responding(spec):
+            return spec, True
+        for sub in ("etc", "run", "log", "spool/ctld", "mysql", "bin"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.node_names(spec):
+            (self.state_dir / "spool" / node).mkdir(parents=True, exist_ok=True)
+            self.node_dir(node).mkdir(parents=True, exist_ok=True)
+            self.kernel_log(node).touch(exist_ok=True)
+        spec.started_munged = self._ensure_munge() or spec.started_munged
+        self._save_spec(spec)
+        self._write_configs(spec)
+        ensure_hosts_entries(self.node_names(spec))
+        self._start_mariadb(spec)
+        self._start_slurmdbd(spec)
+        self._register_accounting(spec)
+        self._start_daemon("slurmctld", ["slurmctld"], spec.port_base)
+        started = time.time()
+        restarted = False
+        for node in self.node_names(spec):
+            if not self._alive(f"slurmd-{node}"):
+                self._start_daemon(f"slurmd-{node}", ["slurmd", "-N", node], None)
+                restarted = True
+        self.wait_idle(spec, timeout=timeout, registered_since=int(started) if restarted else 0)
+        return spec, False
+
+    def down(self, keep_munge: bool = False) -> list[str]:
+        """Stop what `up` started (by pid file, newest first); return the names stopped.
+
+        munged is shared by every SLURM client on the machine: it is stopped only if `up` started it,
+        and never with keep_munge (other local clusters may still use it).
+        """
+        spec = self.load_spec()
+        if spec is None:
+            return []
+        stopped = []
+        self._stop_job_steps()
+        for daemon in reversed(self._daemons(spec)):
+            if self._stop(daemon):
+                stopped.append(daemon)
+        if spec.started_munged and not keep_munge and _stop_pid(_read_pid(Path("/run/munge/munged.pid")), "munged"):
+            stopped.append("munged")
+            spec.started_munged = False
+            self._save_spec(spec)
+        return stopped
+
+    def running(self, spec: ClusterSpec | None = None) -> bool:
+        spec = spec or self.load_spec()
+        return spec is not None and all(self._alive(d) for d in self._daemons(spec))
+
+    def status(self) -> dict:
+        spec = self.load_spec()
+        if spec is None:
+            return {"state_dir": str(self.state_dir), "configured": False, "daemons": {}}
+        daemons = {d: self._alive(d) for d in self._daemons(spec)}
+        daemons["munged"] = munge_works()
+        return {"state_dir": str(self.state_dir), "configured": True, "name": spec.name,
+                "conf": str(self.conf), "daemons": daemons}
+
+    def wait_idle(self, spec: ClusterSpec | None = None, timeout: float = 90.0, registered_since: float = 0) -> None:
+        """Wait until every node's slurmd has registered (after registered_since) and the node is settled."""
+        from sigma.slurm.client import Slurm
+
+        spec = spec or self.load_spec()
+        slurm = Slurm(self.conf, timeout=10)
+        deadline = time.monotonic() + timeout
+        last = "no answer from slurmctld"
+        while time.monotonic() < deadline:
+            try:
+                nodes = slurm.nodes()
+            except SlurmError as exc:
+                last = str(exc)
+            else:
+                last = ", ".join(f"{n.name}={n.state}{'+' + '+'.join(n.flags) if n.flags else ''}" for n in nodes)
+                if len(nodes) == spec.nodes and all(_settled(n, registered_since) for n in nodes):
+                    return
+            time.sleep(0.3)
+        raise ClusterError(f"nodes not ready after {timeout:.0f}s ({last}); see {self.state_dir}/log/")
+
+    # ---------- internals ----------
+    def _all_nodes_responding(self, spec: ClusterSpec) -> bool:
+        from sigma.slurm.client import Slurm
+
+        try:
+            nodes = Slurm(self.conf, timeout=10).nodes()
+        except SlurmError:
+            return False
+        return len(nodes) == spec.nodes and all(_settled(n) for n in nodes)
+
+    def _write_configs(self, spec: ClusterSpec) -> None:
+        names = self.node_names(spec)
+        values = dict(
+            cluster_name=spec.name, hostname=socket.gethostname(), state_dir=self.state_dir,
+            ctld_port=spec.port_base, dbd_port=spec.port_base + 1, mysql_port=spec.port_base + 2,
+            mysql_password=spec.mysql_password, cpus=spec.cpus, memory_mb=spec.memory_mb,
+            partition=spec.partition, node_range=f"node[1-{spec.nodes}]" if spec.nodes > 1 else names[0],
+            slurmd_ports=(f"[{spec.port_base + 11}-{spec.port_base + 10 + spec.nodes}]"
+                          if spec.nodes > 1 else spec.port_base + 11),
+            reboot_program=self._write_reboot_program(),
+            prolog_lines="\n".join(
+                line for line in (spec.prolog and f"Prolog={spec.prolog}",
+                                  spec.epilog and f"Epilog={spec.epilog}") if line),
+        )
+        template_dir = configs_dir() / "slurm"
+        self.conf.write_text((template_dir / "slurm.conf.in").read_text().format(**values))
+        dbd = self.conf.parent / "slurmdbd.conf"
+        dbd.write_text((template_dir / "slurmdbd.conf.in").read_text().format(**values))
+        dbd.chmod(0o600)
+
+    def _write_reboot_program(self) -> Path:
+        script = self.state_dir / "bin" / "reboot-node"
+        script.write_text(f"#!/bin/sh\n# RebootProgram of the local cluster: restarts this node's slurmd with -b.\n"
+                          f"exec {sys.executable} -m sigma.slurm.reboot --state-dir {self.state_dir} \"$@\"\n")
+        script.chmod(0o755)
+        return script
+
+    def _ensure_munge(self) -> bool:
+        """Start munged unless a working one exists; return True when we started it."""
+        if munge_works():
+            return False
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True)
+            shutil.chown(key, "munge", "munge")
+        for d in ("/run/munge", "/var/lib/munge", "/var/log/munge"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            shutil.chown(d, "munge", "munge")
+        subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=15)
+        for _ in range(50):
+            if munge_works():
+                return True
+            time.sleep(0.1)
+        raise ClusterError("munged started but `munge -n | unmunge` does not succeed; see /var/log/munge/munged.log")
+
+    def _start_mariadb(self, spec: ClusterSpec) -> None:
+        datadir = self.state_dir / "mysql"
+        sock = self.state_dir / "run" / "mariadb.sock"
+        if not (datadir / "mysql").is_dir():
+            _checked(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={datadir}",
+                      "--auth-root-authentication-method=socket", "--skip-test-db"],
+                     self.state_dir / "log" / "mariadb-install.log", "initialising the MariaDB data directory")
+        if not self._alive("mariadb"):
+            log = open(self.state_dir / "log" / "mariadb.log", "ab")
+            subprocess.Popen(
+                [_which("mariadbd"), "--no-defaults", "--user=root", f"--datadir={datadir}", f"--socket={sock}",
+                 f"--port={spec.port_base + 2}", "--bind-address=127.0.0.1", f"--pid-file={self._pid_file('mariadb')}",
+                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            log.close()
+        sql = "".join(
+            f"CREATE USER IF NOT EXISTS 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
+            f"ALTER USER 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
+            f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{host}';" for host in ("localhost", "127.0.0.1"))
+        self._retry(lambda: run(["mariadb", f"--socket={sock}", "-uroot", "-e", sql], timeout=10),
+                    30, "MariaDB to accept connections", "mariadb.log")
+
+    def _start_slurmdbd(self, spec: ClusterSpec) -> None:
+        self._start_daemon("slurmdbd", ["slurmdbd"], spec.port_base + 1)
+
+    def _register_accounting(self, spec: ClusterSpec) -> None:
+        def register():
+            out = run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], env=self.env, timeout=10).stdout
+            if spec.name not in out.split():
+                run(["sacctmgr", "-i", "add", "cluster", spec.name], env=self.env, timeout=10)
+        self._retry(register, 30, "slurmdbd to register the cluster", "slurmdbd.log")
+
+    def _start_daemon(self, name: str, argv: list[str], port: int | None) -> None:
+        if not self._alive(name):
+            _checked([_which(argv[0]), *argv[1:]], self.state_dir / "log" / f"{name}.start.log",
+                     f"starting {name}", env=self.env)
+        if port is not None:
+            self._retry(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close(),
+                        30, f"{name} to listen on port {port}", f"{name}.log")
+
+    def _retry(self, attempt, timeout: float, what: str, log_name: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return attempt()
+            except (OSError, SlurmError) as exc:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}: {exc}; "
+                                       f"see {self.state_dir / 'log' / log_name}") from None
+                time.sleep(0.2)
+
+    def _alive(self, daemon: str) -> bool:
+        return _pid_alive(_read_pid(self._pid_file(daemon)), _program(daemon))
+
+    def _stop(self, daemon: str) -> bool:
+        return _stop_pid(_read_pid(self._pid_file(daemon)), _program(daemon))
+
+    def _stop_job_steps(self) -> None:
+        """slurmstepd outlives slurmd; stop the ones that belong to this cluster (by their SLURM_CONF)."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if b"slurmstepd" in (proc / "cmdline").read_bytes() and mine in (proc / "environ").read_bytes().split(b"\0"):
+                    _stop_pid(int(proc.name), "slurmstepd")
+            except OSError:
+                continue
+
+
+# ---------- helpers without cluster state ----------
+
+def check_packages() -> None:
+    missing = sorted({pkg for prog, pkg in REQUIRED_PROGRAMS.items() if _which(prog, required=False) is None})
+    if missing:
+        raise ClusterError(f"missing system packages: {' '.join(missing)}. Install them with:\n"
+                           f"  apt-get install -y {DEBIAN_PACKAGES}\n(`make install` does this for you)")
+
+
+def munge_works() -> bool:
+    try:
+        cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=5)
+        if cred.returncode != 0:
+            return False
+        return subprocess.run(["unmunge"], input=cred.stdout, capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def ensure_hosts_entries(names: list[str], hosts: Path = Path("/etc/hosts")) -> None:
+    """Node names must resolve; add one marked line to /etc/hosts for those that do not."""
+    unresolved = []
+    for name in names:
+        try:
+            socket.gethostbyname(name)
+        except OSError:
+            unresolved.append(name)
+    if not unresolved:
+        return
+    try:
+        with hosts.open("a") as f:
+            f.write(f"127.0.0.1 {' '.join(unresolved)} {HOSTS_MARK}\n")
+    except OSError as exc:
+        raise ClusterError(f"node names {unresolved} do not resolve and {hosts} is not writable ({exc}); "
+                           f"add '127.0.0.1 {' '.join(unresolved)}' to it") from None
+
+
+def _settled(node, registered_since: float = 0) -> bool:
+    """A node's slurmd has registered (since the given time) and it is usable or deliberately drained."""
+    return (node.slurmd_start_time >= registered_since and node.state not in ("down", "unknown", "future")
+            and not {"NOT_RESPONDING", "REBOOT_ISSUED", "POWERING_UP"} & set(node.flags))
+
+
+def _merge_spec(saved: ClusterSpec | None, asked: ClusterSpec | None) -> ClusterSpec:
+    if saved is None:
+        spec = asked or ClusterSpec()
+    elif asked is None:
+        spec = saved
+    else:  # keep the secret and bookkeeping of the running cluster; take the new shape
+        spec = ClusterSpec(**{**asdict(asked), "mysql_password": saved.mysql_password,
+                              "started_munged": saved.started_munged})
+    root = project_root()
+    for attr, script in (("prolog", root / "prolog" / "sigma-prolog"), ("epilog", root / "epilog" / "sigma-epilog")):
+        if getattr(spec, attr) == "" and script.exists():
+            setattr(spec, attr, str(script))
+    return spec
+
+
+def _which(program: str, required: bool = True) -> str | None:
+    path = shutil.which(program, path=os.environ.get("PATH", "") + ":" + SBIN_PATH)
+    if path is None and required:
+        check_packages()
+        raise ClusterError(f"{program} not found on PATH")
+    return path
+
+
+def _checked(argv: list[str], log_path: Path, what: str, env: dict | None = None) -> None:
+    with open(log_path, "ab") as log:
+        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})}, timeout=60)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise ClusterError(f"{what} failed ({' '.join(argv)} exited {proc.returncode}); {log_path}:\n{tail}")
+
+
+def _program(daemon: str) -> str:
+    return "mariadbd" if daemon == "mariadb" else daemon.split("-")[0]
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int | None, program: str) -> bool:
+    """True if pid runs `program` (guards against a recycled pid)."""
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return program.encode() in cmdline and ") Z" not in stat
+
+
+def _stop_pid(pid: int | None, program: str, grace: float = 10.0) -> bool:
+    if not _pid_alive(pid, program):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid, program):
+            return True
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return True

@@ -1,0 +1,67 @@
+"""Shared fixtures: the real local SLURM cluster, started once per test session."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def _test_cluster_location() -> tuple[Path, int]:
+    """One cluster per checkout, on its own ports, so several checkouts can test side by side."""
+    digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
+    state = Path(os.environ.get("SIGMA_TEST_CLUSTER_DIR", f"/tmp/sigma-test-cluster-{digest:08x}"))
+    return state, 20000 + (digest % 400) * 25
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from sigma.slurm.cluster import ClusterSpec, LocalCluster
+
+    state, port_base = _test_cluster_location()
+    local = LocalCluster(state)
+    local.down(keep_munge=True)  # a fresh start picks up config changes
+    local.up(ClusterSpec(nodes=4, port_base=port_base))
+    yield local
+    local.down(keep_munge=True)
+
+
+@pytest.fixture
+def slurm(cluster):
+    """A client for the test cluster; afterwards jobs are cancelled and every node returned to service."""
+    from sigma.slurm.client import Slurm
+
+    client = Slurm(cluster.conf)
+    yield client
+    reset_cluster(client, cluster)
+
+
+def reset_cluster(client, cluster, timeout: float = 60.0) -> None:
+    from sigma.slurm.command import SlurmError
+
+    for job in client.jobs():
+        if job.active:
+            client.cancel(job.job_id)
+    for name in client.reservations():
+        client.delete_reservation(name)
+    for node in cluster.node_names():
+        cluster.kernel_log(node).write_text("")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = client.nodes()
+        stuck = [n.name for n in nodes if not n.available or n.state not in ("idle",)]
+        if not stuck and not any(j.active for j in client.jobs()):
+            return
+        try:
+            client.resume([n.name for n in nodes if n.drained or n.state == "down"], force=True)
+        except (SlurmError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"cluster did not return to idle: {[(n.name, n.state, n.flags) for n in client.nodes()]}")
