@@ -64,7 +64,9 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.conf), "SIGMA_CLUSTER_DIR": str(self.state_dir)}
+        # Emulated nodes share one filesystem: KPI files carry the node name (see the KPI protocol).
+        return {"SLURM_CONF": str(self.conf), "SIGMA_CLUSTER_DIR": str(self.state_dir),
+                "SIGMA_KPI_DIR": str(self.state_dir / "kpi")}
 
     def load_spec(self) -> ClusterSpec | None:
         if not self.spec_file.exists():

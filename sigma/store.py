@@ -1,0 +1,42 @@
+"""SQLite helpers shared by the node store and the controller database: WAL, named migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+Migration = tuple[str, str]  # (unique name, SQL script)
+
+
+def connect(path: str | Path, *, readonly: bool = False, timeout: float = 30.0) -> sqlite3.Connection:
+    """Open a database in WAL mode (readers never block the writer); readonly opens with mode=ro."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=timeout, check_same_thread=False)
+        conn.execute("PRAGMA query_only = ON")
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:
+    """Apply migrations not yet recorded in the `migrations` table, in order; return the names applied."""
+    conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
+    names = [name for name, _ in migrations]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate migration names in {names}")
+    applied = []
+    for name, sql in migrations:
+        if name in done:
+            continue
+        with conn:  # one transaction per migration: all of it or none
+            conn.executescript(f"BEGIN;\n{sql}\nINSERT INTO migrations(name, applied_at) VALUES "
+                               f"('{name}', {time.time()});\nCOMMIT;")
+        applied.append(name)
+    return applied
