@@ -54,8 +54,11 @@ def drop_page_cache(root: Path = Path("/"), mode: int = 3, sync_timeout_s: float
     target = root / "proc/sys/vm/drop_caches"
     synced = _sync(sync_timeout_s)
     try:
-        with open(target, "w") as f:
-            f.write(f"{mode}\n")
+        fd = os.open(target, os.O_WRONLY)  # never create it: a missing file means no support
+        try:
+            os.write(fd, f"{mode}\n".encode())
+        finally:
+            os.close(fd)
         dropped, why = True, ""
     except FileNotFoundError:
         dropped, why = False, f"{target} does not exist (container or sandboxed kernel)"
