@@ -105,10 +105,16 @@ def _run(args) -> int:
     report, code = execute(config, suite, hook, started=time.monotonic(), node=args.node, root=args.root,
                            node_dir=args.node_dir, job_id=_job_id(args.job_id), only=args.check,
                            record=not args.no_record)
-    if args.check is None:
-        report["suite"] = args.suite
     _print_report(report, args.json)
+    if any(c["status"] == "timeout" for c in report["checks"]):
+        _exit_now(code)
     return code
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _hook(args, kind: str) -> int:
@@ -126,7 +132,7 @@ def _hook(args, kind: str) -> int:
                                node_dir=args.node_dir, job_id=_job_id(None))
         summary = ", ".join(f"{i['check']}={i['status']}" for i in report["issues"]) or "all checks passed"
         print(f"sigma {kind}: {report['verdict']} ({summary}) in {report['duration_s']:.2f}s", file=sys.stderr)
-        return code
+        _exit_now(code)  # an abandoned check thread (stuck in a read) must not delay the exit
     except BaseException as exc:  # noqa: BLE001 - a sigma bug must follow the policy, never crash the hook
         import traceback
 
