@@ -202,6 +202,7 @@ def job_pids(cluster: LocalCluster, node: str, job_id: int | None = None) -> lis
             continue
         env = _environ(int(proc.name))
         if (env.get("SLURMD_NODENAME") == node and "SLURM_JOB_ID" in env
+                and "SLURM_SCRIPT_CONTEXT" not in env  # prolog/epilog, not the job
                 and env.get("SLURM_CONF") == str(cluster.conf)
                 and (job_id is None or env.get("SLURM_JOB_ID") == str(job_id))):
             try:

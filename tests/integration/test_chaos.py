@@ -46,16 +46,21 @@ def test_hang_stops_only_that_nodes_job_processes(slurm, cluster):
 
 def test_straggler_duty_cycle_and_undo(slurm, cluster):
     job_id = slurm.submit(None, "-N1", "-w", "node2", wrap="python3 -c 'while True: pass'")
-    pids = wait_for(lambda: job_pids(cluster, "node2", job_id), what="job processes")
+
+    def spinner():
+        return [p for p in job_pids(cluster, "node2", job_id) if b"while" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+    (pid,) = wait_for(spinner, what="the job's spinning process")
     inj = Chaos(cluster).inject("straggler", "node2", job_id=job_id, percent=60, period_s=0.5)
+    assert pid in inj.params["pids"]
     seen = set()
     for _ in range(40):
-        seen.add(proc_state(pids[0]))
+        seen.add(proc_state(pid))
         time.sleep(0.05)
     assert "T" in seen and seen - {"T"}
     Chaos(cluster).undo(inj.id)
     time.sleep(0.3)
-    assert proc_state(pids[0]) != "T"
+    assert proc_state(pid) != "T"
 
 
 def test_node_death_kills_slurmd_and_undo_restarts_it(slurm, cluster):
