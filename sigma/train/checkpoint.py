@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -101,7 +102,9 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was killed before
         self.barrier()
         started = time.monotonic()
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+        with warnings.catch_warnings():  # one process without a process group is a supported case, not a problem
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
         self.barrier()
         if self.rank == 0:
             write_json_atomic(tmp / COMPLETE_NAME, {"step": step, "time": time.time(),
@@ -136,5 +139,7 @@ class CheckpointManager:
 
         if not is_complete(Path(path)):
             raise ValueError(f"{path} is not a complete checkpoint")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
         return read_meta(path)

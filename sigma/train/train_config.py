@@ -84,6 +84,7 @@ class FaultConfig:
     """Testing only: make a fault happen at its source to exercise detection and recovery paths."""
 
     nan_at_step: int | None = None  # poison the logits with NaN at this step (training must stop with an event)
+    kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
 
 
 @dataclass
@@ -117,8 +118,6 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype of the forward pass
     threads: int = 2  # torch CPU threads per rank
-    aux_loss_coef: float = 0.01  # weight of the model's load-balancing auxiliary loss in the objective
-    bias_update: bool = True  # aux-loss-free balancing: call update_bias() of each MoE layer after each step
     gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
     drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
     data: DataConfig = field(default_factory=DataConfig)
