@@ -8,6 +8,7 @@ valid ones (sigma.config).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -152,6 +153,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; on a command line it is a number
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
