@@ -59,8 +59,8 @@ def make_executor(cfg: TrainConfig) -> submitit.AutoExecutor:
             params["gpus_per_node"] = launch.gpus_per_node
         if launch.partition:
             params["slurm_partition"] = launch.partition
-        # Node-failure requeue restarts the submission; --open-mode=append keeps the logs of every attempt.
-        params["slurm_additional_parameters"] = {"requeue": True, "open_mode": "append"}
+        # Node-failure requeue restarts the submission (submitit already appends to the logs of every attempt).
+        params["slurm_additional_parameters"] = {"requeue": True}
     executor.update_parameters(**params)
     return executor
 

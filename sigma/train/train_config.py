@@ -86,6 +86,7 @@ class FaultConfig:
 
     nan_at_step: int | None = None  # poison the logits with NaN at this step (training must stop with an event)
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
+    step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
 
 
 @dataclass

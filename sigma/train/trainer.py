@@ -274,6 +274,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             kpi.close()
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()
+        if cfg.fault.step_delay_s:
+            time.sleep(cfg.fault.step_delay_s)
         lr = lr_at(step, cfg.optim, cfg.steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
