@@ -77,6 +77,9 @@ def launch_env() -> dict[str, int] | None:
         if "SLURM_PROCID" in env and "SLURM_NTASKS" in env or "SUBMITIT_LOCAL_JOB_ID" in env:
             from submitit.helpers import TorchDistributedEnvironment
 
+            if "SUBMITIT_EXECUTOR" not in env:  # a task of plain srun (sbatch/train.sbatch), not of submitit
+                env["SUBMITIT_EXECUTOR"] = "slurm"
+
             TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         else:
             return None

@@ -93,3 +93,30 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm, cluster, train_data, tm
     assert sorted(curve) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert curve[step] == pytest.approx(reference.losses[step], abs=1e-4), step
+
+
+def test_sbatch_script_runs_an_expert_parallel_job(slurm, cluster, train_data, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from sigma.paths import project_root
+
+    out = tmp_path / "train.out"
+    env = {**os.environ, **cluster.env, "SIGMA_PYTHON": sys.executable}
+    argv = ["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", f"--chdir={project_root()}", f"--output={out}",
+            "sbatch/train.sbatch", str(DEBUG), "steps=6", "parallel.ep=2", "checkpoint.every=3",
+            f"checkpoint.dir={tmp_path / 'ckpt'}", f"data.path={train_data}", "data.prepare_if_missing=false",
+            "data.seq_len=32", "data.global_batch=4", "threads=1"]
+    job_id = int(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.split(";")[0])
+    job = wait_for(lambda: (j := slurm.job(job_id)) and j.state not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                                        "COMPLETING") and j,
+                   timeout=180, interval=1.0, what="sbatch job end")
+    log = out.read_text()
+    assert job.state == "COMPLETED", log[-3000:]
+    assert "2 rank(s) ep=2" in log and "step      6/6" in log
+    kpi = Path(cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}"
+    for name in ("rank-0.node1.jsonl", "rank-1.node2.jsonl"):
+        records = [r for r in read_kpis(kpi / name) if r["ts"] >= job.submit_time]
+        assert records[-1]["event"] == "stop" and records[-1]["step"] == 6
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000003", "step-00000006"]
