@@ -54,7 +54,7 @@ def run(preset: str, procs: int, ep: int, steps: int, cores: int, data: Path, wo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--presets", default="debug,tiny")
     parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args()
@@ -62,14 +62,14 @@ def main() -> int:
         work = Path(tmp)
         prepare(work / "data", max_mb=2.0)
         print(f"end-to-end training on CPU ({args.cores} core(s), {args.steps} steps, first {SKIP} left out)")
-        print(f"{'preset':<7} {'layout':<18} {'params':>10} {'threads':>7} {'step ms':>8} {'tokens/s':>10} "
+        print(f"{'preset':<7} {'layout':<18} {'params/rank':>11} {'threads':>7} {'step ms':>8} {'tokens/s':>10} "
               f"{'vs 1 proc':>9} {'MFU':>7}")
         for preset in args.presets.split(","):
             base = None
             for procs, ep, label in ((1, 1, "1 process"), (2, 1, "2 procs DP"), (2, 2, "2 procs DP+EP=2")):
                 r = run(preset, procs, ep, args.steps, args.cores, work / "data", work)
                 base = base or r["tokens_per_s"]
-                print(f"{preset:<7} {label:<18} {r['params']:>10,} {r['threads']:>7} {r['step_ms']:>8.1f} "
+                print(f"{preset:<7} {label:<18} {r['params']:>11,} {r['threads']:>7} {r['step_ms']:>8.1f} "
                       f"{r['tokens_per_s']:>10,.0f} {r['tokens_per_s'] / base:>8.2f}x {100 * r['mfu']:>6.2f}%",
                       flush=True)
     return 0
