@@ -74,9 +74,15 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
 
     def resolved_impl(self, x: torch.Tensor) -> str:
+        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
+        if self.impl == "grouped_mm" and not ok:
+            raise ValueError(
+                f"expert_impl=grouped_mm cannot run {x.dtype} on {x.device.type} with dim={self.dim}, "
+                f"expert_hidden={self.hidden}: torch._grouped_mm needs float32/bfloat16/float16 on CPU or bfloat16 "
+                "on CUDA (compute capability >= 8.0), matching input and weight dtypes, and rows of a multiple of "
+                "16-byte (dim and expert_hidden multiples of 16 / element size); use expert_impl=auto or loop")
         if self.impl != "auto":
             return self.impl
-        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
         return "grouped_mm" if ok else "loop"
 
     def forward(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
