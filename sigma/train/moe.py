@@ -35,6 +35,40 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+class _Dispatch(torch.autograd.Function):
+    """x_sorted = x[order // top_k]: each token copied once per chosen expert, rows grouped by expert.
+
+    The backward is a gather plus a sum over the k copies instead of autograd's index_put with accumulation,
+    which is several times slower on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, x, order, inverse, top_k):
+        ctx.save_for_backward(inverse)
+        ctx.top_k = top_k
+        return x.index_select(0, order // top_k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        grad = grad.index_select(0, inverse)
+        return grad.view(-1, ctx.top_k, grad.shape[-1]).sum(1), None, None, None
+
+
+class _PermuteRows(torch.autograd.Function):
+    """out = x[perm] for a permutation perm whose inverse is given; the backward is the inverse gather."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows x[offs[g-1]:offs[g]] @ w_t[g] for every group g; x [M, K], w_t [G, K, N] -> [M, N]."""
     return _ContiguousGrad.apply(torch._grouped_mm(x, w_t, offs=offs))
@@ -171,15 +205,17 @@ class MoELayer(nn.Module):
         ids, weights, scores = self.router(x, bias)
 
         flat_ids = ids.reshape(-1)
-        tokens_per_expert = torch.bincount(flat_ids, minlength=self.n_experts)
+        # scatter_add instead of bincount: bincount synchronises with the GPU to size its output.
+        tokens_per_expert = flat_ids.new_zeros(self.n_experts).scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
         order = torch.argsort(flat_ids, stable=True)
-        x_sorted = x[order // self.top_k]
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        x_sorted = _Dispatch.apply(x, order, inverse, self.top_k)
         y_sorted = self.compute_experts(x_sorted, tokens_per_expert)
 
-        # Unsort into (token, slot) order, then weight and sum the k expert outputs of each token in one bmm.
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted
-        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y.view(-1, self.top_k, shape[-1])).squeeze(1)
+        # Unsort into (token, slot) order, then weight and sum the k expert outputs of each token.
+        y = _PermuteRows.apply(y_sorted, inverse, order).view(-1, self.top_k, shape[-1])
+        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1)
         if self.shared is not None:
             out = out + self.shared(x)
 
