@@ -197,6 +197,17 @@ class MoELayer(nn.Module):
         # Tokens routed per expert in the last forward (float32, detached): KPIs and the bias update.
         self.register_buffer("last_load", torch.zeros(cfg.n_experts, dtype=torch.float32), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) would cast the bias too, and bf16 cannot resolve bias_update_speed-sized steps:
+        # the balancing buffers stay float32 whatever the parameters' dtype.
+        before = {name: getattr(self, name) for name in ("expert_bias", "last_load")}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if new.dtype != torch.float32 and new.device.type != "meta":
+                setattr(self, name, old.to(device=new.device, dtype=torch.float32))
+        return self
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim] -> (out [..., dim], aux_loss scalar already scaled by aux_loss_coef)."""
         shape = x.shape

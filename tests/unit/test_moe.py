@@ -147,3 +147,16 @@ def test_compute_experts_is_the_expert_hook():
     out, _ = layer(x)
     assert seen["rows"] == 5 * 2 and int(seen["counts"].sum()) == 10
     torch.testing.assert_close(out, 2 * base)
+
+
+def test_balancing_buffers_stay_float32_in_a_bf16_model():
+    layer = MoELayer(cfg(balance="aux_free", bias_update_speed=1e-3, n_experts=4))
+    layer.update_bias(torch.tensor([0.0, 1.0, 1.0, 1.0]))  # expert 0 underloaded: +1e-3
+    layer.to(torch.bfloat16)
+    assert layer.router.gate.weight.dtype == torch.bfloat16
+    assert layer.expert_bias.dtype == layer.last_load.dtype == torch.float32
+    for _ in range(300):  # 0.3 in 1e-3 steps: bf16 would stall at 2^-9 resolution near 0.25
+        layer.update_bias(torch.tensor([0.0, 1.0, 1.0, 1.0]))
+    assert float(layer.expert_bias[0]) == pytest.approx(0.301, abs=1e-5)
+    out, _ = layer(torch.randn(5, 32, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
