@@ -187,3 +187,16 @@ def test_mfu_against_a_given_peak(monkeypatch):
     assert peak_flops("cpu") > 1e8  # measured GEMM rate, not a table value
     with pytest.raises(ValueError, match="SIGMA_PEAK_FLOPS"):
         peak_flops("meta")
+
+
+# --- docs ---------------------------------------------------------------------------------------------------------
+
+def test_docs_cover_every_config_key_and_preset():
+    import dataclasses
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "train-model.md").read_text()
+    for field in dataclasses.fields(ModelConfig):
+        assert f"| `{field.name}` |" in doc, f"docs/train-model.md does not describe {field.name}"
+    for name in preset_names():
+        assert f"| `{name}` |" in doc, f"docs/train-model.md does not list preset {name}"
