@@ -69,9 +69,16 @@ class _PermuteRows(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
+@torch.compiler.disable
+def _grouped_mm_eager(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w_t, offs=offs)
+
+
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows x[offs[g-1]:offs[g]] @ w_t[g] for every group g; x [M, K], w_t [G, K, N] -> [M, N]."""
-    return _ContiguousGrad.apply(torch._grouped_mm(x, w_t, offs=offs))
+    # torch.compile's shape rules for _grouped_mm accept bf16 only; other dtypes run eagerly inside a graph.
+    mm = torch._grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_eager
+    return _ContiguousGrad.apply(mm(x, w_t, offs=offs))
 
 
 @functools.cache
