@@ -9,8 +9,9 @@ Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--devic
    - hf-mixtral:  transformers' MixtralSparseMoeBlock (eager experts), same weights
    for a fine-grained shape (many small experts, as in the paper's models) and a coarse Mixtral-like shape.
    Ratios are against hf-mixtral (goal: ours >= 1.3x).
-2. debug / tiny model forward+backward (cross-entropy on logits + aux loss) tokens/s and MFU against the
-   measured GEMM peak of this device in the same dtype (sigma.train.flops).
+2. Model forward+backward (cross-entropy on logits + aux loss) tokens/s and MFU (sigma.train.flops):
+   on CPU debug and tiny in fp32 and bf16 against the measured GEMM peak in the same dtype; on a GPU tiny and
+   moe-1b (~1B total) in bf16 against the datasheet bf16 peak.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ LAYER_SHAPES = {
     "fine (64 experts top-8)": (512, 64, 8, 128),
     "coarse (8 experts top-2)": (512, 8, 2, 1024),
 }
-MODEL_RUNS = {"debug": (8, 128), "tiny": (4, 512)}  # preset: (batch, seq_len)
+CPU_MODEL_RUNS = {"debug": (8, 128), "tiny": (4, 512)}  # preset: (batch, seq_len)
+GPU_MODEL_RUNS = {"tiny": (16, 512), "moe-1b": (8, 2048)}
 
 
 def naive_loop(layer: MoELayer):
@@ -127,8 +129,10 @@ def bench_models(args, device: torch.device) -> None:
     print(f"\nModel forward+backward (CE + aux loss), {torch.get_num_threads()} threads, device {device}")
     print(f"{'preset':8} {'dtype':9} {'batch x seq':>11} {'expert impl':>11} {'tokens/s':>10} {'TFLOP/s':>8} "
           f"{'peak TFLOP/s':>12} {'MFU':>6}")
-    for preset, (batch, seq) in MODEL_RUNS.items():
-        for dtype in (torch.float32, torch.bfloat16):
+    runs = GPU_MODEL_RUNS if device.type == "cuda" else CPU_MODEL_RUNS
+    dtypes = (torch.bfloat16,) if device.type == "cuda" else (torch.float32, torch.bfloat16)
+    for preset, (batch, seq) in runs.items():
+        for dtype in dtypes:
             torch.manual_seed(0)
             cfg = load_model_config(preset)
             model = MoETransformer(cfg).to(device=device, dtype=dtype)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from sigma.config import ConfigError
 from sigma.train.config import ModelConfig, load_model_config, preset_names
-from sigma.train.flops import flops_per_token, mfu, param_counts, peak_flops
+from sigma.train.flops import accelerator_peak, flops_per_token, mfu, param_counts, peak_flops
 from sigma.train.model import MoETransformer
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -187,6 +187,25 @@ def test_mfu_against_a_given_peak(monkeypatch):
     assert peak_flops("cpu") > 1e8  # measured GEMM rate, not a table value
     with pytest.raises(ValueError, match="SIGMA_PEAK_FLOPS"):
         peak_flops("meta")
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10G", 70e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA B200", 2.25e15),
+])
+def test_accelerator_peak_by_reported_name(name, peak):
+    assert accelerator_peak(name) == peak
+
+
+def test_unknown_accelerator_names_the_override():
+    with pytest.raises(ValueError, match="SIGMA_PEAK_FLOPS"):
+        accelerator_peak("Imaginary TPU v9")
 
 
 # --- docs ---------------------------------------------------------------------------------------------------------
