@@ -139,6 +139,21 @@ def test_init_output_projection_std(init):
     assert torch.all(model.norm.weight == 1)
 
 
+def test_meta_model_materialises_with_to_empty_and_init_weights():
+    cfg = load_model_config("debug")
+    with torch.device("meta"):
+        model = MoETransformer(cfg)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    fresh = MoETransformer(cfg)
+    torch.testing.assert_close(model.rope_cos, fresh.rope_cos)
+    torch.testing.assert_close(model.rope_sin, fresh.rope_sin)
+    assert all(float(layer.expert_bias.abs().sum()) == 0 for layer in model.moe_layers())
+    logits, _ = model(torch.randint(0, cfg.vocab_size, (1, 8)))
+    assert torch.isfinite(logits).all()
+
+
 def test_tied_embeddings_share_one_tensor():
     model = MoETransformer(load_model_config("debug", {"tie_embeddings": True}))
     assert model.output.weight is model.tok_embeddings.weight
