@@ -94,12 +94,16 @@ def peak_flops(device, dtype: torch.dtype | None = None) -> float:
     if device.type == "cpu":
         return measured_cpu_peak(dtype or torch.float32, torch.get_num_threads())
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in ACCELERATOR_PEAKS_BF16:
-            if key.lower() in name.lower():
-                return peak
-        raise ValueError(f"no peak FLOP/s known for {name!r}; set SIGMA_PEAK_FLOPS to its bf16 dense peak")
+        return accelerator_peak(torch.cuda.get_device_name(device))
     raise ValueError(f"no peak FLOP/s known for device type {device.type!r}; set SIGMA_PEAK_FLOPS")
+
+
+def accelerator_peak(name: str) -> float:
+    """Dense bf16 peak of an accelerator from its reported name, e.g. 'NVIDIA H100 80GB HBM3'."""
+    for key, peak in ACCELERATOR_PEAKS_BF16:
+        if key.lower() in name.lower():
+            return peak
+    raise ValueError(f"no peak FLOP/s known for {name!r}; set SIGMA_PEAK_FLOPS to its bf16 dense peak")
 
 
 @functools.cache

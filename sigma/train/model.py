@@ -114,8 +114,15 @@ class MoETransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """gaussian: every matrix N(0, init_std). scaled (Megatron): output projections (attention wo, FFN and expert
-        w2) use init_std / sqrt(2 n_layers) so the residual stream's variance does not grow with depth."""
+        w2) use init_std / sqrt(2 n_layers) so the residual stream's variance does not grow with depth.
+
+        Also fills the RoPE tables and balancing buffers, so a model built on the meta device and materialised
+        with to_empty() is complete after this call."""
         cfg = self.cfg
+        if self.rope_cos.device.type != "meta":
+            cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
         std = cfg.init_std
         out_std = std / math.sqrt(2 * cfg.n_layers) if cfg.init == "scaled" else std
         for module in self.modules():
@@ -129,6 +136,7 @@ class MoETransformer(nn.Module):
                 nn.init.ones_(module.weight)
             elif isinstance(module, MoELayer):
                 module.expert_bias.zero_()
+                module.last_load.zero_()
         for layer in self.layers:
             nn.init.normal_(layer.attn.wo.weight, 0.0, out_std)
             ffn = layer.ffn

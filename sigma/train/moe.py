@@ -35,9 +35,50 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+class _Dispatch(torch.autograd.Function):
+    """x_sorted = x[order // top_k]: each token copied once per chosen expert, rows grouped by expert.
+
+    The backward is a gather plus a sum over the k copies instead of autograd's index_put with accumulation,
+    which is several times slower on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, x, order, inverse, top_k):
+        ctx.save_for_backward(inverse)
+        ctx.top_k = top_k
+        return x.index_select(0, order // top_k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        grad = grad.index_select(0, inverse)
+        return grad.view(-1, ctx.top_k, grad.shape[-1]).sum(1), None, None, None
+
+
+class _PermuteRows(torch.autograd.Function):
+    """out = x[perm] for a permutation perm whose inverse is given; the backward is the inverse gather."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+@torch.compiler.disable
+def _grouped_mm_eager(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w_t, offs=offs)
+
+
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows x[offs[g-1]:offs[g]] @ w_t[g] for every group g; x [M, K], w_t [G, K, N] -> [M, N]."""
-    return _ContiguousGrad.apply(torch._grouped_mm(x, w_t, offs=offs))
+    # torch.compile's shape rules for _grouped_mm accept bf16 only; other dtypes run eagerly inside a graph.
+    mm = torch._grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_eager
+    return _ContiguousGrad.apply(mm(x, w_t, offs=offs))
 
 
 @functools.cache
@@ -74,9 +115,15 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
 
     def resolved_impl(self, x: torch.Tensor) -> str:
+        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
+        if self.impl == "grouped_mm" and not ok:
+            raise ValueError(
+                f"expert_impl=grouped_mm cannot run {x.dtype} on {x.device.type} with dim={self.dim}, "
+                f"expert_hidden={self.hidden}: torch._grouped_mm needs float32/bfloat16/float16 on CPU or bfloat16 "
+                "on CUDA (compute capability >= 8.0), matching input and weight dtypes, and rows of a multiple of "
+                "16-byte (dim and expert_hidden multiples of 16 / element size); use expert_impl=auto or loop")
         if self.impl != "auto":
             return self.impl
-        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
         return "grouped_mm" if ok else "loop"
 
     def forward(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
@@ -157,6 +204,17 @@ class MoELayer(nn.Module):
         # Tokens routed per expert in the last forward (float32, detached): KPIs and the bias update.
         self.register_buffer("last_load", torch.zeros(cfg.n_experts, dtype=torch.float32), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) would cast the bias too, and bf16 cannot resolve bias_update_speed-sized steps:
+        # the balancing buffers stay float32 whatever the parameters' dtype.
+        before = {name: getattr(self, name) for name in ("expert_bias", "last_load")}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if new.dtype != torch.float32 and new.device.type != "meta":
+                setattr(self, name, old.to(device=new.device, dtype=torch.float32))
+        return self
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim] -> (out [..., dim], aux_loss scalar already scaled by aux_loss_coef)."""
         shape = x.shape
@@ -165,15 +223,17 @@ class MoELayer(nn.Module):
         ids, weights, scores = self.router(x, bias)
 
         flat_ids = ids.reshape(-1)
-        tokens_per_expert = torch.bincount(flat_ids, minlength=self.n_experts)
+        # scatter_add instead of bincount: bincount synchronises with the GPU to size its output.
+        tokens_per_expert = flat_ids.new_zeros(self.n_experts).scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
         order = torch.argsort(flat_ids, stable=True)
-        x_sorted = x[order // self.top_k]
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        x_sorted = _Dispatch.apply(x, order, inverse, self.top_k)
         y_sorted = self.compute_experts(x_sorted, tokens_per_expert)
 
-        # Unsort into (token, slot) order, then weight and sum the k expert outputs of each token in one bmm.
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted
-        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y.view(-1, self.top_k, shape[-1])).squeeze(1)
+        # Unsort into (token, slot) order, then weight and sum the k expert outputs of each token.
+        y = _PermuteRows.apply(y_sorted, inverse, order).view(-1, self.top_k, shape[-1])
+        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1)
         if self.shared is not None:
             out = out + self.shared(x)
 
