@@ -65,3 +65,22 @@ def test_cli_reports_layout_errors_before_submitting(capsys):
                  "parallel.ep=4"])
     assert code == 2
     assert "world size 2" in capsys.readouterr().err
+
+
+def test_docs_cover_every_config_key_and_command():
+    import dataclasses
+
+    from sigma.paths import project_root
+    from sigma.train.train_config import TrainConfig
+
+    docs = (project_root() / "docs" / "train.md").read_text()
+    keys = []
+    for f in dataclasses.fields(TrainConfig):
+        if dataclasses.is_dataclass(f.default_factory) if f.default_factory is not dataclasses.MISSING else False:
+            keys += [f"{f.name}.{sub.name}" for sub in dataclasses.fields(f.default_factory)]
+        else:
+            keys.append(f.name)
+    missing = [k for k in keys if f"`{k}`" not in docs]
+    assert not missing, f"docs/train.md does not describe {missing}"
+    for command in ("sigma train --config", "sigma train prepare", "sbatch/train.sbatch", "python -m sigma.train.trainer"):
+        assert command in docs
