@@ -4,6 +4,8 @@ SLURM restarts the original submitit submission under the same job id; the train
 checkpoint by itself and continues the same loss curve (checked against a one-process run of the same config).
 """
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -86,6 +88,12 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm, cluster, train_data, tm
     assert (kpi_dir / f"job-{job_id}" / "rank-1.node2.jsonl").exists()
 
     # ... and the whole curve is the one a single uninterrupted process computes
+    assert_reference_curve(records, train_data, tmp_path, monkeypatch)
+
+
+def assert_reference_curve(records, train_data, tmp_path, monkeypatch):
+    from sigma.train.trainer import train
+
     monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "reference-kpi"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     reference = train(load_train_config(DEBUG, run_overrides(train_data, tmp_path / "reference")))
@@ -93,6 +101,44 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm, cluster, train_data, tm
     assert sorted(curve) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert curve[step] == pytest.approx(reference.losses[step], abs=1e-4), step
+
+
+def submit_ep_job(cluster, train_data, tmp_path, monkeypatch):
+    from sigma.train.launch import submit
+
+    for key, value in cluster.env.items():
+        monkeypatch.setenv(key, value)
+    cfg = load_train_config(DEBUG, run_overrides(train_data, tmp_path) + [
+        "launch.executor=slurm", "launch.nodes=2", "launch.gpus_per_node=1", "parallel.ep=2",
+        "launch.timeout_min=10", f"launch.folder={tmp_path / 'submitit'}", "fault.step_delay_s=0.15"])
+    submitted = time.time()
+    job = submit(cfg)
+    rank0 = wait_for(lambda: next(iter((Path(cluster.env["SIGMA_KPI_DIR"]) / f"job-{job.job_id}")
+                                       .glob("rank-0.*.jsonl")), None), timeout=120, what="rank 0 KPI file")
+    return job, int(job.job_id), rank0, submitted
+
+
+def wait_end(slurm, job_id, timeout=240):
+    return wait_for(lambda: (j := slurm.job(job_id)) and j.state not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                                         "COMPLETING") and j,
+                    timeout=timeout, interval=1.0, what="job end")
+
+
+def test_preemption_signal_goes_through_the_submitit_checkpoint_hook(slurm, cluster, train_data, tmp_path,
+                                                                    monkeypatch):
+    """USR2 is what SLURM sends before a timeout or preemption (submitit's --signal=USR2@90)."""
+    job, job_id, rank0, submitted = submit_ep_job(cluster, train_data, tmp_path, monkeypatch)
+    wait_for(lambda: max(losses(read_kpis(rank0)), default=0) >= 12, timeout=120, what="step 12")
+    subprocess.run(["scancel", "--signal=USR2", str(job_id)], env={**os.environ, **cluster.env}, check=True)
+    wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING", what="job requeued by submitit")
+    slurm.start_now(job_id)
+    done = wait_end(slurm, job_id)
+    log = Path(job.paths.stdout).read_text()
+    assert done.state == "COMPLETED" and done.restarts == 1, log[-3000:]
+    assert "Caught signal SIGUSR2" in log and "Requeued job" in log  # submitit's hook, not a node failure
+    records = [r for r in read_kpis(rank0) if r["ts"] >= submitted]
+    assert [r["event"] for r in records if "event" in r].count("resume") == 1
+    assert_reference_curve(records, train_data, tmp_path, monkeypatch)
 
 
 def test_sbatch_script_runs_an_expert_parallel_job(slurm, cluster, train_data, tmp_path):
