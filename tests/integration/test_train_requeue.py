@@ -44,29 +44,14 @@ def losses(records):
 
 
 def test_requeued_job_resumes_from_its_checkpoint(slurm, cluster, train_data, tmp_path, monkeypatch):
-    from sigma.train.launch import submit
-    from sigma.train.trainer import train
-
-    for key, value in cluster.env.items():
-        monkeypatch.setenv(key, value)
-    kpi_dir = Path(cluster.env["SIGMA_KPI_DIR"])
-    cfg = load_train_config(DEBUG, run_overrides(train_data, tmp_path) + [
-        "launch.executor=slurm", "launch.nodes=2", "launch.gpus_per_node=1", "parallel.ep=2",
-        "launch.timeout_min=10", f"launch.folder={tmp_path / 'submitit'}", "fault.step_delay_s=0.15"])
-    submitted = time.time()
-    job = submit(cfg)
-    job_id = int(job.job_id)
-    rank0 = wait_for(lambda: next(iter((kpi_dir / f"job-{job_id}").glob("rank-0.*.jsonl")), None), timeout=120,
-                     what="rank 0 KPI file")
+    job, job_id, rank0, submitted = submit_ep_job(cluster, train_data, tmp_path, monkeypatch)
     assert rank0.name == "rank-0.node1.jsonl"  # the node name in the file name picks the emulated node
     wait_for(lambda: max(losses(read_kpis(rank0)), default=0) >= 12, timeout=120, what="step 12")
 
-    slurm.requeue(job_id)
+    slurm.requeue(job_id)  # what the controller does when a node under the job fails
     wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING", what="job pending after requeue")
     slurm.start_now(job_id)
-    done = wait_for(lambda: (j := slurm.job(job_id)) and j.state not in ("PENDING", "RUNNING", "CONFIGURING",
-                                                                         "COMPLETING") and j,
-                    timeout=240, interval=1.0, what="job end")
+    done = wait_end(slurm, job_id)
     log = Path(job.paths.stderr).read_text() if Path(job.paths.stderr).exists() else ""
     assert done.state == "COMPLETED" and done.restarts == 1, (done, log[-3000:])
 
@@ -85,7 +70,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm, cluster, train_data, tm
     assert all(s > resume[0]["step"] for s in repeated)
     for step in repeated:
         assert seen[step][0] == pytest.approx(seen[step][1], abs=1e-6), step
-    assert (kpi_dir / f"job-{job_id}" / "rank-1.node2.jsonl").exists()
+    assert (rank0.parent / "rank-1.node2.jsonl").exists()
 
     # ... and the whole curve is the one a single uninterrupted process computes
     assert_reference_curve(records, train_data, tmp_path, monkeypatch)
