@@ -56,9 +56,16 @@ class KpiWriter:
         self.rank = rank
         self.job_id = job_id_from_env() if job_id is None else job_id
         self.node = node or node_name()
-        kpi_dir = kpi_dir or os.environ.get("SIGMA_KPI_DIR") or DEFAULT_KPI_DIR
-        self.path = kpi_path(kpi_dir, self.job_id, rank, self.node)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        explicit = kpi_dir or os.environ.get("SIGMA_KPI_DIR")
+        self.path = kpi_path(explicit or DEFAULT_KPI_DIR, self.job_id, rank, self.node)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            if explicit:
+                raise
+            # No sidecar spool on this machine (e.g. a laptop): keep the KPIs where the user can read them.
+            self.path = kpi_path(Path.home() / ".local" / "state" / "sigma" / "kpi", self.job_id, rank, self.node)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         # Line-buffered append: a line is on disk (page cache) as soon as it is written, whole.
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
 
