@@ -160,3 +160,14 @@ def test_balancing_buffers_stay_float32_in_a_bf16_model():
     assert float(layer.expert_bias[0]) == pytest.approx(0.301, abs=1e-5)
     out, _ = layer(torch.randn(5, 32, dtype=torch.bfloat16))
     assert out.dtype == torch.bfloat16
+
+
+def test_shared_expert_is_added_to_every_token():
+    torch.manual_seed(0)
+    layer = MoELayer(cfg(n_shared_experts=2))
+    assert layer.shared.w1.weight.shape == (2 * 16, 32)  # n_shared_experts * expert_hidden wide
+    x = torch.randn(9, 32)
+    out, _ = layer(x)
+    shared, layer.shared = layer.shared, None
+    routed, _ = layer(x)
+    torch.testing.assert_close(out, routed + shared(x))
