@@ -129,9 +129,7 @@ class MoETransformer(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, 0.0, std)
             elif isinstance(module, GroupedExperts):
-                for w in (module.w1, module.w3):
-                    nn.init.normal_(w, 0.0, std)
-                nn.init.normal_(module.w2, 0.0, out_std)
+                module.reset_parameters(std, out_std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, MoELayer):

@@ -113,6 +113,14 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float | None = None) -> None:
+        """Gaussian init; out_std (default std) for the output projection w2."""
+        nn.init.normal_(self.w1, 0.0, std)
+        nn.init.normal_(self.w3, 0.0, std)
+        nn.init.normal_(self.w2, 0.0, std if out_std is None else out_std)
 
     def resolved_impl(self, x: torch.Tensor) -> str:
         ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype

@@ -110,13 +110,17 @@ def test_aux_free_bias_moves_toward_balance(score_func):
         return float(layer.last_load.max() / layer.last_load.mean())
 
     before = imbalance()
+    initial = layer.last_load.clone()
     for _ in range(150):
         layer(x)
         layer.update_bias()
     after = imbalance()
     assert before > 2.5
     assert after < 1.2, (before, after, layer.last_load)
-    assert layer.expert_bias[:2].max() < 0 < layer.expert_bias[2:].max()
+    # Overloaded experts were pushed below underloaded ones (only differences matter for the top-k choice).
+    over, under = initial > 1.5 * initial.mean(), initial < 0.5 * initial.mean()
+    assert over.any() and under.any()
+    assert layer.expert_bias[over].max() < layer.expert_bias[under].min()
 
 
 def test_update_bias_uses_given_global_load():
