@@ -108,7 +108,8 @@ def bench_layers(args, device: torch.device) -> None:
             loop = MoELayer(cfg).to(device=device, dtype=dtype)
             loop.load_state_dict(ours.state_dict())
             loop.experts.impl = "loop"
-            variants = {"ours": ours, "ours-loop": loop, "naive-loop": naive_loop(ours), "hf-mixtral": hf_block(ours, dtype)}
+            variants = {"ours": ours, "ours-loop": loop, "naive-loop": naive_loop(ours),
+                        "hf-mixtral": hf_block(ours, dtype)}
             impl = ours.experts.resolved_impl(torch.empty(0, device=device, dtype=dtype))
             x = torch.randn(1, args.tokens, dim, device=device, dtype=dtype, requires_grad=True)
             grad = torch.randn_like(x)

@@ -71,7 +71,8 @@ class Block(nn.Module):
         self.is_moe = layer_id >= cfg.n_dense_layers
         self.ffn = MoELayer(cfg) if self.is_moe else FeedForward(cfg.dim, cfg.dense_hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
