@@ -96,7 +96,8 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype, *widths: int)
     if device.type == "cpu":
         return dtype in GROUPED_MM_CPU_DTYPES
     if device.type == "cuda":
-        return dtype == torch.bfloat16 and _cuda_supports_grouped_mm(device.index or 0)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return dtype == torch.bfloat16 and _cuda_supports_grouped_mm(index)
     return False
 
 
