@@ -17,6 +17,7 @@ Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--devic
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -108,7 +109,8 @@ def bench_layers(args, device: torch.device) -> None:
             loop = MoELayer(cfg).to(device=device, dtype=dtype)
             loop.load_state_dict(ours.state_dict())
             loop.experts.impl = "loop"
-            variants = {"ours": ours, "ours-loop": loop, "naive-loop": naive_loop(ours), "hf-mixtral": hf_block(ours, dtype)}
+            variants = {"ours": ours, "ours-loop": loop, "naive-loop": naive_loop(ours),
+                        "hf-mixtral": hf_block(ours, dtype)}
             impl = ours.experts.resolved_impl(torch.empty(0, device=device, dtype=dtype))
             x = torch.randn(1, args.tokens, dim, device=device, dtype=dtype, requires_grad=True)
             grad = torch.randn_like(x)
@@ -169,10 +171,12 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"torch {torch.__version__}")
+    print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work "
+          "skews absolute figures; ratios come from interleaved rounds)")
     bench_layers(args, device)
     if not args.skip_model:
         bench_models(args, device)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -41,15 +41,15 @@ class ModelConfig:
     expert_hidden: int = 256  # hidden width of one routed expert (fine-grained: small)
     n_shared_experts: int = 0  # always-on shared experts; their FFN is n_shared_experts * expert_hidden wide
     score_func: Literal["softmax", "sigmoid"] = "softmax"  # router scores: softmax over experts or per-expert sigmoid
-    norm_topk_prob: bool = True  # renormalise the top-k scores to sum to 1 (Mixtral, DeepSeek-V3)
+    norm_topk_prob: bool = True  # renormalise the top-k scores to sum to 1 (Mixtral, DeepSeek-V3); not for top_k=1
     route_scale: float = 1.0  # multiplies the routing weights (DeepSeek-V3 uses >1 with sigmoid scores)
     balance: Literal["aux_loss", "aux_free", "none"] = "aux_loss"  # load balancing: Switch aux loss, expert bias, off
     aux_loss_coef: float = 0.01  # weight of the Switch auxiliary loss in the returned aux_loss
     bias_update_speed: float = 0.001  # aux-free: step of the expert-bias update per update_bias() call
-    init: Literal["gaussian", "scaled"] = "scaled"  # gaussian: every weight N(0, init_std); scaled: Megatron output init
+    init: Literal["gaussian", "scaled"] = "scaled"  # gaussian: all N(0, init_std); scaled: Megatron output init
     init_std: float = 0.02  # std of the Gaussian init (output projections: / sqrt(2 n_layers) with init=scaled)
     tie_embeddings: bool = False  # share the token embedding with the output head
-    expert_impl: Literal["auto", "grouped_mm", "loop"] = "auto"  # expert GEMMs: torch._grouped_mm, per-expert loop, or pick
+    expert_impl: Literal["auto", "grouped_mm", "loop"] = "auto"  # torch._grouped_mm, per-expert loop, or pick
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts", "top_k",

@@ -71,7 +71,8 @@ class Block(nn.Module):
         self.is_moe = layer_id >= cfg.n_dense_layers
         self.ffn = MoELayer(cfg) if self.is_moe else FeedForward(cfg.dim, cfg.dense_hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
@@ -129,9 +130,7 @@ class MoETransformer(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, 0.0, std)
             elif isinstance(module, GroupedExperts):
-                for w in (module.w1, module.w3):
-                    nn.init.normal_(w, 0.0, std)
-                nn.init.normal_(module.w2, 0.0, out_std)
+                module.reset_parameters(std, out_std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, MoELayer):

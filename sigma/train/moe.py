@@ -96,7 +96,8 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype, *widths: int)
     if device.type == "cpu":
         return dtype in GROUPED_MM_CPU_DTYPES
     if device.type == "cuda":
-        return dtype == torch.bfloat16 and _cuda_supports_grouped_mm(device.index or 0)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return dtype == torch.bfloat16 and _cuda_supports_grouped_mm(index)
     return False
 
 
@@ -113,6 +114,14 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float | None = None) -> None:
+        """Gaussian init; out_std (default std) for the output projection w2."""
+        nn.init.normal_(self.w1, 0.0, std)
+        nn.init.normal_(self.w3, 0.0, std)
+        nn.init.normal_(self.w2, 0.0, std if out_std is None else out_std)
 
     def resolved_impl(self, x: torch.Tensor) -> str:
         ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype

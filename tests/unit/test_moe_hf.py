@@ -1,8 +1,10 @@
-"""Our MoE layer and decoder against an independent reference: HuggingFace transformers' Mixtral, mapped weights.
+"""Our MoE layer and decoder against independent references: HuggingFace transformers' Mixtral and DeepSeek-V3.
 
 Mixtral routes with softmax over all experts, picks the top-k and renormalises them; that is our
 score_func=softmax, norm_topk_prob=True, no shared expert. Mixtral stores each expert's gate and up projections
 concatenated as gate_up_proj [E, 2H, D] and the down projection as down_proj [E, D, H].
+DeepSeek-V3 with one expert group is our score_func=sigmoid, balance=aux_free (e_score_correction_bias is the
+expert bias), route_scale (routed_scaling_factor) and shared experts.
 """
 
 from __future__ import annotations
@@ -118,3 +120,48 @@ def test_decoder_matches_mixtral_causal_lm():
     logits, _ = ours(tokens)
     expected = ref(input_ids=tokens).logits
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "loop"])
+def test_sigmoid_aux_free_shared_layer_matches_deepseek_v3(impl):
+    deepseek = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    from transformers import DeepseekV3Config
+
+    torch.manual_seed(0)
+    ours = MoELayer(our_config(expert_impl=impl, score_func="sigmoid", balance="aux_free", route_scale=2.5,
+                               n_shared_experts=2))
+    for p in ours.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    with torch.no_grad():
+        ours.expert_bias.copy_(torch.randn(EXPERTS) * 0.3)  # changes which experts are picked
+    cfg = DeepseekV3Config(hidden_size=DIM, moe_intermediate_size=HIDDEN, n_routed_experts=EXPERTS,
+                           num_experts_per_tok=TOP_K, n_group=1, topk_group=1, n_shared_experts=2,
+                           routed_scaling_factor=2.5, norm_topk_prob=True)
+    cfg._experts_implementation = "eager"
+    ref = deepseek.DeepseekV3MoE(cfg)
+    with torch.no_grad():
+        ref.gate.weight.copy_(ours.router.gate.weight)
+        ref.gate.e_score_correction_bias.copy_(ours.expert_bias)
+        ref.experts.gate_up_proj.copy_(torch.cat([ours.experts.w1, ours.experts.w3], dim=1))
+        ref.experts.down_proj.copy_(ours.experts.w2)
+        ref.shared_experts.gate_proj.weight.copy_(ours.shared.w1.weight)
+        ref.shared_experts.up_proj.weight.copy_(ours.shared.w3.weight)
+        ref.shared_experts.down_proj.weight.copy_(ours.shared.w2.weight)
+
+    x = torch.randn(2, 24, DIM)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ours, aux = ours(x_ours)
+    y_ref = ref(x_ref)
+    assert float(aux) == 0.0  # aux-free: no auxiliary loss
+    torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y_ref)
+    (y_ours * g).sum().backward()
+    (y_ref * g).sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.router.gate.weight.grad, ref.gate.weight.grad, rtol=1e-5, atol=1e-5)
+    gate_up = ref.experts.gate_up_proj.grad
+    torch.testing.assert_close(ours.experts.w1.grad, gate_up[:, :HIDDEN], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.experts.w3.grad, gate_up[:, HIDDEN:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.experts.w2.grad, ref.experts.down_proj.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.shared.w2.weight.grad, ref.shared_experts.down_proj.weight.grad,
+                               rtol=1e-5, atol=1e-5)
