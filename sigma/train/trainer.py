@@ -201,19 +201,23 @@ def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float,
 # ---------------------------------------------------------------- the loop
 
 def train(cfg: TrainConfig, out=sys.stdout) -> RunSummary:
-    torch.set_num_threads(max(1, cfg.threads))
-    ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
     gc_was_enabled = gc.isenabled()
     gc.disable()
-    kpi = KpiWriter(ctx.rank, cfg.kpi.dir or None)
-    summary = RunSummary(world_size=ctx.world_size, kpi_path=str(kpi.path))
     try:
-        _train(cfg, ctx, kpi, summary, out)
+        torch.set_num_threads(max(1, cfg.threads))
+        ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
+        try:
+            kpi = KpiWriter(ctx.rank, cfg.kpi.dir or None)
+            summary = RunSummary(world_size=ctx.world_size, kpi_path=str(kpi.path))
+            try:
+                _train(cfg, ctx, kpi, summary, out)
+            finally:
+                kpi.close()
+        finally:
+            shutdown(ctx)
     finally:
-        kpi.close()
         if gc_was_enabled:
             gc.enable()
-        shutdown(ctx)
     return summary
 
 

@@ -89,3 +89,28 @@ def test_nan_loss_stops_with_an_event(train_data, tmp_path, monkeypatch, capsys)
     assert event["event"] == "nan_loss" and event["step"] == 3 and "non-finite loss" in event["message"]
     # the rank's entry point exits non-zero, so SLURM records a failed job instead of a finished one
     assert main(["--config", str(DEBUG), *overrides(train_data, tmp_path / "e", "steps=4", "fault.nan_at_step=2")]) == 3
+
+
+def test_garbage_collection_is_manual_during_the_run(train_data, tmp_path, monkeypatch):
+    import gc
+
+    from sigma.train.trainer import train
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
+    collections = []
+
+    def record(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    cfg = load_train_config(DEBUG, overrides(train_data, tmp_path / "f", "steps=4", "gc_every=2",
+                                             "checkpoint.every=0"))
+    gc.callbacks.append(record)
+    try:
+        train(cfg)
+    finally:
+        gc.callbacks.remove(record)
+    # automatic collections are mostly young-generation ones; manual gc.collect() is always a full one
+    assert collections and all(g == 2 for g in collections), collections
+    assert len(collections) >= 4  # start, steps 2 and 4, after the final checkpoint
+    assert gc.isenabled()
