@@ -71,7 +71,8 @@ class ControllerServer(ThreadingHTTPServer):
         self.routes[(method.upper(), path)] = handler
 
     def start(self) -> threading.Thread:
-        self._thread = threading.Thread(target=self.serve_forever, name="controller-http", daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="controller-http", daemon=True)
         self._thread.start()
         return self._thread
 

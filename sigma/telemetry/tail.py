@@ -5,7 +5,8 @@ loses nor repeats lines. Rules:
 - only complete lines are returned; a partial last line waits until its newline arrives;
 - the path now names another inode (rotated by rename): finish the old file through the still-open handle (or, after
   a restart, through the sibling in the same directory with the remembered inode), then start the new one at 0;
-- same inode but shorter than the offset (copytruncate): start again at 0.
+- same inode but shorter than the offset, or whose first bytes changed (copytruncate, rewritten in place):
+  start again at 0.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 MAX_READ_BYTES = 4 * 1024 * 1024  # per call, so one huge file cannot stall a collector run
 MAX_LINE_BYTES = 1024 * 1024  # a "line" longer than this without a newline is cut and returned
+HEAD_BYTES = 64  # the file's first bytes, remembered to notice a file rewritten in place
 
 
 class FileTailer:
@@ -23,10 +25,12 @@ class FileTailer:
         self.inode: int | None = None
         self.offset = 0
         self._fh = None
+        self.head = b""
         self.rotations = 0
         self.truncations = 0
         if position:
             self.inode, self.offset = position.get("inode"), int(position.get("offset", 0))
+            self.head = bytes.fromhex(position.get("head", ""))
         elif from_end:
             try:
                 st = self.path.stat()
@@ -36,7 +40,7 @@ class FileTailer:
 
     @property
     def position(self) -> dict:
-        return {"inode": self.inode, "offset": self.offset}
+        return {"inode": self.inode, "offset": self.offset, "head": self.head.hex()}
 
     def close(self) -> None:
         if self._fh:
@@ -54,11 +58,12 @@ class FileTailer:
             lines += self._finish_rotated()
             self.rotations += 1
             self.close()
-            self.inode, self.offset = st.st_ino, 0
-        elif self.inode is not None and st.st_size < self.offset:
+            self.inode, self.offset, self.head = st.st_ino, 0, b""
+        elif self.inode is not None and (st.st_size < self.offset or not self._same_head()):
             self.truncations += 1
             self.close()
             self.offset = 0
+            self.head = b""
         if self.inode is None:
             self.inode = st.st_ino
         if st.st_size > self.offset:
@@ -78,6 +83,15 @@ class FileTailer:
                 self._fh = None
                 return None
         return self._fh
+
+    def _same_head(self) -> bool:
+        if not self.head:
+            return True
+        fh = self._open()
+        if fh is None:
+            return True
+        fh.seek(0)
+        return fh.read(len(self.head)) == self.head
 
     def _finish_rotated(self) -> list[bytes]:
         fh = self._fh
@@ -101,6 +115,9 @@ class FileTailer:
                 fh.close()
 
     def _read_from(self, fh, final: bool = False) -> list[bytes]:
+        if not final and len(self.head) < HEAD_BYTES:
+            fh.seek(0)
+            self.head = fh.read(min(HEAD_BYTES, self.offset + MAX_READ_BYTES))
         fh.seek(self.offset)
         data = fh.read(MAX_READ_BYTES)
         end = data.rfind(b"\n")

@@ -26,7 +26,7 @@ class HostCollector(Collector):
     class Params(CollectorParams):
         percpu: bool = True  # also one utilisation series per CPU
         disks: bool = True  # per-device disk I/O counters
-        disk_exclude: str = r"^(loop|ram|sr|fd)\d+$|^[a-z]+\d+p?\d+$|^nvme\d+n\d+p\d+$"  # regex: partitions, loops
+        disk_exclude: str = r"^(loop|ram|sr|fd)\d+$|^(sd|vd|xvd|hd)[a-z]+\d+$|^(nvme\d+n\d+|mmcblk\d+)p\d+$"  # skip
         network: bool = True  # per-interface network counters
         net_exclude: str = r"^lo$"  # regex of interfaces to skip
         pressure: bool = True  # /proc/pressure/{cpu,memory,io} (PSI)
