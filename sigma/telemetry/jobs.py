@@ -24,8 +24,11 @@ STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.")
 
 
 def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True) -> set[int]:
-    """Job ids of the slurmstepd processes that belong to `node`."""
-    jobs = set()
+    """Job ids of the slurmstepd processes that belong to `node`.
+
+    A job counts when one of its steps names this node, or when none of its steps names any node (a real node
+    runs one slurmd; steps without tasks, like the extern step, carry no node name)."""
+    seen: dict[int, set] = {}
     try:
         pids = [p for p in os.listdir(proc_root) if p.isdigit()]
     except OSError:
@@ -41,10 +44,12 @@ def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True
             continue
         if m is None:
             continue
-        job = int(m.group(1))
-        if not check_node or _step_node(proc_root, pid) in (node, None):
-            jobs.add(job)
-    return jobs
+        names = seen.setdefault(int(m.group(1)), set())
+        if check_node:
+            step_node = _step_node(proc_root, pid)
+            if step_node is not None:
+                names.add(step_node)
+    return {job for job, names in seen.items() if not names or node in names}
 
 
 def _step_node(proc_root: str, pid: str) -> str | None:
