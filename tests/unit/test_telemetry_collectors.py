@@ -30,6 +30,13 @@ def test_host_collector_reads_fixture_proc():
     assert ("host.net.bytes_recv", (("iface", "lo"),)) not in first  # excluded by net_exclude
     disks = {labels for (m, labels) in first if m == "host.disk.read_bytes"}
     assert disks == {(("device", "sda"),), (("device", "nvme0n1"),)}  # partitions and loop devices skipped
+    assert first[("host.cpu.seconds", (("cpu", "1"), ("mode", "system")))] == 2.5
+    assert first[("host.net.tcp.RetransSegs", ())] == 321 and first[("host.net.udp.RcvbufErrors", ())] == 3
+    assert first[("host.net.tcpext.ListenDrops", ())] == 5
+    assert ("host.net.tcpext.SyncookiesSent", ()) not in first  # not in tcp_ext_keys
+    assert first[("host.fd.allocated", ())] == 3072
+    mounts = {dict(labels)["mount"] for (m, labels) in first if m == "host.fs.size_bytes"}
+    assert mounts == {"/"}  # proc skipped by type, /again is the same device
     assert ("host.cpu.util_pct", ()) not in first  # needs two runs
     second = samples(run(c))
     assert second[("host.cpu.util_pct", ())] is None  # fixture does not move: no elapsed ticks
