@@ -145,7 +145,7 @@ class HostCollector(Collector):
         for name, wanted in (("snmp", None), ("netstat", {"TcpExt": set(p.tcp_ext_keys)})):
             try:
                 with open(os.path.join(self.proc, "net", name)) as f:
-                    tables = parse_proc_net_table(f.read())
+                    tables = parse_proc_net_table(f.read(), set(p.protocols) if wanted is None else set(wanted))
             except OSError:
                 continue
             for proto, values in tables.items():
@@ -194,12 +194,14 @@ class HostCollector(Collector):
         out.sample("host.fd.max", int(maximum))
 
 
-def parse_proc_net_table(text: str) -> dict[str, dict[str, int]]:
+def parse_proc_net_table(text: str, protocols: set | None = None) -> dict[str, dict[str, int]]:
     """/proc/net/snmp and /proc/net/netstat: pairs of 'Proto: names...' / 'Proto: values...' lines."""
     tables: dict[str, dict[str, int]] = {}
     lines = text.splitlines()
     for header, values in zip(lines[0::2], lines[1::2]):
         proto, _, names = header.partition(":")
+        if protocols is not None and proto not in protocols:
+            continue
         proto2, _, numbers = values.partition(":")
         if proto != proto2:
             continue
