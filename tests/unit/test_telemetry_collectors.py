@@ -228,3 +228,52 @@ def test_nvml_reports_gpus():
     assert ("gpu.mem.total_bytes", (("gpu", "0"),)) in got
     assert ("gpu.temp_c", (("gpu", "0"),)) in got
     c.close()
+
+
+def test_logtail_real_kernel_ring_buffer():
+    """A line written to /dev/kmsg (root) comes back as an event; skipped where the ring buffer is closed."""
+    import uuid
+    if not (os.access("/dev/kmsg", os.R_OK | os.W_OK)):
+        pytest.skip("/dev/kmsg is not readable and writable here (needs root)")
+    c = make("logtail", {"kmsg": True, "patterns": [{"name": "sigma_probe", "regex": r"sigma-probe (?P<token>\w+)"}]})
+    try:
+        run(c)  # start_at end: skip the history
+        token = uuid.uuid4().hex
+        with open("/dev/kmsg", "w") as f:
+            f.write(f"<6>sigma-probe {token}\n")
+        events = [json.loads(e[5]) for e in run(c).events if e[2] == "sigma_probe"]
+        assert [e["token"] for e in events] == [token] and events[0]["stream"] == "kmsg"
+    finally:
+        c.close()
+
+
+def test_logtail_journal_through_journalctl_with_cursor(tmp_path, monkeypatch):
+    """journalctl is run with the saved cursor; a fake journalctl on PATH stands in for a host journal."""
+    entries = tmp_path / "entries.jsonl"
+    entries.write_text("".join(json.dumps({"__CURSOR": f"c{i}", "MESSAGE": msg, "_SYSTEMD_UNIT": "kernel"}) + "\n"
+                               for i, msg in enumerate(["boot", "NVRM: Xid (PCI:0000:3b:00): 79, x"])))
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+open({str(tmp_path / 'argv.log')!r}, 'a').write(' '.join(args) + '\\n')
+lines = open({str(entries)!r}).read().splitlines()
+after = next((a.split('=', 1)[1] for a in args if a.startswith('--after-cursor=')), None)
+if after is not None:
+    idx = [json.loads(l)['__CURSOR'] for l in lines].index(after)
+    lines = lines[idx + 1:]
+elif '-n' in args and args[args.index('-n') + 1] == '1':
+    lines = lines[-1:]
+print('\\n'.join(lines))
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    c = make("logtail", {"journal": True, "journal_args": ["-k"], "patterns": [XID]})
+    out = run(c)
+    assert out.events == [] and saved_positions(out) == {"logtail:logtail:journal": "c1"}  # start_at end
+    with entries.open("a") as f:
+        f.write(json.dumps({"__CURSOR": "c2", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 94, y"}) + "\n")
+    out = run(c)
+    assert [(json.loads(e[5])["xid"], json.loads(e[5])["stream"]) for e in out.events] == [(94, "journal")]
+    assert "-k --after-cursor=c1" in (tmp_path / "argv.log").read_text()
