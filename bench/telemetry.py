@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from itertools import repeat
 from pathlib import Path
 
 import psutil

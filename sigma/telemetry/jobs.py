@@ -33,7 +33,7 @@ def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True
     try:
         pids = [p for p in os.listdir(proc_root) if p.isdigit()]
     except OSError:
-        return jobs
+        return set()
     for pid in pids:
         try:
             with open(f"{proc_root}/{pid}/comm", "rb") as f:

@@ -206,7 +206,7 @@ class NodeStore:
                 if first is None:
                     break
                 with conn:
-                    n, u = self._delete(table, f"id < ? AND ts < ?", (first + PRUNE_CHUNK, cutoff))
+                    n, u = self._delete(table, "id < ? AND ts < ?", (first + PRUNE_CHUNK, cutoff))
                 deleted[table] += n
                 unpushed += u
                 if n == 0:
