@@ -95,7 +95,7 @@ def test_four_sidecars_survive_a_killed_controller(cluster, slurm, tmp_path):
             f.unlink()
         for f in (cluster.node_dir(node) / "health").glob("*.json"):
             f.unlink()
-    job_id = slurm.submit(None, "-w", "node2", wrap="sleep 120")
+    job_id = slurm.submit(None, "-w", "node2", "-o", str(tmp_path / "job.out"), wrap="sleep 120")
     wait_for(lambda: (slurm.job(job_id) or None) and slurm.job(job_id).state == "RUNNING", what="job running")
 
     controller_log = tmp_path / "controller.log"
