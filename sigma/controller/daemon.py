@@ -1,0 +1,105 @@
+"""`sigma controller run`: the ingest HTTP server, GET /metrics and the detection/remediation loop in one process.
+
+The ingest API (POST /v1/ingest) comes from sigma.controller.server when that module is installed; the
+controller adds its own routes (GET /metrics) beside it. Without it, a minimal server answers /metrics and
+/healthz only (nodes cannot push).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sigma.controller.config import ControllerConfig
+from sigma.controller.loop import Controller
+from sigma.controller.prometheus import registry
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"listen must be host:port, not {listen!r}")
+    return host or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """Serves GET /metrics and GET /healthz (used when the ingest server is not available)."""
+
+    def __init__(self, listen: str, metrics_body):
+        host, port = parse_listen(listen)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/metrics":
+                    body, ctype = metrics_body(), CONTENT_TYPE_LATEST
+                elif self.path == "/healthz":
+                    body, ctype = b"ok\n", "text/plain"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # requests are not decisions; keep the log readable
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="sigma-metrics", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def start_http(cfg: ControllerConfig, metrics_body):
+    """The ingest server with /metrics added when available, else the metrics-only server."""
+    if importlib.util.find_spec("sigma.controller.server"):
+        from sigma.controller import server as ingest_server
+
+        add_route = getattr(ingest_server, "add_route", None)
+        make = getattr(ingest_server, "start_server", None)
+        if add_route and make:
+            add_route("GET", "/metrics", lambda *a, **k: (200, CONTENT_TYPE_LATEST, metrics_body()))
+            return make(cfg.db, cfg.listen)
+    server = MetricsServer(cfg.listen, metrics_body)
+    server.start()
+    return server
+
+
+def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None) -> int:
+    ctl = Controller(cfg)
+    stop = stop or threading.Event()
+    reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
+    http = None if once else start_http(cfg, lambda: generate_latest(reg))
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    ctl.start()
+    ctl.log.event("listening", f"LISTEN {cfg.listen}: /metrics" if http else None, listen=cfg.listen)
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                ctl.tick()
+            except Exception as exc:  # one bad tick (slurmctld restarting, ...) must not stop the controller
+                ctl.log.event("tick_error", f"ERROR tick failed: {exc}", error=repr(exc))
+            if once:
+                break
+            stop.wait(max(0.0, cfg.poll_s - (time.monotonic() - t0)))
+    finally:
+        if http is not None:
+            http.stop()
+        ctl.log.event("stop", "STOP controller")
+    return 0
