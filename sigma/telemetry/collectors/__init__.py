@@ -1,0 +1,1 @@
+"""One module per collector; each registers itself by name with sigma.telemetry.base.register."""

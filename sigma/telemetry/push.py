@@ -1,0 +1,173 @@
+"""Push client: send outbox batches to the controller in order, retry until acknowledged (at-least-once).
+
+One batch in flight at a time, over one keep-alive HTTP connection. While the controller is unreachable the rows
+stay in the node store (bounded there) and the client backs off up to max_backoff_s; once it answers, batches go
+back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
+the batch is kept locally as 'rejected', reported as an event, and the stream moves on. Authentication failures
+(401/403) are retried: an admin fixes the secret and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+from urllib.parse import urlsplit
+
+from sigma.telemetry import wire
+from sigma.telemetry.store import NodeStore
+
+log = logging.getLogger("sigma.telemetry.push")
+
+CONTENT_REJECTIONS = (400, 413, 422)
+
+
+class PushError(RuntimeError):
+    pass
+
+
+class Pusher:
+    def __init__(self, store: NodeStore, node: str, url: str, secret: bytes, *, interval_s: float = 1.0,
+                 max_records: int = 20000, timeout_s: float = 10.0, max_backoff_s: float = 10.0, report=None):
+        self.store = store
+        self.node = node
+        self.url = url
+        self.secret = secret
+        self.interval_s = interval_s
+        self.max_records = max_records
+        self.timeout_s = timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.report = report  # callable(kind, message, severity, fields): sidecar self-report events
+        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread: threading.Thread | None = None
+        self.stats = {"batches": 0, "records": 0, "failures": 0, "duplicates": 0, "rejected": 0}
+        self.connected = None  # last known reachability, for transition reports
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"push.url must be http(s)://host:port/path, got {url!r}")
+        self._parts = parts
+
+    # ---------- lifecycle ----------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="push", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop; with drain_s > 0 first keep sending while there is a backlog, for at most drain_s."""
+        deadline = time.monotonic() + drain_s
+        while drain_s > 0 and time.monotonic() < deadline and self._thread and self._thread.is_alive():
+            if self.store_backlog() == 0:
+                break
+            self.wake.set()
+            time.sleep(0.05)
+        self.stop_event.set()
+        self.wake.set()
+        if self._thread:
+            self._thread.join(timeout=self.timeout_s + 2)
+        self._close()
+
+    def store_backlog(self) -> int:
+        return self.store.backlog()  # the store's connections are per thread: safe beside the push thread
+
+    # ---------- loop ----------
+    def _run(self) -> None:
+        backoff = self.interval_s
+        while not self.stop_event.is_set():
+            try:
+                sent = self.push_once()
+            except Exception as exc:  # network, controller 5xx, auth: keep the rows, retry later
+                self.stats["failures"] += 1
+                self._transition(False, str(exc))
+                self._close()
+                self.wake.wait(backoff)
+                self.wake.clear()
+                backoff = min(max(backoff * 2, 0.2), self.max_backoff_s)
+                continue
+            backoff = self.interval_s
+            self._transition(True, "")
+            if not sent:  # caught up: wait for the next interval
+                self.wake.wait(self.interval_s)
+                self.wake.clear()
+        self.store.close()
+
+    def push_once(self) -> bool:
+        """Send the next batch; True if one was acknowledged (or rejected for its content)."""
+        batch = self.store.next_batch(self.max_records)
+        if batch is None:
+            return False
+        seq, ranges = batch
+        samples, events, kpis = self.store.batch_rows(ranges)
+        body = wire.encode_batch(self.node, seq, time.time(), samples, events, kpis)
+        self.store.attempt(seq)
+        status, reply = self._post(body)
+        n = len(samples) + len(events) + len(kpis)
+        if status == 200 and reply.get("ok") and reply.get("seq") == seq:
+            self.store.ack(seq, ranges)
+            self.stats["batches"] += 1
+            self.stats["records"] += n
+            self.stats["duplicates"] += bool(reply.get("duplicate"))
+            return True
+        reason = reply.get("error") or f"HTTP {status}"
+        if status in CONTENT_REJECTIONS:
+            self.store.reject(seq, ranges, reason)
+            self.stats["rejected"] += 1
+            log.error("controller rejected batch %d (%d records): %s; kept in the node store's outbox", seq, n,
+                      reason)
+            if self.report:
+                self.report("push_rejected", f"controller rejected batch {seq}: {reason}", "error",
+                            {"seq": seq, "records": n, "status": status})
+            return True
+        raise PushError(f"controller answered {status}: {reason}")
+
+    def _post(self, body: bytes) -> tuple[int, dict]:
+        ts = f"{time.time():.3f}"
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                   wire.HEADER_NODE: self.node, wire.HEADER_TS: ts,
+                   wire.HEADER_SIG: wire.sign(self.secret, self.node, ts, body)}
+        path = self._parts.path or "/v1/ingest"
+        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+            conn = self._connection()
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._close()
+                if attempt:
+                    raise
+                continue
+            if resp.getheader("Connection", "").lower() == "close":
+                self._close()
+            try:
+                reply = json.loads(data) if data else {}
+            except ValueError:
+                reply = {"error": data[:200].decode("utf-8", "replace")}
+            return resp.status, reply if isinstance(reply, dict) else {}
+        raise PushError("unreachable")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            self._conn = cls(self._parts.hostname, self._parts.port, timeout=self.timeout_s)
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _transition(self, ok: bool, error: str) -> None:
+        if ok == self.connected:
+            return
+        previous, self.connected = self.connected, ok
+        if ok:
+            if previous is False:
+                log.info("controller reachable again at %s", self.url)
+        else:
+            log.warning("cannot push to %s: %s (buffering in the node store)", self.url, error)
+            if self.report:
+                self.report("push_failing", f"cannot push to {self.url}: {error}", "warning", {"url": self.url})

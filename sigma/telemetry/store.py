@@ -1,0 +1,245 @@
+"""The node-local SQLite store: full-resolution rows, the push outbox, tail positions, bounded by age and size.
+
+Row ids are AUTOINCREMENT, so they only grow: "pushed" is a per-table id cursor, and a batch is a range of ids.
+A batch gets its sequence number when it is cut (outbox row) and keeps it across retries and restarts, so the
+controller can drop a re-sent batch by (node, seq). Sequence numbers start at the store's creation time in
+milliseconds, so a node whose store was wiped still continues above what the controller has seen.
+
+Bounds: rows older than max_age_s and, while the database is larger than max_bytes, the oldest rows are deleted.
+Every pruning pass that deletes anything is reported as an event (kind 'store_pruned'; kind 'dropped', severity
+warning, when rows that never reached the controller were deleted) and counted in meta (dropped.*).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from sigma.store import Migration, connect, migrate
+
+TABLES = ("samples", "events", "kpis")
+
+MIGRATIONS: list[Migration] = [
+    ("0001_node_store", """
+        CREATE TABLE samples (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, metric TEXT NOT NULL,
+            value REAL, labels TEXT NOT NULL DEFAULT '{}', job_ids TEXT NOT NULL DEFAULT '[]');
+        CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, source TEXT NOT NULL,
+            kind TEXT NOT NULL, severity TEXT NOT NULL DEFAULT 'info', message TEXT NOT NULL DEFAULT '',
+            fields TEXT NOT NULL DEFAULT '{}', job_ids TEXT NOT NULL DEFAULT '[]');
+        CREATE TABLE kpis (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, job_id INTEGER NOT NULL,
+            rank INTEGER NOT NULL DEFAULT 0, step INTEGER, loss REAL, step_time_s REAL, tokens_per_s REAL,
+            mfu REAL, grad_norm REAL, payload TEXT NOT NULL DEFAULT '{}');
+        -- key/value state: node name, next seq, pushed cursors, drop counters
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        -- tail positions (file inode+offset, kmsg seq, journal cursor, processed health files)
+        CREATE TABLE positions (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        -- batches cut but not yet acknowledged: id ranges (lo, hi] per table
+        CREATE TABLE outbox (seq INTEGER PRIMARY KEY, created_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+            samples_lo INTEGER NOT NULL, samples_hi INTEGER NOT NULL, events_lo INTEGER NOT NULL,
+            events_hi INTEGER NOT NULL, kpis_lo INTEGER NOT NULL, kpis_hi INTEGER NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending', error TEXT NOT NULL DEFAULT '');
+    """),
+]
+
+SAMPLE_INSERT = "INSERT INTO samples (ts, metric, value, labels, job_ids) VALUES (?, ?, ?, ?, ?)"
+EVENT_INSERT = ("INSERT INTO events (ts, source, kind, severity, message, fields, job_ids) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)")
+KPI_INSERT = ("INSERT INTO kpis (ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload) "
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+PRUNE_CHUNK = 5000
+
+
+class NodeStore:
+    """One connection per thread that uses it (the agent writes, the pusher reads and acks)."""
+
+    def __init__(self, path: str | Path, node: str):
+        self.path = Path(path)
+        self.node = node
+        self._local = threading.local()
+        conn = self.conn
+        if not self.path.exists() or conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
+        migrate(conn, MIGRATIONS)
+        with conn:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', ?)", (str(int(time.time() * 1000)),))
+            stored = self.meta("node")
+            if stored is None:
+                conn.execute("INSERT INTO meta VALUES ('node', ?)", (node,))
+            elif stored != node:
+                raise ValueError(f"{self.path} belongs to node {stored!r}, not {node!r}: give each node its own store")
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path)
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # ---------- meta ----------
+    def meta(self, key: str, default=None):
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def _set_meta(self, key: str, value) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+
+    def positions(self) -> dict:
+        return {k: json.loads(v) for k, v in self.conn.execute("SELECT key, value FROM positions")}
+
+    # ---------- writing ----------
+    def write(self, outputs, job_ids_json: str) -> int:
+        """Store collector outputs (samples get the current job ids) and their positions in one transaction."""
+        conn = self.conn
+        n = 0
+        with conn:
+            for out in outputs:
+                if out.samples:
+                    conn.executemany(SAMPLE_INSERT, [(ts, m, v, l, job_ids_json) for ts, m, v, l in out.samples])
+                if out.events:
+                    conn.executemany(EVENT_INSERT, [(*e[:6], job_ids_json if e[6] is None else e[6])
+                                                    for e in out.events])
+                if out.kpis:
+                    conn.executemany(KPI_INSERT, out.kpis)
+                if out.positions:
+                    conn.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", out.positions.items())
+                n += len(out)
+        return n
+
+    # ---------- push side ----------
+    def pushed(self, table: str) -> int:
+        return int(self.meta(f"pushed.{table}", 0))
+
+    def next_batch(self, max_records: int):
+        """The oldest unacknowledged batch, cutting a new one from unpushed rows if none is pending.
+
+        Returns (seq, ranges dict table -> (lo, hi)) or None when there is nothing to send."""
+        conn = self.conn
+        row = conn.execute("SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1").fetchone()
+        if row is not None:
+            return row["seq"], {t: (row[f"{t}_lo"], row[f"{t}_hi"]) for t in TABLES}
+        ranges = {}
+        budget = max_records
+        with conn:
+            for table in ("events", "kpis", "samples"):  # rare, small kinds first; samples fill the rest
+                lo = int(self.meta(f"cut.{table}", 0))
+                hi = lo
+                if budget > 0:
+                    last = conn.execute(f"SELECT id FROM {table} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?",
+                                        (lo, budget - 1)).fetchone()
+                    hi = last[0] if last else (conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0] or lo)
+                    hi = max(hi, lo)
+                    if hi > lo:
+                        budget -= conn.execute(f"SELECT count(*) FROM {table} WHERE id > ? AND id <= ?",
+                                               (lo, hi)).fetchone()[0]
+                ranges[table] = (lo, hi)
+            if all(lo == hi for lo, hi in ranges.values()):
+                return None
+            seq = int(self.meta("next_seq"))
+            conn.execute("INSERT INTO outbox (seq, created_at, samples_lo, samples_hi, events_lo, events_hi, "
+                         "kpis_lo, kpis_hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (seq, time.time(), *ranges["samples"], *ranges["events"], *ranges["kpis"]))
+            self._set_meta("next_seq", seq + 1)
+            for table, (lo, hi) in ranges.items():
+                self._set_meta(f"cut.{table}", hi)
+        return seq, ranges
+
+    def batch_rows(self, ranges: dict):
+        conn = self.conn
+        lo, hi = ranges["samples"]
+        samples = conn.execute("SELECT ts, metric, value, labels, job_ids FROM samples WHERE id > ? AND id <= ? "
+                               "ORDER BY id", (lo, hi)).fetchall()
+        lo, hi = ranges["events"]
+        events = conn.execute("SELECT ts, source, kind, severity, message, fields, job_ids FROM events "
+                              "WHERE id > ? AND id <= ? ORDER BY id", (lo, hi)).fetchall()
+        lo, hi = ranges["kpis"]
+        kpis = conn.execute("SELECT ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload "
+                            "FROM kpis WHERE id > ? AND id <= ? ORDER BY id", (lo, hi)).fetchall()
+        return samples, events, kpis
+
+    def ack(self, seq: int, ranges: dict) -> None:
+        with self.conn:
+            self.conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+            for table, (lo, hi) in ranges.items():
+                self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
+
+    def reject(self, seq: int, ranges: dict, error: str) -> None:
+        """The controller refused the batch for its content (not auth): keep it here, move on, report it."""
+        with self.conn:
+            self.conn.execute("UPDATE outbox SET status = 'rejected', error = ? WHERE seq = ?", (error[:500], seq))
+            for table, (lo, hi) in ranges.items():
+                self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
+
+    def attempt(self, seq: int) -> None:
+        with self.conn:
+            self.conn.execute("UPDATE outbox SET attempts = attempts + 1 WHERE seq = ?", (seq,))
+
+    def backlog(self) -> int:
+        """Rows not yet acknowledged by the controller."""
+        total = 0
+        for table in TABLES:
+            total += self.conn.execute(f"SELECT count(*) FROM {table} WHERE id > ?",
+                                       (self.pushed(table),)).fetchone()[0]
+        return total
+
+    # ---------- bounds ----------
+    def size_bytes(self) -> int:
+        conn = self.conn
+        pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return pages * conn.execute("PRAGMA page_size").fetchone()[0]
+
+    def prune(self, max_age_s: float, max_bytes: int, now: float | None = None) -> dict | None:
+        """Enforce the bounds; returns what was deleted {table: n, 'unpushed': n, 'reason': ...} or None."""
+        now = time.time() if now is None else now
+        deleted = {t: 0 for t in TABLES}
+        unpushed = 0
+        reasons = []
+        conn = self.conn
+        cutoff = now - max_age_s
+        for table in TABLES:  # by age: oldest ids first, while their ts is past the cutoff
+            while True:
+                first = conn.execute(f"SELECT min(id) FROM {table}").fetchone()[0]
+                if first is None:
+                    break
+                with conn:
+                    n, u = self._delete(table, f"id < ? AND ts < ?", (first + PRUNE_CHUNK, cutoff))
+                deleted[table] += n
+                unpushed += u
+                if n == 0:
+                    break
+        if any(deleted.values()):
+            reasons.append("age")
+        size_before = self.size_bytes()
+        if size_before > max_bytes:
+            reasons.append("size")
+            while self.size_bytes() > max_bytes:
+                table = max(TABLES, key=lambda t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0])
+                first = conn.execute(f"SELECT min(id) FROM {table}").fetchone()[0]
+                if first is None:
+                    break
+                with conn:
+                    n, u = self._delete(table, "id < ?", (first + PRUNE_CHUNK,))
+                deleted[table] += n
+                unpushed += u
+        if not any(deleted.values()):
+            return None
+        conn.execute("PRAGMA incremental_vacuum")
+        with conn:
+            for table, n in deleted.items():
+                self._set_meta(f"dropped.{table}", int(self.meta(f"dropped.{table}", 0)) + n)
+            self._set_meta("dropped.unpushed", int(self.meta("dropped.unpushed", 0)) + unpushed)
+        return {**deleted, "unpushed": unpushed, "reason": "+".join(reasons)}
+
+    def _delete(self, table: str, where: str, args: tuple) -> tuple[int, int]:
+        pushed = self.pushed(table)
+        u = self.conn.execute(f"SELECT count(*) FROM {table} WHERE {where} AND id > ?", (*args, pushed)).fetchone()[0]
+        n = self.conn.execute(f"DELETE FROM {table} WHERE {where}", args).rowcount
+        return n, u

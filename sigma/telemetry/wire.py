@@ -1,0 +1,100 @@
+"""The push wire format and its authentication, shared by the sidecar and the controller's ingest.
+
+A batch is one JSON object; samples travel columnar with their series dictionary-encoded so the controller can
+insert them with one executemany without touching each value in Python:
+
+    {"v": 1, "node": "node1", "seq": 1732230000123, "sent_at": 1732230001.5,
+     "series": [["host.cpu.util", "{\"cpu\":\"0\"}", "[42]"], ...],       # metric, labels JSON, job ids JSON
+     "samples": {"s": [0, 0, 1, ...], "ts": [...], "v": [...]},           # series index, unix ts, value
+     "events": [[ts, source, kind, severity, message, fields JSON, job ids JSON], ...],
+     "kpis": [[ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload JSON], ...]}
+
+Authentication: HMAC-SHA256 over "<timestamp>\\n<node>\\n<body>" with a shared secret, sent as headers
+X-Sigma-Node, X-Sigma-Timestamp and X-Sigma-Signature (hex). The timestamp bounds replays; (node, seq) makes
+a replayed or retried batch a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import stat
+from pathlib import Path
+
+VERSION = 1
+EVENT_FIELDS = ("ts", "source", "kind", "severity", "message", "fields", "job_ids")
+KPI_FIELDS = ("ts", "job_id", "rank", "step", "loss", "step_time_s", "tokens_per_s", "mfu", "grad_norm", "payload")
+HEADER_NODE = "X-Sigma-Node"
+HEADER_TS = "X-Sigma-Timestamp"
+HEADER_SIG = "X-Sigma-Signature"
+MAX_CLOCK_SKEW_S = 300.0
+
+
+class SecretError(ValueError):
+    """The shared secret file is missing, empty or readable by others."""
+
+
+def read_secret(path: str | Path, *, check_mode: bool = True) -> bytes:
+    """The shared secret; the file must be a regular file of mode 0600 (or stricter) owned by this user."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise SecretError(f"{path}: cannot read the ingest secret: {exc.strerror}") from None
+    if check_mode:
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"{path}: the ingest secret must be a regular file")
+        if st.st_mode & 0o077:
+            raise SecretError(f"{path}: the ingest secret has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0600 "
+                              f"(chmod 600 {path})")
+        if st.st_uid != os.geteuid():
+            raise SecretError(f"{path}: the ingest secret belongs to uid {st.st_uid}, not to this user "
+                              f"(uid {os.geteuid()}); chown it")
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise SecretError(f"{path}: the ingest secret is shorter than 16 bytes")
+    return secret
+
+
+def write_secret(path: str | Path) -> bytes:
+    """Create a new random secret file with mode 0600 (for tests, benches and first-time setup)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = os.urandom(32).hex().encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    os.chmod(path, 0o600)
+    return secret
+
+
+def sign(secret: bytes, node: str, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(secret, f"{timestamp}\n{node}\n".encode(), hashlib.sha256)
+    mac.update(body)
+    return mac.hexdigest()
+
+
+def verify(secret: bytes, node: str, timestamp: str, body: bytes, signature: str) -> bool:
+    return hmac.compare_digest(sign(secret, node, timestamp, body), signature)
+
+
+def encode_batch(node: str, seq: int, sent_at: float, samples, events, kpis) -> bytes:
+    """samples: iterable of (ts, metric, value, labels_json, job_ids_json); events/kpis: row tuples."""
+    series: list[list[str]] = []
+    index: dict[tuple, int] = {}
+    s_col, ts_col, v_col = [], [], []
+    for ts, metric, value, labels, job_ids in samples:
+        key = (metric, labels, job_ids)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(series)
+            series.append([metric, labels, job_ids])
+        s_col.append(i)
+        ts_col.append(ts)
+        v_col.append(value)
+    body = {"v": VERSION, "node": node, "seq": seq, "sent_at": sent_at, "series": series,
+            "samples": {"s": s_col, "ts": ts_col, "v": v_col},
+            "events": [list(e) for e in events], "kpis": [list(k) for k in kpis]}
+    return json.dumps(body, separators=(",", ":")).encode()

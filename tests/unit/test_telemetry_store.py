@@ -1,0 +1,84 @@
+"""Node store: batches with monotonic seq, ack/retry, bounds by age and size with drops counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from sigma.telemetry.base import Output
+from sigma.telemetry.store import NodeStore
+
+
+def fill(store: NodeStore, n: int, ts: float, metric: str = "m") -> None:
+    out = Output(ts=ts)
+    for i in range(n):
+        out.sample(metric, float(i), {"i": i % 7})
+    store.write([out], "[12]")
+
+
+def test_batches_have_monotonic_seq_and_are_resent_until_acked(tmp_path):
+    store = NodeStore(tmp_path / "n.db", "node1")
+    fill(store, 25, 100.0)
+    out = Output(ts=101.0)
+    out.event("log", "xid", "boom", "error", {"xid": 79})
+    store.write([out], "[]")
+    seq1, ranges1 = store.next_batch(max_records=10)
+    assert store.next_batch(max_records=10) == (seq1, ranges1)  # not acked: the same batch again
+    samples, events, kpis = store.batch_rows(ranges1)
+    assert len(events) == 1 and len(samples) == 9 and kpis == []  # events first, samples fill the budget
+    assert samples[0]["job_ids"] == "[12]"
+    store.ack(seq1, ranges1)
+    seq2, ranges2 = store.next_batch(max_records=10)
+    assert seq2 == seq1 + 1 and ranges2["samples"][0] == ranges1["samples"][1]
+    store.ack(seq2, ranges2)
+    seq3, ranges3 = store.next_batch(max_records=10)
+    store.ack(seq3, ranges3)
+    assert store.next_batch(max_records=10) is None
+    assert store.backlog() == 0
+    store.close()
+    again = NodeStore(tmp_path / "n.db", "node1")  # seq survives restarts
+    fill(again, 1, 102.0)
+    assert again.next_batch(10)[0] == seq3 + 1
+
+
+def test_seq_starts_at_creation_time_so_a_wiped_store_continues_above(tmp_path):
+    a = NodeStore(tmp_path / "a.db", "node1")
+    fill(a, 1, 1.0)
+    first = a.next_batch(10)[0]
+    (tmp_path / "a.db").unlink()
+    b = NodeStore(tmp_path / "a.db", "node1")
+    fill(b, 1, 1.0)
+    assert b.next_batch(10)[0] > first
+
+
+def test_store_refuses_another_nodes_database(tmp_path):
+    NodeStore(tmp_path / "n.db", "node1")
+    with pytest.raises(ValueError, match="belongs to node 'node1'"):
+        NodeStore(tmp_path / "n.db", "node2")
+
+
+def test_age_bound_counts_pushed_and_unpushed_drops(tmp_path):
+    store = NodeStore(tmp_path / "n.db", "node1")
+    fill(store, 30, ts=1000.0)
+    seq, ranges = store.next_batch(max_records=10)
+    store.ack(seq, ranges)  # 10 of the old rows reached the controller
+    fill(store, 5, ts=5000.0)
+    dropped = store.prune(max_age_s=100, max_bytes=1 << 30, now=5050.0)
+    assert dropped == {"samples": 30, "events": 0, "kpis": 0, "unpushed": 20, "reason": "age"}
+    assert store.conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 5
+    assert store.meta("dropped.unpushed") == "20" and store.meta("dropped.samples") == "30"
+    assert store.prune(max_age_s=100, max_bytes=1 << 30, now=5050.0) is None  # nothing more: no report
+
+
+def test_size_bound_deletes_oldest_first(tmp_path):
+    store = NodeStore(tmp_path / "n.db", "node1")
+    for k in range(10):
+        fill(store, 2000, ts=1000.0 + k, metric=f"metric.with.a.long.name.{k}")
+    before = store.size_bytes()
+    dropped = store.prune(max_age_s=1e9, max_bytes=before // 2, now=2000.0)
+    assert dropped["reason"] == "size" and dropped["unpushed"] == dropped["samples"] > 0
+    assert store.size_bytes() <= before // 2
+    oldest = store.conn.execute("SELECT min(ts), max(ts) FROM samples").fetchone()
+    assert oldest[0] > 1000.0 and oldest[1] == 1009.0  # the newest rows are kept
+    seq, ranges = store.next_batch(max_records=100000)  # the outbox skips what is gone
+    samples, _, _ = store.batch_rows(ranges)
+    assert len(samples) == store.conn.execute("SELECT count(*) FROM samples").fetchone()[0]
