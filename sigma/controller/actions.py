@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,8 +23,10 @@ HELD_REASONS = ("launch failed requeued held", "JobHeldAdmin", "job requeued in 
 
 
 class SlurmActions:
-    def __init__(self, slurm: Slurm, *, command_timeout_s: float = 600.0, webhook_timeout_s: float = 10.0):
+    def __init__(self, slurm: Slurm, *, command_timeout_s: float = 600.0, webhook_timeout_s: float = 10.0,
+                 adopt_reasons: tuple[str, ...] = ()):
         self.slurm = slurm
+        self.adopt_reasons = tuple(adopt_reasons)
         self.command_timeout_s = command_timeout_s
         self.webhook_timeout_s = webhook_timeout_s
 
@@ -38,9 +42,10 @@ class SlurmActions:
         if n.drained:
             if n.drained_by_sigma:
                 return f"already drained: {n.reason}"
-            raise Skip(f"already drained by someone else ({n.reason!r}); left as is")
+            if n.reason not in self.adopt_reasons:
+                raise Skip(f"already drained by someone else ({n.reason!r}); left as is")
         self.slurm.drain([node], params["reason"])
-        return "drained"
+        return f"drained (was: {n.reason})" if n.drained else "drained"
 
     def _resume(self, node: str, params: dict, key: str) -> str:
         n = self.slurm.node(node)
@@ -137,7 +142,8 @@ class SlurmActions:
 
     # ---------- playbooks ----------
     def _command(self, node: str, params: dict, key: str) -> str:
-        argv = [a.replace("{node}", node) for a in params["argv"]]
+        sigma_bin = shutil.which("sigma") or str(Path(sys.executable).parent / "sigma")
+        argv = [a.replace("{node}", node).replace("{sigma}", sigma_bin) for a in params["argv"]]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.command_timeout_s,
                               env={**os.environ, "SIGMA_NODE": node, "SIGMA_ACTION_KEY": key},
                               stdin=subprocess.DEVNULL)

@@ -48,12 +48,15 @@ class ControllerConfig:
     db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
-    listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port)
+    listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
+    ingest_secret_file: str = "/etc/sigma/ingest.secret"  # HMAC secret shared with the sidecars; "" = no ingest
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
     shadow: bool = False  # shadow mode for everything: decide and log, never act
     shadow_rules: list[str] = field(default_factory=list)  # rule ids in shadow mode
+    adopt_drain_reasons: list[str] = field(default_factory=lambda: ["Prolog error", "Epilog error"])  # SLURM's
+    # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
     max_action_attempts: int = 5  # a failing action is retried this many times
     snapshot_every_s: float = 10.0  # how often node states are recorded for utilisation
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
@@ -85,6 +88,9 @@ class RemediationConfig:
     max_failures: int = 3  # K: failed remediation/validation cycles before escalating to admins
     escalation_webhook: str = ""  # ticket URL for escalations (empty: journal + log only)
     default_playbook: str = "manual"  # playbook for rules no entry names
+    after_repair: list[str] = field(default_factory=lambda: ["{sigma}", "health", "log-ack", "--node", "{node}"])
+    # argv run after a successful repair, before validation ({sigma}, {node} replaced; [] = nothing): the
+    # repaired fault's kernel-log lines must not fail the validation (prefix with ssh/pdsh on real clusters)
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # return-to-service validation
     playbooks: list[Playbook] = field(default_factory=lambda: [Playbook(name="manual", kind="manual")])  # in order
 

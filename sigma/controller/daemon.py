@@ -1,13 +1,11 @@
 """`sigma controller run`: the ingest HTTP server, GET /metrics and the detection/remediation loop in one process.
 
-The ingest API (POST /v1/ingest) comes from sigma.controller.server when that module is installed; the
-controller adds its own routes (GET /metrics) beside it. Without it, a minimal server answers /metrics and
-/healthz only (nodes cannot push).
+The ingest API (POST /v1/ingest) is sigma.controller.server + sigma.controller.ingest; the controller adds its
+own route (GET /metrics) beside it and runs its loop in the main thread.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import threading
 import time
@@ -64,16 +62,18 @@ class MetricsServer:
 
 
 def start_http(cfg: ControllerConfig, metrics_body):
-    """The ingest server with /metrics added when available, else the metrics-only server."""
-    if importlib.util.find_spec("sigma.controller.server"):
-        from sigma.controller import server as ingest_server
+    """The ingest server (POST /v1/ingest, GET /healthz) with GET /metrics added; without an ingest secret
+    configured, a metrics-only server (nodes cannot push then)."""
+    if not cfg.ingest_secret_file:
+        server = MetricsServer(cfg.listen, metrics_body)
+        server.start()
+        return server
+    from sigma.controller.ingest import Ingest
+    from sigma.controller.server import ControllerServer
+    from sigma.telemetry.wire import read_secret
 
-        add_route = getattr(ingest_server, "add_route", None)
-        make = getattr(ingest_server, "start_server", None)
-        if add_route and make:
-            add_route("GET", "/metrics", lambda *a, **k: (200, CONTENT_TYPE_LATEST, metrics_body()))
-            return make(cfg.db, cfg.listen)
-    server = MetricsServer(cfg.listen, metrics_body)
+    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, read_secret(cfg.ingest_secret_file)))
+    server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics_body()))
     server.start()
     return server
 
@@ -87,7 +87,10 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     ctl.start()
-    ctl.log.event("listening", f"LISTEN {cfg.listen}: /metrics" if http else None, listen=cfg.listen)
+    if http is not None:
+        ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if cfg.ingest_secret_file else ''}"
+                      f"/metrics, /healthz", listen=cfg.listen, port=http.port)
+        ctl.http_port = http.port
     try:
         while not stop.is_set():
             t0 = time.monotonic()

@@ -61,7 +61,7 @@ class Decider:
             inc = self.incidents.open(f, "notified", f"node {node!r} unknown to SLURM")
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; node unknown to SLURM")
             return inc
-        if n.drained and not n.drained_by_sigma:
+        if n.drained and not n.drained_by_sigma and n.reason not in self.cfg.adopt_drain_reasons:
             inc = self.incidents.open(f, "notified", f"already drained by someone else: {n.reason!r}")
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, drained by admin ({n.reason})")
             return inc

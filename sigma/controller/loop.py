@@ -41,11 +41,12 @@ class Controller:
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self.log = log or DecisionLog(cfg.log_dir)
-        self.journal = Journal(self.conn, SlurmActions(self.slurm), clock=clock,
+        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
+                               clock=clock,
                                max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
         self.incidents = Incidents(self.conn, clock)
         self.remediator = Remediator(self.conn, self.journal, self.incidents, self.rcfg, self.log, self.slurm,
-                                     clock=clock, root=root)
+                                     clock=clock, root=root, adopt_reasons=tuple(cfg.adopt_drain_reasons))
         self.decider = Decider(self.conn, self.journal, self.incidents, self.remediator, cfg, self.rcfg, self.log,
                                clock)
         self.streaks = Streaks(self._state("isolation_streaks", {}))
@@ -54,6 +55,7 @@ class Controller:
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
+        self.http_port: int | None = None
         self.last_tick_s = 0.0
 
     # ---------- lifecycle ----------

@@ -58,7 +58,9 @@ class Lifecycle:
 
 class Remediator:
     def __init__(self, conn: sqlite3.Connection, journal: Journal, incidents: Incidents, cfg: RemediationConfig,
-                 log: DecisionLog, slurm, *, clock: Callable[[], float] = time.time, root: Path | None = None):
+                 log: DecisionLog, slurm, *, clock: Callable[[], float] = time.time, root: Path | None = None,
+                 adopt_reasons: tuple[str, ...] = ()):
+        self.adopt_reasons = adopt_reasons  # SLURM's own drains after our health hooks: not an admin's
         self.conn = conn
         self.slurm = slurm  # queries only (sacct verdicts); every action goes through the journal
         self.journal = journal
@@ -123,7 +125,7 @@ class Remediator:
             n = nodes.get(lc.node)
             if n is None:
                 continue
-            if n.drained and n.reason and not n.drained_by_sigma:
+            if n.drained and n.reason and not n.drained_by_sigma and n.reason not in self.adopt_reasons:
                 self._move(lc, "admin", f"drained by someone else ({n.reason!r}); never resumed by sigma")
                 if lc.incident_id:
                     self.incidents.set_status(lc.incident_id, "closed", "node taken over by an admin", close=True)
@@ -180,6 +182,13 @@ class Remediator:
 
     def _validating(self, lc: Lifecycle, n: Node, jobs: list[Job]) -> None:
         res = self._reservation(lc)
+        if self.cfg.after_repair:
+            step = self.journal.run(f"after_repair:{lc.attempt}", "command", lc.node, incident_id=lc.incident_id,
+                                    params={"argv": self.cfg.after_repair})
+            if step.state != "done":
+                return self._fail_if_late(lc, step, 300, "after-repair command did not run")
+            if not json.loads(step.result).get("ok"):
+                return self._failure(lc, f"after-repair command failed: {json.loads(step.result).get('output')}")
         step = self.journal.run(f"create_reservation:{lc.attempt}", "create_reservation", res,
                                 incident_id=lc.incident_id,
                                 params={"node": lc.node, "duration_min": self.cfg.validation.reservation_minutes})

@@ -65,7 +65,7 @@ def normalise(row: Mapping) -> dict:
 # ---------- discrete events ----------
 
 def _log_hit(m: LogMatch, e: dict) -> bool:
-    if e.get("source") != m.source:
+    if e.get("source") not in ([m.source] if isinstance(m.source, str) else m.source):
         return False
     if m.kinds and not any(fnmatch.fnmatchcase(str(e.get("kind", "")), k) for k in m.kinds):
         return False
@@ -173,7 +173,11 @@ def _metric(rule: Rule, m: MetricMatch, samples: list[dict]) -> list[Finding]:
 def _kpi(rule: Rule, m: KpiMatch, kpis: list[dict]) -> list[Finding]:
     per_job: dict[int, list[dict]] = defaultdict(list)
     for k in kpis:
-        v = _as_float(k.get(m.field) if k.get(m.field) is not None else (k.get("payload") or {}).get(m.field))
+        payload = k.get("payload") or {}
+        raw = k.get(m.field)
+        if raw is None:  # ingest keeps NaN/Inf out of REAL columns: payload {"nonfinite": {"loss": "nan"}}
+            raw = payload.get(m.field, (payload.get("nonfinite") or {}).get(m.field))
+        v = _as_float(raw)
         if v is not None:
             per_job[int(k["job_id"])].append({**k, "_v": v})
     out = []

@@ -26,7 +26,7 @@ OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a >
 class LogMatch:
     """Discrete events rows (kernel-log signatures, NVML events, KPI events)."""
 
-    source: str = "log"  # events.source to match ('log', 'nvml', 'kpi', 'sidecar')
+    source: str | list[str] = "log"  # events.source (or a list): 'log', 'nvml', 'kpi', 'sidecar'
     kinds: list[str] = field(default_factory=list)  # events.kind values (glob patterns); empty = any
     fields: dict[str, list] = field(default_factory=dict)  # events.fields key -> accepted values
     message: str = ""  # regex searched in events.message; empty = any

@@ -241,3 +241,31 @@ def test_manual_playbook_waits_for_admin_mark(tmp_path):
     assert ctl.remediator.get("node2").state == "remediating" and slurm.count("submit") == 0
     ctl.remediator.mark_repaired("node2", by="alice")
     assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+
+
+def test_prolog_error_drain_is_adopted_but_admin_drain_is_not(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node2", flags=("DRAIN",), reason="Prolog error")
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="kernel_log", severity="fail",
+              fields={"suite": "prolog", "category": "gpu"})
+    ctl.tick()
+    assert slurm.node("node2").reason.startswith("sigma: health-prolog-failed")
+    assert ctl.remediator.get("node2").state != "admin"
+
+
+def test_after_repair_command_runs_before_validation(tmp_path):
+    from sigma.controller.config import Playbook, RemediationConfig, ValidationConfig
+
+    marker = tmp_path / "acked"
+    script = tmp_path / "v.sbatch"
+    script.write_text("#!/bin/sh\n")
+    rem = RemediationConfig(after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
+                            validation=ValidationConfig(script=str(script)),
+                            playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"]),
+                                       Playbook(name="manual", kind="manual")])
+    ctl, slurm, clock = make_controller(tmp_path, remediation=rem)
+    xid79(ctl.conn, "node3", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    slurm.finish_reboot("node3", clock())
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    assert marker.read_text().strip() == "node3"

@@ -71,6 +71,15 @@ def test_log_signatures(rule, line):
     assert hits([rule], events=[ev("node1", "kernel: usb 1-1: new high-speed USB device")]) == []
 
 
+def test_nvml_sources():
+    assert hits(["gpu-xid-79"], events=[ev("node1", "GPU 0: Xid 79", kind="xid", source="nvml",
+                                           fields={"xid": 79})]) == [("gpu-xid-79", "node1", None, "drain+reboot")]
+    lost = ev("node2", "GPU 3: GPU is lost", kind="gpu_error", source="nvml")
+    assert hits(["gpu-nvml-unresponsive"], events=[lost]) == [("gpu-nvml-unresponsive", "node2", None, "drain+reboot")]
+    ecc = ev("node2", "NVRM: uncorrectable ECC error detected", kind="ecc_uncorrectable")
+    assert hits(["gpu-ecc-uncorrectable-log"], events=[ecc]) == [("gpu-ecc-uncorrectable-log", "node2", None, "drain")]
+
+
 def test_ib_flapping_needs_repeats_in_window():
     lines = ["mlx5_core 0000:17:00.0: link down", "mlx5_core 0000:17:00.0: link up"] * 2
     events = [ev("node4", m, ts=NOW - 200 + i * 30, id=i) for i, m in enumerate(lines)]
@@ -81,12 +90,12 @@ def test_ib_flapping_needs_repeats_in_window():
 
 
 def test_uncorrectable_ecc_increase_per_gpu():
-    rows = [sample("node2", "gpu.ecc.uncorrected", 0, NOW - 100, {"gpu": "0"}),
-            sample("node2", "gpu.ecc.uncorrected", 0, NOW - 100, {"gpu": "1"}),
-            sample("node2", "gpu.ecc.uncorrected", 0, NOW - 10, {"gpu": "0"}),
-            sample("node2", "gpu.ecc.uncorrected", 2, NOW - 10, {"gpu": "1"}),
-            sample("node1", "gpu.ecc.uncorrected", 5, NOW - 100, {"gpu": "0"}),
-            sample("node1", "gpu.ecc.uncorrected", 5, NOW - 10, {"gpu": "0"})]
+    rows = [sample("node2", "gpu.ecc.volatile.uncorrected", 0, NOW - 100, {"gpu": "0"}),
+            sample("node2", "gpu.ecc.volatile.uncorrected", 0, NOW - 100, {"gpu": "1"}),
+            sample("node2", "gpu.ecc.volatile.uncorrected", 0, NOW - 10, {"gpu": "0"}),
+            sample("node2", "gpu.ecc.volatile.uncorrected", 2, NOW - 10, {"gpu": "1"}),
+            sample("node1", "gpu.ecc.volatile.uncorrected", 5, NOW - 100, {"gpu": "0"}),
+            sample("node1", "gpu.ecc.volatile.uncorrected", 5, NOW - 10, {"gpu": "0"})]
     found = evaluate([RULES["gpu-ecc-uncorrectable"]], now=NOW, samples=rows)
     assert [(f.node, f.evidence["series"][0]["labels"]) for f in found] == [("node2", {"gpu": "1"})]
 
@@ -113,6 +122,9 @@ def test_nonfinite_loss_from_kpis_and_from_events():
     nan_payload = [{"node": "node1", "ts": NOW - 5, "job_id": 11, "rank": 0, "step": 6, "loss": None,
                     "payload": json.dumps({"loss": "nan"})}]
     assert hits(["kpi-nonfinite-loss"], kpis=nan_payload) == [("kpi-nonfinite-loss", None, 11, "requeue")]
+    ingested = [{"node": "node1", "ts": NOW - 5, "job_id": 12, "rank": 0, "step": 6, "loss": None,
+                 "payload": json.dumps({"nonfinite": {"loss": "nan"}})}]
+    assert hits(["kpi-nonfinite-loss"], kpis=ingested) == [("kpi-nonfinite-loss", None, 12, "requeue")]
     event = ev("node1", "loss is nan at step 6", kind="nan_loss", source="kpi", job_ids=[9])
     assert hits(["kpi-nan-loss-event"], events=[event]) == [("kpi-nan-loss-event", None, 9, "requeue")]
 
