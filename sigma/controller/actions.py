@@ -137,7 +137,7 @@ class SlurmActions:
         args = [f"--reservation={params['reservation']}", "-w", node, "-N1", f"--job-name={name}", "--no-requeue"]
         if params.get("output"):
             args.append(f"--output={params['output']}")
-        job_id = self.slurm.submit(script, *args)
+        job_id = self.slurm.submit(script, *args, script_args=params.get("args") or ())
         return json.dumps({"job_id": job_id, "found": False})
 
     # ---------- playbooks ----------

@@ -37,7 +37,7 @@ class IsolationConfig:
     window_s: float = 120.0  # telemetry/KPI window scored against peers
     history_s: float = 3600.0  # each node's own healthy history for the temporal score
     min_score: float = 6.0  # combined robust z-score the top node must reach
-    dominance: float = 2.0  # ... and exceed the runner-up by this factor
+    dominance: float = 1.5  # ... and exceed the runner-up by this factor
     rounds: int = 2  # consecutive rounds the same node must be the dominant outlier before acting
     verify_after_s: float = 600.0  # after this long, check whether the requeued job recovered
     recover_fraction: float = 0.8  # recovered = throughput back to this fraction of the pre-fault baseline
@@ -78,6 +78,7 @@ class Playbook:
 @dataclass
 class ValidationConfig:
     script: str = "sbatch/validate-node.sbatch"  # comprehensive validation job (relative to the project root)
+    args: list[str] = field(default_factory=list)  # arguments after the script (e.g. --check NAME to narrow it)
     timeout_s: float = 1800.0  # validation job must finish within this long
     reservation_minutes: int = 120  # maintenance reservation length
     output_dir: str = ""  # validation job stdout directory (empty: SLURM's default)

@@ -2,7 +2,8 @@
 
 Synchronous training makes healthy peers look alike, so a node is suspicious when it deviates from its peers in
 the same job (spatial score) and from its own healthy history (temporal score). Scores are robust z-scores
-(median/MAD), aggregated per entity as the mean of its top-k metric deviations, so a fault that moves a handful
+(median/MAD; the temporal one on the deviation from the peers, so the common workload cancels out), aggregated
+per entity as the mean of its top-k metric deviations, so a fault that moves a handful
 of the hundreds of metrics still stands out while one noisy metric does not. An accelerator-level matrix is
 reduced to its node by the node's worst accelerator.
 
@@ -21,7 +22,7 @@ import numpy as np
 MAD_TO_SIGMA = 1.4826
 
 
-def robust_z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, rel_floor: float = 0.02,
+def robust_z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, rel_floor: float = 1e-3,
              abs_floor: float = 1e-6) -> np.ndarray:
     """|values - center| / scale, with the scale floored so identical peers do not divide by zero."""
     floor = np.maximum(rel_floor * np.abs(center), abs_floor)
@@ -43,12 +44,28 @@ def spatial_z(current: np.ndarray) -> np.ndarray:
     return robust_z(current, med, mad)
 
 
-def temporal_z(current: np.ndarray, history: np.ndarray) -> np.ndarray:
-    """history: [entities, time, metrics] of healthy samples (NaN = none); each entity against its own past."""
-    med_fn = np.nanmedian if np.isnan(history).any() else np.median
-    med = med_fn(history, axis=1)
-    mad = med_fn(np.abs(history - med[:, None, :]), axis=1) * MAD_TO_SIGMA
-    return robust_z(current, med, mad)
+def _median(a: np.ndarray, axis: int) -> np.ndarray:
+    return np.nanmedian(a, axis=axis) if np.isnan(a).any() else np.median(a, axis=axis)
+
+
+def history_stats(history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each entity's healthy history [entities, time, metrics] -> (center, scale) of its deviation from the peer
+    median at the same time. Removing the common workload first means a job changing phase is not a fault;
+    computed once per history window and reused by every round."""
+    residual = history - _median(history, axis=0)[None, :, :]
+    center = _median(residual, axis=1)
+    scale = _median(np.abs(residual - center[:, None, :]), axis=1) * MAD_TO_SIGMA
+    # a few dozen points give a noisy scale; an entity whose history happened to be quiet must not turn every
+    # wiggle into an outlier, so the scale is at least the typical scale of its peers for that metric
+    pooled = _median(scale, axis=0)
+    return center, np.maximum(scale, pooled[None, :])
+
+
+def temporal_z(current: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """How far each entity's deviation from its peers now is from its usual deviation (its own history)."""
+    center, scale = stats
+    residual = current - _median(current, axis=0)[None, :]
+    return robust_z(residual, center, scale, rel_floor=0.0)
 
 
 def combine(spatial: np.ndarray, temporal: np.ndarray | None) -> np.ndarray:
@@ -89,13 +106,17 @@ def pick_outlier(names: Sequence[str], scores: np.ndarray, min_score: float, dom
 
 
 def score_nodes(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
-                entity_node: np.ndarray | None = None, k: int = 3) -> np.ndarray:
-    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None;
-    entity_node maps each entity (accelerator) to its node index (default: one entity per node)."""
+                entity_node: np.ndarray | None = None, k: int = 3,
+                stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
+    precomputed history_stats); entity_node maps each entity (accelerator) to its node index (default: one
+    entity per node)."""
     with warnings.catch_warnings():  # all-NaN columns (a metric nobody reports) are expected
         warnings.simplefilter("ignore", RuntimeWarning)
         spatial = spatial_z(current)
-        temporal = temporal_z(current, history) if history is not None and history.shape[1] >= 3 else None
+        if stats is None and history is not None and history.shape[1] >= 3:
+            stats = history_stats(history)
+        temporal = temporal_z(current, stats) if stats is not None else None
         z = np.nan_to_num(combine(spatial, temporal), nan=0.0, posinf=1e6)
     scores = top_k_mean(z, k)
     if entity_node is None:

@@ -204,6 +204,7 @@ class Remediator:
         submit = self.journal.run(
             f"submit_validation:{lc.attempt}", "submit_validation", lc.node, incident_id=lc.incident_id,
             params={"job_name": f"sigma-validate-{lc.node}-c{lc.cycle}-f{lc.failures}", "reservation": res,
+                    "args": self.cfg.validation.args,
                     "script": str(script), "since_date": time.strftime("%Y-%m-%dT%H:%M:%S",
                                                                         time.localtime(self.clock() - 3600)),
                     "output": str(Path(out) / f"validate-{lc.node}-%j.out") if out else ""})

@@ -109,7 +109,7 @@ class FakeSlurm:
         self._call("delete_reservation", name)
         self.res.discard(name)
 
-    def submit(self, script, *args, wrap=None):
+    def submit(self, script, *args, wrap=None, script_args=()):
         self._call("submit", str(script), args)
         self.next_id += 1
         name = next(a.split("=", 1)[1] for a in args if a.startswith("--job-name="))
