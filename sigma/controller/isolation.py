@@ -69,12 +69,11 @@ def temporal_z(current: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.
 
 
 def combine(spatial: np.ndarray, temporal: np.ndarray | None) -> np.ndarray:
-    """Per metric: where the entity has history, both must agree (geometric mean: high only if it differs from
+    """Per metric: where the entity has history, both must agree (the smaller score: high only if it differs from
     its peers AND from its own past); where it has none (e.g. KPIs of a fresh job), the spatial score alone."""
     if temporal is None:
         return spatial
-    both = np.sqrt(np.abs(spatial * temporal))
-    return np.where(np.isnan(temporal), spatial, both)
+    return np.where(np.isnan(temporal), spatial, np.minimum(spatial, temporal))
 
 
 def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -> np.ndarray:
