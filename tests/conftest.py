@@ -65,3 +65,13 @@ def reset_cluster(client, cluster, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"cluster did not return to idle: {[(n.name, n.state, n.flags) for n in client.nodes()]}")
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory):
+    """Token shards of a small slice of the Python standard library (byte tokenizer), prepared once."""
+    from sigma.train.data import prepare
+
+    out = tmp_path_factory.mktemp("train-data")
+    prepare(out, max_mb=0.5, shard_tokens=100_000)
+    return out

@@ -56,7 +56,10 @@ class Ingest:
         try:
             node = self._authenticate(headers, body)
             batch = self._parse(body, node)
-            reply = self._store(node, batch)
+            try:
+                reply = self._store(node, batch)
+            except OverflowError as exc:  # an integer SQLite cannot hold (rolled back)
+                raise Rejected(400, f"number out of range: {exc}") from None
             return 200, reply
         except Rejected as exc:
             self.stats["rejected"] += 1
@@ -95,7 +98,7 @@ class Ingest:
         if batch.get("node") != node:
             raise Rejected(400, f"batch node {batch.get('node')!r} differs from the signed node {node!r}")
         seq = batch.get("seq")
-        if type(seq) is not int or seq < 0:
+        if type(seq) is not int or not 0 <= seq < 2**63:
             raise Rejected(400, f"seq must be a non-negative integer, got {seq!r}")
         series = _field(batch, "series", list)
         for i, s in enumerate(series):
@@ -135,14 +138,14 @@ class Ingest:
                    map(labels.__getitem__, s_col), map(jobs.__getitem__, s_col))
         with self.lock:
             conn = self.conn
+            conn.execute("BEGIN")
             try:
-                conn.execute("BEGIN")
-                conn.execute(BATCH_SQL, (node, b["seq"], time.time(), n))
-            except sqlite3.IntegrityError:
-                conn.rollback()
-                self.stats["duplicates"] += 1
-                return {"ok": True, "seq": b["seq"], "duplicate": True}
-            try:
+                try:
+                    conn.execute(BATCH_SQL, (node, b["seq"], time.time(), n))
+                except sqlite3.IntegrityError:  # (node, seq) already stored: a retry after a lost ack
+                    conn.rollback()
+                    self.stats["duplicates"] += 1
+                    return {"ok": True, "seq": b["seq"], "duplicate": True}
                 conn.executemany(SAMPLE_SQL, rows)
                 if b["events"]:
                     conn.executemany(EVENT_SQL, [(node, *e) for e in b["events"]])
@@ -150,7 +153,8 @@ class Ingest:
                     conn.executemany(KPI_SQL, [(node, *k) for k in b["kpis"]])
                 conn.commit()
             except BaseException:
-                conn.rollback()
+                if conn.in_transaction:
+                    conn.rollback()
                 raise
         self.stats["batches"] += 1
         self.stats["samples"] += len(s_col)

@@ -204,7 +204,7 @@ def _baseline_record(args) -> int:
     samples: dict[str, list[float]] = {}
     units: dict[str, str] = {}
     for _ in range(args.runs):
-        ctx._facts.pop("baselines", None)
+        ctx.forget("baselines")
         outcome = run_checks(ctx, names, deadline=time.monotonic() + 3600)
         for rec in outcome.records:
             if rec.status in ("error", "timeout"):

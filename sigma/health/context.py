@@ -87,3 +87,8 @@ class Context:
             if name not in self._facts:
                 self._facts[name] = gather()
             return self._facts[name]
+
+    def forget(self, name: str) -> None:
+        """Drop a cached fact that is no longer true (the process table after a kill, re-read baselines)."""
+        with self._guard:
+            self._facts.pop(name, None)

@@ -87,7 +87,7 @@ def kill_job_processes(ctx: Context, job_id: int) -> list[int]:
     mine = [p for p in facts.processes(ctx) if p.env.get("SLURM_JOB_ID") == str(job_id)
             and p.env.get("SLURMD_NODENAME", ctx.node) == ctx.node and "SLURM_SCRIPT_CONTEXT" not in p.env
             and p.pid != os.getpid()]
-    ctx._facts.pop("processes", None)  # the process table changed
+    ctx.forget("processes")  # the process table changed
     if mine:
         survivors = kill(mine)
         reporting.log(ctx.node_dir, f"killed {len(mine) - len(survivors)} leftover process(es) of job {job_id}: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from sigma.slurm.command import DEFAULT_TIMEOUT_S, SlurmError, run
 from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
 
 NEXT_STATES = ("RESUME", "DOWN", "DRAIN")
+REQUEUE_SETTLE_S = 2.0  # see start_now
 NOTHING_FOUND = 9003  # sacct's "Nothing found with query" is an empty answer, not a failure
 
 
@@ -20,6 +22,7 @@ class Slurm:
     def __init__(self, conf: str | Path | None = None, timeout: float = DEFAULT_TIMEOUT_S):
         self.env = {"SLURM_CONF": str(conf)} if conf else {}
         self.timeout = timeout
+        self._requeued_at: dict[int, float] = {}
 
     def _run(self, *argv: str, timeout: float | None = None, input: str | None = None) -> str:
         return run(argv, env=self.env, timeout=timeout or self.timeout, input=input).stdout
@@ -119,12 +122,21 @@ class Slurm:
 
     def requeue(self, job_id: int, *, hold: bool = False) -> None:
         self._run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+        self._requeued_at[int(job_id)] = time.time()
 
     def release(self, job_id: int) -> None:
         self._run("scontrol", "release", str(job_id))
 
-    def start_now(self, job_id: int) -> None:
-        """Clear the ~2-minute BeginTime SLURM puts on a requeued job so it can start at once."""
+    def start_now(self, job_id: int, requeued_at: float | None = None) -> None:
+        """Clear the ~2-minute BeginTime SLURM puts on a requeued job so it can start at once.
+
+        slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
+        created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.
+        So never start sooner than REQUEUE_SETTLE_S after the requeue (known from requeue() or requeued_at).
+        """
+        requeued_at = requeued_at or self._requeued_at.get(int(job_id))
+        if requeued_at is not None:
+            time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:

@@ -307,6 +307,9 @@ class LocalCluster:
 # ---------- helpers without cluster state ----------
 
 def check_packages() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("the local cluster needs root: slurmd, munged and the emulated reboots run as root "
+                           "(run `sudo sigma cluster up`)")
     missing = sorted({pkg for prog, pkg in REQUIRED_PROGRAMS.items() if _which(prog, required=False) is None})
     if missing:
         raise ClusterError(f"missing system packages: {' '.join(missing)}. Install them with:\n"

@@ -147,7 +147,8 @@ class Sidecar:
             return found
 
         self.jobs = JobTracker(self.node, jobs.sources, proc_root=self.proc_root, kpi_jobs=kpi_jobs,
-                               kpi_active_s=jobs.kpi_active_s, squeue_refresh_s=jobs.squeue_refresh_s)
+                               kpi_active_s=jobs.kpi_active_s, squeue_refresh_s=jobs.squeue_refresh_s,
+                               spool_dir=jobs.slurmd_spool_dir, proc_rescan_s=jobs.proc_rescan_s)
         self.jobs.refresh()
         log.info("node %s: collectors %s; store %s; push %s", self.node, ", ".join(self.runners) or "none",
                  cfg.store.path, cfg.push.url or "off")
@@ -176,16 +177,25 @@ class Sidecar:
         cfg = self.loaded.config
         next_jobs = time.monotonic() + cfg.jobs.refresh_s
         next_prune = time.monotonic()
+        next_write = time.monotonic() + cfg.store.write_every_s
+        items: list = []
         while not self._stop.is_set():
+            # sleep until the next write is due; a stop or reload request wakes us through the timeout
             try:
-                item = self.sink.get(timeout=0.25)
+                items.append(self.sink.get(timeout=min(0.5, max(0.0, next_write - time.monotonic()))))
+                items += self._take_all()
             except queue.Empty:
-                item = None
-            if item is not None:
-                self._handle([item] + self._take_all())
+                pass
             now = time.monotonic()
+            if now >= next_write:
+                next_write = now + cfg.store.write_every_s
+                if items or self._pending:
+                    self._handle(items)
+                    items = []
             if self._reload.is_set():
                 self._reload.clear()
+                self._handle(items)
+                items = []
                 self.reload()
                 cfg = self.loaded.config
             if now >= next_jobs:
@@ -194,6 +204,7 @@ class Sidecar:
             if now >= next_prune:
                 next_prune = now + cfg.store.prune_every_s
                 self._prune()
+        self._handle(items)
         log.info("stopping: flushing collected data")
         self._stop_collectors()
         if self.pusher:
@@ -219,6 +230,8 @@ class Sidecar:
             self._handle(items)
 
     def _handle(self, items: list) -> None:
+        if not items and not self._pending:
+            return
         outputs = self._pending
         for section, status, error, out in items:
             self._track_status(section, status, error, out)

@@ -1,7 +1,7 @@
 """configs/telemetry.yaml: store, push, job tagging and the collectors, each checked with file:line [key] errors.
 
 Placeholders in path-valued keys (names containing path, file, files, dir, glob, root) are expanded:
-{node}, {node_dir}, {cluster_dir}, {kpi_dir}, {kernel_log}; see docs/telemetry.md.
+{node}, {node_dir}, {cluster_dir}, {kpi_dir}, {kernel_log}, {slurmd_spool}; see docs/telemetry.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from sigma.config import ConfigError, _Source, from_dict, load_yaml
 from sigma.telemetry.base import CollectorParams, load_collectors
 
-PLACEHOLDER = re.compile(r"\{(node|node_dir|cluster_dir|kpi_dir|kernel_log)\}")
+PLACEHOLDER = re.compile(r"\{(node|node_dir|cluster_dir|kpi_dir|kernel_log|slurmd_spool)\}")
 PATH_KEY = re.compile(r"(path|file|files|dir|glob|root|node_name)$")
 
 
@@ -28,6 +28,7 @@ class StoreConfig:
     max_age_s: float = 7 * 86400.0  # rows older than this are deleted (reported if never pushed)
     max_bytes: int = 1 << 30  # database size bound; oldest rows go first (reported, never silent)
     prune_every_s: float = 30.0  # how often the bounds are enforced
+    write_every_s: float = 1.0  # collected records are committed together at this cadence (fewer transactions)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class JobsConfig:
     refresh_s: float = 5.0  # how often the running job ids are looked up
     kpi_active_s: float = 120.0  # a job whose KPI file grew this recently counts as running here
     squeue_refresh_s: float = 30.0  # squeue source: poll interval (one call per node; keep it slow)
+    slurmd_spool_dir: str = "{slurmd_spool}"  # SlurmdSpoolDir: step sockets there trigger a /proc rescan
+    proc_rescan_s: float = 60.0  # proc source: rescan /proc at least this often even without spool changes
 
     def __post_init__(self):
         bad = [s for s in self.sources if s not in ("proc", "kpi", "squeue")]
@@ -80,8 +83,9 @@ def variables_for(node: str, node_dir: str | None = None) -> dict[str, str]:
             str(Path(cluster_dir) / "nodes" / node) if cluster_dir else "/var/lib/sigma")
     kpi_dir = os.environ.get("SIGMA_KPI_DIR") or "/var/spool/sigma/kpi"
     kernel_log = str(Path(node_dir) / "kern.log") if cluster_dir else "/var/log/kern.log"
+    slurmd_spool = str(Path(cluster_dir) / "spool" / node) if cluster_dir else "/var/spool/slurmd"
     return {"node": node, "node_dir": node_dir, "cluster_dir": cluster_dir, "kpi_dir": kpi_dir,
-            "kernel_log": kernel_log}
+            "kernel_log": kernel_log, "slurmd_spool": slurmd_spool}
 
 
 def load(path: str | Path, node: str | None = None, node_dir: str | None = None,

@@ -3,7 +3,8 @@
 Sources (configurable, unioned):
 - proc: slurmstepd processes. Each names its step in its title ("slurmstepd: [123.batch]"); on a host with
   several emulated nodes the step's child processes carry SLURMD_NODENAME in their environment, which tells
-  whose step it is. Costs one scan of /proc/*/comm per refresh, no SLURM traffic.
+  whose step it is. No SLURM traffic. The /proc scan runs only when slurmd's spool directory changes (every
+  step has a socket <node>_<job>.<step> there) or every proc_rescan_s, so a refresh is usually one listdir.
 - kpi: jobs whose KPI files for this node grew recently (any trainer following the KPI protocol).
 - squeue: a cached `Slurm().jobs()` poll (sigma.slurm) every squeue_refresh_s; one controller RPC per node per
   poll, so keep it slow on large clusters.
@@ -24,12 +25,15 @@ STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.")
 
 
 def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True) -> set[int]:
-    """Job ids of the slurmstepd processes that belong to `node`."""
-    jobs = set()
+    """Job ids of the slurmstepd processes that belong to `node`.
+
+    A job counts when one of its steps names this node, or when none of its steps names any node (a real node
+    runs one slurmd; steps without tasks, like the extern step, carry no node name)."""
+    seen: dict[int, set] = {}
     try:
         pids = [p for p in os.listdir(proc_root) if p.isdigit()]
     except OSError:
-        return jobs
+        return set()
     for pid in pids:
         try:
             with open(f"{proc_root}/{pid}/comm", "rb") as f:
@@ -41,10 +45,12 @@ def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True
             continue
         if m is None:
             continue
-        job = int(m.group(1))
-        if not check_node or _step_node(proc_root, pid) in (node, None):
-            jobs.add(job)
-    return jobs
+        names = seen.setdefault(int(m.group(1)), set())
+        if check_node:
+            step_node = _step_node(proc_root, pid)
+            if step_node is not None:
+                names.add(step_node)
+    return {job for job, names in seen.items() if not names or node in names}
 
 
 def _step_node(proc_root: str, pid: str) -> str | None:
@@ -69,7 +75,8 @@ def _step_node(proc_root: str, pid: str) -> str | None:
 
 class JobTracker:
     def __init__(self, node: str, sources: list[str], *, proc_root: str = "/proc", kpi_jobs=None,
-                 kpi_active_s: float = 120.0, squeue_refresh_s: float = 30.0, check_node: bool = True):
+                 kpi_active_s: float = 120.0, squeue_refresh_s: float = 30.0, check_node: bool = True,
+                 spool_dir: str = "", proc_rescan_s: float = 60.0):
         self.node = node
         self.sources = list(sources)
         self.proc_root = proc_root
@@ -77,6 +84,11 @@ class JobTracker:
         self.kpi_active_s = kpi_active_s
         self.squeue_refresh_s = squeue_refresh_s
         self.check_node = check_node
+        self.spool_dir = spool_dir
+        self.proc_rescan_s = proc_rescan_s
+        self._spool_seen: frozenset | None = None
+        self._proc_at = 0.0
+        self._proc_jobs: set[int] = set()
         self._squeue_at = 0.0
         self._squeue_jobs: set[int] = set()
         self.jobs: list[int] = []
@@ -85,7 +97,7 @@ class JobTracker:
     def refresh(self) -> list[int]:
         found: set[int] = set()
         if "proc" in self.sources:
-            found |= slurmstepd_jobs(self.node, self.proc_root, self.check_node)
+            found |= self._proc()
         if "kpi" in self.sources and self.kpi_jobs is not None:
             found |= self.kpi_jobs(self.kpi_active_s)
         if "squeue" in self.sources:
@@ -93,6 +105,22 @@ class JobTracker:
         self.jobs = sorted(found)
         self.jobs_json = json.dumps(self.jobs)
         return self.jobs
+
+    def _proc(self) -> set[int]:
+        now = time.monotonic()
+        spool = None
+        if self.spool_dir:
+            try:
+                spool = frozenset(n for n in os.listdir(self.spool_dir) if "_" in n)
+            except OSError:
+                spool = None
+        # no spool directory: no slurmd here (or an unusual SlurmdSpoolDir): the periodic rescan still finds steps
+        if (spool is not None and spool != self._spool_seen) or now - self._proc_at >= self.proc_rescan_s \
+                or not self._proc_at:
+            self._spool_seen = spool
+            self._proc_at = now
+            self._proc_jobs = slurmstepd_jobs(self.node, self.proc_root, self.check_node)
+        return self._proc_jobs
 
     def _squeue(self) -> set[int]:
         now = time.monotonic()

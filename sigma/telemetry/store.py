@@ -37,7 +37,7 @@ MIGRATIONS: list[Migration] = [
         -- tail positions (file inode+offset, kmsg seq, journal cursor, processed health files)
         CREATE TABLE positions (key TEXT PRIMARY KEY, value TEXT NOT NULL);
         -- batches cut but not yet acknowledged: id ranges (lo, hi] per table
-        CREATE TABLE outbox (seq INTEGER PRIMARY KEY, created_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        CREATE TABLE outbox (seq INTEGER PRIMARY KEY, created_at REAL NOT NULL,
             samples_lo INTEGER NOT NULL, samples_hi INTEGER NOT NULL, events_lo INTEGER NOT NULL,
             events_hi INTEGER NOT NULL, kpis_lo INTEGER NOT NULL, kpis_hi INTEGER NOT NULL,
             status TEXT NOT NULL DEFAULT 'pending', error TEXT NOT NULL DEFAULT '');
@@ -178,10 +178,6 @@ class NodeStore:
             for table, (lo, hi) in ranges.items():
                 self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
 
-    def attempt(self, seq: int) -> None:
-        with self.conn:
-            self.conn.execute("UPDATE outbox SET attempts = attempts + 1 WHERE seq = ?", (seq,))
-
     def backlog(self) -> int:
         """Rows not yet acknowledged by the controller."""
         total = 0
@@ -210,7 +206,7 @@ class NodeStore:
                 if first is None:
                     break
                 with conn:
-                    n, u = self._delete(table, f"id < ? AND ts < ?", (first + PRUNE_CHUNK, cutoff))
+                    n, u = self._delete(table, "id < ? AND ts < ?", (first + PRUNE_CHUNK, cutoff))
                 deleted[table] += n
                 unpushed += u
                 if n == 0:

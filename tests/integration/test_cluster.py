@@ -60,7 +60,8 @@ def test_sbatch_job_completes_in_accounting(slurm, tmp_path):
 
 
 def test_requeue_increments_restart_count_and_start_now(slurm):
-    job_id = slurm.submit(None, "-N2", wrap="sleep 300")
+    # Same nodes on purpose: a relaunch there in the second of the old credential's revocation would be killed.
+    job_id = slurm.submit(None, "-N2", "-w", "node1,node2", wrap="sleep 300")
     wait_for(lambda: slurm.job(job_id).state == "RUNNING", what="job running")
     slurm.requeue(job_id)
     job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING" and j, what="job pending")
@@ -69,6 +70,8 @@ def test_requeue_increments_restart_count_and_start_now(slurm):
     job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j, timeout=20,
                    what="requeued job running again without the BeginTime delay")
     assert job.restarts == 1
+    time.sleep(2)
+    assert slurm.job(job_id).state == "RUNNING", "the relaunched job must survive its launch"
 
 
 def test_reboot_flow_returns_node_down_then_resumed(slurm, cluster):

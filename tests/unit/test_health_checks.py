@@ -127,6 +127,13 @@ def test_find_strays_ignores_running_current_other_nodes_and_hooks():
     assert [p.pid for p in strays] == [10]
 
 
+def test_find_strays_only_of_this_clusters_jobs():
+    mine, theirs = proc(10, 5), proc(11, 5)
+    mine.env["SLURM_CONF"], theirs.env["SLURM_CONF"] = "/a/slurm.conf", "/b/slurm.conf"
+    strays = find_strays([mine, theirs], "node1", active_jobs=set(), current_job=None, slurm_conf="/a/slurm.conf")
+    assert [p.pid for p in strays] == [10]
+
+
 def test_stray_result_reports_survivors_only():
     strays = [proc(10, 5), proc(11, 5)]
     assert check_stray_processes(strays).status == "fail"

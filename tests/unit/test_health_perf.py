@@ -77,3 +77,14 @@ def test_train_step_matches_float64_reference_and_fails_on_corruption():
     r = train_step.check_train_step(losses, reference, reference[-1] * 2, 1e-3)
     assert r.status == "fail" and "differs from the known" in r.message
     assert train_step.check_train_step([float("nan")] * 5, reference, None, 1e-3).status == "fail"
+
+
+def test_train_step_golden_loss_in_repo_config_holds_on_this_host(tmp_path):
+    from sigma.health.config import load_health_config
+    from sigma.paths import configs_dir
+
+    config = load_health_config(configs_dir() / "health.yaml")
+    config.torch_threads = 1
+    ctx = context(tree(tmp_path, "healthy"), "node1", tmp_path / "n", config=config)
+    r = train_step.run(ctx, dict(config.check("train_step").args))
+    assert r.status == "pass", r.message

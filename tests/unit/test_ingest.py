@@ -106,12 +106,14 @@ def _mutate(**changes) -> bytes:
     (_mutate(node="node2"), "differs from the signed node"),
     (_mutate(seq="7"), "seq must be"),
     (_mutate(seq=-1), "seq must be"),
+    (_mutate(seq=2**64), "seq must be"),
     (_mutate(series=[["m", "{}"]]), "series[0]"),
     (_mutate(**{"samples.s": [0, 0, 9]}), "indexes into series"),
     (_mutate(**{"samples.ts": [1.0, "x", 2.0]}), "samples.ts must hold numbers"),
     (_mutate(**{"samples.v": [1.0, 2.0]}), "differ in length"),
     (_mutate(events=[[1.0, "log", "xid"]]), "events[0] must be a list of 7"),
     (_mutate(kpis=[[1.0, "42", 0, 1, 2.5, None, None, None, None, "{}"]]), "kpis[0].job_id"),
+    (_mutate(kpis=[[1.0, 2**70, 0, 1, 2.5, None, None, None, None, "{}"]]), "number out of range"),
 ])
 def test_malformed_batches_get_400_with_a_reason_and_nothing_is_stored(server, body, reason):
     status, reply = post(server, body)

@@ -30,6 +30,13 @@ def test_host_collector_reads_fixture_proc():
     assert ("host.net.bytes_recv", (("iface", "lo"),)) not in first  # excluded by net_exclude
     disks = {labels for (m, labels) in first if m == "host.disk.read_bytes"}
     assert disks == {(("device", "sda"),), (("device", "nvme0n1"),)}  # partitions and loop devices skipped
+    assert first[("host.cpu.seconds", (("cpu", "1"), ("mode", "system")))] == 2.5
+    assert first[("host.net.tcp.RetransSegs", ())] == 321 and first[("host.net.udp.RcvbufErrors", ())] == 3
+    assert first[("host.net.tcpext.ListenDrops", ())] == 5
+    assert ("host.net.tcpext.SyncookiesSent", ()) not in first  # not in tcp_ext_keys
+    assert first[("host.fd.allocated", ())] == 3072
+    mounts = {dict(labels)["mount"] for (m, labels) in first if m == "host.fs.size_bytes"}
+    assert mounts == {"/"}  # proc skipped by type, /again is the same device
     assert ("host.cpu.util_pct", ()) not in first  # needs two runs
     second = samples(run(c))
     assert second[("host.cpu.util_pct", ())] is None  # fixture does not move: no elapsed ticks
@@ -221,3 +228,52 @@ def test_nvml_reports_gpus():
     assert ("gpu.mem.total_bytes", (("gpu", "0"),)) in got
     assert ("gpu.temp_c", (("gpu", "0"),)) in got
     c.close()
+
+
+def test_logtail_real_kernel_ring_buffer():
+    """A line written to /dev/kmsg (root) comes back as an event; skipped where the ring buffer is closed."""
+    import uuid
+    if not (os.access("/dev/kmsg", os.R_OK | os.W_OK)):
+        pytest.skip("/dev/kmsg is not readable and writable here (needs root)")
+    c = make("logtail", {"kmsg": True, "patterns": [{"name": "sigma_probe", "regex": r"sigma-probe (?P<token>\w+)"}]})
+    try:
+        run(c)  # start_at end: skip the history
+        token = uuid.uuid4().hex
+        with open("/dev/kmsg", "w") as f:
+            f.write(f"<6>sigma-probe {token}\n")
+        events = [json.loads(e[5]) for e in run(c).events if e[2] == "sigma_probe"]
+        assert [e["token"] for e in events] == [token] and events[0]["stream"] == "kmsg"
+    finally:
+        c.close()
+
+
+def test_logtail_journal_through_journalctl_with_cursor(tmp_path, monkeypatch):
+    """journalctl is run with the saved cursor; a fake journalctl on PATH stands in for a host journal."""
+    entries = tmp_path / "entries.jsonl"
+    entries.write_text("".join(json.dumps({"__CURSOR": f"c{i}", "MESSAGE": msg, "_SYSTEMD_UNIT": "kernel"}) + "\n"
+                               for i, msg in enumerate(["boot", "NVRM: Xid (PCI:0000:3b:00): 79, x"])))
+    fake = tmp_path / "bin" / "journalctl"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+open({str(tmp_path / 'argv.log')!r}, 'a').write(' '.join(args) + '\\n')
+lines = open({str(entries)!r}).read().splitlines()
+after = next((a.split('=', 1)[1] for a in args if a.startswith('--after-cursor=')), None)
+if after is not None:
+    idx = [json.loads(l)['__CURSOR'] for l in lines].index(after)
+    lines = lines[idx + 1:]
+elif '-n' in args and args[args.index('-n') + 1] == '1':
+    lines = lines[-1:]
+print('\\n'.join(lines))
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    c = make("logtail", {"journal": True, "journal_args": ["-k"], "patterns": [XID]})
+    out = run(c)
+    assert out.events == [] and saved_positions(out) == {"logtail:logtail:journal": "c1"}  # start_at end
+    with entries.open("a") as f:
+        f.write(json.dumps({"__CURSOR": "c2", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 94, y"}) + "\n")
+    out = run(c)
+    assert [(json.loads(e[5])["xid"], json.loads(e[5])["stream"]) for e in out.events] == [(94, "journal")]
+    assert "-k --after-cursor=c1" in (tmp_path / "argv.log").read_text()

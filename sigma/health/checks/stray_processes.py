@@ -19,7 +19,8 @@ CATEGORY = "process"
 
 
 def find_strays(procs: list[Proc], node: str, active_jobs: set[int], current_job: int | None,
-                own_pids: set[int] = frozenset()) -> list[Proc]:
+                own_pids: set[int] = frozenset(), slurm_conf: str | None = None) -> list[Proc]:
+    """slurm_conf: only processes of jobs of that cluster (several local clusters may share one host)."""
     strays = []
     for p in procs:
         job = p.env.get("SLURM_JOB_ID", "")
@@ -28,6 +29,8 @@ def find_strays(procs: list[Proc], node: str, active_jobs: set[int], current_job
         if "SLURM_SCRIPT_CONTEXT" in p.env:  # prolog/epilog scripts, ours included
             continue
         if p.env.get("SLURMD_NODENAME", node) != node:  # emulated nodes share one process table
+            continue
+        if slurm_conf and p.env.get("SLURM_CONF", slurm_conf) != slurm_conf:
             continue
         if int(job) in active_jobs or int(job) == current_job:
             continue
@@ -92,7 +95,8 @@ def run(ctx, args: dict) -> Result:
     active = facts.active_jobs(ctx)
     if active is None:
         return skipped("slurmd spool directory not found: cannot tell running jobs from finished ones")
-    strays = find_strays(facts.processes(ctx), ctx.node, active, ctx.job_id, own_pids())
+    strays = find_strays(facts.processes(ctx), ctx.node, active, ctx.job_id, own_pids(),
+                         os.environ.get("SLURM_CONF"))
     if strays and args.get("kill", True) and str(ctx.root) == "/":
         return check_stray_processes(strays, kill(strays, float(args.get("grace_s", 2.0))))
     return check_stray_processes(strays)

@@ -56,7 +56,7 @@ def check_train_step(losses: list[float], reference: list[float], golden: float 
 
 def run(ctx, args: dict) -> Result:
     torch, device, label = torch_device(ctx)
-    steps, lr = int(args.get("steps", 10)), float(args.get("lr", 0.5))
+    steps, lr = int(args.get("steps", 10)), float(args.get("lr", 0.2))
     losses = train(torch, device, torch.float32, steps, lr)
     reference = train(torch, torch.device("cpu"), torch.float64, steps, lr)
     golden = args.get("expected_final_loss")

@@ -31,12 +31,25 @@ class HostCollector(Collector):
         net_exclude: str = r"^lo$"  # regex of interfaces to skip
         pressure: bool = True  # /proc/pressure/{cpu,memory,io} (PSI)
         vmstat_keys: list[str] = None  # /proc/vmstat counters to report (page cache activity)
+        filesystems: bool = True  # size and inode use of local and network filesystems
+        fs_types: list[str] = None  # filesystem types reported (default: common disk and parallel filesystems)
+        protocols: list[str] = None  # /proc/net/snmp sections reported in full (TCP retransmits, UDP drops)
+        tcp_ext_keys: list[str] = None  # /proc/net/netstat TcpExt counters to report
 
         def __post_init__(self):
             super().__post_init__()
             if self.vmstat_keys is None:
                 self.vmstat_keys = ["pgmajfault", "pgfault", "pgpgin", "pgpgout", "nr_dirty", "nr_writeback",
                                     "pswpin", "pswpout", "oom_kill"]
+            if self.fs_types is None:
+                self.fs_types = ["ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "overlay", "nfs", "nfs4", "lustre",
+                                 "gpfs", "beegfs", "wekafs", "cephfs", "fuse.juicefs"]
+            if self.protocols is None:
+                self.protocols = ["Ip", "Tcp", "Udp"]
+            if self.tcp_ext_keys is None:
+                self.tcp_ext_keys = ["ListenOverflows", "ListenDrops", "TCPTimeouts", "TCPLostRetransmit",
+                                     "TCPSynRetrans", "TCPAbortOnTimeout", "TCPOFOQueue", "TCPRcvQDrop",
+                                     "TCPBacklogDrop", "TCPMemoryPressures"]
             self.disk_re = re.compile(self.disk_exclude)
             self.net_re = re.compile(self.net_exclude)
 
@@ -75,12 +88,21 @@ class HostCollector(Collector):
                     out.sample(f"host.net.{f}", getattr(c, f), labels)
         if p.pressure:
             self._pressure(out)
+        if p.protocols or p.tcp_ext_keys:
+            self._netstat(out)
+        if p.filesystems:
+            self._filesystems(out)
+        self._file_nr(out)
 
     def _cpu(self, out: Output) -> None:
         total = psutil.cpu_times()
         per = psutil.cpu_times(percpu=True) if self.params.percpu else []
         for mode in total._fields:
             out.sample("host.cpu.seconds", getattr(total, mode), {"mode": mode})
+        for i, t in enumerate(per):
+            cpu = str(i)
+            for mode in t._fields:
+                out.sample("host.cpu.seconds", getattr(t, mode), {"cpu": cpu, "mode": mode})
         now = [total] + list(per)
         if self._last_cpu is not None and len(self._last_cpu) == len(now):
             for i, (a, b) in enumerate(zip(self._last_cpu, now)):
@@ -116,6 +138,75 @@ class HostCollector(Collector):
             for kind, values in parse_psi(text).items():
                 for key, value in values.items():
                     out.sample(f"host.pressure.{res}.{kind}.{key}", value)
+
+
+    def _netstat(self, out: Output) -> None:
+        p = self.params
+        for name, wanted in (("snmp", None), ("netstat", {"TcpExt": set(p.tcp_ext_keys)})):
+            try:
+                with open(os.path.join(self.proc, "net", name)) as f:
+                    tables = parse_proc_net_table(f.read(), set(p.protocols) if wanted is None else set(wanted))
+            except OSError:
+                continue
+            for proto, values in tables.items():
+                if wanted is None:
+                    if proto not in p.protocols:
+                        continue
+                    keys = values
+                else:
+                    if proto not in wanted:
+                        continue
+                    keys = wanted[proto]
+                for key in keys:
+                    if key in values:
+                        out.sample(f"host.net.{proto.lower()}.{key}", values[key])
+
+    def _filesystems(self, out: Output) -> None:
+        types = set(self.params.fs_types)
+        seen = set()
+        try:
+            with open(os.path.join(self.proc, "mounts")) as f:
+                mounts = [line.split()[:3] for line in f]
+        except OSError:
+            return
+        for device, mount, fstype in mounts:
+            if fstype not in types or device in seen:
+                continue
+            seen.add(device)
+            mount = mount.replace("\\040", " ")
+            try:
+                st = os.statvfs(os.path.join(self.ctx.host_root, mount.lstrip("/")))
+            except OSError:
+                continue
+            labels = {"mount": mount, "fstype": fstype}
+            out.sample("host.fs.size_bytes", st.f_blocks * st.f_frsize, labels)
+            out.sample("host.fs.avail_bytes", st.f_bavail * st.f_frsize, labels)
+            out.sample("host.fs.files", st.f_files, labels)
+            out.sample("host.fs.files_free", st.f_ffree, labels)
+
+    def _file_nr(self, out: Output) -> None:
+        try:
+            with open(os.path.join(self.proc, "sys", "fs", "file-nr")) as f:
+                allocated, _, maximum = f.read().split()[:3]
+        except (OSError, ValueError):
+            return
+        out.sample("host.fd.allocated", int(allocated))
+        out.sample("host.fd.max", int(maximum))
+
+
+def parse_proc_net_table(text: str, protocols: set | None = None) -> dict[str, dict[str, int]]:
+    """/proc/net/snmp and /proc/net/netstat: pairs of 'Proto: names...' / 'Proto: values...' lines."""
+    tables: dict[str, dict[str, int]] = {}
+    lines = text.splitlines()
+    for header, values in zip(lines[0::2], lines[1::2]):
+        proto, _, names = header.partition(":")
+        if protocols is not None and proto not in protocols:
+            continue
+        proto2, _, numbers = values.partition(":")
+        if proto != proto2:
+            continue
+        tables[proto] = {k: int(v) for k, v in zip(names.split(), numbers.split()) if v.lstrip("-").isdigit()}
+    return tables
 
 
 def parse_psi(text: str) -> dict[str, dict[str, float]]:

@@ -7,7 +7,6 @@ name template ({counter}); the file's first number is the value ("4: ACTIVE" -> 
 from __future__ import annotations
 
 import glob
-import os
 import re
 from dataclasses import dataclass, field
 

@@ -1,0 +1,77 @@
+"""`sigma chaos KIND --node NODE ...`, `sigma chaos list`, `sigma chaos undo ID|--all`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from sigma.chaos.inject import KINDS, SIGNATURES
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chaos", help="inject a fault at its source on a local-cluster node (and undo it)",
+                       description="Inject faults where they really arise: a kernel-log line, stopped or slowed "
+                                   "job processes, a killed slurmd, a NaN loss. Every injection is journaled.")
+    p.add_argument("kind", choices=KINDS + ("list", "undo"), help="what to inject, or list / undo")
+    p.add_argument("target", nargs="?", help="with undo: the injection id")
+    p.add_argument("--node", help="emulated node to hit (e.g. node3)")
+    p.add_argument("--job", type=int, default=None, help="only this job's processes (hang, straggler, nan)")
+    p.add_argument("--xid", type=int, default=None, help="log: an NVIDIA Xid code (79, 48, 74, ...)")
+    p.add_argument("--signature", choices=sorted(SIGNATURES), default=None, help="log: a named signature")
+    p.add_argument("--percent", type=float, default=50.0, help="straggler: share of time the ranks are stopped")
+    p.add_argument("--period", type=float, default=1.0, help="straggler: duty-cycle period in seconds")
+    p.add_argument("--all", action="store_true", help="undo: every injection not yet undone")
+    p.add_argument("--json", action="store_true", help="print the journal record as JSON")
+    p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from dataclasses import asdict
+
+    from sigma.chaos.inject import Chaos, ChaosError
+    from sigma.cli import CommandError
+    from sigma.slurm.cluster import LocalCluster
+
+    chaos = Chaos(LocalCluster(args.state_dir))
+    try:
+        if args.kind == "list":
+            records = chaos.injections()
+            if args.json:
+                print(json.dumps([asdict(r) for r in records], indent=2))
+            for r in records if not args.json else ():
+                state = "undone" if r.undone_ts else "active"
+                print(f"{r.id}  {time.strftime('%H:%M:%S', time.localtime(r.ts))}  {r.kind:10} {r.node:8} "
+                      f"job={r.job_id or '-'}  {state}  {_summary(r)}")
+            return 0
+        if args.kind == "undo":
+            if args.all:
+                targets = [r.id for r in chaos.injections() if r.undone_ts is None]
+            elif args.target:
+                targets = [args.target]
+            else:
+                raise CommandError("undo needs an injection id or --all")
+            for t in targets:
+                print(f"undone {chaos.undo(t).id}")
+            return 0
+        if not args.node:
+            raise CommandError(f"{args.kind} needs --node")
+        inj = chaos.inject(args.kind, args.node, job_id=args.job, xid=args.xid, signature=args.signature,
+                           percent=args.percent, period_s=args.period)
+    except ChaosError as exc:
+        raise CommandError(str(exc)) from None
+    print(json.dumps(asdict(inj)) if args.json else f"injected {inj.kind} on {inj.node} as {inj.id} "
+          f"({_summary(inj)}); undo with: sigma chaos undo {inj.id}")
+    return 0
+
+
+def _summary(r) -> str:
+    if r.kind == "log":
+        return f"xid {r.params['xid']}" if r.params.get("xid") is not None else r.params.get("signature", "")
+    if r.kind == "straggler":
+        return f"{r.params['percent']:.0f}% stopped, pids {r.params['pids']}"
+    if r.kind == "hang":
+        return f"pids {r.params['pids']}"
+    return ""

@@ -1,0 +1,255 @@
+"""Fault injection at the source, on the local cluster's emulated nodes; every injection is journaled and undoable.
+
+Kinds:
+  log        a kernel-log signature line in the node's kern.log (Xid code or a named signature)
+  hang       SIGSTOP every process of the job on the node (undo: SIGCONT)
+  straggler  duty-cycle SIGSTOP/SIGCONT of the job's processes on the node, slowing them by a percentage
+  node-death SIGKILL the node's slurmd (undo: start it again)
+  nan        ask the job's trainer ranks to produce a NaN loss (the trainer's testing-only fault hook)
+
+The journal (<cluster dir>/chaos.jsonl) records each injection with its time so reports can compute latencies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sigma.slurm.cluster import LocalCluster
+
+KINDS = ("log", "hang", "straggler", "node-death", "nan")
+
+# Kernel-log lines as NVIDIA's driver and the kernel print them (the text after "kernel: ").
+XID_TEXT = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6",
+    63: "Row remapping event: pending row remap",
+    64: "Row remapper failure: failed to record row remap",
+    74: "NVLink: fatal error detected on link 3",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error occurred",
+    95: "Uncontained ECC error occurred",
+}
+SIGNATURES = {
+    "ecc": "NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python, An uncorrectable double bit error (DBE) "
+           "has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+    "hung-task": "INFO: task python:4242 blocked for more than 120 seconds.",
+    "ib-down": "mlx5_core 0000:5e:00.0: mlx5_port_module_event:1144: Port 1 link is down",
+    "lost-carrier": "ib0: lost carrier",
+}
+
+
+class ChaosError(RuntimeError):
+    pass
+
+
+@dataclass
+class Injection:
+    kind: str
+    node: str
+    ts: float = field(default_factory=time.time)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    job_id: int | None = None
+    params: dict = field(default_factory=dict)
+    undone_ts: float | None = None
+
+
+def xid_line(code: int) -> str:
+    return f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, {XID_TEXT.get(code, 'Xid event')}"
+
+
+def kernel_log_line(node: str, message: str, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    uptime = time.monotonic()
+    return f"{time.strftime('%b %d %H:%M:%S', time.localtime(now))} {node} kernel: [{uptime:12.6f}] {message}\n"
+
+
+class Chaos:
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+        self.journal = cluster.state_dir / "chaos.jsonl"
+
+    # ---------- journal ----------
+    def injections(self) -> list[Injection]:
+        if not self.journal.exists():
+            return []
+        latest: dict[str, Injection] = {}
+        for line in self.journal.read_text().splitlines():
+            if line.strip():
+                inj = Injection(**json.loads(line))
+                latest[inj.id] = inj  # later lines (undo) supersede earlier ones
+        return list(latest.values())
+
+    def _record(self, inj: Injection) -> Injection:
+        with self.journal.open("a") as f:
+            f.write(json.dumps(asdict(inj)) + "\n")
+        return inj
+
+    def get(self, injection_id: str) -> Injection:
+        for inj in self.injections():
+            if inj.id == injection_id:
+                return inj
+        raise ChaosError(f"no injection {injection_id!r} in {self.journal}")
+
+    # ---------- inject ----------
+    def inject(self, kind: str, node: str, *, job_id: int | None = None, xid: int | None = None,
+               signature: str | None = None, percent: float = 50.0, period_s: float = 1.0) -> Injection:
+        if node not in self.cluster.node_names():
+            raise ChaosError(f"unknown node {node!r}; nodes: {', '.join(self.cluster.node_names())}")
+        if kind == "log":
+            return self._inject_log(node, xid, signature)
+        if kind in ("hang", "straggler", "nan"):
+            pids = job_pids(self.cluster, node, job_id)
+            if not pids:
+                raise ChaosError(f"no processes of {'job ' + str(job_id) if job_id else 'any job'} on {node}")
+            if kind == "hang":
+                _signal_all(pids, signal.SIGSTOP)
+                return self._record(Injection("hang", node, job_id=job_id, params={"pids": pids}))
+            if kind == "nan":
+                return self._inject_nan(node, job_id, pids)
+            return self._inject_straggler(node, job_id, pids, percent, period_s)
+        if kind == "node-death":
+            pid = _slurmd_pid(self.cluster, node)
+            if pid is None:
+                raise ChaosError(f"slurmd of {node} is not running")
+            os.kill(pid, signal.SIGKILL)
+            return self._record(Injection("node-death", node, params={"slurmd_pid": pid}))
+        raise ChaosError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+    def _inject_log(self, node: str, xid: int | None, signature: str | None) -> Injection:
+        if (xid is None) == (signature is None):
+            raise ChaosError("a log injection needs exactly one of --xid CODE or --signature NAME "
+                             f"(signatures: {', '.join(SIGNATURES)})")
+        if signature is not None and signature not in SIGNATURES:
+            raise ChaosError(f"unknown signature {signature!r}; known: {', '.join(SIGNATURES)}")
+        message = xid_line(xid) if xid is not None else SIGNATURES[signature]
+        line = kernel_log_line(node, message)
+        with self.cluster.kernel_log(node).open("a") as f:
+            f.write(line)
+        return self._record(Injection("log", node, params={"xid": xid, "signature": signature, "line": line}))
+
+    def _inject_nan(self, node: str, job_id: int | None, pids: list[int]) -> Injection:
+        jobs = {_environ(pid).get("SLURM_JOB_ID") for pid in pids} - {None}
+        if len(jobs) != 1:
+            raise ChaosError(f"nan needs one job on {node}; found {sorted(jobs)}: pass --job")
+        job = int(jobs.pop())
+        trigger = Path(os.environ.get("SIGMA_KPI_DIR", self.cluster.env["SIGMA_KPI_DIR"])) / f"job-{job}" / "inject-nan"
+        trigger.parent.mkdir(parents=True, exist_ok=True)
+        trigger.write_text(f"{time.time()}\n")
+        return self._record(Injection("nan", node, job_id=job, params={"trigger": str(trigger)}))
+
+    def _inject_straggler(self, node, job_id, pids, percent, period_s) -> Injection:
+        if not 0 < percent < 100:
+            raise ChaosError(f"--percent must be between 0 and 100, not {percent}")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sigma.chaos.inject", "--duty-cycle", str(percent / 100), str(period_s),
+             *map(str, pids)], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        return self._record(Injection("straggler", node, job_id=job_id,
+                                      params={"pids": pids, "percent": percent, "cycler_pid": proc.pid}))
+
+    # ---------- undo ----------
+    def undo(self, injection_id: str) -> Injection:
+        inj = self.get(injection_id)
+        if inj.undone_ts is not None:
+            return inj
+        if inj.kind == "log":
+            log = self.cluster.kernel_log(inj.node)
+            text = log.read_text()
+            log.write_text(text.replace(inj.params["line"], "", 1))
+        elif inj.kind == "hang":
+            _signal_all(inj.params["pids"], signal.SIGCONT)
+        elif inj.kind == "straggler":
+            _signal_all([inj.params["cycler_pid"]], signal.SIGTERM)
+            time.sleep(0.1)
+            _signal_all(inj.params["pids"], signal.SIGCONT)
+        elif inj.kind == "node-death":
+            if _slurmd_pid(self.cluster, inj.node) is None:
+                subprocess.run(["slurmd", "-N", inj.node], env={**os.environ, **self.cluster.env}, check=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=30)
+        elif inj.kind == "nan":
+            Path(inj.params["trigger"]).unlink(missing_ok=True)
+        inj.undone_ts = time.time()
+        return self._record(inj)
+
+
+# ---------- process helpers ----------
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def job_pids(cluster: LocalCluster, node: str, job_id: int | None = None) -> list[int]:
+    """Processes of SLURM jobs running on an emulated node (found by their job environment)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        env = _environ(int(proc.name))
+        if (env.get("SLURMD_NODENAME") == node and "SLURM_JOB_ID" in env
+                and "SLURM_SCRIPT_CONTEXT" not in env  # prolog/epilog, not the job
+                and env.get("SLURM_CONF") == str(cluster.conf)
+                and (job_id is None or env.get("SLURM_JOB_ID") == str(job_id))):
+            try:
+                if b"slurmstepd" in (proc / "cmdline").read_bytes():
+                    continue
+            except OSError:
+                continue
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def _slurmd_pid(cluster: LocalCluster, node: str) -> int | None:
+    try:
+        pid = int((cluster.state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return None if ") Z" in stat else pid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _signal_all(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def duty_cycle(fraction_stopped: float, period_s: float, pids: list[int]) -> None:
+    """Stop pids for fraction_stopped of every period until terminated; always leave them running."""
+    running = True
+
+    def stop(*_):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while running and any(Path(f"/proc/{p}").exists() for p in pids):
+            _signal_all(pids, signal.SIGSTOP)
+            time.sleep(period_s * fraction_stopped)
+            _signal_all(pids, signal.SIGCONT)
+            time.sleep(period_s * (1 - fraction_stopped))
+    finally:
+        _signal_all(pids, signal.SIGCONT)
+
+
+if __name__ == "__main__" and len(sys.argv) > 3 and sys.argv[1] == "--duty-cycle":
+    duty_cycle(float(sys.argv[2]), float(sys.argv[3]), [int(p) for p in sys.argv[4:]])

@@ -1,0 +1,145 @@
+"""Atomic, sharded checkpoints with keep-last-K, and finding the newest complete one on start.
+
+A checkpoint is written by every rank through `torch.distributed.checkpoint` into a hidden temporary
+directory `.step-<N>.tmp`; after all ranks finished (files fsynced by DCP's writer), rank 0 writes
+`complete.json` (temp file + fsync + rename), renames the directory to `step-<N>` and fsyncs the parent.
+So a checkpoint directory either is complete or does not exist under its final name: a run killed mid-save
+leaves only a temporary directory, which `latest()` ignores and the next save removes.
+
+SLURM's node-failure requeue restarts the original submission, so the trainer calls `latest()` on start
+and resumes by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+COMPLETE_NAME = "complete.json"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def is_complete(path: Path) -> bool:
+    match = STEP_DIR.match(path.name)
+    marker = path / COMPLETE_NAME
+    if not (match and path.is_dir() and marker.is_file()):
+        return False
+    try:
+        return int(json.loads(marker.read_text())["step"]) == int(match.group(1))
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if is_complete(p)]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def read_meta(path: Path) -> dict:
+    return json.loads((Path(path) / COMPLETE_NAME).read_text())
+
+
+class CheckpointManager:
+    """Save/load one run's checkpoints under root. Collective: every rank calls save/load together."""
+
+    def __init__(self, root: str | Path, keep: int = 3, rank: int = 0,
+                 barrier: Callable[[], None] | None = None):
+        if keep < 1:
+            raise ValueError(f"checkpoint keep must be at least 1, got {keep}")
+        self.root = Path(root).expanduser()
+        self.keep = keep
+        self.rank = rank
+        self.barrier = barrier or (lambda: None)
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.root)
+
+    def save(self, step: int, state: dict, meta: dict | None = None) -> Path:
+        import torch.distributed.checkpoint as dcp
+
+        final = self.root / step_dir_name(step)
+        tmp = self.root / f".{step_dir_name(step)}.tmp"
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was killed before
+        self.barrier()
+        started = time.monotonic()
+        with warnings.catch_warnings():  # one process without a process group is a supported case, not a problem
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+        self.barrier()
+        if self.rank == 0:
+            write_json_atomic(tmp / COMPLETE_NAME, {"step": step, "time": time.time(),
+                                                    "save_s": round(time.monotonic() - started, 3), **(meta or {})})
+            if final.exists():  # the same step saved again after a resume from an older checkpoint
+                stale = self.root / f".{final.name}.old"
+                shutil.rmtree(stale, ignore_errors=True)
+                os.replace(final, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            self.prune()
+        self.barrier()
+        return final
+
+    def prune(self) -> list[Path]:
+        """Keep the newest `keep` complete checkpoints; drop older ones and leftovers of killed saves."""
+        removed = []
+        done = complete_checkpoints(self.root)
+        for path in done[:-self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        for path in self.root.iterdir():
+            if path.name.startswith(".step-") and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
+
+    def load(self, path: Path, state: dict) -> dict:
+        """Load checkpoint path into state in place (tensors are filled, other values replaced)."""
+        import torch.distributed.checkpoint as dcp
+
+        if not is_complete(Path(path)):
+            raise ValueError(f"{path} is not a complete checkpoint")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
+        return read_meta(path)

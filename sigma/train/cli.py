@@ -1,0 +1,98 @@
+"""`sigma train`: submit a training run, or prepare its data.
+
+    sigma train --config configs/train/debug.yaml [--nodes N] [--gpus-per-node G] [key=value ...]
+    sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+USAGE = """sigma train --config CONFIG [--nodes N] [--gpus-per-node G] [--wait|--no-wait] [key=value ...]
+       sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N]"""
+
+
+def register(subparsers) -> None:
+    # Two forms under one command: the arguments are parsed by the handler (`prepare` or a run submission).
+    parser = subparsers.add_parser("train", help="submit an MoE training run (or `prepare` its data)",
+                                   add_help=False, prefix_chars="\0", usage=USAGE)
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=run)
+
+
+def submit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sigma train", usage=USAGE,
+                                description="Submit a training run through submitit (SLURM, or local processes "
+                                            "when there is no SLURM). See docs/train.md.")
+    p.add_argument("--config", required=True, help="run preset, e.g. configs/train/debug.yaml")
+    p.add_argument("--nodes", type=int, help="SLURM nodes (launch.nodes)")
+    p.add_argument("--gpus-per-node", type=int, help="ranks per node, one GPU each on GPU nodes "
+                                                     "(launch.gpus_per_node)")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--wait", dest="wait", action="store_true", default=None,
+                      help="wait for the run and print its summary (default for local runs)")
+    wait.add_argument("--no-wait", dest="wait", action="store_false", help="return after submitting (SLURM default)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. steps=20 parallel.ep=2 model_overrides.n_layers=4")
+    return p
+
+
+def prepare_parser() -> argparse.ArgumentParser:
+    from sigma.train.train_config import DataConfig
+
+    p = argparse.ArgumentParser(prog="sigma train prepare",
+                                description="Tokenize a corpus (default: this Python's standard library sources) "
+                                            "into memory-mapped token shards. No downloads.")
+    p.add_argument("--out", default=DataConfig.path, help="output directory (default: %(default)s)")
+    p.add_argument("--source", help="directory of .py files (default: the Python standard library)")
+    p.add_argument("--max-mb", type=float, default=16.0, help="corpus bytes to use, in MB (default: %(default)s)")
+    p.add_argument("--shard-tokens", type=int, default=4_000_000, help="tokens per shard (default: %(default)s)")
+    return p
+
+
+def run(args) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "prepare":
+        return run_prepare(prepare_parser().parse_args(argv[1:]))
+    return run_submit(submit_parser().parse_args(argv))
+
+
+def run_prepare(args) -> int:
+    from sigma.train.data import prepare
+
+    meta = prepare(args.out, args.source, max_mb=args.max_mb, shard_tokens=args.shard_tokens)
+    print(f"prepared {meta['tokens']:,} tokens from {meta['documents']} files of {meta['source']} into "
+          f"{len(meta['shards'])} shard(s) under {args.out} (tokenizer {meta['tokenizer']}, "
+          f"vocab {meta['vocab_size']})")
+    return 0
+
+
+def run_submit(args) -> int:
+    from sigma.cli import CommandError
+    from sigma.train.launch import submit
+    from sigma.train.train_config import load_train_config
+
+    overrides = list(args.overrides)
+    if args.nodes is not None:
+        overrides.append(f"launch.nodes={args.nodes}")
+    if args.gpus_per_node is not None:
+        overrides.append(f"launch.gpus_per_node={args.gpus_per_node}")
+    cfg = load_train_config(args.config, overrides)
+    job = submit(cfg)
+    kind = type(job).__module__.split(".")[1]  # submitit.slurm.slurm / submitit.local.local
+    print(f"submitted {cfg.name} as {kind} job {job.job_id} ({cfg.launch.nodes} node(s) x "
+          f"{cfg.launch.gpus_per_node} rank(s)); logs: {job.paths.stdout}", flush=True)
+    wait = args.wait if args.wait is not None else kind == "local"
+    if not wait:
+        return 0
+    try:
+        summary = job.results()[0]  # rank 0 reports the run
+    except Exception as exc:  # the job's own traceback is in its log
+        raise CommandError(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}; "
+                           f"see {job.paths.stderr}") from None
+    rates = summary["tokens_per_s"][1:] or summary["tokens_per_s"]
+    print(f"finished at step {summary['last_step']}; last loss {summary['losses'][summary['last_step']]:.4f}; "
+          f"mean {sum(rates) / max(1, len(rates)):,.0f} tokens/s; KPIs: {summary['kpi_path']}")
+    sys.stdout.flush()
+    return 0

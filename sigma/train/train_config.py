@@ -1,0 +1,194 @@
+"""Run configuration of `sigma train`: typed sections, CLI `key=value` overrides, layout validation.
+
+A run preset (configs/train/<name>.yaml) names a model preset (`model: debug`) plus `model_overrides`, and
+sets data, optimiser, parallelism, checkpoint, KPI and launch options. Unknown keys are errors that list the
+valid ones (sigma.config).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from sigma.config import ConfigError, _Source, from_dict, load_yaml
+
+
+@dataclass
+class DataConfig:
+    path: str = "~/.cache/sigma/data/stdlib-byte"  # prepared token shards (`sigma train prepare --out`)
+    prepare_if_missing: bool = True  # rank 0 prepares the stdlib corpus there when the directory has no data
+    prepare_max_mb: float = 16.0  # corpus size for that automatic prepare
+    seq_len: int = 128  # tokens per training sequence
+    global_batch: int = 8  # sequences per optimiser step over all data-parallel ranks
+    seed: int = 0  # order of the windows; the batch of step s depends only on (seed, s)
+
+    def __post_init__(self):
+        if self.seq_len < 1 or self.global_batch < 1:
+            raise ValueError("data.seq_len and data.global_batch must be positive")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3  # peak learning rate after warm-up
+    min_lr: float = 3e-4  # cosine decay ends here at the last step
+    warmup_steps: int = 10  # linear warm-up from 0
+    weight_decay: float = 0.1  # applied to matrices only (not norms, biases, embeddings' bias)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    fused: bool = True  # fused AdamW kernel where the device supports it, else foreach
+
+    def __post_init__(self):
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optim needs 0 <= min_lr <= lr and lr > 0 (lr={self.lr}, min_lr={self.min_lr})")
+        if self.warmup_steps < 0 or self.grad_clip < 0:
+            raise ValueError("optim.warmup_steps and optim.grad_clip must not be negative")
+
+
+@dataclass
+class ParallelConfig:
+    ep: int = 1  # expert-parallel degree: experts are sharded over groups of this many ranks
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
+
+    def __post_init__(self):
+        if self.ep < 1:
+            raise ValueError(f"parallel.ep must be at least 1, got {self.ep}")
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = "runs/{name}/checkpoints"  # {name} is the run name; shared by all ranks (shared filesystem)
+    every: int = 50  # save every this many steps (and at the last step); 0 saves only at the end
+    keep: int = 3  # newest complete checkpoints kept
+    resume: bool = True  # start from the newest complete checkpoint under dir when there is one
+
+    def __post_init__(self):
+        if self.every < 0 or self.keep < 1:
+            raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
+
+
+@dataclass
+class KpiConfig:
+    dir: str = ""  # KPI root; empty: $SIGMA_KPI_DIR, else /var/spool/sigma/kpi
+    param_norm_every: int = 10  # MoE parameter norm per layer every this many steps; 0 never
+    progress_every: int = 1  # rank 0 prints a progress line every this many steps
+
+
+@dataclass
+class FaultConfig:
+    """Testing only: make a fault happen at its source to exercise detection and recovery paths."""
+
+    nan_at_step: int | None = None  # poison the logits with NaN at this step (training must stop with an event)
+    kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
+    step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
+
+
+@dataclass
+class LaunchConfig:
+    nodes: int = 1  # SLURM nodes
+    gpus_per_node: int = 1  # ranks per node (one GPU each on GPU nodes, one process each on CPU nodes)
+    cpus_per_task: int = 1  # CPU cores per rank
+    timeout_min: int = 60  # SLURM time limit; submitit requeues on timeout through its checkpoint hook
+    partition: str = ""  # SLURM partition, empty for the default one
+    folder: str = "runs/{name}/submitit"  # submitit logs and pickles
+    max_requeues: int = 3  # submitit's requeue budget for timeouts and preemptions
+    executor: Literal["auto", "slurm", "local"] = "auto"  # auto: SLURM when sbatch works, else local processes
+    mem_gb: int = 0  # memory per node; 0 leaves it to the SLURM default
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError("launch.nodes and launch.gpus_per_node must be at least 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"  # run name: fills {name} in paths
+    model: str = "debug"  # model preset name (or a YAML path) handed to sigma.train.config.load_model_config
+    model_overrides: dict = field(default_factory=dict)  # model config keys to change on top of the preset
+    steps: int = 100  # optimiser steps of the whole run (a resumed run continues up to this)
+    seed: int = 0  # parameter initialisation seed (identical on every rank)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype of the forward pass
+    threads: int = 2  # torch CPU threads per rank
+    gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
+    drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    kpi: KpiConfig = field(default_factory=KpiConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.gc_every < 0:
+            raise ValueError("gc_every must not be negative")
+
+    def path(self, template: str) -> Path:
+        return Path(template.format(name=self.name)).expanduser()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`a.b=value` strings onto a nested dict; values are parsed as YAML (`steps=20`, `fault.nan_at_step=3`)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("<command line>", f"override {item!r} is not key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; on a command line it is a number
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.setdefault(part, {}), dict):
+                raise ConfigError("<command line>", f"override {item!r}: {part!r} is not a section")
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    data, source = load_yaml(path)
+    data = data if data is not None else {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "a train config must be a mapping")
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return from_dict(TrainConfig, data, source)
+
+
+def train_config_from_dict(data: dict) -> TrainConfig:
+    return from_dict(TrainConfig, data, _Source("<train config>", ""))
+
+
+def check_layout(cfg: TrainConfig, world_size: int, num_experts: int | None = None) -> None:
+    """World size, expert-parallel and batch divisibility; raise ConfigError naming the keys."""
+    ep = cfg.parallel.ep
+    if world_size % ep:
+        raise ConfigError("[parallel.ep]", f"world size {world_size} (launch.nodes x launch.gpus_per_node) "
+                                           f"is not divisible by parallel.ep={ep}")
+    if cfg.data.global_batch % world_size:
+        raise ConfigError("[data.global_batch]", f"global_batch {cfg.data.global_batch} is not divisible by "
+                                                 f"the {world_size} data-parallel ranks")
+    if num_experts is not None and num_experts % ep:
+        raise ConfigError("[parallel.ep]", f"the model's {num_experts} routed experts cannot be split over "
+                                           f"parallel.ep={ep} ranks")

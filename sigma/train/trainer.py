@@ -1,0 +1,361 @@
+"""The training loop: one process per rank, started by submitit, srun, torchrun or directly.
+
+    python -m sigma.train.trainer --config configs/train/debug.yaml steps=20   # what every rank runs
+
+Per step: the rank's slice of the global batch -> forward (+ optional autocast) -> global loss (all ranks agree
+on NaN/Inf and stop together with a `nan_loss` event) -> backward -> gradient averaging (parallel.py) -> global
+norm clip -> AdamW (fused where the device has it) with warm-up + cosine LR -> aux-loss-free bias update from
+the load summed over ranks -> KPI line -> progress line (rank 0) -> periodic checkpoint.
+
+Noise control (Sigma paper): automatic GC is disabled and run every `gc_every` steps and after each checkpoint,
+so collections never land at random inside steps of different ranks; `drop_page_cache` empties the page cache
+before start so that every run reads its data from the same (cold) state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sigma.train import data as data_mod
+from sigma.train.checkpoint import CheckpointManager
+from sigma.train.kpi import KpiWriter
+from sigma.train.parallel import (DistContext, clip_gradients, expert_parallel_compute, init_distributed,
+                                  is_expert_param, shutdown, sync_gradients)
+from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on purpose (NaN/Inf loss); the KPI file holds the event."""
+
+
+@dataclass
+class RunSummary:
+    start_step: int = 0
+    last_step: int = 0
+    resumed_from: str | None = None
+    losses: dict[int, float] = field(default_factory=dict)
+    tokens_per_s: list[float] = field(default_factory=list)
+    mfu: list[float] = field(default_factory=list)
+    world_size: int = 1
+    kpi_path: str = ""
+
+
+def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """LR of 1-based optimiser step `step`: linear warm-up, then cosine from lr down to min_lr at total_steps."""
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- model set-up
+
+def build_model(cfg: TrainConfig, ctx: DistContext):
+    from sigma.train.config import load_model_config
+    from sigma.train.model import MoETransformer
+
+    model_cfg = load_model_config(cfg.model, cfg.model_overrides)
+    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
+    model = MoETransformer(model_cfg).to(ctx.device)
+    if ctx.ep_size > 1:
+        apply_expert_parallel(model, ctx)
+    return model, model_cfg
+
+
+def apply_expert_parallel(model, ctx: DistContext) -> None:
+    """Keep this rank's E/ep experts of every MoE layer and route its tokens through all-to-all."""
+    for layer in model.moe_layers():
+        experts = layer.experts
+        per_rank = experts.n_experts // ctx.ep_size
+        keep = slice(ctx.ep_rank * per_rank, (ctx.ep_rank + 1) * per_rank)
+        for name in ("w1", "w2", "w3"):
+            full = getattr(experts, name)
+            setattr(experts, name, torch.nn.Parameter(full.detach()[keep].clone()))
+        experts.n_experts = per_rank
+
+        def compute(x_sorted, tokens_per_expert, _experts=experts):
+            return expert_parallel_compute(x_sorted, tokens_per_expert, _experts, ctx.ep_group, ctx.ep_size)
+
+        layer.compute_experts = compute
+
+
+def build_optimizer(model, cfg: OptimConfig, device: torch.device):
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim >= 2 and "embeddings" not in n]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and "embeddings" not in n)]
+    fused = cfg.fused and device.type in torch.utils._foreach_utils._get_fused_kernels_supported_devices()
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                            fused=True if fused else None, foreach=None if fused else True)
+    # Create the (zero) state now, exactly as AdamW's first step would, so checkpoints always hold it.
+    for group in opt.param_groups:
+        for p in group["params"]:
+            opt.state[p] = {
+                "step": torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu"),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    return opt, named, fused
+
+
+# ---------------------------------------------------------------- checkpoint state
+
+def _shardable(name: str, tensor: torch.Tensor, ctx: DistContext):
+    """Expert shards become DTensors (Shard(0) over ep) so checkpoints reshard across EP degrees."""
+    if ctx.ep_size > 1 and is_expert_param(name):
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        return DTensor.from_local(tensor, ctx.mesh, [Replicate(), Shard(0)], run_check=False)
+    return tensor
+
+
+def checkpoint_state(model, optimizer, named, ctx: DistContext, trainer_state: dict) -> dict:
+    params = dict(named)
+    model_sd = {n: _shardable(n, t, ctx) for n, t in model.state_dict().items()}
+    optim_sd = {}
+    for n, p in params.items():
+        st = optimizer.state[p]
+        optim_sd[n] = {"step": st["step"], "exp_avg": _shardable(n, st["exp_avg"], ctx),
+                       "exp_avg_sq": _shardable(n, st["exp_avg_sq"], ctx)}
+    return {"model": model_sd, "optim": optim_sd, "trainer": trainer_state}
+
+
+def _copy_back(holder, target: torch.Tensor) -> None:
+    local = holder.to_local() if hasattr(holder, "to_local") else holder
+    if local.data_ptr() != target.data_ptr():
+        target.copy_(local)
+
+
+def restore_state(state: dict, model, optimizer, named) -> None:
+    """After an in-place DCP load, make sure every model/optimiser tensor holds the loaded values."""
+    with torch.no_grad():
+        live = model.state_dict()
+        for n, holder in state["model"].items():
+            _copy_back(holder, live[n])
+        for n, p in named:
+            st = optimizer.state[p]
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                _copy_back(state["optim"][n][key], st[key])
+
+
+# ---------------------------------------------------------------- noise control
+
+def drop_page_cache(files: list[Path]) -> str:
+    """Drop the whole page cache when allowed (root), else evict just the data shards; return what was done."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "dropped the page cache (/proc/sys/vm/drop_caches)"
+    except OSError:
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return f"evicted {len(files)} data shard(s) from the page cache (posix_fadvise DONTNEED)"
+
+
+# ---------------------------------------------------------------- metrics
+
+def moe_param_norms(model, ctx: DistContext) -> list[float]:
+    """L2 norm of each MoE layer's parameters (router, experts over all EP shards, shared expert)."""
+    norms = []
+    for layer in model.moe_layers():
+        sq_dense = torch.zeros((), device=ctx.device)
+        sq_expert = torch.zeros((), device=ctx.device)
+        for name, p in layer.named_parameters():
+            value = p.detach().float().pow(2).sum()
+            if name.startswith("experts."):
+                sq_expert += value
+            else:
+                sq_dense += value
+        if ctx.ep_size > 1:
+            ctx.all_reduce_sum(sq_expert, ctx.ep_group)
+        norms.append(math.sqrt(float(sq_dense + sq_expert)))
+    return norms
+
+
+def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float, lr: float, tps: float,
+                   mfu: float, dt: float) -> str:
+    return (f"step {step:>6}/{total} | loss {loss:7.4f} | aux {aux:.4f} | gnorm {gnorm:7.3f} | lr {lr:.2e} | "
+            f"{tps:9,.0f} tok/s | mfu {100 * mfu:5.2f}% | {1000 * dt:7.1f} ms")
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(cfg: TrainConfig, out=sys.stdout) -> RunSummary:
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        torch.set_num_threads(max(1, cfg.threads))
+        ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
+        try:
+            kpi = KpiWriter(ctx.rank, cfg.kpi.dir or None)
+            summary = RunSummary(world_size=ctx.world_size, kpi_path=str(kpi.path))
+            try:
+                _train(cfg, ctx, kpi, summary, out)
+            finally:
+                kpi.close()
+        finally:
+            shutdown(ctx)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return summary
+
+
+def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out) -> None:
+    from sigma.train.flops import flops_per_token, peak_flops
+
+    is_main = ctx.rank == 0
+    data_path = Path(cfg.data.path).expanduser()
+    if is_main and cfg.data.prepare_if_missing and not (data_path / data_mod.META_NAME).exists():
+        data_mod.prepare(data_path, max_mb=cfg.data.prepare_max_mb)
+    ctx.barrier()
+    shards = data_mod.TokenShards(data_path)
+    model, model_cfg = build_model(cfg, ctx)
+    if shards.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"data vocabulary ({shards.vocab_size}) is larger than the model's ({model_cfg.vocab_size})")
+    if cfg.data.seq_len > model_cfg.max_seq_len:
+        raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
+    sampler = data_mod.WindowSampler(shards, cfg.data.seq_len, cfg.data.global_batch, cfg.data.seed,
+                                     dp_rank=ctx.rank, dp_size=ctx.world_size)
+    optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
+    ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier)
+    amp_dtype = DTYPES[cfg.dtype]
+    aux_free = model_cfg.balance == "aux_free"
+
+    step = 0
+    latest = ckpt.latest() if cfg.checkpoint.resume else None
+    if latest is not None:
+        state = checkpoint_state(model, optimizer, named, ctx, {"step": 0, "sampler": sampler.state_dict()})
+        meta = ckpt.load(latest, state)
+        restore_state(state, model, optimizer, named)
+        sampler.load_state_dict(state["trainer"]["sampler"])
+        step = int(state["trainer"]["step"])
+        summary.resumed_from = str(latest)
+        kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
+                  saved_world_size=meta.get("world_size"))
+    summary.start_step = step
+    if cfg.drop_page_cache and ctx.local_rank == 0:
+        kpi.event("page_cache", drop_page_cache(shards.files()))
+    tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
+    flops_token = flops_per_token(model_cfg, cfg.data.seq_len)
+    peak = peak_flops(ctx.device, amp_dtype if amp_dtype != torch.float32 else None)
+    kpi.event("start", f"training steps {step + 1}..{cfg.steps} of {cfg.model} on {ctx.world_size} rank(s), "
+                       f"ep={ctx.ep_size}, {ctx.device.type}/{ctx.backend}, fused AdamW={fused}",
+              step=step, world_size=ctx.world_size, ep=ctx.ep_size, flops_per_token=flops_token,
+              peak_flops=peak, params=sum(p.numel() for p in model.parameters()))
+    if is_main:
+        print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
+              f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}, steps {step + 1}.."
+              f"{cfg.steps}, {tokens_per_step} tokens/step" + (f", resumed from {latest}" if latest else ""),
+              file=out, flush=True)
+    started_fresh = latest is None
+    gc.collect()
+
+    while step < cfg.steps:
+        step += 1
+        if cfg.fault.kill_at_step == step and started_fresh:
+            kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
+            kpi.close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
+        if cfg.fault.step_delay_s:
+            time.sleep(cfg.fault.step_delay_s)
+        lr = lr_at(step, cfg.optim, cfg.steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+            logits, aux = model(inputs)
+        if cfg.fault.nan_at_step == step:
+            logits = logits * float("nan")  # testing only: a numerical fault inside the forward pass
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        losses = torch.stack([ce.detach(), aux.detach().float()])
+        ctx.all_reduce_sum(losses)
+        loss_value, aux_value = (losses / ctx.world_size).tolist()
+        if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
+            message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
+                       f"the newest checkpoint is {ckpt.latest()}")
+            kpi.event("nan_loss", message, step=step, loss=loss_value)
+            if is_main:
+                print(f"sigma train: {message}", file=out, flush=True)
+            raise TrainingStopped(message)
+        optimizer.zero_grad(set_to_none=True)
+        (ce + aux).backward()
+        sync_gradients(ctx, named)
+        gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
+        optimizer.step()
+        loads = torch.stack([layer.last_load for layer in model.moe_layers()]) if model.moe_layers() else None
+        if loads is not None:
+            ctx.all_reduce_sum(loads)
+            if aux_free:
+                for layer, load in zip(model.moe_layers(), loads):
+                    layer.update_bias(load)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        tps = tokens_per_step / dt
+        mfu = tps / ctx.world_size * flops_token / peak
+        summary.losses[step] = loss_value
+        summary.tokens_per_s.append(tps)
+        summary.mfu.append(mfu)
+        summary.last_step = step
+        extra = {}
+        if loads is not None:
+            extra["expert_load"] = loads.to(torch.int64).tolist()
+        if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
+            extra["moe_param_norm"] = moe_param_norms(model, ctx)
+        kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt, tokens_per_s=tps,
+                    mfu=mfu, lr=lr, **extra)
+        if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
+            print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
+                  flush=True)
+        if cfg.gc_every and step % cfg.gc_every == 0:
+            gc.collect()
+        if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+            state = checkpoint_state(model, optimizer, named, ctx,
+                                     {"step": step, "sampler": sampler.state_dict()})
+            t_save = time.perf_counter()
+            path = ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "loss": loss_value})
+            kpi.event("checkpoint", f"saved {path}", step=step, path=str(path),
+                      save_s=round(time.perf_counter() - t_save, 3))
+            gc.collect()
+    kpi.event("stop", f"finished at step {step}", step=step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sigma.train.trainer",
+                                     description="Run one rank of a sigma training run (srun/torchrun/submitit).")
+    parser.add_argument("--config", required=True, help="run preset YAML (configs/train/<preset>.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. steps=20 parallel.ep=2")
+    args = parser.parse_args(argv)
+    cfg = load_train_config(args.config, args.overrides)
+    try:
+        train(cfg)
+    except TrainingStopped:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Atomic checkpoints: complete ones are found, partial ones ignored, only the newest K kept."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from sigma.train.checkpoint import CheckpointManager, complete_checkpoints, latest_checkpoint
+
+
+def state(value: float, step: int) -> dict:
+    return {"model": {"w": torch.full((4, 3), value)}, "trainer": {"step": step, "sampler": {"seed": 0, "step": step}}}
+
+
+def test_save_and_load_round_trip(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=2)
+    path = mgr.save(5, state(1.5, 5), {"world_size": 1})
+    assert path.name == "step-00000005" and mgr.latest() == path
+    target = state(0.0, 0)
+    meta = mgr.load(path, target)
+    assert torch.equal(target["model"]["w"], torch.full((4, 3), 1.5))
+    assert target["trainer"] == {"step": 5, "sampler": {"seed": 0, "step": 5}}
+    assert meta["step"] == 5 and meta["world_size"] == 1
+
+
+def test_keep_last_k(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20, 30, 40):
+        mgr.save(step, state(step, step))
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000030", "step-00000040"]
+    assert sorted(os.listdir(tmp_path)) == ["step-00000030", "step-00000040"]
+
+
+def test_partial_and_temporary_checkpoints_are_ignored(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=3)
+    mgr.save(10, state(1.0, 10))
+    # a save killed before its rename: all shard files, but still under the temporary name
+    mgr.save(20, state(2.0, 20))
+    os.replace(tmp_path / "step-00000020", tmp_path / ".step-00000020.tmp")
+    # a directory with the final name but no completion marker (e.g. copied by hand, half done)
+    (tmp_path / "step-00000030").mkdir()
+    # a marker that does not belong to this step
+    (tmp_path / "step-00000040").mkdir()
+    (tmp_path / "step-00000040" / "complete.json").write_text(json.dumps({"step": 39}))
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-00000010"
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        mgr.load(tmp_path / "step-00000030", state(0.0, 0))
+    # the next save clears what a killed save left behind
+    mgr.save(50, state(5.0, 50))
+    assert not (tmp_path / ".step-00000020.tmp").exists()
+    assert mgr.latest() == tmp_path / "step-00000050"
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=3)
+    mgr.save(10, state(1.0, 10))
+    mgr.save(10, state(7.0, 10))
+    target = state(0.0, 0)
+    mgr.load(mgr.latest(), target)
+    assert float(target["model"]["w"][0, 0]) == 7.0
+
+
+def test_missing_root_has_no_checkpoint(tmp_path):
+    assert latest_checkpoint(tmp_path / "nowhere") is None
+    with pytest.raises(ValueError, match="keep"):
+        CheckpointManager(tmp_path, keep=0)
