@@ -62,3 +62,76 @@ def test_xid79_drains_requeues_reboots_validates_and_resumes(slurm, cluster, tmp
         assert f"DRAIN {victim} (gpu-xid-79)" in p.decisions()
         assert 'sigma_incidents_total{rule="gpu-xid-79",status="resolved"} 1.0' in p.metrics()
         assert resumed_at > fault
+
+
+def test_admin_drained_node_is_never_resumed(slurm, cluster, tmp_path):
+    import subprocess
+
+    subprocess.run(["scontrol", "update", "NodeName=node4", "State=DRAIN", "Reason=admin: bad fan"],
+                   env={**os.environ, **slurm.env}, check=True)
+    with Pipeline(cluster, tmp_path) as p:
+        p.inject_xid79("node4")
+        inc = wait_for(lambda: p.incidents(node="node4"), timeout=30, what="incident for node4")[0]
+        assert inc["rule_id"] == "gpu-xid-79" and inc["status"] == "notified"
+        time.sleep(5)  # several controller ticks
+        node = slurm.node("node4")
+        assert node.drained and node.reason == "admin: bad fan"
+        assert p.query("SELECT * FROM actions WHERE target = 'node4'") == []
+        assert p.lifecycle("node4") is None
+        assert "left alone, drained by admin" in p.decisions()
+
+
+def test_breaker_stops_a_rule_that_matches_every_node(slurm, cluster, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("""version: 1
+rules:
+  - id: test-broken-rule
+    description: a broken rule that matches any kernel-log event
+    severity: error
+    action: drain
+    category: broken
+    log: {source: log, kinds: ["*"]}
+""")
+    with Pipeline(cluster, tmp_path, rules=str(rules),
+                  controller={"breaker": {"max_nodes": 2, "max_fraction": 0.5, "window_s": 600}}) as p:
+        for node in cluster.node_names():
+            p.inject_line(node, f"Nov 21 12:00:00 {node} kernel: INFO: task python:4242 blocked for more than "
+                                f"120 seconds.")
+        wait_for(lambda: len(p.incidents()) == 4, timeout=30, what="four incidents")
+        time.sleep(3)
+        drained = [n.name for n in slurm.nodes() if n.drained]
+        assert len(drained) == 2 and all(slurm.node(n).drained_by_sigma for n in drained)
+        statuses = sorted(i["status"] for i in p.incidents())
+        assert statuses == ["acted", "acted", "escalated", "escalated"]
+        assert p.decisions().count("BREAKER") == 2
+
+
+def test_hang_on_one_node_is_detected_and_that_node_isolated(slurm, cluster, tmp_path):
+    with Pipeline(cluster, tmp_path, controller={"watchdog": {"hang_timeout_s": 15}},
+                  remediation={"playbooks": [{"name": "manual", "kind": "manual"}]}) as p:
+        job_id = p.submit_kpi_job(slurm, nodes=3)
+        job = wait_for(lambda: running_on(slurm, job_id), what="job running")
+        victim = job.nodes[1]
+        wait_for(lambda: p.steps_since(job_id, 0) >= 12, what="KPIs flowing")
+        pids = wait_for(lambda: p.rank_pids(job_id, victim), what=f"rank processes on {victim}")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            node = wait_for(lambda: (n := slurm.node(victim)).drained and n, timeout=90, what=f"{victim} isolated")
+            assert node.reason.startswith("sigma: watchdog-hang ")
+            (inc,) = p.incidents(node=victim)
+            assert inc["source"] == "isolation" and inc["job_id"] == job_id
+            assert inc["evidence"]["isolation"]["ranked"][0][0] == victim
+            assert inc["evidence"]["stalled_s"] >= 15
+            assert [i["node"] for i in p.incidents() if i["action"].startswith("drain")] == [victim]
+            job = wait_for(lambda: (j := running_on(slurm, job_id)) and j.restarts >= 1 and j, timeout=60,
+                           what="job requeued onto healthy nodes")
+            assert victim not in job.nodes
+            wait_for(lambda: p.incidents(node=victim)[0]["status"] == "confirmed", timeout=60,
+                     what="isolation confirmed by the job's recovery")
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
