@@ -40,7 +40,50 @@ INGEST_MIGRATIONS: list[Migration] = [
     """),
 ]
 
-MIGRATIONS: list[Migration] = INGEST_MIGRATIONS
+CONTROLLER_MIGRATIONS: list[Migration] = [
+    ("0100_controller_decisions", """
+        -- One incident per (rule, node, job) while it stays open; key = rule_id|node|job_id plus an opening stamp.
+        CREATE TABLE incidents (
+            id INTEGER PRIMARY KEY, key TEXT NOT NULL, opened_at REAL NOT NULL, updated_at REAL NOT NULL,
+            rule_id TEXT NOT NULL, rule_version INTEGER NOT NULL DEFAULT 1, source TEXT NOT NULL,
+            scope TEXT NOT NULL, node TEXT, job_id INTEGER, severity TEXT NOT NULL, action TEXT NOT NULL,
+            category TEXT NOT NULL DEFAULT '', summary TEXT NOT NULL DEFAULT '',
+            fault_ts REAL NOT NULL,          -- earliest evidence: detection latency = opened_at - fault_ts
+            status TEXT NOT NULL,            -- open acted shadow escalated recorded notified resolved confirmed misdiagnosed closed
+            status_note TEXT NOT NULL DEFAULT '', evidence TEXT NOT NULL DEFAULT '{}', closed_at REAL);
+        CREATE INDEX incidents_key ON incidents (key, closed_at);
+        CREATE INDEX incidents_node ON incidents (node, opened_at);
+        CREATE INDEX incidents_job ON incidents (job_id, opened_at);
+        -- The action journal: a row is written (planned) before the command runs, then marked done.
+        CREATE TABLE actions (
+            id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, incident_id INTEGER, kind TEXT NOT NULL,
+            target TEXT NOT NULL, params TEXT NOT NULL DEFAULT '{}', reason TEXT NOT NULL DEFAULT '',
+            state TEXT NOT NULL,             -- planned done skipped failed shadow
+            created_at REAL NOT NULL, updated_at REAL NOT NULL, done_at REAL, attempts INTEGER NOT NULL DEFAULT 0,
+            result TEXT NOT NULL DEFAULT '', automatic INTEGER NOT NULL DEFAULT 1);
+        CREATE INDEX actions_state ON actions (state);
+        CREATE INDEX actions_incident ON actions (incident_id);
+        -- Remediation state machine, one row per node we took out of service.
+        CREATE TABLE node_lifecycle (
+            node TEXT PRIMARY KEY, state TEXT NOT NULL, cycle INTEGER NOT NULL DEFAULT 1, incident_id INTEGER,
+            rule_id TEXT NOT NULL DEFAULT '', playbook TEXT NOT NULL DEFAULT '', failures INTEGER NOT NULL DEFAULT 0,
+            entered_at REAL NOT NULL, deadline REAL, data TEXT NOT NULL DEFAULT '{}', updated_at REAL NOT NULL);
+        CREATE TABLE lifecycle_transitions (
+            id INTEGER PRIMARY KEY, node TEXT NOT NULL, cycle INTEGER NOT NULL, ts REAL NOT NULL,
+            from_state TEXT, to_state TEXT NOT NULL, incident_id INTEGER, note TEXT NOT NULL DEFAULT '');
+        CREATE INDEX lifecycle_transitions_node ON lifecycle_transitions (node, ts);
+        -- What SLURM said each tick (changes only), for utilisation.
+        CREATE TABLE node_snapshots (
+            ts REAL NOT NULL, node TEXT NOT NULL, state TEXT NOT NULL, flags TEXT NOT NULL DEFAULT '',
+            alloc_cpus INTEGER NOT NULL DEFAULT 0, cpus INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
+            jobs TEXT NOT NULL DEFAULT '[]');
+        CREATE INDEX node_snapshots_node_ts ON node_snapshots (node, ts);
+        -- Small persistent detector state (isolation streaks, job baselines, cursors).
+        CREATE TABLE detector_state (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL);
+    """),
+]
+
+MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
 
 
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:

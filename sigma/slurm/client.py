@@ -109,10 +109,11 @@ class Slurm:
         self._run("scontrol", "update", f"NodeName={','.join(nodes)}", *settings)
 
     # ---------- job actions ----------
-    def submit(self, script: str | Path, *sbatch_args: str, wrap: str | None = None) -> int:
-        """sbatch a script file (or --wrap a command); return the job id."""
+    def submit(self, script: str | Path, *sbatch_args: str, wrap: str | None = None,
+               script_args: Sequence[str] = ()) -> int:
+        """sbatch a script file (with script_args after it) or --wrap a command; return the job id."""
         argv = ["sbatch", "--parsable", *sbatch_args]
-        argv += ["--wrap", wrap] if wrap is not None else [str(script)]
+        argv += ["--wrap", wrap] if wrap is not None else [str(script), *script_args]
         out = self._run(*argv).strip()
         match = re.match(r"^(\d+)", out)
         if not match:

@@ -1,0 +1,170 @@
+"""Executors for journaled actions. Each looks at the current state first, so running it twice is harmless.
+
+Only sigma.slurm talks to SLURM; tickets go to an HTTP webhook; playbook commands run with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from sigma.controller.journal import NotYet, Skip
+from sigma.slurm.client import Slurm
+
+FINISHED_FAIL_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                        "PREEMPTED")
+HELD_REASONS = ("launch failed requeued held", "JobHeldAdmin", "job requeued in held state")
+
+
+class SlurmActions:
+    def __init__(self, slurm: Slurm, *, command_timeout_s: float = 600.0, webhook_timeout_s: float = 10.0,
+                 adopt_reasons: tuple[str, ...] = ()):
+        self.slurm = slurm
+        self.adopt_reasons = tuple(adopt_reasons)
+        self.command_timeout_s = command_timeout_s
+        self.webhook_timeout_s = webhook_timeout_s
+
+    def __call__(self, kind: str, target: str, params: dict, key: str) -> str:
+        handler = getattr(self, f"_{kind.replace('-', '_')}", None)
+        if handler is None:
+            raise Skip(f"unknown action kind {kind!r}")
+        return handler(target, params, key)
+
+    # ---------- nodes ----------
+    def _drain(self, node: str, params: dict, key: str) -> str:
+        n = self.slurm.node(node)
+        if n.drained:
+            if n.drained_by_sigma:
+                return f"already drained: {n.reason}"
+            if n.reason not in self.adopt_reasons:
+                raise Skip(f"already drained by someone else ({n.reason!r}); left as is")
+        self.slurm.drain([node], params["reason"])
+        return f"drained (was: {n.reason})" if n.drained else "drained"
+
+    def _resume(self, node: str, params: dict, key: str) -> str:
+        n = self.slurm.node(node)
+        if n.reason and not n.drained_by_sigma:
+            raise Skip(f"drain reason {n.reason!r} was not set by sigma; never resumed by us")
+        if n.available:
+            return "already available"
+        self.slurm.resume([node])
+        return "resumed"
+
+    def _reboot(self, node: str, params: dict, key: str) -> str:
+        n = self.slurm.node(node)
+        if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags) or n.slurmd_start_time > params["planned_at"]:
+            return "reboot already requested or done"
+        self.slurm.reboot([node], next_state="DOWN", reason=params["reason"])
+        return "reboot requested (ASAP, nextstate=DOWN)"
+
+    # ---------- jobs ----------
+    def _requeue(self, job_id: str, params: dict, key: str) -> str:
+        job = self.slurm.job(int(job_id))
+        if job is None or not job.active:
+            raise Skip("job no longer active")
+        if job.restarts > params.get("restarts_before", 0) or job.state == "PENDING":
+            return f"already requeued (restarts={job.restarts}, state={job.state})"
+        if job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"):
+            raise NotYet(f"job is {job.state}")
+        self.slurm.requeue(int(job_id))
+        return "requeued"
+
+    def _start_now(self, job_id: str, params: dict, key: str) -> str:
+        """Clear the requeue BeginTime once the job is pending again and the bad nodes are out."""
+        job = self.slurm.job(int(job_id))
+        if job is None or not job.active:
+            raise Skip("job no longer active")
+        if job.state in ("RUNNING", "CONFIGURING") and job.restarts > params.get("restarts_before", 0):
+            return "already running again"
+        if job.state != "PENDING":
+            raise NotYet(f"job is {job.state}, not pending yet")
+        avoid = params.get("avoid_nodes") or []
+        if avoid:
+            states = {n.name: n for n in self.slurm.nodes()}
+            not_out = [a for a in avoid if a in states and states[a].available]
+            if not_out:
+                raise NotYet(f"{not_out} not drained yet")
+        if job.reason not in ("BeginTime",):
+            return f"pending for {job.reason}; no BeginTime to clear"
+        self.slurm.start_now(int(job_id))
+        return "StartTime=now"
+
+    def _cancel(self, job_id: str, params: dict, key: str) -> str:
+        job = self.slurm.job(int(job_id))
+        if job is None or not job.active:
+            raise Skip("job no longer active")
+        self.slurm.cancel(int(job_id))
+        return "cancelled"
+
+    def _release(self, job_id: str, params: dict, key: str) -> str:
+        job = self.slurm.job(int(job_id))
+        if job is None or job.state != "PENDING" or not any(h in job.reason for h in HELD_REASONS):
+            raise Skip("job not held")
+        self.slurm.release(int(job_id))
+        return "released"
+
+    # ---------- reservations and validation ----------
+    def _create_reservation(self, name: str, params: dict, key: str) -> str:
+        if name in self.slurm.reservations():
+            return "already exists"
+        self.slurm.create_reservation(name, [params["node"]], duration_min=int(params.get("duration_min", 120)))
+        return "created"
+
+    def _delete_reservation(self, name: str, params: dict, key: str) -> str:
+        if name not in self.slurm.reservations():
+            return "already gone"
+        self.slurm.delete_reservation(name)
+        return "deleted"
+
+    def _submit_validation(self, node: str, params: dict, key: str) -> str:
+        """One validation job per attempt, found again by its unique job name after a crash."""
+        name = params["job_name"]
+        for job in self.slurm.jobs():
+            if job.name == name:
+                return json.dumps({"job_id": job.job_id, "found": True})
+        for rec in self.slurm.accounting(since=params.get("since_date")):
+            if rec.name == name:
+                return json.dumps({"job_id": rec.job_id, "found": True})
+        script = params["script"]
+        if not Path(script).is_file():
+            raise Skip(f"validation script {script} does not exist")
+        args = [f"--reservation={params['reservation']}", "-w", node, "-N1", f"--job-name={name}", "--no-requeue"]
+        if params.get("output"):
+            args.append(f"--output={params['output']}")
+        job_id = self.slurm.submit(script, *args, script_args=params.get("args") or ())
+        return json.dumps({"job_id": job_id, "found": False})
+
+    # ---------- playbooks ----------
+    def _command(self, node: str, params: dict, key: str) -> str:
+        sigma_bin = shutil.which("sigma") or str(Path(sys.executable).parent / "sigma")
+        argv = [a.replace("{node}", node).replace("{sigma}", sigma_bin) for a in params["argv"]]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.command_timeout_s,
+                              env={**os.environ, "SIGMA_NODE": node, "SIGMA_ACTION_KEY": key},
+                              stdin=subprocess.DEVNULL)
+        tail = (proc.stdout + proc.stderr).strip()[-400:]
+        if proc.returncode != 0:
+            return json.dumps({"ok": False, "returncode": proc.returncode, "output": tail})
+        return json.dumps({"ok": True, "returncode": 0, "output": tail})
+
+    def _ticket(self, node: str, params: dict, key: str) -> str:
+        """POST the evidence; the Idempotency-Key header lets the receiver drop a repeat after a crash."""
+        url = params.get("url")
+        if not url:
+            return "no webhook configured; ticket recorded in the journal only"
+        body = json.dumps(params.get("payload", {})).encode()
+        req = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        try:
+            with urllib.request.urlopen(req, timeout=self.webhook_timeout_s) as resp:
+                return f"ticket posted: HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"webhook answered HTTP {exc.code}") from None
+
+    def _notify(self, target: str, params: dict, key: str) -> str:
+        return "logged"

@@ -1,0 +1,129 @@
+"""Typed controller policy (configs/controller.yaml) and remediation playbooks (configs/remediation.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sigma.config import load_config
+from sigma.paths import project_root
+
+
+@dataclass
+class BreakerConfig:
+    max_nodes: int = 8  # more nodes than this with the same signature in the window: escalate, do not drain
+    max_fraction: float = 0.25  # ... or more than this fraction of the cluster (at least one node may drain)
+    window_s: float = 3600.0  # window the breaker counts over
+
+
+@dataclass
+class WatchdogConfig:
+    enabled: bool = True  # run the KPI watchdog
+    hang_timeout_s: float = 120.0  # no step progress for this long is a hang (NCCL would wait 30 minutes)
+    startup_grace_s: float = 300.0  # a job that never reported a step is not hung before this long
+    recent_window_s: float = 120.0  # throughput of the last this many seconds ...
+    baseline_window_s: float = 900.0  # ... against the job's own earlier throughput over this window
+    drop_fraction: float = 0.3  # recent below (1 - this) x baseline is a throughput drop
+    min_points: int = 5  # KPI rows needed on each side before judging throughput
+    history_jobs: int = 20  # finished jobs of the same model config used as historical baseline
+    crash_loop_restarts: int = 3  # a job restarted this many times ...
+    crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
+
+
+@dataclass
+class IsolationConfig:
+    enabled: bool = True  # look for a culprit node when a job is anomalous and no rule names one
+    window_s: float = 120.0  # telemetry/KPI window scored against peers
+    history_s: float = 3600.0  # each node's own healthy history for the temporal score
+    min_score: float = 6.0  # combined robust z-score the top node must reach
+    dominance: float = 1.5  # ... and exceed the runner-up by this factor
+    rounds: int = 2  # consecutive rounds the same node must be the dominant outlier before acting
+    verify_after_s: float = 600.0  # after this long, check whether the requeued job recovered
+    recover_fraction: float = 0.8  # recovered = throughput back to this fraction of the pre-fault baseline
+
+
+@dataclass
+class ControllerConfig:
+    db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
+    rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
+    remediation: str = "configs/remediation.yaml"  # remediation playbooks
+    listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
+    ingest_secret_file: str = "/etc/sigma/ingest.secret"  # HMAC secret shared with the sidecars; "" = no ingest
+    log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
+    poll_s: float = 1.0  # detection and remediation tick
+    slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
+    shadow: bool = False  # shadow mode for everything: decide and log, never act
+    shadow_rules: list[str] = field(default_factory=list)  # rule ids in shadow mode
+    adopt_drain_reasons: list[str] = field(default_factory=lambda: ["Prolog error", "Epilog error"])  # SLURM's
+    # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
+    max_action_attempts: int = 5  # a failing action is retried this many times
+    snapshot_every_s: float = 10.0  # how often node states are recorded for utilisation
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
+
+
+@dataclass
+class Playbook:
+    name: str  # playbook name (journal and log)
+    kind: Literal["reboot", "command", "ticket", "manual"]  # what remediation does
+    rules: list[str] = field(default_factory=list)  # rule ids this playbook handles
+    categories: list[str] = field(default_factory=list)  # rule categories this playbook handles
+    command: list[str] = field(default_factory=list)  # kind command: argv ('{node}' is replaced)
+    webhook: str = ""  # kind ticket: URL the evidence is POSTed to (empty: journal only)
+    timeout_s: float = 900.0  # reboot/command must finish within this long, else it counts as a failure
+
+
+@dataclass
+class ValidationConfig:
+    script: str = "sbatch/validate-node.sbatch"  # comprehensive validation job (relative to the project root)
+    args: list[str] = field(default_factory=list)  # arguments after the script (e.g. --check NAME to narrow it)
+    timeout_s: float = 1800.0  # validation job must finish within this long
+    reservation_minutes: int = 120  # maintenance reservation length
+    output_dir: str = ""  # validation job stdout directory (empty: SLURM's default)
+
+
+@dataclass
+class RemediationConfig:
+    max_failures: int = 3  # K: failed remediation/validation cycles before escalating to admins
+    escalation_webhook: str = ""  # ticket URL for escalations (empty: journal + log only)
+    default_playbook: str = "manual"  # playbook for rules no entry names
+    after_repair: list[str] = field(default_factory=lambda: ["{sigma}", "health", "log-ack", "--node", "{node}"])
+    # argv run after a successful repair, before validation ({sigma}, {node} replaced; [] = nothing): the
+    # repaired fault's kernel-log lines must not fail the validation (prefix with ssh/pdsh on real clusters)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)  # return-to-service validation
+    playbooks: list[Playbook] = field(default_factory=lambda: [Playbook(name="manual", kind="manual")])  # in order
+
+    def __post_init__(self):
+        names = [p.name for p in self.playbooks]
+        if self.default_playbook not in names:
+            raise ValueError(f"default_playbook {self.default_playbook!r} is not one of the playbooks {names}")
+
+    def playbook_for(self, rule_id: str, category: str, action: str) -> Playbook:
+        by_name = {p.name: p for p in self.playbooks}
+        for p in self.playbooks:  # a playbook naming the rule wins
+            if rule_id in p.rules:
+                return p
+        forced = {"drain+reboot": "reboot", "drain+ticket": "ticket"}.get(action)
+        candidates = [p for p in self.playbooks if forced is None or p.kind == forced]
+        for p in candidates:  # then one for the rule's category (of the kind the action demands)
+            if category and category in p.categories:
+                return p
+        if forced:
+            return candidates[0] if candidates else Playbook(name=forced, kind=forced)
+        return by_name[self.default_playbook]
+
+
+def resolve(path: str, base: Path | None = None) -> Path:
+    """Relative paths in configs are relative to the project root (where configs/ and sbatch/ live)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base or project_root()) / p
+
+
+def load_controller_config(path: str | Path) -> ControllerConfig:
+    return load_config(ControllerConfig, path)
+
+
+def load_remediation_config(path: str | Path) -> RemediationConfig:
+    return load_config(RemediationConfig, path)

@@ -1,0 +1,108 @@
+"""`sigma controller run`: the ingest HTTP server, GET /metrics and the detection/remediation loop in one process.
+
+The ingest API (POST /v1/ingest) is sigma.controller.server + sigma.controller.ingest; the controller adds its
+own route (GET /metrics) beside it and runs its loop in the main thread.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sigma.controller.config import ControllerConfig
+from sigma.controller.loop import Controller
+from sigma.controller.prometheus import registry
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"listen must be host:port, not {listen!r}")
+    return host or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """Serves GET /metrics and GET /healthz (used when the ingest server is not available)."""
+
+    def __init__(self, listen: str, metrics_body):
+        host, port = parse_listen(listen)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/metrics":
+                    body, ctype = metrics_body(), CONTENT_TYPE_LATEST
+                elif self.path == "/healthz":
+                    body, ctype = b"ok\n", "text/plain"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # requests are not decisions; keep the log readable
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="sigma-metrics", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def start_http(cfg: ControllerConfig, metrics_body):
+    """The ingest server (POST /v1/ingest, GET /healthz) with GET /metrics added; without an ingest secret
+    configured, a metrics-only server (nodes cannot push then)."""
+    if not cfg.ingest_secret_file:
+        server = MetricsServer(cfg.listen, metrics_body)
+        server.start()
+        return server
+    from sigma.controller.ingest import Ingest
+    from sigma.controller.server import ControllerServer
+    from sigma.telemetry.wire import read_secret
+
+    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, read_secret(cfg.ingest_secret_file)))
+    server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics_body()))
+    server.start()
+    return server
+
+
+def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None) -> int:
+    ctl = Controller(cfg)
+    stop = stop or threading.Event()
+    reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
+    http = None if once else start_http(cfg, lambda: generate_latest(reg))
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    ctl.start()
+    if http is not None:
+        ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if cfg.ingest_secret_file else ''}"
+                      f"/metrics, /healthz", listen=cfg.listen, port=http.port)
+        ctl.http_port = http.port
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                ctl.tick()
+            except Exception as exc:  # one bad tick (slurmctld restarting, ...) must not stop the controller
+                ctl.log.event("tick_error", f"ERROR tick failed: {exc}", error=repr(exc))
+            if once:
+                break
+            stop.wait(max(0.0, cfg.poll_s - (time.monotonic() - t0)))
+    finally:
+        if http is not None:
+            http.stop()
+        ctl.log.event("stop", "STOP controller")
+    return 0

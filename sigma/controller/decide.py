@@ -1,0 +1,171 @@
+"""Findings -> incidents -> journaled actions, through the guard rails (shadow mode, circuit breaker,
+admin drains, crash loops). Nothing here runs a command directly: the journal does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sigma.controller.config import ControllerConfig, RemediationConfig
+from sigma.controller.decisionlog import DecisionLog
+from sigma.controller.findings import Finding
+from sigma.controller.guards import breaker_limit, breaker_trips, in_shadow
+from sigma.controller.incidents import Incident, Incidents
+from sigma.controller.journal import Journal
+from sigma.controller.remediation import Remediator
+from sigma.rules.schema import DRAIN_ACTIONS
+from sigma.slurm.types import Job, Node
+
+RUNNING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED")
+DRAINED_STATUSES = ("acted", "resolved", "confirmed", "misdiagnosed")  # the rule really took the node out
+REQUEUE_FOLLOWUP_S = 900.0  # how long start_now keeps waiting for a requeued job to be pending
+
+
+class Decider:
+    def __init__(self, conn, journal: Journal, incidents: Incidents, remediator: Remediator, cfg: ControllerConfig,
+                 rcfg: RemediationConfig, log: DecisionLog, clock: Callable[[], float] = time.time):
+        self.conn = conn
+        self.journal = journal
+        self.incidents = incidents
+        self.remediator = remediator
+        self.cfg = cfg
+        self.rcfg = rcfg
+        self.log = log
+        self.clock = clock
+
+    def decide(self, findings: list[Finding], nodes: dict[str, Node], jobs: list[Job]) -> list[Incident]:
+        opened = []
+        for f in findings:
+            existing = self.incidents.find_open(f.key)
+            if existing:
+                self.incidents.touch(existing, f)
+                continue
+            shadow = in_shadow(f.rule_id, f.shadow, self.cfg.shadow, self.cfg.shadow_rules)
+            if f.action in DRAIN_ACTIONS:
+                inc = self._drain(f, shadow, nodes, jobs)
+            elif f.action == "requeue":
+                inc = self._requeue_job(f, shadow, jobs)
+            else:
+                status = "recorded" if f.action == "record" else "notified"
+                inc = self.incidents.open(f, status)
+                self._say(inc, f"{f.action.upper()} {self._target(f)} ({f.rule_id}): {f.summary}")
+            opened.append(inc)
+        return opened
+
+    # ---------- drains ----------
+    def _drain(self, f: Finding, shadow: bool, nodes: dict[str, Node], jobs: list[Job]) -> Incident:
+        node = f.node
+        n = nodes.get(node)
+        on_node = [j for j in jobs if node in j.nodes and j.state in RUNNING_STATES]
+        if n is None:
+            inc = self.incidents.open(f, "notified", f"node {node!r} unknown to SLURM")
+            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; node unknown to SLURM")
+            return inc
+        if n.drained and not n.drained_by_sigma and n.reason not in self.cfg.adopt_drain_reasons:
+            inc = self.incidents.open(f, "notified", f"already drained by someone else: {n.reason!r}")
+            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, drained by admin ({n.reason})")
+            return inc
+        if self.remediator.active(node):
+            inc = self.incidents.open(f, "acted", "node already out of service")
+            self._say(inc, f"NOTED {node} ({f.rule_id}): {f.summary}; node already in remediation")
+            return inc
+        if shadow:
+            inc = self.incidents.open(f, "shadow", "shadow mode: nothing done")
+            self.journal.plan(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id, shadow=True,
+                              params={"reason": self._reason(f)})
+            for job in on_node if f.requeue_jobs else ():
+                self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
+                                  shadow=True, params={"restarts_before": job.restarts})
+            self._say(inc, f"SHADOW {node} ({f.rule_id}): would drain ({f.summary})"
+                           f"{' and requeue ' + str([j.job_id for j in on_node]) if on_node and f.requeue_jobs else ''}")
+            return inc
+        window_start = self.clock() - self.cfg.breaker.window_s
+        others = self.incidents.nodes_with_rule(f.rule_id, window_start, DRAINED_STATUSES)
+        b = self.cfg.breaker
+        if breaker_trips(node, others, len(nodes), b.max_nodes, b.max_fraction):
+            limit = breaker_limit(len(nodes), b.max_nodes, b.max_fraction)
+            note = (f"circuit breaker: {len(others | {node})} nodes with {f.rule_id} in {b.window_s:.0f}s exceeds "
+                    f"{limit}; escalated instead of draining")
+            inc = self.incidents.open(f, "escalated", note)
+            self.journal.run(f"escalate:{f.rule_id}:{node}:i{inc.id}", "ticket", node, incident_id=inc.id,
+                             params={"url": self.rcfg.escalation_webhook,
+                                     "payload": {"node": node, "rule": f.rule_id, "summary": f.summary,
+                                                 "reason": note, "drained_nodes": sorted(others)}})
+            self._say(inc, f"BREAKER {node} ({f.rule_id}): {note}")
+            return inc
+        inc = self.incidents.open(f, "acted")
+        row = self.journal.run(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id,
+                               params={"reason": self._reason(f)})
+        if row.state == "skipped":
+            self.incidents.set_status(inc.id, "notified", row.result)
+            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; {row.result}")
+            return inc
+        playbook = self.rcfg.playbook_for(f.rule_id, f.category, f.action)
+        self.remediator.start(node, inc.id, f.rule_id, playbook.name)
+        requeued = []
+        if f.requeue_jobs:
+            for job in on_node:
+                if self._requeue(job, inc, avoid=[node]):
+                    requeued.append(job.job_id)
+        self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
+                                                   "nodes": list(j.nodes), "restarts": j.restarts} for j in on_node])
+        self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}; "
+                       f"playbook {playbook.name}")
+        return inc
+
+    # ---------- job restarts ----------
+    def _requeue_job(self, f: Finding, shadow: bool, jobs: list[Job]) -> Incident:
+        job = next((j for j in jobs if j.job_id == f.job_id), None)
+        if job is None or job.state not in RUNNING_STATES:
+            inc = self.incidents.open(f, "notified", "job not running")
+            self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job not running")
+            return inc
+        if shadow:
+            inc = self.incidents.open(f, "shadow", "shadow mode: nothing done")
+            self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
+                              shadow=True, params={"restarts_before": job.restarts})
+            self._say(inc, f"SHADOW job {job.job_id} ({f.rule_id}): would requeue ({f.summary})")
+            return inc
+        inc = self.incidents.open(f, "acted")
+        self.incidents.add_evidence(inc.id, jobs=[{"job_id": job.job_id, "start_time": job.start_time,
+                                                   "nodes": list(job.nodes), "restarts": job.restarts}])
+        if self._requeue(job, inc, avoid=[]):
+            # the evidence stays behind (since_job): a new occurrence after the restart is a new incident
+            self.incidents.set_status(inc.id, "acted", "job requeued", close=True)
+            self._say(inc, f"REQUEUE job {job.job_id} ({f.rule_id}): {f.summary}")
+        else:
+            self._say(inc, f"ESCALATE job {job.job_id} ({f.rule_id}): {f.summary}; crash loop, not requeued")
+        return self.incidents.get(inc.id)
+
+    def _requeue(self, job: Job, inc: Incident, avoid: list[str]) -> bool:
+        w = self.cfg.watchdog
+        last = self.conn.execute("SELECT MAX(created_at) FROM actions WHERE kind='requeue' AND target=? AND"
+                                 " state != 'shadow'", (str(job.job_id),)).fetchone()[0]
+        if last is not None and last >= job.start_time:
+            return True  # already requeued during this run; SLURM has not restarted it yet
+        recent = self.conn.execute(
+            "SELECT COUNT(*) FROM actions WHERE kind='requeue' AND target=? AND state IN ('done','planned')"
+            " AND created_at >= ?", (str(job.job_id), self.clock() - w.crash_loop_window_s)).fetchone()[0]
+        if recent >= w.crash_loop_restarts:
+            self.incidents.set_status(inc.id, "escalated", f"job {job.job_id} requeued {recent} times in "
+                                      f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")
+            return False
+        params = {"restarts_before": job.restarts}
+        self.journal.run(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
+                         params=params)
+        self.journal.run(f"start_now:{job.job_id}:i{inc.id}", "start_now", str(job.job_id), incident_id=inc.id,
+                         params={**params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S})
+        return True
+
+    # ---------- helpers ----------
+    @staticmethod
+    def _reason(f: Finding) -> str:
+        return f"{f.rule_id} {f.summary}"[:120]
+
+    @staticmethod
+    def _target(f: Finding) -> str:
+        return f.node if f.scope == "node" and f.node else f"job {f.job_id}"
+
+    def _say(self, inc: Incident, human: str) -> None:
+        self.log.event("decision", human, incident=inc.id, rule=inc.rule_id, node=inc.node, job=inc.job_id,
+                       status=self.incidents.get(inc.id).status, severity=inc.severity)

@@ -1,0 +1,287 @@
+"""One controller tick: look at SLURM and the database, detect, decide, follow up, remediate, verify.
+
+Detection is pure (sigma.rules.matcher, watchdog, isolation); this module only fetches rows and wires results.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sigma.controller.actions import HELD_REASONS, SlurmActions
+from sigma.controller.config import ControllerConfig, RemediationConfig, load_remediation_config, resolve
+from sigma.controller.db import open_db
+from sigma.controller.decide import RUNNING_STATES, Decider
+from sigma.controller.decisionlog import DecisionLog
+from sigma.controller.features import job_matrices
+from sigma.controller.findings import Finding
+from sigma.controller.incidents import Incidents
+from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.journal import ActionRow, Journal
+from sigma.controller.remediation import Remediator
+from sigma.controller.watchdog import JobInfo, check_job, throughput
+from sigma.rules.loader import load_rules
+from sigma.rules.matcher import evaluate, normalise
+from sigma.rules.schema import Rule
+from sigma.slurm.client import Slurm
+from sigma.slurm.types import Job, Node
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, *, conn=None, slurm: Slurm | None = None,
+                 rules: list[Rule] | None = None, remediation: RemediationConfig | None = None,
+                 log: DecisionLog | None = None, clock: Callable[[], float] = time.time, root: Path | None = None):
+        self.cfg = cfg
+        self.clock = clock
+        self.conn = conn if conn is not None else open_db(cfg.db)
+        self.slurm = slurm or Slurm(cfg.slurm_conf or None)
+        self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
+        self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
+        self.log = log or DecisionLog(cfg.log_dir)
+        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
+                               clock=clock,
+                               max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
+        self.incidents = Incidents(self.conn, clock)
+        self.remediator = Remediator(self.conn, self.journal, self.incidents, self.rcfg, self.log, self.slurm,
+                                     clock=clock, root=root, adopt_reasons=tuple(cfg.adopt_drain_reasons))
+        self.decider = Decider(self.conn, self.journal, self.incidents, self.remediator, cfg, self.rcfg, self.log,
+                               clock)
+        self.streaks = Streaks(self._state("isolation_streaks", {}))
+        self.no_culprit_rounds: dict[int, int] = {}
+        self._history_cache: dict[str, tuple[float, float | None]] = {}
+        self._last_snapshot: dict[str, tuple] = {}
+        self._last_snapshot_ts = 0.0
+        self.ticks = 0
+        self.http_port: int | None = None
+        self.last_tick_s = 0.0
+
+    # ---------- lifecycle ----------
+    def start(self) -> None:
+        """After a restart: finish what the journal says was planned but never confirmed done."""
+        pending = self.journal.pending()
+        self.log.event("start", f"START controller: {len(self.rules)} rules, {len(pending)} pending actions to replay",
+                       rules=len(self.rules), pending=[p.key for p in pending])
+        self.journal.replay()
+
+    def tick(self) -> list[Finding]:
+        t0 = time.monotonic()
+        now = self.clock()
+        nodes = {n.name: n for n in self.slurm.nodes()}
+        jobs = self.slurm.jobs()
+        self._snapshot(nodes, jobs, now)
+        findings = self.detect(now, nodes, jobs)
+        self.decider.decide(findings, nodes, jobs)
+        self.journal.replay()
+        self.remediator.tick(nodes, jobs)
+        self._release_held(jobs)
+        self._verify(now)
+        self._housekeeping(now)
+        self.ticks += 1
+        self.last_tick_s = time.monotonic() - t0
+        return findings
+
+    # ---------- detection ----------
+    def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job]) -> list[Finding]:
+        since = {r[0]: r[1] for r in self.conn.execute(
+            "SELECT node, MAX(ts) FROM lifecycle_transitions WHERE to_state IN ('resumed','returned') GROUP BY node")}
+        since_job = {int(r[0]): r[1] for r in self.conn.execute(
+            "SELECT target, MAX(created_at) FROM actions WHERE kind='requeue' AND state != 'shadow' GROUP BY target")}
+        running = [j for j in jobs if j.state in RUNNING_STATES]
+        jobs_on_node: dict[str, list[int]] = {}
+        for j in running:
+            for n in j.nodes:
+                jobs_on_node.setdefault(n, []).append(j.job_id)
+        findings = evaluate(self.rules, now=now, events=self._events(now), samples=self._samples(now),
+                            kpis=self._rule_kpis(now), since=since, jobs_on_node=jobs_on_node, since_job=since_job)
+        if self.cfg.watchdog.enabled:
+            for job in running:
+                if since_job.get(job.job_id, 0.0) < job.start_time:  # not while a requeue is on its way
+                    findings += self._watch(job, now, findings, since_job)
+        self._save_state("isolation_streaks", self.streaks.state)
+        return findings
+
+    def _events(self, now: float) -> list[dict]:
+        windows = [r.window_s for r in self.rules if r.enabled and (r.log or r.health)]
+        if not windows:
+            return []
+        return [normalise(r) for r in self.conn.execute("SELECT * FROM events WHERE ts >= ?", (now - max(windows),))]
+
+    def _samples(self, now: float) -> list[dict]:
+        metric_rules = [r for r in self.rules if r.enabled and r.metric]
+        if not metric_rules:
+            return []
+        names = sorted({r.metric.metric for r in metric_rules})
+        window = max(r.metric.window_s for r in metric_rules)
+        marks = ",".join("?" * len(names))
+        return [normalise(r) for r in self.conn.execute(
+            f"SELECT * FROM samples WHERE ts >= ? AND metric IN ({marks})", (now - window, *names))]
+
+    def _rule_kpis(self, now: float) -> list[dict]:
+        windows = [r.kpi.window_s for r in self.rules if r.enabled and r.kpi]
+        if not windows:
+            return []
+        return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
+
+    def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
+        w = self.cfg.watchdog
+        lookback = max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s)
+        start = float(job.start_time or 0)
+        rows = [dict(r) for r in self.conn.execute(
+            "SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts", (job.job_id, max(start, now - lookback)))]
+        if not rows:
+            last = self.conn.execute("SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC LIMIT 1",
+                                     (job.job_id, start)).fetchone()
+            rows = [dict(last)] if last else []
+        ever = rows != [] or self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1",
+                                               (job.job_id,)).fetchone() is not None
+        if not ever:
+            return []  # a job that does not report KPIs is not watched
+        starts = [r[0] for r in self.conn.execute(
+            "SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
+            (now - w.crash_loop_window_s, job.job_id))]
+        info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
+        found = check_job(info, rows, now, w, ever_reported=ever, history_median=self._history(job, rows, now),
+                          start_times=sorted(set(round(s) for s in starts)))
+        out = []
+        for f in found:
+            if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop") and self.cfg.isolation.enabled:
+                f = self._isolate(f, job, rows, now, rule_findings)
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _isolate(self, f: Finding, job: Job, rows: list[dict], now: float,
+                 rule_findings: list[Finding]) -> Finding | None:
+        """An anomalous job no rule explains: score its nodes; act on a repeated dominant outlier."""
+        iso = self.cfg.isolation
+        named = {x.node for x in rule_findings if x.node in job.nodes and x.action not in ("record", "notify")}
+        named |= {n for n in job.nodes if self.remediator.active(n)}
+        if named:
+            return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
+        samples = [normalise(r) for r in self.conn.execute(
+            f"SELECT * FROM samples WHERE ts >= ? AND node IN ({','.join('?' * len(job.nodes))})",
+            (now - iso.history_s, *job.nodes))]
+        current = [s for s in samples if s["ts"] >= now - iso.window_s]
+        history = [s for s in samples if s["ts"] < now - iso.window_s]
+        names, cur, hist = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)
+        scores = score_nodes(list(job.nodes), cur, hist)
+        verdict = pick_outlier(list(job.nodes), scores, iso.min_score, iso.dominance)
+        streak = self.streaks.update(str(job.job_id), verdict.culprit)
+        evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
+                                                "features": names, "streak": streak}}
+        baseline = statistics.median(throughput(rows)) if throughput(rows) else None
+        if verdict.culprit and streak >= iso.rounds:
+            self.no_culprit_rounds.pop(job.job_id, None)
+            rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
+            return Finding(rule_id=rule_id, source="isolation", scope="node", severity="error", action="drain",
+                           summary=f"{f.summary}; {verdict.culprit} is the dominant outlier"[:100],
+                           first_ts=f.first_ts, last_ts=now, node=verdict.culprit, job_id=job.job_id,
+                           category="hang" if rule_id == "watchdog-hang" else "isolation",
+                           evidence={**evidence, "verify": {"job_id": job.job_id, "baseline": baseline}})
+        if f.rule_id == "watchdog-hang":
+            # no dominant culprit yet: give isolation its rounds, then restart the job alone
+            n = self.no_culprit_rounds[job.job_id] = self.no_culprit_rounds.get(job.job_id, 0) + 1
+            if verdict.culprit is None and n > iso.rounds:
+                f.evidence = evidence
+                return f
+            return None
+        f.evidence = evidence
+        return f
+
+    def _history(self, job: Job, rows: list[dict], now: float) -> float | None:
+        """Median throughput of earlier jobs with the same model config (payload 'model', else the job name)."""
+        model = None
+        for r in rows[-5:]:
+            payload = json.loads(r.get("payload") or "{}") if isinstance(r.get("payload"), str) else {}
+            model = payload.get("model") or model
+        key = model or job.name
+        cached = self._history_cache.get(key)
+        if cached and now - cached[0] < 300:
+            return cached[1]
+        if model:
+            q = ("SELECT job_id, tokens_per_s FROM kpis WHERE job_id != ? AND tokens_per_s IS NOT NULL"
+                 " AND json_extract(payload, '$.model') = ? ORDER BY ts DESC LIMIT 20000")
+            got = self.conn.execute(q, (job.job_id, model)).fetchall()
+        else:
+            got = []
+        per_job: dict[int, list[float]] = {}
+        for job_id, tps in got:
+            per_job.setdefault(job_id, []).append(tps)
+        medians = [statistics.median(v) for v in list(per_job.values())[: self.cfg.watchdog.history_jobs] if len(v) >= 5]
+        value = statistics.median(medians) if medians else None
+        self._history_cache[key] = (now, value)
+        return value
+
+    # ---------- follow-ups ----------
+    def _release_held(self, jobs: list[Job]) -> None:
+        for j in jobs:
+            if j.state == "PENDING" and any(h in j.reason for h in HELD_REASONS):
+                self.journal.run(f"release:{j.job_id}:r{j.restarts}", "release", str(j.job_id),
+                                 reason="held after a node failure")
+
+    def _verify(self, now: float) -> None:
+        """Isolation decisions are checked: the requeued job recovered -> confirmed; else misdiagnosed."""
+        iso = self.cfg.isolation
+        for inc in self.incidents.query(source="isolation"):
+            verify = inc.evidence.get("verify")
+            if not verify or inc.evidence.get("verification") or inc.status not in ("acted", "resolved"):
+                continue
+            rows = [dict(r) for r in self.conn.execute(
+                "SELECT * FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
+                (verify["job_id"], inc.opened_at))]
+            tps = throughput(rows)
+            baseline = verify.get("baseline")
+            recovered = len(rows) >= self.cfg.watchdog.min_points and (
+                not baseline or not tps or statistics.median(tps) >= iso.recover_fraction * baseline)
+            if recovered:
+                note = f"job {verify['job_id']} recovered after the node left ({len(rows)} steps since)"
+                self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})
+                self.incidents.set_status(inc.id, "confirmed", note, close=inc.status == "resolved")
+                self.log.event("verify", f"CONFIRMED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
+            elif now - inc.opened_at > iso.verify_after_s:
+                note = f"job {verify['job_id']} did not recover within {iso.verify_after_s:.0f}s; node returned"
+                self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "misdiagnosed", "note": note})
+                self.incidents.set_status(inc.id, "misdiagnosed", note, close=True)
+                self.remediator.return_node(inc.node, f"misdiagnosed by isolation (incident {inc.id})")
+                self.log.event("verify", f"MISDIAGNOSED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
+
+    def _housekeeping(self, now: float) -> None:
+        """Passive incidents close once their evidence has aged out of every rule window."""
+        stale = max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0
+        with self.conn:
+            self.conn.execute("UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
+                              " status IN ('recorded','notified','shadow','escalated')", (now, now - stale))
+
+    def _snapshot(self, nodes: dict[str, Node], jobs: list[Job], now: float) -> None:
+        periodic = now - self._last_snapshot_ts >= self.cfg.snapshot_every_s
+        rows = []
+        for n in nodes.values():
+            on = sorted(j.job_id for j in jobs if n.name in j.nodes and j.state in RUNNING_STATES)
+            sig = (n.state, ",".join(n.flags), n.alloc_cpus, n.reason, tuple(on))
+            if periodic or self._last_snapshot.get(n.name) != sig:
+                rows.append((now, n.name, n.state, ",".join(n.flags), n.alloc_cpus, n.cpus, n.reason, json.dumps(on)))
+                self._last_snapshot[n.name] = sig
+        if periodic:
+            self._last_snapshot_ts = now
+        if rows:
+            with self.conn:
+                self.conn.executemany("INSERT INTO node_snapshots (ts, node, state, flags, alloc_cpus, cpus, reason,"
+                                      " jobs) VALUES (?,?,?,?,?,?,?,?)", rows)
+
+    def _action_changed(self, row: ActionRow) -> None:
+        self.log.event("action", f"{row.kind.upper()} {row.target}: {row.state} ({row.result})" if row.state in
+                       ("done", "failed") and row.kind not in ("notify",) else None, key=row.key, kind=row.kind,
+                       target=row.target, state=row.state, result=row.result, incident=row.incident_id)
+
+    def _state(self, key: str, default):
+        row = self.conn.execute("SELECT value FROM detector_state WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def _save_state(self, key: str, value) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
+                              (key, json.dumps(value), self.clock()))

@@ -1,0 +1,126 @@
+"""Job watchdog over KPIs (pure: rows in, findings out).
+
+- hang: the job's highest step has not advanced for hang_timeout_s (NCCL would sit for 30 minutes);
+- throughput drop: recent throughput below (1 - drop_fraction) x the job's own earlier throughput, or below the
+  history of jobs with the same model config;
+- crash loop: the job (re)started crash_loop_restarts times within the window.
+NaN/Inf loss is a knowledge-base rule (configs/rules/job.yaml).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sigma.controller.config import WatchdogConfig
+from sigma.controller.findings import Finding
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    nodes: tuple[str, ...]
+    start_time: float  # start of the current run (after the last requeue)
+    name: str = ""
+    restarts: int = 0
+
+
+@dataclass
+class JobProgress:
+    job_id: int
+    max_step: int | None
+    progress_ts: float | None  # when the highest step was first reported
+    last_ts: float | None
+    ranks: dict[int, dict]  # rank -> {"node", "step", "ts"}
+
+    def laggards(self) -> dict[str, list[int]]:
+        """Nodes whose ranks are behind the job's highest step (the ones a synchronous job waits for)."""
+        out: dict[str, list[int]] = defaultdict(list)
+        for rank, r in self.ranks.items():
+            if self.max_step is not None and r["step"] is not None and r["step"] < self.max_step:
+                out[r["node"]].append(rank)
+        return dict(out)
+
+
+def progress(job_id: int, kpis: Iterable[Mapping]) -> JobProgress:
+    ranks: dict[int, dict] = {}
+    max_step, progress_ts, last_ts = None, None, None
+    for k in sorted(kpis, key=lambda r: r["ts"]):
+        step = k.get("step")
+        last_ts = k["ts"]
+        ranks.setdefault(int(k.get("rank") or 0), {"node": k["node"], "step": None, "ts": None})
+        r = ranks[int(k.get("rank") or 0)]
+        r["ts"], r["node"] = k["ts"], k["node"]
+        if step is None:
+            continue
+        r["step"] = step if r["step"] is None else max(r["step"], step)
+        if max_step is None or step > max_step:
+            max_step, progress_ts = step, k["ts"]
+    return JobProgress(job_id, max_step, progress_ts, last_ts, ranks)
+
+
+def throughput(rows: Iterable[Mapping]) -> list[float]:
+    """Per-row throughput: tokens_per_s, else 1/step_time_s."""
+    out = []
+    for r in rows:
+        if r.get("tokens_per_s") is not None and r["tokens_per_s"] > 0:
+            out.append(float(r["tokens_per_s"]))
+        elif r.get("step_time_s") is not None and r["step_time_s"] > 0:
+            out.append(1.0 / float(r["step_time_s"]))
+    return out
+
+
+def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
+              history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
+    """kpis: this job's rows since (at least) baseline_window_s + recent_window_s ago."""
+    findings: list[Finding] = []
+    current = [k for k in kpis if k["ts"] >= job.start_time]
+    prog = progress(job.job_id, current)
+    base = dict(source="watchdog", scope="job", job_id=job.job_id)
+    # hang
+    if prog.progress_ts is None:
+        if ever_reported and now - job.start_time > cfg.startup_grace_s:
+            findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
+                                    summary=f"no training step in {now - job.start_time:.0f}s since (re)start",
+                                    first_ts=job.start_time, last_ts=now, category="hang",
+                                    evidence={"nodes": list(job.nodes), "since_start_s": now - job.start_time},
+                                    **base))
+    elif now - prog.progress_ts > cfg.hang_timeout_s:
+        findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
+                                summary=f"no step progress for {now - prog.progress_ts:.0f}s (step {prog.max_step})",
+                                first_ts=prog.progress_ts, last_ts=now, category="hang",
+                                evidence={"nodes": list(job.nodes), "max_step": prog.max_step,
+                                          "stalled_s": round(now - prog.progress_ts, 1),
+                                          "laggards": prog.laggards(),
+                                          "ranks": {str(r): v for r, v in sorted(prog.ranks.items())}}, **base))
+    # throughput drop against the job's own recent past, and against its model config's history
+    recent = throughput(k for k in current if k["ts"] >= now - cfg.recent_window_s)
+    earlier = throughput(k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
+                         < now - cfg.recent_window_s)
+    if len(recent) >= cfg.min_points and len(earlier) >= cfg.min_points:
+        r_med, b_med = statistics.median(recent), statistics.median(earlier)
+        if r_med < (1 - cfg.drop_fraction) * b_med:
+            findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
+                                    summary=f"throughput {r_med:.3g} is {100 * (1 - r_med / b_med):.0f}% below the "
+                                            f"job's baseline {b_med:.3g}", first_ts=now - cfg.recent_window_s,
+                                    last_ts=now, category="performance",
+                                    evidence={"recent": r_med, "baseline": b_med, "nodes": list(job.nodes)}, **base))
+    if len(recent) >= cfg.min_points and history_median:
+        r_med = statistics.median(recent)
+        if r_med < (1 - cfg.drop_fraction) * history_median:
+            findings.append(Finding(rule_id="watchdog-below-history", severity="warning", action="notify",
+                                    summary=f"throughput {r_med:.3g} below the model config's history "
+                                            f"{history_median:.3g}", first_ts=now - cfg.recent_window_s,
+                                    last_ts=now, category="performance",
+                                    evidence={"recent": r_med, "history": history_median,
+                                              "nodes": list(job.nodes)}, **base))
+    # crash loop
+    starts = sorted(t for t in start_times if now - t <= cfg.crash_loop_window_s)
+    if len(starts) >= cfg.crash_loop_restarts:
+        findings.append(Finding(rule_id="watchdog-crash-loop", severity="error", action="notify",
+                                summary=f"{len(starts)} starts in {cfg.crash_loop_window_s:.0f}s: crash loop; "
+                                        f"no more automatic requeues", first_ts=starts[0], last_ts=starts[-1],
+                                category="crash-loop", evidence={"starts": starts}, **base))
+    return findings

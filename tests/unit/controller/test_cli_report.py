@@ -1,0 +1,101 @@
+"""Report figures from a recorded scenario, the CLI over that database, and GET /metrics."""
+
+import json
+import urllib.request
+
+import pytest
+
+from sigma.cli import main
+from sigma.controller.metrics import report
+
+from tests.unit.controller.helpers import add_kpi, make_controller, xid79
+from tests.unit.controller.test_decisions import run_until
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    """A job runs on node2+node3; Xid 79 on node3; the job is requeued and resumes on node1+node2;
+    node3 is rebooted, validated and resumed."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    t0 = clock()
+    slurm.run_job(7, ["node2", "node3"], start=t0)
+    for s in range(30):
+        ctl.tick() if s % 10 == 0 else None
+        add_kpi(ctl.conn, "node2", t0 + s, 7, 0, s)
+        clock.advance(1)
+    fault = clock() - 0.5
+    xid79(ctl.conn, "node3", fault)
+    clock.advance(1)
+    ctl.tick()
+    slurm.set_job(7, state="RUNNING", nodes=("node1", "node2"), start_time=int(clock()))
+    slurm.set_node("node1", state="allocated", alloc_cpus=2)
+    clock.advance(8)
+    add_kpi(ctl.conn, "node1", clock(), 7, 0, 30)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    slurm.finish_reboot("node3", clock())
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    job = next(j for j in slurm.jobs() if j.name.startswith("sigma-validate"))
+    slurm.finish_job(job.job_id, 0)
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node3").state == "resumed")
+    return ctl, tmp_path / "c.db", fault
+
+
+def test_report_figures(scenario):
+    ctl, db, fault = scenario
+    rep = report(ctl.conn, now=ctl.clock())
+    rec = rep["jobs"]["recoveries"][0]
+    assert rec["job_id"] == 7 and rec["time_to_failure_s"] == pytest.approx(30.5, abs=1)
+    assert rec["recovery_s"] == pytest.approx(9.5, abs=0.1)  # fault -> first step after resume
+    cyc = rep["recycling"]["cycles"][0]
+    assert cyc["node"] == "node3" and cyc["state"] == "resumed"
+    assert cyc["detect_s"] == pytest.approx(1.5, abs=0.1)
+    assert cyc["total_s"] == pytest.approx(cyc["detect_s"] + cyc["triage_s"] + cyc["repair_s"] + cyc["validate_s"],
+                                           abs=0.01)
+    assert rep["automation"] == {"automatic": 1, "manual": 0, "ratio": 1.0}
+    u = rep["utilisation"]
+    assert 0 < u["effective"] < u["allocated"] <= 1 and 0 < u["available"] < 1
+
+
+def test_cli_commands(scenario, capsys):
+    ctl, db, fault = scenario
+    assert main(["incidents", "--db", str(db), "--json"]) == 0
+    incs = json.loads(capsys.readouterr().out)
+    assert [(i["rule_id"], i["node"], i["status"]) for i in incs] == [("gpu-xid-79", "node3", "resolved")]
+    assert main(["explain", str(incs[0]["id"]), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-xid-79" in out and "Xid" in out and "reboot" in out and "resumed" in out
+    assert main(["incidents", "--db", str(db), "--node", "node1"]) == 0
+    assert "0 incidents" in capsys.readouterr().out
+    assert main(["nodes", "--db", str(db)]) == 0
+    assert "resumed" in capsys.readouterr().out
+    assert main(["report", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["automation"]["ratio"] == 1.0
+    assert main(["report", "--db", str(db)]) == 0
+    assert "utilisation" in capsys.readouterr().out
+    assert main(["controller", "rules"]) == 0
+    assert "gpu-xid-79" in capsys.readouterr().out
+
+
+def test_explain_unknown_incident_is_a_clear_error(scenario, capsys):
+    ctl, db, _ = scenario
+    assert main(["explain", "999", "--db", str(db)]) == 2
+    assert "no incident 999" in capsys.readouterr().err
+
+
+def test_metrics_endpoint(scenario):
+    from prometheus_client import generate_latest
+
+    from sigma.controller.daemon import MetricsServer
+    from sigma.controller.prometheus import registry
+
+    ctl, db, _ = scenario
+    reg = registry(str(db), stats=lambda: {"ticks_total": 3})
+    server = MetricsServer("127.0.0.1:0", lambda: generate_latest(reg))
+    server.start()
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read().decode()
+    finally:
+        server.stop()
+    assert 'sigma_incidents_total{rule="gpu-xid-79",status="resolved"} 1.0' in body
+    assert 'sigma_actions_total{kind="reboot",state="done"} 1.0' in body
+    assert "sigma_automation_ratio" in body and "sigma_controller_ticks_total 3.0" in body

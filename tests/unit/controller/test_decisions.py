@@ -1,0 +1,271 @@
+"""Decisions through the guard rails, the journal's crash safety and the remediation state machine."""
+
+import json
+
+import pytest
+
+from sigma.controller.journal import Journal
+from sigma.controller.actions import SlurmActions
+from sigma.controller.db import open_db
+from sigma.controller.guards import breaker_limit, breaker_trips, crash_looping
+
+from tests.unit.controller.helpers import add_event, make_controller, xid79
+
+
+def actions(conn, kind=None):
+    sql = "SELECT kind, target, state FROM actions" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+    return [tuple(r) for r in conn.execute(sql, (kind,) if kind else ())]
+
+
+def test_xid79_drains_requeues_and_starts_the_job_on_other_nodes(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node2", "node3"], start=clock() - 100)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    node3 = slurm.node("node3")
+    assert node3.drained and node3.reason.startswith("sigma: gpu-xid-79 ")
+    assert slurm.job(7).state == "PENDING" and slurm.count("requeue") == 1
+    assert slurm.count("start_now") == 1  # node3 already drained, job pending: BeginTime cleared
+    inc = ctl.incidents.query(node="node3")[0]
+    assert inc.status == "acted" and inc.rule_id == "gpu-xid-79" and inc.evidence["events"][0]["fields"]["xid"] == 79
+    ctl.tick()
+    ctl.tick()
+    assert slurm.count("drain") == 1 and slurm.count("requeue") == 1  # same evidence: nothing twice
+    log = (tmp_path / "log" / "decisions.log").read_text()
+    assert "DRAIN node3 (gpu-xid-79)" in log and "requeued [7]" in log
+    assert json.loads((tmp_path / "log" / "controller.jsonl").read_text().splitlines()[-1])
+
+
+def test_admin_drained_node_is_left_alone_and_never_resumed(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node4", flags=("DRAIN",), reason="admin: bad fan")
+    xid79(ctl.conn, "node4", clock() - 1)
+    ctl.tick()
+    assert slurm.count("drain") == 0 and slurm.count("resume") == 0
+    assert ctl.incidents.query(node="node4")[0].status == "notified"
+    assert ctl.remediator.get("node4") is None
+
+
+def test_admin_takes_over_during_remediation(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    slurm.set_node("node3", reason="admin: sending to vendor")
+    ctl.tick()
+    assert ctl.remediator.get("node3").state == "admin"
+    for _ in range(3):
+        clock.advance(400)
+        ctl.tick()
+    assert slurm.count("resume") == 0 and slurm.count("reboot") == 0
+
+
+def test_circuit_breaker_escalates_instead_of_draining_every_node(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)  # max_nodes=2, max_fraction=0.5 of 4 nodes -> 2
+    for node in ("node1", "node2", "node3", "node4"):
+        xid79(ctl.conn, node, clock() - 1)
+    ctl.tick()
+    drained = [n.name for n in slurm.nodes() if n.drained]
+    assert len(drained) == 2
+    statuses = sorted(i.status for i in ctl.incidents.query())
+    assert statuses == ["acted", "acted", "escalated", "escalated"]
+    assert "BREAKER" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_breaker_limit_is_the_smaller_limit_and_at_least_one():
+    assert breaker_limit(4, 8, 0.25) == 1
+    assert breaker_limit(1000, 8, 0.25) == 8
+    assert breaker_limit(2, 8, 0.1) == 1
+    assert not breaker_trips("n1", [], 4, 8, 0.25)
+    assert breaker_trips("n2", ["n1"], 4, 8, 0.25)
+    assert not breaker_trips("n1", ["n1"], 4, 8, 0.25)
+    assert crash_looping([0, 10, 20], 30, 3, 100) and not crash_looping([0, 10, 200], 230, 3, 100)
+
+
+def test_shadow_mode_records_but_does_not_act(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.shadow_rules = ["gpu-xid-79"]
+    slurm.run_job(7, ["node3"], start=clock() - 100)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    assert slurm.calls == []
+    assert ctl.incidents.query()[0].status == "shadow"
+    assert actions(ctl.conn) == [("drain", "node3", "shadow"), ("requeue", "7", "shadow")]
+    assert "SHADOW node3 (gpu-xid-79): would drain" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_record_only_rule_does_nothing_to_slurm(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, kind="xid", fields={"xid": 63})
+    ctl.tick()
+    assert slurm.calls == [] and ctl.incidents.query()[0].status == "recorded"
+
+
+def test_journal_replays_an_action_planned_before_a_crash(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.journal.plan("drain:node2:i1", "drain", "node2", params={"reason": "gpu-xid-79 test"})
+    assert slurm.count("drain") == 0  # "crash" here: planned, never run
+    ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)  # restart over the same database
+    ctl2.start()
+    assert slurm.count("drain") == 1 and slurm.node("node2").drained
+    assert ctl2.journal.get("drain:node2:i1").state == "done"
+    ctl2.start()
+    assert slurm.count("drain") == 1
+
+
+def test_journal_does_not_repeat_an_action_that_ran_before_the_crash(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node3"], start=clock() - 100)
+    ctl.journal.plan("requeue:7:i1", "requeue", "7", params={"restarts_before": 0})
+    slurm.requeue(7)  # the command ran, then the controller died before marking it done
+    ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
+    ctl2.start()
+    assert slurm.count("requeue") == 1
+    assert ctl2.journal.get("requeue:7:i1").result.startswith("already requeued")
+
+
+def test_crash_after_decision_before_drain_is_finished_on_restart(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node3"], start=clock() - 100)
+    xid79(ctl.conn, "node3", clock() - 1)
+    slurm.fail_next = "drain"  # the drain command dies with the controller ...
+    ctl.journal.replay = lambda: []  # ... which does not live to retry it
+    ctl.tick()
+    assert ctl.journal.get("drain:node3:i1").state == "planned"
+    assert not slurm.node("node3").drained
+    ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
+    ctl2.start()
+    ctl2.tick()
+    assert slurm.node("node3").drained and slurm.count("requeue") == 1
+    assert len(ctl2.incidents.query()) == 1
+
+
+def test_failing_action_is_retried_then_marked_failed(tmp_path):
+    conn = open_db(tmp_path / "j.db")
+    calls = []
+
+    def boom(kind, target, params, key):
+        calls.append(key)
+        raise RuntimeError("slurmctld unreachable")
+    j = Journal(conn, boom, max_attempts=3)
+    j.run("k", "drain", "node1")
+    for _ in range(5):
+        j.replay()
+    assert len(calls) == 3 and j.get("k").state == "failed"
+
+
+def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.watchdog.crash_loop_restarts = 2
+    slurm.run_job(9, ["node1"], start=clock() - 50)
+    for round_ in range(3):
+        add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+        ctl.tick()
+        j = slurm.job(9)
+        slurm.set_job(9, state="RUNNING", nodes=("node1",), start_time=int(clock()) + 1)
+        clock.advance(10)
+    assert slurm.count("requeue") == 2
+    statuses = [i.status for i in ctl.incidents.query(job_id=9)]
+    assert statuses == ["acted", "acted", "escalated"]
+    assert not any(n.drained for n in slurm.nodes())
+
+
+def run_until(ctl, clock, predicate, ticks=20, step=5.0, each=None):
+    for _ in range(ticks):
+        if each:
+            each()
+        ctl.tick()
+        if predicate():
+            return True
+        clock.advance(step)
+    return False
+
+
+def test_remediation_reboot_validate_resume(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    assert ctl.remediator.get("node3").state in ("waiting_jobs", "remediating", "drained")
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    slurm.finish_reboot("node3", clock())
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    assert slurm.reservations() == ["sigma-maint-node3-c1-f0"]
+    job = next(j for j in slurm.jobs() if j.name.startswith("sigma-validate-node3"))
+    slurm.finish_job(job.job_id, rc=0)
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node3").state == "resumed")
+    assert slurm.reservations() == [] and slurm.node("node3").available
+    assert ctl.incidents.query(node="node3")[0].status == "resolved"
+    states = [r[0] for r in ctl.conn.execute("SELECT to_state FROM lifecycle_transitions WHERE node='node3' ORDER BY id")]
+    assert states == ["drained", "waiting_jobs", "remediating", "validating", "resumed"]
+    # the old evidence does not take the node out again
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(5)
+    assert slurm.count("drain") == 1
+
+
+def test_remediation_survives_restart_and_escalates_after_k_failures(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)  # max_failures=2
+    xid79(ctl.conn, "node3", clock() - 1)
+    for attempt in range(2):
+        assert run_until(ctl, clock, lambda: slurm.count("reboot") == attempt + 1)
+        slurm.finish_reboot("node3", clock())
+        ctl, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)  # restart mid-remediation
+        ctl.start()
+        assert run_until(ctl, clock, lambda: slurm.count("submit") == attempt + 1)
+        job = next(j for j in slurm.jobs() if j.name == f"sigma-validate-node3-c1-f{attempt}")
+        slurm.finish_job(job.job_id, rc=1)
+        ctl.tick()
+    assert ctl.remediator.get("node3").state == "escalated"
+    assert slurm.node("node3").drained and slurm.reservations() == []
+    assert slurm.count("submit") == 2 and slurm.count("reboot") == 2
+    assert ctl.incidents.query(node="node3")[0].status == "escalated"
+
+
+def test_reboot_timeout_counts_as_failure(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    xid79(ctl.conn, "node3", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    clock.advance(301)
+    ctl.tick()
+    lc = ctl.remediator.get("node3")
+    assert lc.failures == 1 and lc.state == "remediating"
+
+
+def test_manual_playbook_waits_for_admin_mark(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+              fields={"suite": "prolog"})
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
+    for _ in range(3):
+        ctl.tick()
+    assert ctl.remediator.get("node2").state == "remediating" and slurm.count("submit") == 0
+    ctl.remediator.mark_repaired("node2", by="alice")
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+
+
+def test_prolog_error_drain_is_adopted_but_admin_drain_is_not(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node2", flags=("DRAIN",), reason="Prolog error")
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="kernel_log", severity="fail",
+              fields={"suite": "prolog", "category": "gpu"})
+    ctl.tick()
+    assert slurm.node("node2").reason.startswith("sigma: health-prolog-failed")
+    assert ctl.remediator.get("node2").state != "admin"
+
+
+def test_after_repair_command_runs_before_validation(tmp_path):
+    from sigma.controller.config import Playbook, RemediationConfig, ValidationConfig
+
+    marker = tmp_path / "acked"
+    script = tmp_path / "v.sbatch"
+    script.write_text("#!/bin/sh\n")
+    rem = RemediationConfig(after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
+                            validation=ValidationConfig(script=str(script)),
+                            playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"]),
+                                       Playbook(name="manual", kind="manual")])
+    ctl, slurm, clock = make_controller(tmp_path, remediation=rem)
+    xid79(ctl.conn, "node3", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    slurm.finish_reboot("node3", clock())
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    assert marker.read_text().strip() == "node3"

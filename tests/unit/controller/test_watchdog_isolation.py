@@ -1,0 +1,186 @@
+"""Job watchdog (hang, throughput drop, history, crash loop) and peer/temporal isolation scoring."""
+
+import numpy as np
+import pytest
+
+from sigma.controller.config import WatchdogConfig
+from sigma.controller.features import job_matrices
+from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.watchdog import JobInfo, check_job
+
+from tests.unit.controller.helpers import add_kpi, make_controller
+
+NOW = 1_000_000.0
+CFG = WatchdogConfig()
+
+
+def kpi_rows(nodes, t0, t1, *, slow=None, stop=None, tps=1000.0, dt=1.0, ranks_per_node=2):
+    """Synchronous training: every rank reports each step; `stop` = {node: ts} stops that node's ranks."""
+    rows, step, t = [], 0, t0
+    while t <= t1:
+        for ni, node in enumerate(nodes):
+            if stop and node in stop and t >= stop[node]:
+                continue
+            for r in range(ranks_per_node):
+                v = tps * (0.5 if slow and node == slow[0] and t >= slow[1] else 1.0)
+                rows.append({"node": node, "ts": t, "job_id": 1, "rank": ni * ranks_per_node + r, "step": step,
+                             "tokens_per_s": v, "step_time_s": 1000.0 / v})
+        if stop and any(t >= s for s in stop.values()):
+            step = step  # the others block at the collective: no more steps for anyone
+            t += dt
+            continue
+        step += 1
+        t += dt
+    return rows
+
+
+def job(start=NOW - 1000, nodes=("node1", "node2", "node3")):
+    return JobInfo(job_id=1, nodes=tuple(nodes), start_time=start)
+
+
+def rule_ids(findings):
+    return sorted(f.rule_id for f in findings)
+
+
+def test_healthy_job_raises_nothing():
+    rows = kpi_rows(["node1", "node2", "node3"], NOW - 900, NOW)
+    assert check_job(job(), rows, NOW, CFG, ever_reported=True) == []
+
+
+def test_hang_after_t_seconds_without_progress():
+    rows = kpi_rows(["node1", "node2", "node3"], NOW - 900, NOW, stop={"node2": NOW - 130})
+    found = check_job(job(), rows, NOW, CFG, ever_reported=True)
+    assert rule_ids(found) == ["watchdog-hang"]
+    assert found[0].evidence["stalled_s"] >= 120
+    rows = kpi_rows(["node1", "node2", "node3"], NOW - 900, NOW, stop={"node2": NOW - 100})
+    assert check_job(job(), rows, NOW, CFG, ever_reported=True) == []
+
+
+def test_job_that_never_steps_after_restart_is_hung_after_grace():
+    assert rule_ids(check_job(job(start=NOW - 400), [], NOW, CFG, ever_reported=True)) == ["watchdog-hang"]
+    assert check_job(job(start=NOW - 100), [], NOW, CFG, ever_reported=True) == []
+
+
+def test_throughput_drop_against_own_baseline_and_history():
+    rows = kpi_rows(["node1", "node2", "node3"], NOW - 900, NOW, slow=("node1", NOW - 200))
+    # synchronous job: one slow node slows everybody
+    for r in rows:
+        if r["ts"] >= NOW - 200:
+            r["tokens_per_s"] = 500.0
+    assert rule_ids(check_job(job(), rows, NOW, CFG, ever_reported=True)) == ["watchdog-throughput-drop"]
+    healthy = kpi_rows(["node1", "node2", "node3"], NOW - 900, NOW, tps=600.0)
+    assert rule_ids(check_job(job(), healthy, NOW, CFG, ever_reported=True, history_median=1000.0)) == \
+        ["watchdog-below-history"]
+
+
+def test_crash_loop():
+    found = check_job(job(), [], NOW, CFG, ever_reported=False, start_times=[NOW - 3000, NOW - 2000, NOW - 100])
+    assert rule_ids(found) == ["watchdog-crash-loop"]
+    assert check_job(job(), [], NOW, CFG, ever_reported=False, start_times=[NOW - 9000, NOW - 100]) == []
+
+
+def test_isolation_finds_the_stopped_node_from_kpis():
+    nodes = ["node1", "node2", "node3", "node4"]
+    rows = kpi_rows(nodes, NOW - 300, NOW - 125, stop={"node3": NOW - 135})
+    # peers finished the step node3 never reached
+    rows += [{"node": n, "ts": NOW - 134, "job_id": 1, "rank": i, "step": 166, "tokens_per_s": 1000.0,
+              "step_time_s": 1.0} for i, n in enumerate(nodes) if n != "node3"]
+    names, cur, hist = job_matrices(nodes, NOW, 120, rows)
+    verdict = pick_outlier(nodes, score_nodes(nodes, cur, hist), 6.0, 2.0)
+    assert verdict.culprit == "node3" and verdict.ranked[0][0] == "node3"
+
+
+def test_isolation_uses_telemetry_against_peers_and_own_history():
+    rng = np.random.default_rng(0)
+    nodes = [f"node{i}" for i in range(8)]
+    samples, history = [], []
+    for t in range(0, 600, 10):
+        for n in nodes:
+            for m in range(20):
+                v = 50 + m + rng.normal(0, 1)
+                if n == "node5" and m in (3, 7) and t >= 540:
+                    v += 15  # the fault: two metrics of one node move
+                row = {"node": n, "ts": NOW - 600 + t, "metric": f"m{m}", "value": v, "labels": "{}"}
+                (samples if t >= 480 else history).append(row)
+    names, cur, hist = job_matrices(nodes, NOW, 120, [], samples, history)
+    scores = score_nodes(nodes, cur, hist)
+    verdict = pick_outlier(nodes, scores, 4.0, 1.5)
+    assert verdict.culprit == "node5"
+
+
+def test_a_node_that_always_differs_is_not_an_outlier():
+    """Spatially odd but unchanged against its own history (e.g. a different SKU): no isolation."""
+    rng = np.random.default_rng(1)
+    n, t, m = 8, 12, 10
+    base = 50 + rng.normal(0, 1, (n, t, m))
+    base[2] += 20  # node 2 always runs hotter
+    current = base[:, -1, :] + rng.normal(0, 0.5, (n, m))
+    scores = score_nodes([f"n{i}" for i in range(n)], current, base[:, :-1, :])
+    assert pick_outlier([f"n{i}" for i in range(n)], scores, 6.0, 2.0).culprit is None
+
+
+def test_no_dominant_outlier_means_no_culprit():
+    scores = np.array([1.0, 8.0, 7.5, 1.2])
+    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0).culprit is None
+    assert pick_outlier(["a", "b"], np.array([0.0, 100.0]), 6.0, 2.0).culprit is None
+
+
+def test_accelerators_reduce_to_their_node():
+    current = np.ones((8, 4)) + np.random.default_rng(2).normal(0, 0.01, (8, 4))
+    current[5, 1] = 5.0  # accelerator 1 of node 2 (2 per node)
+    scores = score_nodes(["a", "b", "c", "d"], current, None, entity_node=np.repeat(np.arange(4), 2))
+    assert int(np.argmax(scores)) == 2
+
+
+def test_streaks_need_the_same_node_repeatedly():
+    s = Streaks()
+    assert [s.update("1", c) for c in ("a", "a", "b", "b", "b", None, "b")] == [1, 2, 1, 2, 3, 0, 1]
+
+
+def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.rounds = 2
+    nodes = ["node1", "node2", "node3"]
+    slurm.run_job(1, nodes, start=clock() - 1000)
+    now = clock()
+    for r in kpi_rows(nodes, now - 300, now - 130, stop={"node2": now - 140}):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], r["tokens_per_s"], r["step_time_s"])
+    for i, n in enumerate(["node1", "node3"]):
+        add_kpi(ctl.conn, n, now - 139, 1, i * 2, 161)
+    ctl.tick()
+    assert slurm.count("drain") == 0  # one round is not enough
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.node("node2").drained and slurm.node("node2").reason.startswith("sigma: watchdog-hang")
+    assert slurm.count("requeue") == 1
+    inc = ctl.incidents.query(node="node2")[0]
+    assert inc.source == "isolation" and inc.evidence["isolation"]["ranked"][0][0] == "node2"
+    # the job comes back on healthy nodes and makes progress: the isolation is confirmed
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3", "node4"), start_time=int(clock()) + 1)
+    for k in range(6):
+        clock.advance(1)
+        for i, n in enumerate(["node1", "node3", "node4"]):
+            add_kpi(ctl.conn, n, clock(), 1, i, 200 + k)
+        ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "confirmed"
+
+
+def test_isolation_without_recovery_is_misdiagnosed_and_the_node_returned(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.verify_after_s = 60
+    nodes = ["node1", "node2", "node3"]
+    slurm.run_job(1, nodes, start=clock() - 1000)
+    now = clock()
+    for r in kpi_rows(nodes, now - 300, now - 130, stop={"node2": now - 140}):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], r["tokens_per_s"], r["step_time_s"])
+    for i, n in enumerate(["node1", "node3"]):
+        add_kpi(ctl.conn, n, now - 139, 1, i * 2, 161)
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    inc = ctl.incidents.query(node="node2")[0]
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3", "node4"), start_time=int(clock()) + 1)
+    clock.advance(61)
+    ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "misdiagnosed"
+    assert ctl.remediator.get("node2").state == "returned" and slurm.node("node2").available
