@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
+Z_CAP = 1000.0
 
 
 def robust_z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, rel_floor: float = 1e-3,
              abs_floor: float = 1e-6) -> np.ndarray:
     """|values - center| / scale, with the scale floored so identical peers do not divide by zero."""
     floor = np.maximum(rel_floor * np.abs(center), abs_floor)
-    return np.abs(values - center) / np.maximum(scale, floor)
+    # capped: a deviation among identical peers is "very large", not 1e6 (keeps scores readable as evidence)
+    return np.minimum(np.abs(values - center) / np.maximum(scale, floor), Z_CAP)
 
 
 def top_k_mean(z: np.ndarray, k: int) -> np.ndarray:

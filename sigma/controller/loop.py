@@ -145,7 +145,7 @@ class Controller:
             (now - w.crash_loop_window_s, job.job_id))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = check_job(info, rows, now, w, ever_reported=ever, history_median=self._history(job, rows, now),
-                          start_times=sorted(set(round(s) for s in starts)))
+                          start_times=distinct_starts(starts))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop") and self.cfg.isolation.enabled:
@@ -285,3 +285,12 @@ class Controller:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
                               (key, json.dumps(value), self.clock()))
+
+
+def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:
+    """Every rank reports its own start: start events closer than gap_s belong to the same (re)start."""
+    out: list[float] = []
+    for t in sorted(times):
+        if not out or t - out[-1] > gap_s:
+            out.append(t)
+    return out

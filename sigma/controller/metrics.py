@@ -72,8 +72,13 @@ def job_recovery(conn: sqlite3.Connection, since: float, now: float) -> tuple[li
         " AND a.created_at >= ? ORDER BY a.created_at", (since,)).fetchall()
     for r in rows:
         job_id = int(r["job_id"])
+        # the new run: after its start/resume KPI event when the trainer sends one (the old run's ranks may
+        # log a last step while SLURM is still killing them), else after the requeue
+        resumed = conn.execute("SELECT MIN(ts) FROM events WHERE source = 'kpi' AND kind IN ('start', 'resume')"
+                               " AND ts > ? AND EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
+                               (r["requeued_at"], job_id)).fetchone()[0]
         first = conn.execute("SELECT MIN(ts) FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL",
-                             (job_id, r["requeued_at"])).fetchone()[0]
+                             (job_id, resumed or r["requeued_at"])).fetchone()[0]
         starts = [j.get("start_time") for j in json.loads(r["evidence"]).get("jobs", []) if j.get("job_id") == job_id]
         out.append({"job_id": job_id, "incident": r["incident"], "rule": r["rule_id"], "fault_ts": r["fault_ts"],
                     "requeued_at": r["requeued_at"], "first_step_after": first,

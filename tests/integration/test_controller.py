@@ -129,6 +129,7 @@ def test_hang_on_one_node_is_detected_and_that_node_isolated(slurm, cluster, tmp
             assert victim not in job.nodes
             wait_for(lambda: p.incidents(node=victim)[0]["status"] == "confirmed", timeout=60,
                      what="isolation confirmed by the job's recovery")
+            assert p.incidents(rule_id="watchdog-crash-loop") == []  # one requeue is not a crash loop
         finally:
             for pid in pids:
                 try:

@@ -269,3 +269,22 @@ def test_after_repair_command_runs_before_validation(tmp_path):
     slurm.finish_reboot("node3", clock())
     assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
     assert marker.read_text().strip() == "node3"
+
+
+def test_jobs_held_after_a_launch_failure_are_released_once(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(5, ["node1"])
+    slurm.set_job(5, state="PENDING", reason="launch failed requeued held", restarts=1, nodes=())
+    ctl.tick()
+    ctl.tick()
+    assert slurm.count("release") == 1
+
+
+def test_parse_since():
+    from sigma.controller.cli import parse_since
+
+    assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
+    assert parse_since("30m", now=10_000.0) == 10_000.0 - 1800
+    assert parse_since(None) is None
+    with pytest.raises(Exception, match="use e.g. 30m"):
+        parse_since("yesterday")

@@ -184,3 +184,9 @@ def test_isolation_without_recovery_is_misdiagnosed_and_the_node_returned(tmp_pa
     ctl.tick()
     assert ctl.incidents.get(inc.id).status == "misdiagnosed"
     assert ctl.remediator.get("node2").state == "returned" and slurm.node("node2").available
+
+
+def test_rank_start_events_of_one_restart_count_once():
+    from sigma.controller.loop import distinct_starts
+
+    assert distinct_starts([100.0, 100.4, 101.2, 500.0, 500.3, 900.0]) == [100.0, 500.0, 900.0]
