@@ -143,9 +143,11 @@ class Decider:
                                  " state != 'shadow'", (str(job.job_id),)).fetchone()[0]
         if last is not None and last >= job.start_time:
             return True  # already requeued during this run; SLURM has not restarted it yet
+        # A crash loop is the job failing by itself: restarts because a bad node was taken out do not count.
         recent = self.conn.execute(
-            "SELECT COUNT(*) FROM actions WHERE kind='requeue' AND target=? AND state IN ('done','planned')"
-            " AND created_at >= ?", (str(job.job_id), self.clock() - w.crash_loop_window_s)).fetchone()[0]
+            "SELECT COUNT(*) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue' AND"
+            " a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND i.scope = 'job'",
+            (str(job.job_id), self.clock() - w.crash_loop_window_s)).fetchone()[0]
         if recent >= w.crash_loop_restarts:
             self.incidents.set_status(inc.id, "escalated", f"job {job.job_id} requeued {recent} times in "
                                       f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")

@@ -143,9 +143,12 @@ class Controller:
             "SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
             " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
             (now - w.crash_loop_window_s, job.job_id))]
+        node_requeues = [r[0] for r in self.conn.execute(
+            "SELECT a.created_at FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue'"
+            " AND a.target=? AND a.state='done' AND i.scope='node'", (str(job.job_id),))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = check_job(info, rows, now, w, ever_reported=ever, history_median=self._history(job, rows, now),
-                          start_times=distinct_starts(starts))
+                          start_times=own_restarts(distinct_starts(starts), node_requeues))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop") and self.cfg.isolation.enabled:
@@ -293,4 +296,14 @@ def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:
     for t in sorted(times):
         if not out or t - out[-1] > gap_s:
             out.append(t)
+    return out
+
+
+def own_restarts(starts: list[float], node_requeues: list[float]) -> list[float]:
+    """Starts minus the restart that followed each requeue for a bad node (the job did not fail by itself)."""
+    out = sorted(starts)
+    for r in sorted(node_requeues):
+        after = [t for t in out if t > r]
+        if after:
+            out.remove(after[0])
     return out
