@@ -66,11 +66,12 @@ class SlurmActions:
     # ---------- jobs ----------
     def _requeue(self, job_id: str, params: dict, key: str) -> str:
         job = self.slurm.job(int(job_id))
-        if job is None or not job.active:
+        failed = job is not None and job.state == "FAILED" and params.get("restart_failed")
+        if job is None or not (job.active or failed):
             raise Skip("job no longer active")
         if job.restarts > params.get("restarts_before", 0) or job.state == "PENDING":
             return f"already requeued (restarts={job.restarts}, state={job.state})"
-        if job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED"):
+        if job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED") and not failed:
             raise NotYet(f"job is {job.state}")
         self.slurm.requeue(int(job_id))
         return "requeued"

@@ -18,6 +18,7 @@ from sigma.slurm.types import Job, Node
 
 RUNNING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED")
 DRAINED_STATUSES = ("acted", "resolved", "confirmed", "misdiagnosed")  # the rule really took the node out
+RESTARTABLE_ENDED_STATES = ("FAILED",)  # job-scope faults (NaN loss) restart a job that already stopped
 REQUEUE_FOLLOWUP_S = 900.0  # how long start_now keeps waiting for a requeued job to be pending
 
 
@@ -116,7 +117,9 @@ class Decider:
     # ---------- job restarts ----------
     def _requeue_job(self, f: Finding, shadow: bool, jobs: list[Job]) -> Incident:
         job = next((j for j in jobs if j.job_id == f.job_id), None)
-        if job is None or job.state not in RUNNING_STATES:
+        # A trainer that stops on a NaN loss has usually exited before the rule sees its last KPIs: a failed
+        # batch job is requeued all the same and resumes from its last good checkpoint.
+        if job is None or job.state not in RUNNING_STATES + RESTARTABLE_ENDED_STATES:
             inc = self.incidents.open(f, "notified", "job not running")
             self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job not running")
             return inc
@@ -129,7 +132,7 @@ class Decider:
         inc = self.incidents.open(f, "acted")
         self.incidents.add_evidence(inc.id, jobs=[{"job_id": job.job_id, "start_time": job.start_time,
                                                    "nodes": list(job.nodes), "restarts": job.restarts}])
-        if self._requeue(job, inc, avoid=[]):
+        if self._requeue(job, inc, avoid=[], restart_failed=True):
             # the evidence stays behind (since_job): a new occurrence after the restart is a new incident
             self.incidents.set_status(inc.id, "acted", "job requeued", close=True)
             self._say(inc, f"REQUEUE job {job.job_id} ({f.rule_id}): {f.summary}")
@@ -137,7 +140,7 @@ class Decider:
             self._say(inc, f"ESCALATE job {job.job_id} ({f.rule_id}): {f.summary}; crash loop, not requeued")
         return self.incidents.get(inc.id)
 
-    def _requeue(self, job: Job, inc: Incident, avoid: list[str]) -> bool:
+    def _requeue(self, job: Job, inc: Incident, avoid: list[str], restart_failed: bool = False) -> bool:
         w = self.cfg.watchdog
         last = self.conn.execute("SELECT MAX(created_at) FROM actions WHERE kind='requeue' AND target=? AND"
                                  " state != 'shadow'", (str(job.job_id),)).fetchone()[0]
@@ -152,7 +155,7 @@ class Decider:
             self.incidents.set_status(inc.id, "escalated", f"job {job.job_id} requeued {recent} times in "
                                       f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")
             return False
-        params = {"restarts_before": job.restarts}
+        params = {"restarts_before": job.restarts, **({"restart_failed": True} if restart_failed else {})}
         self.journal.run(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                          params=params)
         self.journal.run(f"start_now:{job.job_id}:i{inc.id}", "start_now", str(job.job_id), incident_id=inc.id,
