@@ -156,7 +156,8 @@ class Chaos:
              *map(str, pids)], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         return self._record(Injection("straggler", node, job_id=job_id,
-                                      params={"pids": pids, "percent": percent, "cycler_pid": proc.pid}))
+                                      params={"pids": pids, "percent": percent, "period_s": period_s,
+                                              "cycler_pid": proc.pid}))
 
     # ---------- undo ----------
     def undo(self, injection_id: str) -> Injection:
@@ -171,7 +172,9 @@ class Chaos:
             _signal_all(inj.params["pids"], signal.SIGCONT)
         elif inj.kind == "straggler":
             _signal_all([inj.params["cycler_pid"]], signal.SIGTERM)
-            time.sleep(0.1)
+            # the cycler finishes its period and continues the pids itself; wait for it, or it could stop them
+            # again after this returns (and a fault injected next on the same processes would be undone by it)
+            _wait_gone(inj.params["cycler_pid"], timeout=2 * inj.params.get("period_s", 1.0) + 1.0)
             _signal_all(inj.params["pids"], signal.SIGCONT)
         elif inj.kind == "node-death":
             if _slurmd_pid(self.cluster, inj.node) is None:
@@ -222,6 +225,21 @@ def _slurmd_pid(cluster: LocalCluster, node: str) -> int | None:
         return None if ") Z" in stat else pid
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our child: reaped
+                return
+        except ChildProcessError:  # not our child (another process injected it)
+            try:
+                if ") Z" in Path(f"/proc/{pid}/stat").read_text():
+                    return
+            except OSError:
+                return
+        time.sleep(0.05)
 
 
 def _signal_all(pids, sig) -> None:

@@ -19,7 +19,8 @@ from sigma.controller.decisionlog import DecisionLog
 from sigma.controller.features import job_matrices
 from sigma.controller.findings import Finding
 from sigma.controller.incidents import Incidents
-from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.isolation import Streaks, Verdict, pick_outlier, score_nodes
+from sigma.controller.laggard import silent_node, waited_for_node
 from sigma.controller.journal import ActionRow, Journal
 from sigma.controller.remediation import Remediator
 from sigma.controller.watchdog import JobInfo, check_job, throughput
@@ -28,6 +29,8 @@ from sigma.rules.matcher import evaluate, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
+
+LAGGARD_WINDOW_S = 30.0  # recent steps that say which node the others wait for
 
 
 class Controller:
@@ -173,6 +176,8 @@ class Controller:
         names, cur, hist = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)
         scores = score_nodes(list(job.nodes), cur, hist)
         verdict = pick_outlier(list(job.nodes), scores, iso.min_score, iso.dominance)
+        if verdict.culprit is None:
+            verdict = self._waited_for(f, job, rows, now, verdict)
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
                                                 "features": names, "streak": streak}}
@@ -194,6 +199,23 @@ class Controller:
             return None
         f.evidence = evidence
         return f
+
+    def _waited_for(self, f: Finding, job: Job, rows: list[dict], now: float, verdict: Verdict) -> Verdict:
+        """No statistical outlier (e.g. a 2-node job): the node the other ranks wait for, if they say so."""
+        nodes = list(job.nodes)
+        if f.rule_id == "watchdog-hang":
+            beats = dict(self.conn.execute(
+                "SELECT node, MAX(ts) FROM events WHERE source='kpi' AND kind='heartbeat' AND ts >= ? AND"
+                " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) GROUP BY node",
+                (float(job.start_time or 0), job.job_id)).fetchall())
+            node = silent_node(nodes, beats, now)
+            reason = f"{node} stopped its heartbeats; the other ranks are alive, waiting" if node else ""
+        else:
+            recent = [r for r in rows if r["ts"] >= now - LAGGARD_WINDOW_S]
+            node, shares = waited_for_node(nodes, recent)
+            reason = (f"the other ranks wait for {node} (share of the step waiting: "
+                      f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))})" if node else "")
+        return Verdict(node, verdict.ranked, reason) if node else verdict
 
     def _history(self, job: Job, rows: list[dict], now: float) -> float | None:
         """Median throughput of earlier jobs with the same model config (payload 'model', else the job name)."""

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -68,11 +69,27 @@ class KpiWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # Line-buffered append: a line is on disk (page cache) as soon as it is written, whole.
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     def _write(self, record: dict) -> dict:
         line = {"ts": time.time(), "job_id": self.job_id, "rank": self.rank, **record}
-        self._file.write(json.dumps(_clean(line), separators=(",", ":")) + "\n")
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(json.dumps(_clean(line), separators=(",", ":")) + "\n")
         return line
+
+    def start_heartbeat(self, interval_s: float) -> None:
+        """A `heartbeat` event every interval_s from a thread: it goes on while the training loop waits in a
+        collective for a stuck peer, and stops when this process is stopped, so a hung rank is the silent one."""
+        if interval_s <= 0:
+            return
+
+        def beat():
+            while not self._stop.wait(interval_s):
+                self.event("heartbeat", "alive")
+
+        threading.Thread(target=beat, name="kpi-heartbeat", daemon=True).start()
 
     def metrics(self, step: int, **values) -> dict:
         return self._write({"step": int(step), **values})
@@ -81,6 +98,11 @@ class KpiWriter:
         return self._write({"event": event, "message": message, **fields})
 
     def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if not self._file.closed:
             self._file.flush()
             os.fsync(self._file.fileno())

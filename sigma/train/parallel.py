@@ -19,6 +19,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -51,11 +53,13 @@ class DistContext:
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            with _collective():
+                dist.barrier()
 
     def all_reduce_sum(self, tensor: torch.Tensor, group=None) -> torch.Tensor:
         if self.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+            with _collective():
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         return tensor
 
     def broadcast_object(self, obj):
@@ -64,6 +68,24 @@ class DistContext:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+_COLLECTIVE_WAIT_S = [0.0]
+
+
+@contextmanager
+def _collective():
+    """Time spent inside collectives, mostly waiting for peers: the rank the others wait for waits least."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _COLLECTIVE_WAIT_S[0] += time.perf_counter() - t0
+
+
+def collective_wait_s() -> float:
+    """Seconds this process has spent inside collectives so far."""
+    return _COLLECTIVE_WAIT_S[0]
 
 
 def launch_env() -> dict[str, int] | None:
@@ -141,7 +163,8 @@ def _bucketed_all_reduce(tensors: list[torch.Tensor], group, bucket_numel: int =
             continue
         if bucket:
             flat = torch.cat([b.reshape(-1) for b in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            with _collective():
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
             offset = 0
             for b in bucket:
                 b.copy_(flat[offset:offset + b.numel()].view_as(b))
@@ -182,7 +205,8 @@ def clip_gradients(ctx: DistContext, named_params: list[tuple[str, torch.nn.Para
         else:
             dense_sq += sq
     if ctx.ep_size > 1:
-        dist.all_reduce(expert_sq, op=dist.ReduceOp.SUM, group=ctx.ep_group)
+        with _collective():
+            dist.all_reduce(expert_sq, op=dist.ReduceOp.SUM, group=ctx.ep_group)
     total = math.sqrt(float(dense_sq + expert_sq))
     if max_norm > 0 and math.isfinite(total) and total > max_norm:
         scale = max_norm / (total + 1e-6)
@@ -201,14 +225,16 @@ class _AllToAll(torch.autograd.Function):
         ctx.splits = (out_splits, in_splits)
         ctx.group = group
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        with _collective():
+            dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        with _collective():
+            dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
         return back, None, None, None
 
 
@@ -227,7 +253,8 @@ def expert_parallel_compute(x_sorted: torch.Tensor, tokens_per_expert: torch.Ten
     per_rank = num_experts // ep_size
     send_counts = tokens_per_expert.to(torch.int64).reshape(ep_size, per_rank).contiguous()
     recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts.view(-1), send_counts.view(-1), group=group)  # [source rank, local e]
+    with _collective():
+        dist.all_to_all_single(recv_counts.view(-1), send_counts.view(-1), group=group)  # [source rank, local e]
     send_splits = send_counts.sum(1).tolist()
     recv_splits = recv_counts.sum(1).tolist()
     x_recv = all_to_all(x_sorted, recv_splits, send_splits, group)  # grouped by source rank, then expert

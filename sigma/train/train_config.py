@@ -78,6 +78,7 @@ class KpiConfig:
     dir: str = ""  # KPI root; empty: $SIGMA_KPI_DIR, else /var/spool/sigma/kpi
     param_norm_every: int = 10  # MoE parameter norm per layer every this many steps; 0 never
     progress_every: int = 1  # rank 0 prints a progress line every this many steps
+    heartbeat_s: float = 5.0  # a `heartbeat` KPI event from a side thread every this many seconds; 0 never
 
 
 @dataclass

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
 from sigma.train.kpi import KpiWriter
-from sigma.train.parallel import (DistContext, clip_gradients, expert_parallel_compute, init_distributed,
-                                  is_expert_param, shutdown, sync_gradients)
+from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
+                                  init_distributed, is_expert_param, shutdown, sync_gradients)
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -271,6 +271,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               file=out, flush=True)
     started_fresh = latest is None
     gc.collect()
+    kpi.start_heartbeat(cfg.kpi.heartbeat_s)
 
     while step < cfg.steps:
         step += 1
@@ -278,7 +279,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
             kpi.close()
             os.kill(os.getpid(), signal.SIGKILL)
-        t0 = time.perf_counter()
+        t0, wait0 = time.perf_counter(), collective_wait_s()
         if cfg.fault.step_delay_s:
             time.sleep(cfg.fault.step_delay_s)
         lr = lr_at(step, cfg.optim, cfg.steps)
@@ -327,7 +328,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
             extra["moe_param_norm"] = moe_param_norms(model, ctx)
         kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt, tokens_per_s=tps,
-                    mfu=mfu, lr=lr, **extra)
+                    mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **extra)
         if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
             print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
                   flush=True)

@@ -1,0 +1,53 @@
+"""Which node a synchronous job is waiting for, from direct evidence the trainer reports (pure: rows in, node out).
+
+Peer statistics (isolation.py) need at least 3 nodes; a 2-node job cannot say which side is odd that way. Ranks of a
+synchronous job tell it directly:
+- hang: every rank stops stepping, but only the stuck node's ranks stop sending their `heartbeat` events (the
+  others are alive, blocked in a collective waiting for it);
+- slowdown: the slow node's ranks spend almost none of the step waiting in collectives (`wait_s` in the KPI line),
+  while every other node's ranks wait most of the step for it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
+FRESH_S = 12.0  # a heartbeat at most this old: alive
+WAITING_SHARE = 0.5  # the other nodes' ranks wait at least this share of the step ...
+CULPRIT_SHARE = 0.2  # ... while the slow node's ranks wait at most this share
+
+
+def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> str | None:
+    """The one node whose ranks stopped beating while all the others still beat."""
+    if len(nodes) < 2 or not last_heartbeat:
+        return None
+    silent = [n for n in nodes if now - last_heartbeat.get(n, float("-inf")) > SILENT_S]
+    fresh = [n for n in nodes if now - last_heartbeat.get(n, float("-inf")) <= FRESH_S]
+    return silent[0] if len(silent) == 1 and len(fresh) == len(nodes) - 1 else None
+
+
+def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
+    """Median share of the step each node's ranks spent waiting in collectives."""
+    shares: dict[str, list[float]] = defaultdict(list)
+    for k in kpis:
+        payload = k.get("payload") or {}
+        if isinstance(payload, str):
+            payload = json.loads(payload or "{}")
+        wait, step_time = payload.get("wait_s"), k.get("step_time_s")
+        if wait is not None and step_time:
+            shares[k["node"]].append(min(1.0, max(0.0, float(wait) / float(step_time))))
+    return {node: statistics.median(v) for node, v in shares.items() if v}
+
+
+def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:
+    """(the one node every other node waits for, the wait shares as evidence)."""
+    shares = wait_shares(kpis)
+    if len(nodes) < 2 or set(shares) != set(nodes):
+        return None, shares
+    low = [n for n in nodes if shares[n] <= CULPRIT_SHARE]
+    others_wait = all(shares[n] >= WAITING_SHARE for n in nodes if n not in low)
+    return (low[0] if len(low) == 1 and others_wait else None), shares
