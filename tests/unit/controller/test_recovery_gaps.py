@@ -1,5 +1,7 @@
 """Faults one after another on one long training job: what a soak under load showed the controller must handle."""
 
+import json
+
 from sigma.controller.loop import own_restarts
 
 from tests.unit.controller.helpers import make_controller, xid79
@@ -45,3 +47,49 @@ def test_a_failed_job_is_not_requeued_for_a_node_fault(tmp_path):
     xid79(ctl.conn, "node3", clock() - 1)
     ctl.tick()
     assert slurm.count("drain") == 1 and slurm.count("requeue") == 0
+
+
+def test_the_silent_node_is_the_hung_one():
+    from sigma.controller.laggard import silent_node
+
+    now = 1000.0
+    assert silent_node(["node1", "node2"], {"node1": 998.0, "node2": 970.0}, now) == "node2"
+    assert silent_node(["node1", "node2"], {"node1": 970.0, "node2": 970.0}, now) is None  # both: job-wide
+    assert silent_node(["node1", "node2"], {"node1": 998.0, "node2": 997.0}, now) is None  # both alive
+    assert silent_node(["node1", "node2"], {}, now) is None  # a trainer without heartbeats: no claim
+
+
+def _kpi(node, step_time, wait):
+    return {"node": node, "step_time_s": step_time, "payload": json.dumps({"wait_s": wait})}
+
+
+def test_the_node_the_others_wait_for_is_the_straggler():
+    from sigma.controller.laggard import waited_for_node
+
+    slow = [_kpi("node1", 1.0, 0.75), _kpi("node2", 1.0, 0.02)] * 5
+    assert waited_for_node(["node1", "node2"], slow)[0] == "node2"
+    even = [_kpi("node1", 0.2, 0.03), _kpi("node2", 0.2, 0.02)] * 5  # a job-wide slowdown: nobody waits much
+    assert waited_for_node(["node1", "node2"], even)[0] is None
+    assert waited_for_node(["node1", "node2"], slow[:1])[0] is None  # a node without KPIs: no claim
+
+
+def test_a_two_node_hang_drains_the_node_that_stopped_beating(tmp_path):
+    from tests.unit.controller.helpers import add_event, add_kpi
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.watchdog.hang_timeout_s = 20
+    now = clock()
+    slurm.run_job(5, ["node1", "node2"], start=now - 200)
+    for i in range(100):  # healthy steps, then both ranks stop stepping at t-60
+        for rank, node in enumerate(("node1", "node2")):
+            add_kpi(ctl.conn, node, now - 160 + i, 5, rank, i + 1)
+    for t in range(0, 200, 5):  # node1 keeps beating, node2 stopped at t-60
+        add_event(ctl.conn, "node1", now - 200 + t, source="kpi", kind="heartbeat", job_ids=[5])
+        if t < 140:
+            add_event(ctl.conn, "node2", now - 200 + t, source="kpi", kind="heartbeat", job_ids=[5])
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.node("node2").drained and not slurm.node("node1").drained
+    inc = ctl.incidents.query(node="node2")[0]
+    assert inc.rule_id == "watchdog-hang" and "heartbeat" in inc.evidence["isolation"]["reason"]
