@@ -99,12 +99,27 @@ class Controller:
                 jobs_on_node.setdefault(n, []).append(j.job_id)
         findings = evaluate(self.rules, now=now, events=self._events(now), samples=self._samples(now),
                             kpis=self._rule_kpis(now), since=since, jobs_on_node=jobs_on_node, since_job=since_job)
+        findings += self._not_responding(nodes, now)
         if self.cfg.watchdog.enabled:
             for job in running:
                 if since_job.get(job.job_id, 0.0) < job.start_time:  # not while a requeue is on its way
                     findings += self._watch(job, now, findings, since_job)
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
+
+    def _not_responding(self, nodes: dict[str, Node], now: float) -> list[Finding]:
+        """A node whose slurmd stopped answering (dead host, crashed daemon): SLURM would mark it DOWN after
+        SlurmdTimeout and requeue its jobs with a BeginTime; taking it out now restarts them sooner."""
+        out = []
+        for n in nodes.values():
+            if ("NOT_RESPONDING" not in n.flags or {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags)
+                    or self.remediator.active(n.name)):
+                continue  # our own reboots stop slurmd too
+            out.append(Finding(rule_id="slurm-node-not-responding", source="slurm", scope="node", severity="error",
+                               action="drain", summary="slurmd not responding", first_ts=now, last_ts=now,
+                               node=n.name, category="node-down",
+                               evidence={"state": n.state, "flags": list(n.flags), "reason": n.reason}))
+        return out
 
     def _events(self, now: float) -> list[dict]:
         windows = [r.window_s for r in self.rules if r.enabled and (r.log or r.health)]

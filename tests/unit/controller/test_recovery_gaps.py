@@ -93,3 +93,23 @@ def test_a_two_node_hang_drains_the_node_that_stopped_beating(tmp_path):
     assert slurm.node("node2").drained and not slurm.node("node1").drained
     inc = ctl.incidents.query(node="node2")[0]
     assert inc.rule_id == "watchdog-hang" and "heartbeat" in inc.evidence["isolation"]["reason"]
+
+
+def test_a_node_whose_slurmd_stops_answering_is_drained_and_its_job_restarted(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(4, ["node1", "node2"], start=clock() - 100)
+    slurm.set_node("node2", flags=("NOT_RESPONDING",))
+    ctl.tick()
+    assert slurm.node("node2").drained and slurm.count("requeue") == 1
+    inc = ctl.incidents.query(node="node2")[0]
+    assert inc.rule_id == "slurm-node-not-responding" and inc.status == "acted"
+    assert ctl.remediator.get("node2").playbook == "manual"
+    ctl.tick()
+    assert slurm.count("drain") == 1  # one incident while it stays down
+
+
+def test_our_own_reboot_is_not_a_dead_node(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node3", flags=("NOT_RESPONDING", "REBOOT_ISSUED"))
+    ctl.tick()
+    assert slurm.count("drain") == 0 and ctl.incidents.query() == []
