@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
 WAITING_SHARE = 0.5  # the other nodes' ranks wait at least this share of the step ...
-CULPRIT_SHARE = 0.2  # ... while the slow node's ranks wait at most this share
+CULPRIT_RATIO = 0.6  # ... and the slow node's ranks at most this fraction of the least-waiting other node's share
+# (not ~0: a rank stopped while inside a collective counts the stop as time in the collective)
 
 
 def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> str | None:
@@ -48,6 +49,7 @@ def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str 
     shares = wait_shares(kpis)
     if len(nodes) < 2 or set(shares) != set(nodes):
         return None, shares
-    low = [n for n in nodes if shares[n] <= CULPRIT_SHARE]
-    others_wait = all(shares[n] >= WAITING_SHARE for n in nodes if n not in low)
-    return (low[0] if len(low) == 1 and others_wait else None), shares
+    least = min(nodes, key=lambda n: shares[n])
+    others = [shares[n] for n in nodes if n != least]
+    waited_for = min(others) >= WAITING_SHARE and shares[least] <= CULPRIT_RATIO * min(others)
+    return (least if waited_for else None), shares

@@ -68,6 +68,9 @@ def test_the_node_the_others_wait_for_is_the_straggler():
 
     slow = [_kpi("node1", 1.0, 0.75), _kpi("node2", 1.0, 0.02)] * 5
     assert waited_for_node(["node1", "node2"], slow)[0] == "node2"
+    stopped_in_collectives = [_kpi("node1", 1.0, 0.8), _kpi("node2", 1.0, 0.37)] * 5  # measured under SIGSTOP
+    assert waited_for_node(["node1", "node2"], stopped_in_collectives)[0] == "node2"
+    assert waited_for_node(["node1", "node2"], [_kpi("node1", 1.0, 0.6), _kpi("node2", 1.0, 0.5)] * 5)[0] is None
     even = [_kpi("node1", 0.2, 0.03), _kpi("node2", 0.2, 0.02)] * 5  # a job-wide slowdown: nobody waits much
     assert waited_for_node(["node1", "node2"], even)[0] is None
     assert waited_for_node(["node1", "node2"], slow[:1])[0] is None  # a node without KPIs: no claim
