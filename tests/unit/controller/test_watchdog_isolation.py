@@ -1,7 +1,6 @@
 """Job watchdog (hang, throughput drop, history, crash loop) and peer/temporal isolation scoring."""
 
 import numpy as np
-import pytest
 
 from sigma.controller.config import WatchdogConfig
 from sigma.controller.features import job_matrices
