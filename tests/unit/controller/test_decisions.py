@@ -159,7 +159,6 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     for round_ in range(3):
         add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
         ctl.tick()
-
         slurm.set_job(9, state="RUNNING", nodes=("node1",), start_time=int(clock()) + 1)
         clock.advance(10)
     assert slurm.count("requeue") == 2
