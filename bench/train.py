@@ -2,7 +2,8 @@
 
 Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--device cpu|cuda] [--skip-model]
 
-1. MoE layer forward+backward tokens/s, fp32 and bf16, same run and interleaved rounds (median of --rounds):
+1. MoE layer forward+backward tokens/s, fp32 and bf16, same run and interleaved rounds (best of --rounds: on a
+   shared machine other processes only ever add time, so the fastest round is the least disturbed one):
    - ours:        MoELayer with expert_impl=auto (tokens sorted by expert, torch._grouped_mm where supported)
    - ours-loop:   MoELayer with expert_impl=loop (our fallback: per-expert GEMMs on contiguous slices)
    - naive-loop:  our router and weights, dispatch by a boolean mask per expert and index_add (textbook loop)
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,7 +96,7 @@ def time_fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor) -> float:
 
 def bench_layers(args, device: torch.device) -> None:
     print(f"\nMoE layer forward+backward, {args.tokens} tokens, {torch.get_num_threads()} threads, device {device}, "
-          f"median of {args.rounds} interleaved rounds")
+          f"best of {args.rounds} interleaved rounds")
     print(f"{'shape':26} {'dtype':9} {'variant':18} {'tokens/s':>10} {'vs hf':>7}")
     for shape_name, (dim, n_experts, top_k, hidden) in LAYER_SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
@@ -120,7 +120,7 @@ def bench_layers(args, device: torch.device) -> None:
             for _ in range(args.rounds):
                 for name, fn in variants.items():
                     times[name].append(time_fwd_bwd(fn, x, grad))
-            rate = {name: args.tokens / statistics.median(ts) for name, ts in times.items()}
+            rate = {name: args.tokens / min(ts) for name, ts in times.items()}
             for name in variants:
                 label = f"{name} ({impl})" if name == "ours" else name
                 print(f"{shape_name:26} {str(dtype).removeprefix('torch.'):9} {label:18} {rate[name]:10.0f} "
@@ -128,7 +128,8 @@ def bench_layers(args, device: torch.device) -> None:
 
 
 def bench_models(args, device: torch.device) -> None:
-    print(f"\nModel forward+backward (CE + aux loss), {torch.get_num_threads()} threads, device {device}")
+    print(f"\nModel forward+backward (CE + aux loss), {torch.get_num_threads()} threads, device {device}, "
+          f"best of {args.rounds} steps")
     print(f"{'preset':8} {'dtype':9} {'batch x seq':>11} {'expert impl':>11} {'tokens/s':>10} {'TFLOP/s':>8} "
           f"{'peak TFLOP/s':>12} {'MFU':>6}")
     runs = GPU_MODEL_RUNS if device.type == "cuda" else CPU_MODEL_RUNS
@@ -152,7 +153,7 @@ def bench_models(args, device: torch.device) -> None:
                 return time.perf_counter() - t0
 
             step()
-            elapsed = statistics.median(step() for _ in range(args.rounds))
+            elapsed = min(step() for _ in range(args.rounds))
             tps = batch * seq / elapsed
             achieved = tps * flops_per_token(cfg, seq)
             peak = peak_flops(device, dtype)
@@ -172,7 +173,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work "
-          "skews absolute figures; ratios come from interleaved rounds)")
+          "slows single rounds; best-of rounds filter it)")
     bench_layers(args, device)
     if not args.skip_model:
         bench_models(args, device)

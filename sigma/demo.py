@@ -1,51 +1,142 @@
-"""`sigma demo`: the main job on the local SLURM cluster, as a user would run it."""
+"""`sigma demo`: the whole loop on the local SLURM cluster, using only commands a user could type.
+
+Platform up (SLURM + controller + one sidecar per node) -> MoE training on 2 nodes through `sigma train` ->
+an Xid 79 ("GPU fallen off the bus") written into one of the job's nodes' kernel log -> detection, drain,
+requeue, resume from the checkpoint on healthy nodes, and the node's reboot -> validation -> return to service,
+shown live, then the timeline and `sigma report`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the main job end to end on a local SLURM cluster",
-                       description="Bring the local cluster up, run a job on it through submitit, show the cluster.")
+                       description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
-    p.add_argument("--down", action="store_true", help="stop the cluster at the end")
+    p.add_argument("--xid", type=int, default=79, help="the Xid code injected (default 79)")
+    p.add_argument("--timeout", type=float, default=240.0, help="give up waiting for recovery after this long")
+    p.add_argument("--down", action="store_true", help="stop the platform and the cluster at the end")
     p.set_defaults(func=run_demo)
 
 
-def _square_on_node(x: int) -> tuple[str, int]:
-    import os
+def _sigma(*args: str, env: dict, check: bool = True) -> str:
+    proc = subprocess.run([sys.executable, "-m", "sigma.cli", *args], env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        from sigma.cli import CommandError
 
-    return os.environ.get("SLURMD_NODENAME", "?"), x * x
+        raise CommandError(f"`sigma {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
 
 
 def run_demo(args) -> int:
-    import submitit
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
+    from sigma.chaos.inject import Chaos
+    from sigma.chaos.timeline import observe
+    from sigma.cli import CommandError
+    from sigma.controller.db import open_db
+    from sigma.slurm.client import Slurm
     from sigma.slurm.cluster import LocalCluster
+    from sigma.stack import Stack
+
+    console = Console()
+    start = time.monotonic()
+
+    def say(text: str) -> None:
+        console.print(f"[dim][{time.monotonic() - start:6.1f}s][/dim] {text}")
 
     cluster = LocalCluster(args.state_dir)
-    t0 = time.monotonic()
-    spec, already = cluster.up()
-    print(f"[{time.monotonic() - t0:5.1f}s] cluster '{spec.name}' {'was already up' if already else 'up'}: "
-          f"{spec.nodes} nodes, state in {cluster.state_dir}")
-    import os
+    stack = Stack(cluster)
+    say("bringing up the platform: SLURM (munge, MariaDB, slurmdbd, slurmctld, 4 slurmd), the controller, "
+        "one telemetry sidecar per node")
+    stack.up()
+    env = {**os.environ, **cluster.env}
+    slurm = Slurm(cluster.conf)
+    say(f"platform up: controller {stack.controller_url}, decisions in {cluster.state_dir / 'log' / 'decisions.log'}")
 
-    os.environ.update(cluster.env)
-    executor = submitit.AutoExecutor(folder=cluster.state_dir / "demo" / "submitit", cluster="slurm")
-    executor.update_parameters(timeout_min=5, slurm_partition=spec.partition, nodes=1, tasks_per_node=1)
-    job = executor.submit(_square_on_node, 12)
-    print(f"[{time.monotonic() - t0:5.1f}s] submitted job {job.job_id} through submitit")
-    node, value = job.result()
-    print(f"[{time.monotonic() - t0:5.1f}s] job {job.job_id} ran on {node} and returned {value}")
-    print(subprocess.run(["sinfo", "-N", "-l"], env={**os.environ}, capture_output=True, text=True).stdout)
+    run_dir = cluster.state_dir / "demo"
+    out = _sigma("train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait", "name=demo",
+                 "parallel.ep=2", "steps=100000", "checkpoint.every=20", f"checkpoint.dir={run_dir}/checkpoints",
+                 f"launch.folder={run_dir}/submitit", "fault.step_delay_s=0.05", "kpi.progress_every=0", env=env)
+    match = re.search(r"job (\d+)", out)
+    if not match:
+        raise CommandError(f"could not find the job id in `sigma train` output: {out!r}")
+    job_id = int(match.group(1))
+    say(f"sigma train: MoE `debug` preset on 2 nodes x 1 rank, expert parallel 2, checkpoint every 20 steps: "
+        f"SLURM job {job_id}")
+
+    db = open_db(stack.db, readonly=True)
+    progress = _wait_for_progress(db, job_id, min_step=30, timeout=args.timeout, say=say)
+    job = slurm.job(job_id)
+    victim = job.nodes[-1]
+    say(f"training on {', '.join(job.nodes)}: step {progress[0]}, loss {progress[1]:.3f}")
+
+    injection = Chaos(cluster).inject("log", victim, xid=args.xid)
+    say(f"[bold red]fault[/bold red]: `sigma chaos log --xid {args.xid} --node {victim}` wrote to "
+        f"{cluster.kernel_log(victim)}:\n    {injection.params['line'].strip()}")
+
+    def render(t) -> Table:
+        table = Table(title=f"recovery from Xid {args.xid} on {victim} (job {job_id})", title_justify="left")
+        table.add_column("milestone")
+        table.add_column("after fault", justify="right")
+        table.add_column("detail")
+        for name, dt, detail in t.rows():
+            table.add_row(name, "…" if dt is None else f"{dt:6.1f} s", detail)
+        return table
+
+    deadline = time.monotonic() + args.timeout
+    timeline = observe(db, victim, job_id, injection.ts)
+    with Live(render(timeline), console=console, refresh_per_second=4) as live:
+        while time.monotonic() < deadline:
+            timeline = observe(db, victim, job_id, injection.ts)
+            live.update(render(timeline))
+            if timeline.resumed_ts and timeline.node_back_ts:
+                break
+            time.sleep(0.5)
+    job = slurm.job(job_id)
+    complete = bool(timeline.resumed_ts and timeline.node_back_ts)
+    say(f"job {job_id} now {job.state if job else 'gone'} on {', '.join(job.nodes) if job else '-'} after "
+        f"{job.restarts if job else '?'} requeue(s); {victim} is "
+        f"{'back in service' if complete else 'not back yet'}")
+    console.print(_sigma("report", "--config", str(stack.controller_config), env=env, check=False))
+    slurm.cancel(job_id)
+    say(f"cancelled the demo training job {job_id}")
     if args.down:
+        stack.down()
         cluster.down()
-        print("cluster stopped")
+        say("platform and cluster stopped")
     else:
-        print(f"the cluster keeps running; stop it with: sigma cluster down"
-              f"{' --state-dir ' + str(args.state_dir) if args.state_dir else ''}")
+        hint = f" --state-dir {args.state_dir}" if args.state_dir else ""
+        say(f"the platform keeps running: try `sigma incidents`, `sigma explain {timeline.incident_id}` "
+            f"(with --config {stack.controller_config}); stop it with `sigma stack down --with-cluster{hint}`")
+    if not complete:
+        raise CommandError(f"recovery did not complete within {args.timeout:.0f}s; see "
+                           f"{cluster.state_dir / 'log' / 'decisions.log'}")
     return 0
+
+
+def _wait_for_progress(db, job_id: int, min_step: int, timeout: float, say) -> tuple[int, float]:
+    from sigma.cli import CommandError
+
+    deadline = time.monotonic() + timeout
+    announced = False
+    while time.monotonic() < deadline:
+        row = db.execute("SELECT step, loss FROM kpis WHERE job_id = ? AND step IS NOT NULL ORDER BY ts DESC LIMIT 1",
+                         (job_id,)).fetchone()
+        if row and not announced:
+            say(f"first KPIs reached the controller through the sidecars: step {row[0]}, loss {row[1]:.3f}")
+            announced = True
+        if row and row[0] >= min_step:
+            return row[0], row[1]
+        time.sleep(0.5)
+    raise CommandError(f"job {job_id} made no progress to step {min_step} within {timeout:.0f}s")

@@ -81,7 +81,7 @@ class Proc:
     env: dict[str, str]
 
 
-SLURM_ENV_KEYS = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_SCRIPT_CONTEXT")
+SLURM_ENV_KEYS = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_SCRIPT_CONTEXT", "SLURM_CONF")
 
 
 def processes(ctx: Context) -> list[Proc]:

@@ -84,9 +84,10 @@ def kill_job_processes(ctx: Context, job_id: int) -> list[int]:
     from sigma.health import facts
     from sigma.health.checks.stray_processes import kill
 
+    conf = os.environ.get("SLURM_CONF")  # job ids repeat across clusters sharing one host (local clusters)
     mine = [p for p in facts.processes(ctx) if p.env.get("SLURM_JOB_ID") == str(job_id)
             and p.env.get("SLURMD_NODENAME", ctx.node) == ctx.node and "SLURM_SCRIPT_CONTEXT" not in p.env
-            and p.pid != os.getpid()]
+            and (not conf or p.env.get("SLURM_CONF", conf) == conf) and p.pid != os.getpid()]
     ctx.forget("processes")  # the process table changed
     if mine:
         survivors = kill(mine)

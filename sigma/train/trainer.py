@@ -200,7 +200,8 @@ def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float,
 
 # ---------------------------------------------------------------- the loop
 
-def train(cfg: TrainConfig, out=sys.stdout) -> RunSummary:
+def train(cfg: TrainConfig, out=None) -> RunSummary:
+    out = out or sys.stdout  # looked up per call: a default bound at import outlives a replaced stdout
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -287,7 +288,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         inputs, targets = batch[:, :-1], batch[:, 1:]
         with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
             logits, aux = model(inputs)
-        if cfg.fault.nan_at_step == step:
+        if cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger and (kpi.path.parent / "inject-nan").exists()):
             logits = logits * float("nan")  # testing only: a numerical fault inside the forward pass
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
         losses = torch.stack([ce.detach(), aux.detach().float()])

@@ -50,7 +50,7 @@ def test_straggler_duty_cycle_and_undo(slurm, cluster):
     def spinner():
         return [p for p in job_pids(cluster, "node2", job_id) if b"while" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
-    (pid,) = wait_for(spinner, what="the job's spinning process")
+    pid = wait_for(spinner, what="the job's spinning process")[0]
     inj = Chaos(cluster).inject("straggler", "node2", job_id=job_id, percent=60, period_s=0.5)
     assert pid in inj.params["pids"]
     seen = set()

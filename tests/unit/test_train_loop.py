@@ -91,6 +91,18 @@ def test_nan_loss_stops_with_an_event(train_data, tmp_path, monkeypatch, capsys)
     assert main(["--config", str(DEBUG), *overrides(train_data, tmp_path / "e", "steps=4", "fault.nan_at_step=2")]) == 3
 
 
+def test_nan_trigger_file_poisons_the_running_job(train_data, tmp_path, monkeypatch):
+    from sigma.train.trainer import TrainingStopped, train
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
+    monkeypatch.setenv("SIGMA_JOB_ID", "11")
+    (tmp_path / "kpi" / "job-11").mkdir(parents=True)
+    (tmp_path / "kpi" / "job-11" / "inject-nan").write_text("now\n")
+    cfg = load_train_config(DEBUG, overrides(train_data, tmp_path / "d", "steps=5", "fault.nan_trigger=true"))
+    with pytest.raises(TrainingStopped, match="at step 1"):
+        train(cfg)
+
+
 def test_garbage_collection_is_manual_during_the_run(train_data, tmp_path, monkeypatch):
     import gc
 
