@@ -338,3 +338,33 @@ def test_kill_between_requeue_and_start_now_of_a_job_rule(tmp_path):
     ctl2.tick()
     assert slurm.count("requeue") == 1 and slurm.count("start_now") == 1
     assert [i.status for i in ctl2.incidents.query()] == ["acted"]
+
+
+def test_ticket_posts_evidence_with_idempotency_key(tmp_path):
+    import http.server
+    import threading
+
+    from sigma.controller.actions import SlurmActions
+
+    got = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append((self.headers["Idempotency-Key"], json.loads(body)))
+            self.send_response(201)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        actions = SlurmActions(None)
+        out = actions("ticket", "node3", {"url": f"http://127.0.0.1:{server.server_address[1]}/t",
+                                          "payload": {"node": "node3", "rule": "gpu-xid-74"}}, "ticket:node3:c1:f0")
+    finally:
+        server.shutdown()
+    assert out == "ticket posted: HTTP 201"
+    assert got == [("ticket:node3:c1:f0", {"node": "node3", "rule": "gpu-xid-74"})]
