@@ -3,6 +3,7 @@ admin drains, crash loops). Nothing here runs a command directly: the journal do
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from sigma.controller.findings import Finding
 from sigma.controller.guards import breaker_limit, breaker_trips, in_shadow
 from sigma.controller.incidents import Incident, Incidents
 from sigma.controller.journal import Journal
-from sigma.controller.remediation import Remediator
+from sigma.controller.remediation import TERMINAL, Remediator
 from sigma.rules.schema import DRAIN_ACTIONS
 from sigma.slurm.types import Job, Node
 
@@ -38,9 +39,12 @@ class Decider:
         opened = []
         for f in findings:
             existing = self.incidents.find_open(f.key)
-            if existing:
+            if existing and existing.status != "open":
                 self.incidents.touch(existing, f)
                 continue
+            # 'open' = decided but not finished (the controller died in between): decide again; every action key
+            # contains the incident id, so what was already planned is found, not planned twice
+            self._inc = existing or self.incidents.open(f, "open")
             shadow = in_shadow(f.rule_id, f.shadow, self.cfg.shadow, self.cfg.shadow_rules)
             if f.action in DRAIN_ACTIONS:
                 inc = self._drain(f, shadow, nodes, jobs)
@@ -48,10 +52,15 @@ class Decider:
                 inc = self._requeue_job(f, shadow, jobs)
             else:
                 status = "recorded" if f.action == "record" else "notified"
-                inc = self.incidents.open(f, status)
+                inc = self._status(status)
                 self._say(inc, f"{f.action.upper()} {self._target(f)} ({f.rule_id}): {f.summary}")
             opened.append(inc)
         return opened
+
+    def _status(self, status: str, note: str = "", close: bool = False) -> Incident:
+        """Settle the incident being decided."""
+        self.incidents.set_status(self._inc.id, status, note, close=close)
+        return self.incidents.get(self._inc.id)
 
     # ---------- drains ----------
     def _drain(self, f: Finding, shadow: bool, nodes: dict[str, Node], jobs: list[Job]) -> Incident:
@@ -59,24 +68,26 @@ class Decider:
         n = nodes.get(node)
         on_node = [j for j in jobs if node in j.nodes and j.state in RUNNING_STATES]
         if n is None:
-            inc = self.incidents.open(f, "notified", f"node {node!r} unknown to SLURM")
+            inc = self._status("notified", f"node {node!r} unknown to SLURM")
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; node unknown to SLURM")
             return inc
         if n.drained and not n.drained_by_sigma and n.reason not in self.cfg.adopt_drain_reasons:
-            inc = self.incidents.open(f, "notified", f"already drained by someone else: {n.reason!r}")
+            inc = self._status("notified", f"already drained by someone else: {n.reason!r}")
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, drained by admin ({n.reason})")
             return inc
-        if self.remediator.active(node):
-            inc = self.incidents.open(f, "acted", "node already out of service")
+        inc = self._inc
+        lc = self.remediator.get(node)
+        if lc and lc.state not in TERMINAL and lc.incident_id != inc.id:
+            inc = self._status("acted", "node already out of service")
             self._say(inc, f"NOTED {node} ({f.rule_id}): {f.summary}; node already in remediation")
             return inc
         if shadow:
-            inc = self.incidents.open(f, "shadow", "shadow mode: nothing done")
             self.journal.plan(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id, shadow=True,
                               params={"reason": self._reason(f)})
             for job in on_node if f.requeue_jobs else ():
                 self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                                   shadow=True, params={"restarts_before": job.restarts})
+            inc = self._status("shadow", "shadow mode: nothing done")
             self._say(inc, f"SHADOW {node} ({f.rule_id}): would drain ({f.summary})"
                            f"{' and requeue ' + str([j.job_id for j in on_node]) if on_node and f.requeue_jobs else ''}")
             return inc
@@ -87,80 +98,108 @@ class Decider:
             limit = breaker_limit(len(nodes), b.max_nodes, b.max_fraction)
             note = (f"circuit breaker: {len(others | {node})} nodes with {f.rule_id} in {b.window_s:.0f}s exceeds "
                     f"{limit}; escalated instead of draining")
-            inc = self.incidents.open(f, "escalated", note)
-            self.journal.run(f"escalate:{f.rule_id}:{node}:i{inc.id}", "ticket", node, incident_id=inc.id,
-                             params={"url": self.rcfg.escalation_webhook,
-                                     "payload": {"node": node, "rule": f.rule_id, "summary": f.summary,
-                                                 "reason": note, "drained_nodes": sorted(others)}})
+            self.journal.plan(f"escalate:{f.rule_id}:{node}:i{inc.id}", "ticket", node, incident_id=inc.id,
+                              params={"url": self.rcfg.escalation_webhook,
+                                      "payload": {"node": node, "rule": f.rule_id, "summary": f.summary,
+                                                  "reason": note, "drained_nodes": sorted(others)}})
+            inc = self._status("escalated", note)
+            self.journal.execute(self.journal.get(f"escalate:{f.rule_id}:{node}:i{inc.id}"))
             self._say(inc, f"BREAKER {node} ({f.rule_id}): {note}")
             return inc
-        inc = self.incidents.open(f, "acted")
-        row = self.journal.run(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id,
-                               params={"reason": self._reason(f)})
+        # plan everything first, then run it: a crash in between leaves planned rows the restart replays
+        drain = self.journal.plan(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id,
+                                  params={"reason": self._reason(f)})
+        row = self.journal.execute(drain)
         if row.state == "skipped":
-            self.incidents.set_status(inc.id, "notified", row.result)
+            inc = self._status("notified", row.result)
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; {row.result}")
             return inc
         playbook = self.rcfg.playbook_for(f.rule_id, f.category, f.action)
         self.remediator.start(node, inc.id, f.rule_id, playbook.name)
-        requeued = []
+        requeued, looping = [], []
         if f.requeue_jobs:
             for job in on_node:
-                if self._requeue(job, inc, avoid=[node]):
-                    requeued.append(job.job_id)
-        self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
-                                                   "nodes": list(j.nodes), "restarts": j.restarts} for j in on_node])
+                (requeued if self._requeue(job, inc, avoid=[node]) else looping).append(job.job_id)
+        self._ensure_start_now(inc, avoid=[node])
+        if on_node:
+            self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
+                                                       "nodes": list(j.nodes), "restarts": j.restarts}
+                                                      for j in on_node])
+        inc = self._status("acted")
         self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}; "
-                       f"playbook {playbook.name}")
+                       f"playbook {playbook.name}" + (f"; crash-looping, not requeued: {looping}" if looping else ""))
         return inc
 
     # ---------- job restarts ----------
     def _requeue_job(self, f: Finding, shadow: bool, jobs: list[Job]) -> Incident:
+        inc = self._inc
         job = next((j for j in jobs if j.job_id == f.job_id), None)
+        if not shadow and self.conn.execute("SELECT 1 FROM actions WHERE incident_id = ? AND kind = 'requeue'",
+                                            (inc.id,)).fetchone():
+            self._ensure_start_now(inc, avoid=[])  # decided before a crash: finish it
+            inc = self._status("acted", "job requeued", close=True)
+            self._say(inc, f"REQUEUE job {f.job_id} ({f.rule_id}): {f.summary}")
+            return inc
         # A trainer that stops on a NaN loss has usually exited before the rule sees its last KPIs: a failed
         # batch job is requeued all the same and resumes from its last good checkpoint.
         if job is None or job.state not in RUNNING_STATES + RESTARTABLE_ENDED_STATES:
-            inc = self.incidents.open(f, "notified", "job not running")
+            inc = self._status("notified", "job not running")
             self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job not running")
             return inc
         if shadow:
-            inc = self.incidents.open(f, "shadow", "shadow mode: nothing done")
             self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                               shadow=True, params={"restarts_before": job.restarts})
+            inc = self._status("shadow", "shadow mode: nothing done")
             self._say(inc, f"SHADOW job {job.job_id} ({f.rule_id}): would requeue ({f.summary})")
             return inc
-        inc = self.incidents.open(f, "acted")
         self.incidents.add_evidence(inc.id, jobs=[{"job_id": job.job_id, "start_time": job.start_time,
                                                    "nodes": list(job.nodes), "restarts": job.restarts}])
         if self._requeue(job, inc, avoid=[], restart_failed=True):
             # the evidence stays behind (since_job): a new occurrence after the restart is a new incident
-            self.incidents.set_status(inc.id, "acted", "job requeued", close=True)
+            inc = self._status("acted", "job requeued", close=True)
             self._say(inc, f"REQUEUE job {job.job_id} ({f.rule_id}): {f.summary}")
         else:
+            w = self.cfg.watchdog
+            inc = self._status("escalated", f"job {job.job_id} requeued {w.crash_loop_restarts} times in "
+                                            f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")
             self._say(inc, f"ESCALATE job {job.job_id} ({f.rule_id}): {f.summary}; crash loop, not requeued")
-        return self.incidents.get(inc.id)
+        return inc
 
     def _requeue(self, job: Job, inc: Incident, avoid: list[str], restart_failed: bool = False) -> bool:
+        """Requeue + start_now, unless this run was already requeued or the job is crash-looping (False)."""
         w = self.cfg.watchdog
-        last = self.conn.execute("SELECT MAX(created_at) FROM actions WHERE kind='requeue' AND target=? AND"
-                                 " state != 'shadow'", (str(job.job_id),)).fetchone()[0]
+        other = "kind='requeue' AND target=? AND state != 'shadow' AND COALESCE(incident_id, -1) != ?"
+        last = self.conn.execute(f"SELECT MAX(created_at) FROM actions WHERE {other}",
+                                 (str(job.job_id), inc.id)).fetchone()[0]
         if last is not None and last >= job.start_time:
-            return True  # already requeued during this run; SLURM has not restarted it yet
+            return True  # another incident already requeued this run; SLURM has not restarted it yet
         # A crash loop is the job failing by itself: restarts because a bad node was taken out do not count.
         recent = self.conn.execute(
             "SELECT COUNT(*) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue' AND"
-            " a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND i.scope = 'job'",
-            (str(job.job_id), self.clock() - w.crash_loop_window_s)).fetchone()[0]
+            " a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND i.scope = 'job' AND"
+            " a.incident_id != ?", (str(job.job_id), self.clock() - w.crash_loop_window_s, inc.id)).fetchone()[0]
         if recent >= w.crash_loop_restarts:
-            self.incidents.set_status(inc.id, "escalated", f"job {job.job_id} requeued {recent} times in "
-                                      f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")
             return False
         params = {"restarts_before": job.restarts, **({"restart_failed": True} if restart_failed else {})}
-        self.journal.run(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
-                         params=params)
-        self.journal.run(f"start_now:{job.job_id}:i{inc.id}", "start_now", str(job.job_id), incident_id=inc.id,
-                         params={**params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S})
+        requeue = self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id),
+                                    incident_id=inc.id, params=params)
+        start = self.journal.plan(f"start_now:{job.job_id}:i{inc.id}", "start_now", str(job.job_id),
+                                  incident_id=inc.id, params={**requeue.params, "avoid_nodes": avoid,
+                                                              "expires_at": self.clock() + REQUEUE_FOLLOWUP_S})
+        self.journal.execute(requeue)
+        self.journal.execute(start)
         return True
+
+    def _ensure_start_now(self, inc: Incident, avoid: list[str]) -> None:
+        """After a crash between planning a requeue and its start_now, the job is no longer on the node:
+        plan the missing start_now from the requeue row."""
+        for row in self.conn.execute("SELECT target, params FROM actions WHERE incident_id = ? AND kind = 'requeue'"
+                                     " AND state != 'shadow'", (inc.id,)).fetchall():
+            key = f"start_now:{row['target']}:i{inc.id}"
+            if self.journal.get(key) is None:
+                params = json.loads(row["params"])
+                self.journal.execute(self.journal.plan(key, "start_now", row["target"], incident_id=inc.id, params={
+                    **params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S}))
 
     # ---------- helpers ----------
     @staticmethod

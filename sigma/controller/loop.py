@@ -76,6 +76,8 @@ class Controller:
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
         findings = self.detect(now, nodes, jobs)
+        keys = {f.key for f in findings}
+        findings += [f for f in self._unfinished() if f.key not in keys]
         self.decider.decide(findings, nodes, jobs)
         self.journal.replay()
         self.remediator.tick(nodes, jobs)
@@ -255,6 +257,20 @@ class Controller:
         value = statistics.median(medians) if medians else None
         self._history_cache[key] = (now, value)
         return value
+
+    def _unfinished(self) -> list[Finding]:
+        """Decisions a crash interrupted (incident still 'open'): decided again even if their evidence is gone."""
+        rules = {r.id: r for r in self.rules}
+        out = []
+        for inc in self.incidents.query(status="open", open_only=True):
+            rule = rules.get(inc.rule_id)
+            out.append(Finding(rule_id=inc.rule_id, source=inc.source, scope=inc.scope, severity=inc.severity,
+                               action=inc.action, summary=inc.summary, first_ts=inc.fault_ts,
+                               last_ts=inc.evidence.get("last_ts", inc.fault_ts), node=inc.node, job_id=inc.job_id,
+                               rule_version=inc.rule_version, category=inc.category,
+                               requeue_jobs=rule.requeue_jobs if rule else True,
+                               shadow=rule.shadow if rule else False, evidence=inc.evidence))
+        return out
 
     # ---------- follow-ups ----------
     def _release_held(self, jobs: list[Job]) -> None:

@@ -169,7 +169,7 @@ class Remediator:
             if row.state == "done":
                 result = json.loads(row.result)
                 if result.get("ok"):
-                    self._move(lc, "validating", f"playbook command succeeded")
+                    self._move(lc, "validating", "playbook command succeeded")
                 else:
                     self._failure(lc, f"playbook command exited {result.get('returncode')}: {result.get('output')}")
             else:

@@ -200,7 +200,7 @@ class Pipeline:
         return t
 
     def submit_kpi_job(self, slurm, nodes: int = 3, step_time: float = 0.5) -> int:
-        return slurm.submit(None, f"-N{nodes}", f"--ntasks-per-node=1", "--requeue",
+        return slurm.submit(None, f"-N{nodes}", "--ntasks-per-node=1", "--requeue",
                             f"--output={self.dir}/kpi-%j.out",
                             f"--export=ALL,SIGMA_KPI_DIR={self.cluster.env['SIGMA_KPI_DIR']}",
                             wrap=f"srun {sys.executable} {KPI_JOB} {step_time}")

@@ -99,3 +99,17 @@ def test_metrics_endpoint(scenario):
     assert 'sigma_incidents_total{rule="gpu-xid-79",status="resolved"} 1.0' in body
     assert 'sigma_actions_total{kind="reboot",state="done"} 1.0' in body
     assert "sigma_automation_ratio" in body and "sigma_controller_ticks_total 3.0" in body
+
+
+def test_nodes_repaired_marks_a_manual_node(tmp_path, capsys):
+    from tests.unit.controller.helpers import add_event
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+              fields={"suite": "prolog"})
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
+    db = str(tmp_path / "c.db")
+    assert main(["nodes", "--db", db, "--repaired", "node1"]) == 2
+    assert "not waiting for a repair" in capsys.readouterr().err
+    assert main(["nodes", "--db", db, "--repaired", "node2"]) == 0
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)

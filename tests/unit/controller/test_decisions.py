@@ -5,7 +5,6 @@ import json
 import pytest
 
 from sigma.controller.journal import Journal
-from sigma.controller.actions import SlurmActions
 from sigma.controller.db import open_db
 from sigma.controller.guards import breaker_limit, breaker_trips, crash_looping
 
@@ -160,7 +159,6 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     for round_ in range(3):
         add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
         ctl.tick()
-        j = slurm.job(9)
         slurm.set_job(9, state="RUNNING", nodes=("node1",), start_time=int(clock()) + 1)
         clock.advance(10)
     assert slurm.count("requeue") == 2
@@ -288,3 +286,85 @@ def test_parse_since():
     assert parse_since(None) is None
     with pytest.raises(Exception, match="use e.g. 30m"):
         parse_since("yesterday")
+
+
+class Killed(BaseException):
+    """Stands for kill -9: nothing after it runs."""
+
+
+@pytest.mark.parametrize("die_at_plan", [1, 2, 3])
+def test_kill_at_any_point_of_a_decision_loses_and_repeats_nothing(tmp_path, die_at_plan):
+    """die_at_plan 1: before the drain is planned; 2: before the requeue; 3: before start_now."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node2", "node3"], start=clock() - 100)
+    xid79(ctl.conn, "node3", clock() - 1)
+    real_plan, calls = ctl.journal.plan, []
+
+    def dying_plan(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == die_at_plan:
+            raise Killed()
+        return real_plan(*args, **kwargs)
+    ctl.journal.plan = dying_plan
+    with pytest.raises(Killed):
+        ctl.tick()
+    ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
+    ctl2.start()
+    for _ in range(3):
+        ctl2.tick()
+    assert slurm.node("node3").drained
+    assert slurm.count("drain") == 1 and slurm.count("requeue") == 1 and slurm.count("start_now") == 1
+    (inc,) = ctl2.incidents.query()
+    assert inc.status == "acted" and ctl2.remediator.get("node3").incident_id == inc.id
+
+
+def test_kill_between_requeue_and_start_now_of_a_job_rule(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(9, ["node1"], start=clock() - 50)
+    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+    real_plan, calls = ctl.journal.plan, []
+
+    def dying_plan(*args, **kwargs):
+        calls.append(args[0])
+        if args[0].startswith("start_now"):
+            raise Killed()
+        return real_plan(*args, **kwargs)
+    ctl.journal.plan = dying_plan
+    with pytest.raises(Killed):
+        ctl.tick()
+    ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
+    ctl2.start()
+    ctl2.tick()
+    ctl2.tick()
+    assert slurm.count("requeue") == 1 and slurm.count("start_now") == 1
+    assert [i.status for i in ctl2.incidents.query()] == ["acted"]
+
+
+def test_ticket_posts_evidence_with_idempotency_key(tmp_path):
+    import http.server
+    import threading
+
+    from sigma.controller.actions import SlurmActions
+
+    got = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append((self.headers["Idempotency-Key"], json.loads(body)))
+            self.send_response(201)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        actions = SlurmActions(None)
+        out = actions("ticket", "node3", {"url": f"http://127.0.0.1:{server.server_address[1]}/t",
+                                          "payload": {"node": "node3", "rule": "gpu-xid-74"}}, "ticket:node3:c1:f0")
+    finally:
+        server.shutdown()
+    assert out == "ticket posted: HTTP 201"
+    assert got == [("ticket:node3:c1:f0", {"node": "node3", "rule": "gpu-xid-74"})]

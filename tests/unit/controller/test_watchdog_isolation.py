@@ -1,7 +1,6 @@
 """Job watchdog (hang, throughput drop, history, crash loop) and peer/temporal isolation scoring."""
 
 import numpy as np
-import pytest
 
 from sigma.controller.config import WatchdogConfig
 from sigma.controller.features import job_matrices
@@ -190,3 +189,35 @@ def test_rank_start_events_of_one_restart_count_once():
     from sigma.controller.loop import distinct_starts
 
     assert distinct_starts([100.0, 100.4, 101.2, 500.0, 500.3, 900.0]) == [100.0, 500.0, 900.0]
+
+
+def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
+    import json
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    nodes = ["node1", "node2", "node3", "node4"]
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    now = clock()
+    rng = np.random.default_rng(4)
+    rows = []
+    for t in range(int(now) - 1000, int(now), 5):
+        for i, n in enumerate(nodes):
+            slow = t >= now - 110
+            add_kpi(ctl.conn, n, t, 1, i, (t - int(now) + 1000) // 5, tokens_per_s=500.0 if slow else 1000.0,
+                    step_time_s=2.0 if slow else 1.0)
+            for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.temp_c", 60.0), ("gpu.power_w", 300.0)):
+                v = base + rng.normal(0, base * 0.01)
+                if n == "node3" and slow:
+                    v *= 0.6 if m != "gpu.temp_c" else 1.4  # a throttling GPU: clocks and power down, hot
+                rows.append((n, t, m, v, json.dumps({"gpu": "0"})))
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+    ctl.tick()
+    assert slurm.count("drain") == 0  # first round only
+    clock.advance(1)
+    ctl.tick()
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node3" and inc.evidence["isolation"]["ranked"][0][0] == "node3"
+    assert slurm.node("node3").reason.startswith("sigma: isolation-outlier")
+    assert slurm.count("requeue") == 1
+    assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
