@@ -34,11 +34,13 @@ def cluster():
 
 
 @pytest.fixture
-def slurm(cluster):
+def slurm(cluster, tmp_path_factory):
     """A client for the test cluster; afterwards jobs are cancelled and every node returned to service."""
     from sigma.slurm.client import Slurm
 
     client = Slurm(cluster.conf)
+    # Jobs submitted without --output write their log here, not into the checkout.
+    client.env["SBATCH_OUTPUT"] = str(tmp_path_factory.getbasetemp() / "slurm-%j.out")
     yield client
     reset_cluster(client, cluster)
 
