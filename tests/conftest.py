@@ -14,6 +14,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
+    """Poll predicate until it returns something truthy (returned); fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def _test_cluster_location() -> tuple[Path, int]:
     """One cluster per checkout, on its own ports, so several checkouts can test side by side."""
     digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
