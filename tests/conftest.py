@@ -14,6 +14,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
+    """Poll predicate until it returns something truthy (returned); fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def _test_cluster_location() -> tuple[Path, int]:
     """One cluster per checkout, on its own ports, so several checkouts can test side by side."""
     digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
@@ -34,11 +45,13 @@ def cluster():
 
 
 @pytest.fixture
-def slurm(cluster):
+def slurm(cluster, tmp_path_factory):
     """A client for the test cluster; afterwards jobs are cancelled and every node returned to service."""
     from sigma.slurm.client import Slurm
 
     client = Slurm(cluster.conf)
+    # Jobs submitted without --output write their log here, not into the checkout.
+    client.env["SBATCH_OUTPUT"] = str(tmp_path_factory.getbasetemp() / "slurm-%j.out")
     yield client
     reset_cluster(client, cluster)
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import yaml
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SIGMA = str(Path(sys.executable).parent / "sigma")
@@ -34,14 +35,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Pipeline:

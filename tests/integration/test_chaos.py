@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sigma.chaos.inject import Chaos, job_pids
-from tests.integration.test_cluster import wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 

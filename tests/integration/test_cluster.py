@@ -6,18 +6,11 @@ import time
 import pytest
 
 from sigma.slurm.command import SlurmError
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_four_idle_nodes_after_up(slurm):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sigma.health.config import load_health_config
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -16,14 +17,6 @@ XID79 = ("Nov 21 12:00:00 {node} kernel: [ 4000.000000] NVRM: Xid (PCI:0000:3b:0
          "name=<unknown>, GPU has fallen off the bus.\n")
 
 
-def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def results(cluster, node, suite, job_id=None):

@@ -14,6 +14,7 @@ import pytest
 from sigma.paths import configs_dir
 from sigma.train.kpi import read_kpis
 from sigma.train.train_config import load_train_config
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -21,14 +22,6 @@ DEBUG = configs_dir() / "train" / "debug.yaml"
 STEPS = 60
 
 
-def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_overrides(train_data, tmp_path):
