@@ -1,0 +1,425 @@
+"""Chaos soak: train on the local cluster while a seeded schedule injects faults of every kind, one at a time.
+
+    python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
+
+Uses only what a user or an admin could do: `sigma stack up`, `sigma train`, `sigma chaos` (its Python API),
+`sbatch`, `sigma nodes --repaired`, `sigma report`; the controller database is read (read-only) for measurements.
+One row per fault: kind, node, what detected it, detection latency, whether the right node was acted on, whether
+the training job recovered, recovery time (fault -> first training step after the restart) and steps lost; then
+false drains, lost jobs, effective training time, and the `sigma report` figures.
+
+Fault kinds (each injected at its source by `sigma chaos`, on a node of the running training job unless noted):
+  xid         an Xid 79 line in the node's kernel log
+  hang        SIGSTOP of the job's processes on the node
+  straggler   the node's ranks stopped 70 % of every second
+  node-death  SIGKILL of the node's slurmd
+  prolog      an Xid 119 line in an idle node's kernel log (no rule acts on it), then a job placed there: the prolog's
+              kernel-log check rejects the node before the job runs
+  nan         the trainer's testing-only hook makes the next loss NaN
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("xid", "hang", "straggler", "node-death", "prolog", "nan")
+NODE_KINDS = ("xid", "hang", "straggler", "node-death", "prolog")  # the node itself is at fault
+CHECKPOINT_EVERY = 20
+TRAINING_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED")
+
+
+@dataclass
+class FaultRow:
+    kind: str
+    node: str
+    ts: float
+    job_id: int | None
+    detected_by: str = ""
+    detected_ts: float | None = None
+    acted_nodes: list[str] = field(default_factory=list)
+    recovered_ts: float | None = None
+    last_step_before: int | None = None
+    first_step_after: int | None = None
+    node_back_ts: float | None = None
+    note: str = ""
+
+    @property
+    def detected(self) -> bool:
+        return self.detected_ts is not None
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.detected_ts is None else self.detected_ts - self.ts
+
+    @property
+    def right_node(self) -> bool:
+        if self.kind in NODE_KINDS:
+            return self.acted_nodes == [self.node]
+        return self.acted_nodes == []  # a job fault: no node may be taken out
+
+    @property
+    def job_affected(self) -> bool:
+        return self.kind != "prolog"
+
+    @property
+    def recovered(self) -> bool:
+        return not self.job_affected or self.recovered_ts is not None
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.recovered_ts is None else self.recovered_ts - self.ts
+
+    @property
+    def steps_lost(self) -> int | None:
+        if self.last_step_before is None or self.first_step_after is None:
+            return None
+        return max(0, self.last_step_before - (self.first_step_after - 1))
+
+    @property
+    def window_end(self) -> float:
+        return self.recovered_ts or self.detected_ts or self.ts
+
+
+@dataclass
+class SoakResult:
+    rows: list[FaultRow]
+    false_drains: list[str]
+    lost_jobs: int
+    wall_s: float
+    effective: float
+    effective_outside: float
+    report: str
+    job_ids: list[int]
+
+
+def _sigma(env: dict, *args: str, check: bool = True) -> str:
+    proc = subprocess.run([sys.executable, "-m", "sigma.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`sigma {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+class Soak:
+    def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
+                 fault_timeout: float, say=print):
+        from sigma.chaos.inject import Chaos
+        from sigma.slurm.client import Slurm
+        from sigma.slurm.cluster import LocalCluster
+        from sigma.stack import Stack
+
+        self.cluster = LocalCluster(state_dir)
+        self.stack = Stack(self.cluster)
+        self.rng = random.Random(seed)
+        self.hang_timeout = hang_timeout
+        self.settle_s = settle_s
+        self.fault_timeout = fault_timeout
+        self.say = say
+        self.up_args = ["--hang-timeout", str(hang_timeout)]
+        if state_dir:
+            self.up_args += ["--state-dir", str(state_dir)]
+        self.env = {**os.environ, **self.cluster.env}
+        self.chaos = Chaos(self.cluster)
+        self.slurm = Slurm(self.cluster.conf)
+        self.job_ids: list[int] = []
+        self.lost_jobs = 0
+        self.run_dir = self.cluster.state_dir / "soak"
+        self.db = None
+
+    # ---------- platform and training ----------
+    def up(self, port_base: int | None) -> None:
+        if port_base is None:  # one port range per state directory, clear of the test clusters' 20000-29999
+            digest = int(hashlib.sha1(str(self.cluster.state_dir).encode()).hexdigest()[:8], 16)
+            port_base = 30000 + (digest % 200) * 25
+        _sigma(self.env, "cluster", "up", "--port-base", str(port_base), *self.up_args[2:])
+        _sigma(self.env, "stack", "up", *self.up_args)
+        self.env = {**os.environ, **self.cluster.env}
+        from sigma.controller.db import open_db
+
+        self.db = open_db(self.stack.db, readonly=True)
+
+    def submit_training(self) -> int:
+        out = _sigma(self.env, "train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait",
+                     "name=soak", "parallel.ep=2", "steps=1000000", f"checkpoint.every={CHECKPOINT_EVERY}",
+                     f"checkpoint.dir={self.run_dir}/checkpoints", f"launch.folder={self.run_dir}/submitit",
+                     "fault.step_delay_s=0.05", "fault.nan_trigger=true", "kpi.progress_every=0")
+        match = re.search(r"job (\d+)", out)
+        if not match:
+            raise RuntimeError(f"no job id in `sigma train` output: {out!r}")
+        job_id = int(match.group(1))
+        self.job_ids.append(job_id)
+        self.say(f"training job {job_id} submitted (2 nodes, checkpoint every {CHECKPOINT_EVERY} steps)")
+        return job_id
+
+    @property
+    def job_id(self) -> int:
+        return self.job_ids[-1]
+
+    def last_step(self, job_id: int) -> tuple[float, int] | None:
+        return self.db.execute("SELECT ts, step FROM kpis WHERE job_id = ? AND rank = 0 AND step IS NOT NULL "
+                               "ORDER BY ts DESC LIMIT 1", (job_id,)).fetchone()
+
+    def wait_steady(self, timeout: float) -> None:
+        """Training runs and has advanced for settle_s since it (re)started, past a checkpoint."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.slurm.job(self.job_id)
+            if job is None or job.state not in TRAINING_STATES:
+                self.say(f"training job {self.job_id} ended ({job.state if job else 'gone'}): lost; resubmitting")
+                self.lost_jobs += 1
+                self.submit_training()
+                continue
+            restart = self.db.execute(
+                "SELECT max(events.ts) FROM events, json_each(events.job_ids) AS j WHERE events.source = 'kpi' "
+                "AND events.kind IN ('resume', 'start') AND j.value = ?", (self.job_id,)).fetchone()[0]
+            last = self.last_step(self.job_id)
+            if (job.state == "RUNNING" and restart and last and last[0] > restart + self.settle_s
+                    and time.time() - last[0] < 3 and last[1] > CHECKPOINT_EVERY):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"training job {self.job_id} made no steady progress within {timeout:.0f}s")
+
+    def healthy_nodes(self) -> list[str]:
+        return [n.name for n in self.slurm.nodes() if n.available]
+
+    # ---------- one fault ----------
+    def inject(self, kind: str) -> tuple[FaultRow, object, int | None]:
+        job = self.slurm.job(self.job_id)
+        probe = None
+        if kind == "prolog":
+            idle = sorted(set(self.healthy_nodes()) - set(job.nodes))
+            if not idle:
+                raise RuntimeError("no idle node in service for the prolog fault")
+            node = self.rng.choice(idle)
+            inj = self.chaos.inject("log", node, xid=119)
+            probe = self.slurm.submit(None, "-w", node, "-J", "soak-probe", "-o", "/dev/null",
+                                      wrap="sleep 1")
+            self.say(f"  job {probe} placed on {node}")
+        else:
+            node = self.rng.choice(sorted(job.nodes))
+            if kind == "xid":
+                inj = self.chaos.inject("log", node, xid=79)
+            elif kind == "straggler":
+                inj = self.chaos.inject("straggler", node, job_id=self.job_id, percent=70)
+            elif kind in ("hang", "nan"):
+                inj = self.chaos.inject(kind, node, job_id=self.job_id)
+            else:
+                inj = self.chaos.inject(kind, node)
+        row = FaultRow(kind, node, inj.ts, None if kind == "prolog" else self.job_id)
+        return row, inj, probe
+
+    def observe(self, row: FaultRow) -> None:
+        since = row.ts - 1.0
+        inc = self.db.execute(
+            "SELECT opened_at, rule_id, source, node FROM incidents WHERE opened_at >= ? AND rule_id != "
+            "'watchdog-crash-loop' AND (node = ? OR job_id = ?) ORDER BY opened_at LIMIT 1",
+            (since, row.node, row.job_id or -1)).fetchone()
+        if inc:
+            row.detected_ts = inc[0]
+            row.detected_by = inc[1] if inc[2] in ("rules", "rule", "log", "kpi", "health") else f"{inc[1]} ({inc[2]})"
+        row.acted_nodes = sorted({r[0] for r in self.db.execute(
+            "SELECT DISTINCT target FROM actions WHERE kind = 'drain' AND state = 'done' AND created_at >= ?",
+            (since,))})
+        if row.job_id is None:
+            return
+        restart = self.db.execute(
+            "SELECT min(events.ts) FROM events, json_each(events.job_ids) AS j WHERE events.source = 'kpi' "
+            "AND events.kind IN ('resume', 'start') AND events.ts > ? AND j.value = ?", (row.ts, row.job_id)).fetchone()[0]
+        if restart is None:
+            return
+        row.last_step_before = self.db.execute("SELECT max(step) FROM kpis WHERE job_id = ? AND ts < ?",
+                                               (row.job_id, restart)).fetchone()[0]
+        after = self.db.execute("SELECT ts, step FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL "
+                                "ORDER BY ts LIMIT 1", (row.job_id, restart)).fetchone()
+        if after:
+            row.recovered_ts, row.first_step_after = after
+
+    def handled(self, row: FaultRow) -> bool:
+        self.observe(row)
+        if not row.detected:
+            return False
+        if row.kind in NODE_KINDS and row.node not in row.acted_nodes:
+            return False
+        return row.recovered
+
+    def node_back(self, node: str) -> bool:
+        n = self.slurm.node(node)
+        state = self.db.execute("SELECT state FROM node_lifecycle WHERE node = ?", (node,)).fetchone()
+        return (n.available and (state is None or state[0] in ("resumed", "returned")))
+
+    def repair(self, node: str) -> None:
+        """What an admin does for a node waiting for a person (manual playbook): mark it repaired."""
+        state = self.db.execute("SELECT state, playbook FROM node_lifecycle WHERE node = ?", (node,)).fetchone()
+        if state and state[0] == "remediating" and state[1] in ("manual", "nvlink-ticket"):
+            _sigma(self.env, "nodes", "--repaired", node, "--config", str(self.stack.controller_config))
+            self.say(f"  admin: `sigma nodes --repaired {node}`")
+
+    def fault(self, kind: str) -> FaultRow:
+        self.wait_steady(self.fault_timeout)
+        row, inj, probe = self.inject(kind)
+        self.say(f"fault {kind} on {row.node} (job {row.job_id or probe}) at step "
+                 f"{(self.last_step(self.job_id) or (0, '?'))[1]}")
+        deadline = time.monotonic() + self.fault_timeout
+        while time.monotonic() < deadline and not self.handled(row):
+            time.sleep(1)
+        self.say(f"  {'handled' if self.handled(row) else 'NOT handled'}: detected by {row.detected_by or '-'}, "
+                 f"drained {row.acted_nodes or '-'}, job {'recovered' if row.recovered else 'not recovered'}")
+        if probe is not None:
+            self.slurm.cancel(probe)
+        self.chaos.undo(inj.id)
+        self.say(f"  undone: `sigma chaos undo {inj.id}`")
+        deadline = time.monotonic() + self.fault_timeout
+        while time.monotonic() < deadline and not self.node_back(row.node):
+            self.repair(row.node)
+            time.sleep(2)
+        if self.node_back(row.node):
+            row.node_back_ts = time.time()
+            self.say(f"  {row.node} back in service after {row.node_back_ts - row.ts:.0f}s")
+        else:
+            row.note = "node not back"
+            self.say(f"  {row.node} NOT back in service")
+        self.observe(row)
+        return row
+
+    # ---------- totals ----------
+    def false_drains(self, rows: list[FaultRow], t0: float) -> list[str]:
+        """Drains of a node while no fault injected on it was being handled."""
+        out = []
+        for created, node in self.db.execute("SELECT created_at, target FROM actions WHERE kind = 'drain' AND "
+                                             "state = 'done' AND created_at >= ?", (t0,)):
+            if not any(r.node == node and r.ts - 1 <= created <= (r.node_back_ts or time.time()) for r in rows):
+                out.append(f"{node}@{time.strftime('%H:%M:%S', time.localtime(created))}")
+        return out
+
+    def effective_time(self, rows: list[FaultRow], t0: float, t1: float) -> tuple[float, float]:
+        """Share of wall time with steps progressing (new steps, not redone ones), overall and outside faults."""
+        points = []
+        for job_id in self.job_ids:
+            points += self.db.execute("SELECT ts, step FROM kpis WHERE job_id = ? AND rank = 0 AND step IS NOT NULL "
+                                      "AND ts BETWEEN ? AND ?", (job_id, t0, t1)).fetchall()
+        points.sort()
+        gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
+        typical = gaps[len(gaps) // 2] if gaps else 1.0
+        windows = [(r.ts, r.window_end) for r in rows]
+
+        def outside(a: float, b: float) -> float:
+            span = b - a
+            for w0, w1 in windows:
+                span -= max(0.0, min(b, w1) - max(a, w0))
+            return max(0.0, span)
+
+        good = good_out = 0.0
+        best = -1
+        for (ta, sa), (tb, sb) in zip(points, points[1:]):
+            if sb > best and sb > sa and tb - ta <= max(2.0, 5 * typical):
+                good += tb - ta
+                good_out += outside(ta, tb)
+            best = max(best, sb)
+        start = points[0][0] if points else t0
+        wall, wall_out = t1 - start, outside(start, t1)
+        return (good / wall if wall > 0 else 0.0), (good_out / wall_out if wall_out > 0 else 0.0)
+
+    def run(self, minutes: float, kinds: list[str], port_base: int | None = None) -> SoakResult:
+        self.up(port_base)
+        t0 = time.time()
+        self.submit_training()
+        rows: list[FaultRow] = []
+        end = time.monotonic() + minutes * 60
+        schedule: list[str] = []
+        while True:
+            if not schedule:
+                if rows and time.monotonic() >= end:
+                    break
+                schedule = list(kinds)
+                self.rng.shuffle(schedule)
+            rows.append(self.fault(schedule.pop(0)))
+            if not schedule and time.monotonic() >= end:
+                break
+        self.wait_steady(self.fault_timeout)
+        t1 = time.time()
+        job = self.slurm.job(self.job_id)
+        if job is None or job.state not in TRAINING_STATES:
+            self.lost_jobs += 1
+        self.slurm.cancel(self.job_id)
+        eff, eff_out = self.effective_time(rows, t0, t1)
+        report = _sigma(self.env, "report", "--config", str(self.stack.controller_config), check=False)
+        return SoakResult(rows, self.false_drains(rows, t0), self.lost_jobs, t1 - t0, eff, eff_out, report,
+                          list(self.job_ids))
+
+    def stop_platform(self, with_cluster: bool = False) -> None:
+        _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.up_args[2:],
+               check=False)
+
+
+def _fmt(v, spec: str = ".1f", unit: str = " s") -> str:
+    return "-" if v is None else f"{v:{spec}}{unit}"
+
+
+def print_result(res: SoakResult) -> None:
+    head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost")
+    table = [head] + [(r.kind, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
+                       "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
+                       ("n/a (idle node)" if not r.job_affected else "yes" if r.recovered else "NO"),
+                       _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost)) for r in res.rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for i, row in enumerate(table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print()
+    print(f"faults: {len(res.rows)}; detected {sum(r.detected for r in res.rows)}; right node "
+          f"{sum(r.right_node for r in res.rows)}; job recovered {sum(r.recovered for r in res.rows)}")
+    print(f"false drains: {len(res.false_drains)} {res.false_drains or ''}")
+    print(f"lost jobs: {res.lost_jobs}")
+    print(f"effective training time: {100 * res.effective:.1f} % of {res.wall_s / 60:.1f} min overall, "
+          f"{100 * res.effective_outside:.1f} % outside the fault windows")
+    print()
+    print(res.report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=20.0, help="soak length (at least one fault of each kind)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the fault order and the nodes hit")
+    p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
+    p.add_argument("--port-base", type=int, default=None, help="cluster ports (default: derived from the state dir)")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to inject")
+    p.add_argument("--hang-timeout", type=float, default=20.0, help="controller watchdog hang timeout (s)")
+    p.add_argument("--settle", type=float, default=15.0, help="healthy training seconds before each fault")
+    p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
+    p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows and totals here")
+    args = p.parse_args(argv)
+    t = time.monotonic()
+    soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
+                say=lambda s: print(f"[{time.monotonic() - t:6.1f}s] {s}", flush=True))
+    try:
+        res = soak.run(args.minutes, args.kinds, args.port_base)
+    finally:
+        if not args.keep:
+            soak.stop_platform(with_cluster=True)
+    print_result(res)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [{**r.__dict__, "latency": r.latency, "recovery_s": r.recovery_s,
+                                                   "steps_lost": r.steps_lost, "right_node": r.right_node}
+                                                  for r in res.rows],
+                                         "false_drains": res.false_drains, "lost_jobs": res.lost_jobs,
+                                         "effective": res.effective, "effective_outside": res.effective_outside},
+                                        indent=2))
+    ok = (all(r.detected and r.right_node and r.recovered for r in res.rows) and not res.false_drains
+          and not res.lost_jobs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""A short chaos soak: the platform up, a 2-node training job, one fault of each kind that works end to end.
+
+Runs bench/chaos_soak.py's code on the test cluster, so the soak doubles as the end-to-end test of the whole loop:
+inject -> detect -> act on the right node -> the training job resumes from its checkpoint -> the node comes back.
+"""
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+# Kinds the platform handles end to end today (see the soak section of the README for the others).
+KINDS = ["xid", "prolog", "nan", "node-death"]
+
+
+def _soak_module():
+    spec = importlib.util.spec_from_file_location("chaos_soak", REPO / "bench" / "chaos_soak.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos_soak"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_short_soak_one_fault_of_each_kind(slurm, cluster):
+    soak_mod = _soak_module()
+    soak = soak_mod.Soak(cluster.state_dir, seed=1, hang_timeout=20, settle_s=8, fault_timeout=150,
+                         say=lambda s: print(s, flush=True))
+    try:
+        res = soak.run(0, KINDS, port_base=cluster.load_spec().port_base)
+    finally:
+        soak.stop_platform()
+    soak_mod.print_result(res)
+    assert sorted(r.kind for r in res.rows) == sorted(KINDS)
+    for r in res.rows:
+        assert r.detected, f"{r.kind} on {r.node} not detected"
+        assert r.right_node, f"{r.kind} on {r.node}: acted on {r.acted_nodes}"
+        assert r.recovered, f"{r.kind} on {r.node}: training job {r.job_id} did not resume"
+        if r.job_affected:
+            assert r.steps_lost is not None and r.steps_lost <= soak_mod.CHECKPOINT_EVERY, r
+        assert r.node_back_ts is not None, f"{r.node} not back in service after {r.kind}"
+    assert res.false_drains == []
+    assert res.lost_jobs == 0
