@@ -91,6 +91,8 @@ class SlurmActions:
             not_out = [a for a in avoid if a in states and states[a].available]
             if not_out:
                 raise NotYet(f"{not_out} not drained yet")
+        if job.reason in ("NonZeroExitCode", "None", ""):
+            raise NotYet(f"pending for {job.reason or 'no reason yet'}")  # a requeued failed job: BeginTime next
         if job.reason not in ("BeginTime",):
             return f"pending for {job.reason}; no BeginTime to clear"
         self.slurm.start_now(int(job_id))

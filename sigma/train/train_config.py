@@ -88,7 +88,7 @@ class FaultConfig:
     nan_at_step: int | None = None  # poison the logits with NaN at this step (training must stop with an event)
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
     step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
-    nan_trigger: bool = False  # poison the logits once <KPI dir>/job-<id>/inject-nan exists (`sigma chaos nan`)
+    nan_trigger: bool = False  # poison the logits when <KPI dir>/job-<id>/inject-nan appears; consumed (`sigma chaos nan`)
 
 
 @dataclass

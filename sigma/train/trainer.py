@@ -222,6 +222,16 @@ def train(cfg: TrainConfig, out=None) -> RunSummary:
     return summary
 
 
+def _consume(trigger: Path) -> bool:
+    """A one-shot trigger file: True once (the run restarted from a checkpoint must not hit it again); one rank's NaN
+    reaches every rank through the loss all-reduce, so it does not matter which rank takes it."""
+    try:
+        trigger.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out) -> None:
     from sigma.train.flops import flops_per_token, peak_flops
 
@@ -289,7 +299,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         inputs, targets = batch[:, :-1], batch[:, 1:]
         with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
             logits, aux = model(inputs)
-        if cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger and (kpi.path.parent / "inject-nan").exists()):
+        if cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger and _consume(kpi.path.parent / "inject-nan")):
             logits = logits * float("nan")  # testing only: a numerical fault inside the forward pass
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
         losses = torch.stack([ce.detach(), aux.detach().float()])

@@ -101,6 +101,8 @@ def test_nan_trigger_file_poisons_the_running_job(train_data, tmp_path, monkeypa
     cfg = load_train_config(DEBUG, overrides(train_data, tmp_path / "d", "steps=5", "fault.nan_trigger=true"))
     with pytest.raises(TrainingStopped, match="at step 1"):
         train(cfg)
+    # one shot: the run restarted from its checkpoint does not hit the same fault again
+    assert not (tmp_path / "kpi" / "job-11" / "inject-nan").exists()
 
 
 def test_garbage_collection_is_manual_during_the_run(train_data, tmp_path, monkeypatch):
