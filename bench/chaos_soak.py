@@ -103,8 +103,10 @@ class SoakResult:
 
 
 def _sigma(env: dict, *args: str, check: bool = True) -> str:
+    from sigma.paths import project_root
+
     proc = subprocess.run([sys.executable, "-m", "sigma.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=project_root())
     if check and proc.returncode != 0:
         raise RuntimeError(f"`sigma {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
@@ -226,10 +228,15 @@ class Soak:
             (since, row.node, row.job_id or -1)).fetchone()
         if inc:
             row.detected_ts = inc[0]
-            row.detected_by = inc[1] if inc[2] in ("rules", "rule", "log", "kpi", "health") else f"{inc[1]} ({inc[2]})"
-        row.acted_nodes = sorted({r[0] for r in self.db.execute(
-            "SELECT DISTINCT target FROM actions WHERE kind = 'drain' AND state = 'done' AND created_at >= ?",
-            (since,))})
+            row.detected_by = f"{inc[1]} ({inc[2]})"
+        drains = self.db.execute(
+            "SELECT a.target, i.rule_id, i.source FROM actions a LEFT JOIN incidents i ON i.id = a.incident_id "
+            "WHERE a.kind = 'drain' AND a.state = 'done' AND a.created_at >= ? ORDER BY a.created_at",
+            (since,)).fetchall()
+        row.acted_nodes = sorted({d[0] for d in drains})
+        acting = next((f"{d[1]} ({d[2]})" for d in drains if d[0] == row.node), None)
+        if acting and inc and acting.split()[0] != inc[1]:
+            row.detected_by += f" -> {acting}"  # e.g. a throughput drop, then isolation names the node
         if row.job_id is None:
             return
         restart = self.db.execute(
