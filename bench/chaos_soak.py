@@ -51,6 +51,7 @@ class FaultRow:
     last_step_before: int | None = None
     first_step_after: int | None = None
     node_back_ts: float | None = None
+    caught_up_ts: float | None = None  # first step beyond the pre-fault progress
     note: str = ""
 
     @property
@@ -87,7 +88,7 @@ class FaultRow:
 
     @property
     def window_end(self) -> float:
-        return self.recovered_ts or self.detected_ts or self.ts
+        return self.caught_up_ts or self.recovered_ts or self.detected_ts or self.ts
 
 
 @dataclass
@@ -250,6 +251,9 @@ class Soak:
                                 "ORDER BY ts LIMIT 1", (row.job_id, restart)).fetchone()
         if after:
             row.recovered_ts, row.first_step_after = after
+            # the fault's window closes when the redone steps are behind us: new work again
+            row.caught_up_ts = self.db.execute("SELECT min(ts) FROM kpis WHERE job_id = ? AND ts > ? AND step > ?",
+                                               (row.job_id, restart, row.last_step_before or 0)).fetchone()[0]
 
     def handled(self, row: FaultRow) -> bool:
         self.observe(row)
@@ -312,8 +316,9 @@ class Soak:
         """Share of wall time with steps progressing (new steps, not redone ones), overall and outside faults."""
         points = []
         for job_id in self.job_ids:
-            points += self.db.execute("SELECT ts, step FROM kpis WHERE job_id = ? AND rank = 0 AND step IS NOT NULL "
-                                      "AND ts BETWEEN ? AND ?", (job_id, t0, t1)).fetchall()
+            points += [(r[0], r[1]) for r in self.db.execute(
+                "SELECT ts, step FROM kpis WHERE job_id = ? AND rank = 0 AND step IS NOT NULL AND ts BETWEEN ? AND ?",
+                (job_id, t0, t1))]
         points.sort()
         gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
         typical = gaps[len(gaps) // 2] if gaps else 1.0
