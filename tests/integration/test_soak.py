@@ -14,7 +14,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.integration
 
 # Kinds the platform handles end to end today (see the soak section of the README for the others).
-KINDS = ["xid", "prolog", "nan", "node-death"]
+KINDS = ["xid", "hang", "straggler", "node-death", "prolog", "nan"]
 
 
 def _soak_module():
