@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,12 @@ class DistContext:
         return box[0]
 
 
+def master_port(job_id: str, slurm_conf: str) -> int:
+    """Rendezvous port, equal on every rank: from the job id and the cluster's config path, because job ids
+    repeat across clusters that share hosts (submitit seeds from the job id alone)."""
+    return random.Random(f"{slurm_conf}:{job_id}").randint(20000, 60000)
+
+
 def launch_env() -> dict[str, int] | None:
     """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK for env:// and return them, or None when alone.
 
@@ -79,6 +86,8 @@ def launch_env() -> dict[str, int] | None:
 
             if "SUBMITIT_EXECUTOR" not in env:  # a task of plain srun (sbatch/train.sbatch), not of submitit
                 env["SUBMITIT_EXECUTOR"] = "slurm"
+            if "MASTER_PORT" not in env and "SLURM_JOB_ID" in env:
+                env["MASTER_PORT"] = str(master_port(env["SLURM_JOB_ID"], env.get("SLURM_CONF", "")))
 
             TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         else:
