@@ -86,10 +86,10 @@ def launch_env() -> dict[str, int] | None:
 
             if "SUBMITIT_EXECUTOR" not in env:  # a task of plain srun (sbatch/train.sbatch), not of submitit
                 env["SUBMITIT_EXECUTOR"] = "slurm"
+            dist_env = TorchDistributedEnvironment()
             if "MASTER_PORT" not in env and "SLURM_JOB_ID" in env:
-                env["MASTER_PORT"] = str(master_port(env["SLURM_JOB_ID"], env.get("SLURM_CONF", "")))
-
-            TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+                dist_env.master_port = master_port(env["SLURM_JOB_ID"], env.get("SLURM_CONF", ""))
+            dist_env.export(set_cuda_visible_devices=False)
         else:
             return None
     return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
