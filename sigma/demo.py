@@ -76,7 +76,8 @@ def run_demo(args) -> int:
         f"SLURM job {job_id}")
 
     db = open_db(stack.db, readonly=True)
-    progress = _wait_for_progress(db, job_id, min_step=30, timeout=args.timeout, say=say)
+    progress = _wait_for_progress(db, slurm, job_id, min_step=30, timeout=args.timeout, say=say,
+                                  logs=run_dir / "submitit")
     job = slurm.job(job_id)
     victim = job.nodes[-1]
     say(f"training on {', '.join(job.nodes)}: step {progress[0]}, loss {progress[1]:.3f}")
@@ -125,12 +126,16 @@ def run_demo(args) -> int:
     return 0
 
 
-def _wait_for_progress(db, job_id: int, min_step: int, timeout: float, say) -> tuple[int, float]:
+def _wait_for_progress(db, slurm, job_id: int, min_step: int, timeout: float, say, logs: Path) -> tuple[int, float]:
     from sigma.cli import CommandError
 
     deadline = time.monotonic() + timeout
     announced = False
     while time.monotonic() < deadline:
+        job = slurm.job(job_id)
+        if job is None or not job.active:
+            raise CommandError(f"training job {job_id} ended ({job.state if job else 'gone'}) before making "
+                               f"progress; see {logs}/{job_id}_0_log.err")
         row = db.execute("SELECT step, loss FROM kpis WHERE job_id = ? AND step IS NOT NULL ORDER BY ts DESC LIMIT 1",
                          (job_id,)).fetchone()
         if row and not announced:

@@ -108,6 +108,7 @@ class LocalCluster:
             (self.state_dir / "spool" / node).mkdir(parents=True, exist_ok=True)
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
             self.kernel_log(node).touch(exist_ok=True)
+        self._check_ports_free(spec)
         spec.started_munged = self._ensure_munge() or spec.started_munged
         self._save_spec(spec)
         self._write_configs(spec)
@@ -128,8 +129,8 @@ class LocalCluster:
     def down(self, keep_munge: bool = False) -> list[str]:
         """Stop what `up` started (by pid file, newest first); return the names stopped.
 
-        munged is shared by every SLURM client on the machine: it is stopped only if `up` started it,
-        and never with keep_munge (other local clusters may still use it).
+        munged is shared by every SLURM client on the machine: it is stopped only if `up` started it, no other
+        SLURM daemon still runs here, and not with keep_munge.
         """
         spec = self.load_spec()
         if spec is None:
@@ -139,6 +140,7 @@ class LocalCluster:
         for daemon in reversed(self._daemons(spec)):
             if self._stop(daemon):
                 stopped.append(daemon)
+        keep_munge = keep_munge or _other_slurm_daemons()
         if spec.started_munged and not keep_munge and _stop_pid(_read_pid(Path("/run/munge/munged.pid")), "munged"):
             stopped.append("munged")
             spec.started_munged = False
@@ -187,6 +189,16 @@ class LocalCluster:
         except SlurmError:
             return False
         return len(nodes) == spec.nodes and all(_settled(n) for n in nodes)
+
+    def _check_ports_free(self, spec: ClusterSpec) -> None:
+        """Fail fast, with the fix, when another cluster (or anything else) holds a port a stopped daemon needs."""
+        wanted = {"mariadb": spec.port_base + 2, "slurmdbd": spec.port_base + 1, "slurmctld": spec.port_base}
+        wanted.update({f"slurmd-{n}": spec.port_base + 10 + k for k, n in enumerate(self.node_names(spec), 1)})
+        busy = [f"{port} ({daemon})" for daemon, port in wanted.items()
+                if not self._alive(daemon) and not _port_free(port)]
+        if busy:
+            raise ClusterError(f"ports in use: {', '.join(busy)}; another local cluster may be running "
+                               f"(`sigma cluster status --state-dir ...`), or pick other ports with --port-base")
 
     def _write_configs(self, spec: ClusterSpec) -> None:
         names = self.node_names(spec)
@@ -380,6 +392,30 @@ def _checked(argv: list[str], log_path: Path, what: str, env: dict | None = None
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
         raise ClusterError(f"{what} failed ({' '.join(argv)} exited {proc.returncode}); {log_path}:\n{tail}")
+
+
+def _other_slurm_daemons() -> bool:
+    """Any slurmctld/slurmd/slurmdbd still running on this machine (another cluster needs munged)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if os.path.basename(argv0.decode(errors="replace")) in ("slurmctld", "slurmd", "slurmdbd") \
+                    and _pid_alive(int(proc.name), "slurm"):
+                return True
+    return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _program(daemon: str) -> str:

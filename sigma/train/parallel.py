@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -88,6 +89,12 @@ def collective_wait_s() -> float:
     return _COLLECTIVE_WAIT_S[0]
 
 
+def master_port(job_id: str, slurm_conf: str) -> int:
+    """Rendezvous port, equal on every rank: from the job id and the cluster's config path, because job ids
+    repeat across clusters that share hosts (submitit seeds from the job id alone)."""
+    return random.Random(f"{slurm_conf}:{job_id}").randint(20000, 60000)
+
+
 def launch_env() -> dict[str, int] | None:
     """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK for env:// and return them, or None when alone.
 
@@ -101,8 +108,10 @@ def launch_env() -> dict[str, int] | None:
 
             if "SUBMITIT_EXECUTOR" not in env:  # a task of plain srun (sbatch/train.sbatch), not of submitit
                 env["SUBMITIT_EXECUTOR"] = "slurm"
-
-            TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+            dist_env = TorchDistributedEnvironment()
+            if "MASTER_PORT" not in env and "SLURM_JOB_ID" in env:
+                dist_env.master_port = master_port(env["SLURM_JOB_ID"], env.get("SLURM_CONF", ""))
+            dist_env.export(set_cuda_visible_devices=False)
         else:
             return None
     return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),

@@ -69,3 +69,11 @@ def test_two_ranks_equal_one_rank(single, train_data, tmp_path, ep):
     finally:
         del os.environ["SIGMA_KPI_DIR"]
     assert resumed.start_step == STEPS and sorted(resumed.losses) == [STEPS + 1, STEPS + 2]
+
+
+def test_rendezvous_port_is_per_cluster_and_equal_on_every_rank():
+    from sigma.train.parallel import master_port
+
+    assert master_port("7", "/etc/slurm/slurm.conf") == master_port("7", "/etc/slurm/slurm.conf")
+    ports = {master_port("7", f"/clusters/{c}/slurm.conf") for c in "abcdefgh"}
+    assert len(ports) > 1 and all(20000 <= p <= 60000 for p in ports)
