@@ -128,11 +128,12 @@ class SlurmActions:
     def _submit_validation(self, node: str, params: dict, key: str) -> str:
         """One validation job per attempt, found again by its unique job name after a crash."""
         name = params["job_name"]
+        not_before = params.get("not_before", 0)
         for job in self.slurm.jobs():
-            if job.name == name:
+            if job.name == name and job.submit_time >= not_before:
                 return json.dumps({"job_id": job.job_id, "found": True})
         for rec in self.slurm.accounting(since=params.get("since_date")):
-            if rec.name == name:
+            if rec.name == name and rec.submit_time >= not_before:
                 return json.dumps({"job_id": rec.job_id, "found": True})
         script = params["script"]
         if not Path(script).is_file():

@@ -207,6 +207,7 @@ class Remediator:
                     "args": self.cfg.validation.args,
                     "script": str(script), "since_date": time.strftime("%Y-%m-%dT%H:%M:%S",
                                                                         time.localtime(self.clock() - 3600)),
+                    "not_before": self.clock() - 5,  # same name from another controller database: not ours
                     "output": str(Path(out) / f"validate-{lc.node}-%j.out") if out else ""})
         if submit.state == "skipped":
             return self._failure(lc, f"validation not submitted: {submit.result}")
