@@ -200,9 +200,13 @@ class Soak:
         job = self.slurm.job(self.job_id)
         probe = None
         if kind == "prolog":
-            idle = sorted(set(self.healthy_nodes()) - set(job.nodes))
+            # The node an earlier fault took out may still be on its way back: wait for an idle one.
+            deadline = time.monotonic() + 180
+            while not (idle := sorted(set(self.healthy_nodes()) - set(job.nodes))) and time.monotonic() < deadline:
+                time.sleep(1)
+                job = self.slurm.job(self.job_id)
             if not idle:
-                raise RuntimeError("no idle node in service for the prolog fault")
+                raise RuntimeError("no idle node in service for the prolog fault within 180 s")
             node = self.rng.choice(idle)
             inj = self.chaos.inject("log", node, xid=119)
             probe = self.slurm.submit(None, "-w", node, "-J", "soak-probe", "-o", "/dev/null",

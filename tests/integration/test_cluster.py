@@ -57,8 +57,9 @@ def test_requeue_increments_restart_count_and_start_now(slurm):
     job_id = slurm.submit(None, "-N2", "-w", "node1,node2", wrap="sleep 300")
     wait_for(lambda: slurm.job(job_id).state == "RUNNING", what="job running")
     slurm.requeue(job_id)
-    job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING" and j, what="job pending")
-    assert job.restarts == 1 and job.reason == "BeginTime"
+    job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING" and j.reason == "BeginTime" and j,
+                   what="job pending on its BeginTime")
+    assert job.restarts == 1
     slurm.start_now(job_id)
     job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j, timeout=20,
                    what="requeued job running again without the BeginTime delay")

@@ -1,6 +1,7 @@
 """expert_parallel_compute over 2 gloo ranks equals the one-device grouped experts, forward and backward,
 including an expert that receives no tokens and a rank that sends nothing to the other."""
 
+import os
 import socket
 
 import pytest
@@ -46,8 +47,12 @@ def worker(rank, port, queue):
         (y * torch.arange(1, y.numel() + 1, dtype=y.dtype).view_as(y)).sum().backward()
         # numpy arrays travel by value (tensors would be shared memory of an exiting process)
         queue.put((rank, y.detach().numpy(), x.grad.numpy(), local.w1.grad.numpy(), local.w2.grad.numpy()))
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
+    queue.close()
+    queue.join_thread()  # the results are in the pipe
+    os._exit(0)  # skip interpreter teardown: gloo's static destructors can abort a finished worker
 
 
 def test_all_to_all_dispatch_matches_local_experts():
