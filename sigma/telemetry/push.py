@@ -101,7 +101,7 @@ class Pusher:
             return False
         seq, ranges = batch
         samples, events, kpis = self.store.batch_rows(ranges)
-        body = wire.encode_batch(self.node, seq, time.time(), samples, events, kpis)
+        body = wire.encode_binary_batch(self.node, seq, time.time(), samples, events, kpis)
         status, reply = self._post(body)
         n = len(samples) + len(events) + len(kpis)
         if status == 200 and reply.get("ok") and reply.get("seq") == seq:
