@@ -46,6 +46,8 @@ class Pusher:
         self._thread: threading.Thread | None = None
         self.stats = {"batches": 0, "records": 0, "failures": 0, "duplicates": 0, "rejected": 0}
         self.connected = None  # last known reachability, for transition reports
+        self._acked = None  # (seq, ranges) acknowledged by the controller, recorded with the next cut
+        self._full = False  # the last batch sent was full: more backlog, send the next one right away
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"push.url must be http(s)://host:port/path, got {url!r}")
@@ -89,14 +91,26 @@ class Pusher:
                 continue
             backoff = self.interval_s
             self._transition(True, "")
-            if not sent:  # caught up: wait for the next interval
+            if not sent or not self._full:  # caught up: wait for the next interval
                 self.wake.wait(self.interval_s)
                 self.wake.clear()
+        self.flush_ack()
         self.store.close()
+
+    def flush_ack(self) -> None:
+        """Record an acknowledgement not yet written (it rides along with the next cut otherwise)."""
+        if self._acked is not None:
+            self.store.ack(*self._acked)
+            self._acked = None
 
     def push_once(self) -> bool:
         """Send the next batch; True if one was acknowledged (or rejected for its content)."""
-        batch = self.store.next_batch(self.max_records)
+        acked, self._acked = self._acked, None
+        try:
+            batch = self.store.next_batch(self.max_records, acked)
+        except BaseException:
+            self._acked = acked
+            raise
         if batch is None:
             return False
         seq, ranges = batch
@@ -105,7 +119,8 @@ class Pusher:
         status, reply = self._post(body)
         n = len(samples) + len(events) + len(kpis)
         if status == 200 and reply.get("ok") and reply.get("seq") == seq:
-            self.store.ack(seq, ranges)
+            self._acked = (seq, ranges)  # written with the next cut; if we die first, the batch is re-sent once
+            self._full = n >= self.max_records
             self.stats["batches"] += 1
             self.stats["records"] += n
             self.stats["duplicates"] += bool(reply.get("duplicate"))

@@ -118,13 +118,28 @@ class NodeStore:
     def pushed(self, table: str) -> int:
         return int(self.meta(f"pushed.{table}", 0))
 
-    def next_batch(self, max_records: int):
+    def next_batch(self, max_records: int, acked: tuple | None = None):
         """The oldest unacknowledged batch, cutting a new one from unpushed rows if none is pending.
 
-        Returns (seq, ranges dict table -> (lo, hi)) or None when there is nothing to send."""
+        acked: (seq, ranges) of a batch the controller acknowledged since, recorded in the same transaction (one
+        commit per push instead of two). Returns (seq, ranges dict table -> (lo, hi)) or None when there is
+        nothing to send."""
         conn = self.conn
+        try:
+            return self._next_batch(conn, max_records, acked)
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+
+    def _next_batch(self, conn, max_records: int, acked):
+        if acked is not None:
+            conn.execute("BEGIN")
+            self._ack(*acked)
         row = conn.execute("SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1").fetchone()
         if row is not None:
+            if conn.in_transaction:
+                conn.commit()
             return row["seq"], {t: (row[f"{t}_lo"], row[f"{t}_hi"]) for t in TABLES}
         ranges = {}
         budget = max_records
@@ -167,9 +182,12 @@ class NodeStore:
 
     def ack(self, seq: int, ranges: dict) -> None:
         with self.conn:
-            self.conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
-            for table, (lo, hi) in ranges.items():
-                self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
+            self._ack(seq, ranges)
+
+    def _ack(self, seq: int, ranges: dict) -> None:
+        self.conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+        for table, (lo, hi) in ranges.items():
+            self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
 
     def reject(self, seq: int, ranges: dict, error: str) -> None:
         """The controller refused the batch for its content (not auth): keep it here, move on, report it."""
