@@ -113,19 +113,13 @@ def encode_batch(node: str, seq: int, sent_at: float, samples, events, kpis) -> 
 
 
 def _series_columns(samples):
-    series: list[list[str]] = []
+    """Dictionary-encode (metric, labels, job ids) and split the rest into columns, in C-level loops."""
     index: dict[tuple, int] = {}
-    s_col, ts_col, v_col = array(INDEX_TYPE), array("d"), array("d")
-    for ts, metric, value, labels, job_ids in samples:
-        key = (metric, labels, job_ids)
-        i = index.get(key)
-        if i is None:
-            i = index[key] = len(series)
-            series.append([metric, labels, job_ids])
-        s_col.append(i)
-        ts_col.append(ts)
-        v_col.append(NAN if value is None else value)
-    return series, s_col, ts_col, v_col
+    # setdefault's default is the dict's size before the call: a new series gets the next index
+    s_col = array(INDEX_TYPE, [index.setdefault((r[1], r[3], r[4]), len(index)) for r in samples])
+    ts_col = array("d", [r[0] for r in samples])
+    v_col = array("d", [NAN if r[2] is None else r[2] for r in samples])
+    return [list(k) for k in index], s_col, ts_col, v_col
 
 
 def encode_binary_batch(node: str, seq: int, sent_at: float, samples, events, kpis) -> bytes:

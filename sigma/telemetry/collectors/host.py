@@ -204,11 +204,12 @@ class HostCollector(Collector):
         add((ts, "host.procs.total", int(total), "{}"))
 
     def _vmstat_counters(self, add, ts: float) -> None:
-        wanted = self._vmstat
-        for line in (self._read("vmstat") or "").splitlines():
-            key, _, value = line.partition(" ")
-            if key in wanted:
-                add((ts, f"host.vmstat.{key}", int(value), "{}"))
+        text = "\n" + (self._read("vmstat") or "")
+        for key in self._vmstat:  # a few wanted keys out of ~180 lines: find them, do not split every line
+            at = text.find(f"\n{key} ")
+            if at >= 0:
+                end = text.find("\n", at + 1)
+                add((ts, f"host.vmstat.{key}", int(text[at + len(key) + 2:end if end > 0 else None]), "{}"))
 
     def _disks(self, add, ts: float) -> None:
         exclude = self.params.disk_re.search
@@ -258,24 +259,43 @@ class HostCollector(Collector):
                     out.sample(f"host.pressure.{res}.{kind}.{key}", value)
 
     def _netstat(self, out: Output) -> None:
-        p = self.params
-        for name, wanted in (("snmp", None), ("netstat", {"TcpExt": set(p.tcp_ext_keys)})):
+        """/proc/net/snmp (the `protocols` sections in full) and /proc/net/netstat (the `tcp_ext_keys`): the
+        column positions are worked out from the header lines once; later runs only pick the value columns."""
+        add, ts = out.samples.append, out.ts
+        for name in ("snmp", "netstat"):
             text = self._read("net", name)
             if text is None:
                 continue
-            tables = parse_proc_net_table(text, set(p.protocols) if wanted is None else set(wanted))
-            for proto, values in tables.items():
-                if wanted is None:
-                    if proto not in p.protocols:
-                        continue
-                    keys = values
-                else:
-                    if proto not in wanted:
-                        continue
-                    keys = wanted[proto]
-                for key in keys:
-                    if key in values:
-                        out.sample(f"host.net.{proto.lower()}.{key}", values[key])
+            lines = text.splitlines()
+            layout = self._series.get(("netstat", name))
+            if layout is None or layout[0] != lines[0::2]:
+                layout = self._series[("netstat", name)] = (lines[0::2], self._net_layout(name, lines))
+            for row, columns in layout[1]:
+                if row >= len(lines):
+                    continue
+                values = lines[row].split()
+                for i, metric in columns:
+                    value = values[i] if i < len(values) else ""
+                    if value.lstrip("-").isdigit():
+                        add((ts, metric, int(value), "{}"))
+
+    def _net_layout(self, name: str, lines: list[str]) -> list:
+        """[(value line index, [(column, metric), ...]), ...] for the wanted sections and keys."""
+        p = self.params
+        layout = []
+        for row in range(0, len(lines) - 1, 2):
+            proto, _, names = lines[row].partition(":")
+            if name == "snmp":
+                if proto not in p.protocols:
+                    continue
+                keys = names.split()
+            else:
+                if proto != "TcpExt":
+                    continue
+                keys = [k for k in p.tcp_ext_keys if k in names.split()]
+            fields = lines[row].split()
+            layout.append((row + 1, [(fields.index(k), f"host.net.{proto.lower()}.{k}") for k in keys]))
+        return layout
 
     def _filesystems(self, out: Output) -> None:
         types = set(self.params.fs_types)
