@@ -79,7 +79,7 @@ def store_rows(db: Path) -> int:
 
 
 # ---------- 1. sidecar vs node_exporter ----------
-def bench_sidecar(duration: float, tmp: Path, secret: Path) -> dict:
+def bench_sidecar(duration: float, tmp: Path, secret: Path, overrides: list[str] = ()) -> dict:
     exporter = shutil.which("prometheus-node-exporter")
     if exporter is None:
         raise SystemExit("prometheus-node-exporter is missing: apt-get install prometheus-node-exporter")
@@ -90,7 +90,7 @@ def bench_sidecar(duration: float, tmp: Path, secret: Path) -> dict:
     sidecar = subprocess.Popen(
         [sys.executable, "-m", "sigma.cli", "sidecar", "--config", str(REPO / "configs" / "telemetry.yaml"),
          "--node", "bench", "--node-dir", str(node_dir), "--controller", f"http://127.0.0.1:{port}/v1/ingest",
-         "--secret-file", str(secret), "--log-level", "WARNING"],
+         "--secret-file", str(secret), "--log-level", "WARNING", *(f"--set={o}" for o in overrides)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ne_port = free_port()
     ne = subprocess.Popen([exporter, f"--web.listen-address=127.0.0.1:{ne_port}"],
@@ -245,6 +245,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=20_000, help="samples per pushed batch")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--clients", type=int, default=2, help="concurrent pushing connections")
+    parser.add_argument("--sidecar-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for the sidecar run (e.g. push.interval_s=5); default: none")
     parser.add_argument("--skip-sidecar", action="store_true")
     parser.add_argument("--skip-ingest", action="store_true")
     args = parser.parse_args()
@@ -254,9 +256,10 @@ def main() -> int:
         secret = tmp / "ingest.secret"
         wire.write_secret(secret)
         if not args.skip_sidecar:
-            r = bench_sidecar(args.duration, tmp / "sidecar", secret)
+            r = bench_sidecar(args.duration, tmp / "sidecar", secret, args.sidecar_set)
             s, n = r["sidecar"], r["node_exporter"]
-            print(f"\n== 1 Hz collection, {r['wall_s']:.0f} s, default config vs prometheus-node-exporter")
+            print(f"\n== 1 Hz collection, {r['wall_s']:.0f} s, default config "
+                  f"{' '.join(args.sidecar_set)} vs prometheus-node-exporter".replace("  ", " "))
             print(f"{'':16}{'CPU % core':>11}{'RSS MB':>9}{'samples/s':>11}{'CPU us/sample':>15}")
             for name, x in (("sigma sidecar", s), ("node_exporter", n)):
                 print(f"{name:16}{x['cpu_pct']:>11.2f}{x['rss_mb']:>9.1f}{x['samples_per_s']:>11.0f}"

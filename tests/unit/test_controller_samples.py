@@ -27,8 +27,8 @@ def _scan(conn, where, args):
 
 def test_only_the_node_metric_ts_index_is_left(tmp_path):
     conn = _db(tmp_path)
-    assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'samples' AND type = 'index'")} \
-        == {"samples_node_metric_ts"}
+    indexes = conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'samples' AND type = 'index'")
+    assert {r[0] for r in indexes} == {"samples_node_metric_ts"}
 
 
 def test_window_by_metrics_matches_a_scan(tmp_path):
@@ -51,4 +51,5 @@ def test_window_reads_search_the_index(tmp_path):
     conn = _db(tmp_path)
     for sql, args in ((BY_METRICS_SQL, ('["a"]', 1.0)), (BY_NODES_SQL, ('["n1"]', 1.0))):
         plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
-        assert "(node=? AND metric=? AND ts>?)" in plan and "SCAN s " not in plan + " " and "SCAN samples" not in plan, plan
+        assert "(node=? AND metric=? AND ts>?)" in plan, plan
+        assert "SCAN s " not in plan + " " and "SCAN samples" not in plan, plan
