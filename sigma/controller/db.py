@@ -38,6 +38,11 @@ INGEST_MIGRATIONS: list[Migration] = [
             payload TEXT NOT NULL DEFAULT '{}');
         CREATE INDEX kpis_job_ts ON kpis (job_id, ts);
     """),
+    ("0002_samples_without_ts_index", """
+        -- Every sample insert paid for two indexes; time-window reads now go per node through
+        -- samples_node_metric_ts (sigma.controller.samples), which makes this one redundant.
+        DROP INDEX IF EXISTS samples_ts;
+    """),
 ]
 
 CONTROLLER_MIGRATIONS: list[Migration] = [

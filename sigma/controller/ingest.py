@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -87,23 +88,13 @@ class Ingest:
         return node
 
     def _parse(self, body: bytes, node: str) -> dict:
+        if body.startswith(wire.BINARY_MAGIC):
+            return self._parse_binary(body, node)
         try:
             batch = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise Rejected(400, f"body is not JSON: {exc}") from None
-        if not isinstance(batch, dict):
-            raise Rejected(400, "batch must be a JSON object")
-        if batch.get("v") != wire.VERSION:
-            raise Rejected(400, f"unsupported batch version {batch.get('v')!r} (this controller speaks {wire.VERSION})")
-        if batch.get("node") != node:
-            raise Rejected(400, f"batch node {batch.get('node')!r} differs from the signed node {node!r}")
-        seq = batch.get("seq")
-        if type(seq) is not int or not 0 <= seq < 2**63:
-            raise Rejected(400, f"seq must be a non-negative integer, got {seq!r}")
-        series = _field(batch, "series", list)
-        for i, s in enumerate(series):
-            if not (isinstance(s, list) and len(s) == 3 and all(type(x) is str for x in s)):
-                raise Rejected(400, f"series[{i}] must be [metric, labels JSON, job ids JSON] strings")
+        seq, series, events, kpis = _header(batch, node, wire.VERSION)
         samples = _field(batch, "samples", dict)
         cols = []
         for name in ("s", "ts", "v"):
@@ -121,10 +112,31 @@ class Ingest:
                 raise Rejected(400, "samples.ts must hold numbers")
             if not set(map(type, v_col)) <= NUM_OR_NONE:
                 raise Rejected(400, "samples.v must hold numbers or null")
-        events = _rows(batch, "events", wire.EVENT_FIELDS,
-                       (NUMBER, str, str, str, str, str, str))
-        kpis = _rows(batch, "kpis", wire.KPI_FIELDS,
-                     (NUMBER, int, int, (int, type(None)), NUM_OR, NUM_OR, NUM_OR, NUM_OR, NUM_OR, str))
+        return {"seq": seq, "series": series, "s": s_col, "ts": ts_col, "v": v_col, "events": events, "kpis": kpis}
+
+    def _parse_binary(self, body: bytes, node: str) -> dict:
+        """Version 2: a JSON header line, then the sample columns as raw arrays (see sigma.telemetry.wire)."""
+        start = len(wire.BINARY_MAGIC)
+        end = body.find(b"\n", start)
+        if end < 0:
+            raise Rejected(400, "binary batch without a header line")
+        try:
+            batch = json.loads(body[start:end])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Rejected(400, f"batch header is not JSON: {exc}") from None
+        seq, series, events, kpis = _header(batch, node, wire.BINARY_VERSION)
+        n = batch.get("n")
+        if type(n) is not int or n < 0:
+            raise Rejected(400, f"n must be a non-negative integer, got {n!r}")
+        size = len(body) - end - 1
+        if size != n * wire.SAMPLE_BYTES:
+            raise Rejected(400, f"sample columns hold {size} bytes, {n} samples need {n * wire.SAMPLE_BYTES}")
+        s_col, ts_col, v_col = wire.decode_columns(memoryview(body)[end + 1:], n)
+        if n:
+            if max(s_col) >= len(series):
+                raise Rejected(400, "samples.s must hold indexes into series")
+            if not math.isfinite(sum(ts_col)):
+                raise Rejected(400, "samples.ts must hold finite numbers")
         return {"seq": seq, "series": series, "s": s_col, "ts": ts_col, "v": v_col, "events": events, "kpis": kpis}
 
     def _store(self, node: str, b: dict) -> dict:
@@ -165,6 +177,29 @@ class Ingest:
 
 
 NUM_OR = (int, float, type(None))
+
+
+def _header(batch, node: str, version: int) -> tuple:
+    """What both versions share: version, node, seq, series, events, kpis."""
+    if not isinstance(batch, dict):
+        raise Rejected(400, "batch must be a JSON object")
+    if batch.get("v") != version:
+        raise Rejected(400, f"unsupported batch version {batch.get('v')!r} (this controller speaks "
+                            f"{wire.VERSION} as JSON, {wire.BINARY_VERSION} with binary columns)")
+    if batch.get("node") != node:
+        raise Rejected(400, f"batch node {batch.get('node')!r} differs from the signed node {node!r}")
+    seq = batch.get("seq")
+    if type(seq) is not int or not 0 <= seq < 2**63:
+        raise Rejected(400, f"seq must be a non-negative integer, got {seq!r}")
+    series = _field(batch, "series", list)
+    for i, s in enumerate(series):
+        if not (isinstance(s, list) and len(s) == 3 and all(type(x) is str for x in s)):
+            raise Rejected(400, f"series[{i}] must be [metric, labels JSON, job ids JSON] strings")
+    events = _rows(batch, "events", wire.EVENT_FIELDS,
+                   (NUMBER, str, str, str, str, str, str))
+    kpis = _rows(batch, "kpis", wire.KPI_FIELDS,
+                 (NUMBER, int, int, (int, type(None)), NUM_OR, NUM_OR, NUM_OR, NUM_OR, NUM_OR, str))
+    return seq, series, events, kpis
 
 
 def _field(batch: dict, name: str, kind: type):

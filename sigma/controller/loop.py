@@ -23,6 +23,7 @@ from sigma.controller.isolation import Streaks, Verdict, pick_outlier, score_nod
 from sigma.controller.laggard import silent_node, waited_for_node
 from sigma.controller.journal import ActionRow, Journal
 from sigma.controller.remediation import Remediator
+from sigma.controller.samples import recent_for_metrics, recent_for_nodes
 from sigma.controller.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import evaluate, normalise
@@ -135,9 +136,7 @@ class Controller:
             return []
         names = sorted({r.metric.metric for r in metric_rules})
         window = max(r.metric.window_s for r in metric_rules)
-        marks = ",".join("?" * len(names))
-        return [normalise(r) for r in self.conn.execute(
-            f"SELECT * FROM samples WHERE ts >= ? AND metric IN ({marks})", (now - window, *names))]
+        return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
         windows = [r.kpi.window_s for r in self.rules if r.enabled and r.kpi]
@@ -185,9 +184,7 @@ class Controller:
         named |= {n for n in job.nodes if self.remediator.active(n)}
         if named:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
-        samples = [normalise(r) for r in self.conn.execute(
-            f"SELECT * FROM samples WHERE ts >= ? AND node IN ({','.join('?' * len(job.nodes))})",
-            (now - iso.history_s, *job.nodes))]
+        samples = [normalise(r) for r in recent_for_nodes(self.conn, now - iso.history_s, job.nodes)]
         current = [s for s in samples if s["ts"] >= now - iso.window_s]
         history = [s for s in samples if s["ts"] < now - iso.window_s]
         names, cur, hist = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)

@@ -89,6 +89,7 @@ class ControllerServer(ThreadingHTTPServer):
 
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # the reply is one small write; Nagle + delayed ACK would hold it ~40 ms
     server: ControllerServer
 
     def do_GET(self):
@@ -148,8 +149,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self._headers_buffer += [b"\r\n", payload]  # end of headers and the body: one write, one segment
+        self.flush_headers()
 
     def log_message(self, format, *args):  # access log only at debug: sidecars post every second
         log.debug("%s - %s", self.address_string(), format % args)

@@ -99,6 +99,7 @@ class Sidecar:
         self.jobs: JobTracker | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._wake = threading.Event()
         self._pending: list[Output] = []
         self._build_pusher(cfg)  # fails early on a bad secret file
 
@@ -168,9 +169,9 @@ class Sidecar:
 
     # ---------- main loop ----------
     def run(self) -> int:
-        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._request(self._reload))
+        signal.signal(signal.SIGTERM, lambda *_: self._request(self._stop))
+        signal.signal(signal.SIGINT, lambda *_: self._request(self._stop))
         self._start_collectors()
         if self.pusher:
             self.pusher.start()
@@ -178,24 +179,18 @@ class Sidecar:
         next_jobs = time.monotonic() + cfg.jobs.refresh_s
         next_prune = time.monotonic()
         next_write = time.monotonic() + cfg.store.write_every_s
-        items: list = []
         while not self._stop.is_set():
-            # sleep until the next write is due; a stop or reload request wakes us through the timeout
-            try:
-                items.append(self.sink.get(timeout=min(0.5, max(0.0, next_write - time.monotonic()))))
-                items += self._take_all()
-            except queue.Empty:
-                pass
+            # sleep until the next write is due (collector outputs wait in the queue meanwhile: one wake-up per
+            # write, not one per collector run); a stop or reload request wakes us early
+            self._wake.wait(max(0.0, min(next_write, next_jobs, next_prune) - time.monotonic()))
+            self._wake.clear()
             now = time.monotonic()
             if now >= next_write:
                 next_write = now + cfg.store.write_every_s
-                if items or self._pending:
-                    self._handle(items)
-                    items = []
+                self._drain_sink()
             if self._reload.is_set():
                 self._reload.clear()
-                self._handle(items)
-                items = []
+                self._drain_sink()
                 self.reload()
                 cfg = self.loaded.config
             if now >= next_jobs:
@@ -204,7 +199,7 @@ class Sidecar:
             if now >= next_prune:
                 next_prune = now + cfg.store.prune_every_s
                 self._prune()
-        self._handle(items)
+        self._drain_sink()
         log.info("stopping: flushing collected data")
         self._stop_collectors()
         if self.pusher:
@@ -213,8 +208,12 @@ class Sidecar:
         self.store.close()
         return 0
 
+    def _request(self, flag: threading.Event) -> None:
+        flag.set()
+        self._wake.set()
+
     def stop(self) -> None:
-        self._stop.set()
+        self._request(self._stop)
 
     def _take_all(self) -> list:
         items = []

@@ -9,14 +9,13 @@ the batch is kept locally as 'rejected', reported as an event, and the stream mo
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import threading
 import time
 from urllib.parse import urlsplit
 
-from sigma.telemetry import wire
+from sigma.telemetry import http11, wire
 from sigma.telemetry.store import NodeStore
 
 log = logging.getLogger("sigma.telemetry.push")
@@ -42,10 +41,12 @@ class Pusher:
         self.report = report  # callable(kind, message, severity, fields): sidecar self-report events
         self.stop_event = threading.Event()
         self.wake = threading.Event()
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: http11.Connection | None = None
         self._thread: threading.Thread | None = None
         self.stats = {"batches": 0, "records": 0, "failures": 0, "duplicates": 0, "rejected": 0}
         self.connected = None  # last known reachability, for transition reports
+        self._acked = None  # (seq, ranges) acknowledged by the controller, recorded with the next cut
+        self._full = False  # the last batch sent was full: more backlog, send the next one right away
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"push.url must be http(s)://host:port/path, got {url!r}")
@@ -89,23 +90,36 @@ class Pusher:
                 continue
             backoff = self.interval_s
             self._transition(True, "")
-            if not sent:  # caught up: wait for the next interval
+            if not sent or not self._full:  # caught up: wait for the next interval
                 self.wake.wait(self.interval_s)
                 self.wake.clear()
+        self.flush_ack()
         self.store.close()
+
+    def flush_ack(self) -> None:
+        """Record an acknowledgement not yet written (it rides along with the next cut otherwise)."""
+        if self._acked is not None:
+            self.store.ack(*self._acked)
+            self._acked = None
 
     def push_once(self) -> bool:
         """Send the next batch; True if one was acknowledged (or rejected for its content)."""
-        batch = self.store.next_batch(self.max_records)
+        acked, self._acked = self._acked, None
+        try:
+            batch = self.store.next_batch(self.max_records, acked)
+        except BaseException:
+            self._acked = acked
+            raise
         if batch is None:
             return False
         seq, ranges = batch
-        samples, events, kpis = self.store.batch_rows(ranges)
-        body = wire.encode_batch(self.node, seq, time.time(), samples, events, kpis)
+        samples, events, kpis = self.store.recent_rows(ranges) or self.store.batch_rows(ranges)
+        body = wire.encode_binary_batch(self.node, seq, time.time(), samples, events, kpis)
         status, reply = self._post(body)
         n = len(samples) + len(events) + len(kpis)
         if status == 200 and reply.get("ok") and reply.get("seq") == seq:
-            self.store.ack(seq, ranges)
+            self._acked = (seq, ranges)  # written with the next cut; if we die first, the batch is re-sent once
+            self._full = n >= self.max_records
             self.stats["batches"] += 1
             self.stats["records"] += n
             self.stats["duplicates"] += bool(reply.get("duplicate"))
@@ -124,34 +138,32 @@ class Pusher:
 
     def _post(self, body: bytes) -> tuple[int, dict]:
         ts = f"{time.time():.3f}"
-        headers = {"Content-Type": "application/json", "Content-Length": str(len(body)),
+        headers = {"Content-Type": "application/octet-stream",
                    wire.HEADER_NODE: self.node, wire.HEADER_TS: ts,
                    wire.HEADER_SIG: wire.sign(self.secret, self.node, ts, body)}
         path = self._parts.path or "/v1/ingest"
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._connection()
             try:
-                conn.request("POST", path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                status, _, data = conn.post(path, headers, body)
+            except (http11.Disconnected, BrokenPipeError, ConnectionResetError):
                 self._close()
                 if attempt:
                     raise
                 continue
-            if resp.getheader("Connection", "").lower() == "close":
-                self._close()
             try:
                 reply = json.loads(data) if data else {}
             except ValueError:
                 reply = {"error": data[:200].decode("utf-8", "replace")}
-            return resp.status, reply if isinstance(reply, dict) else {}
+            return status, reply if isinstance(reply, dict) else {}
         raise PushError("unreachable")
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> http11.Connection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            self._conn = cls(self._parts.hostname, self._parts.port, timeout=self.timeout_s)
+            parts = self._parts
+            tls = parts.scheme == "https"
+            self._conn = http11.Connection(parts.hostname, parts.port or (443 if tls else 80),
+                                           timeout=self.timeout_s, tls=tls)
         return self._conn
 
     def _close(self) -> None:

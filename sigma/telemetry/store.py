@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import deque
 import threading
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ EVENT_INSERT = ("INSERT INTO events (ts, source, kind, severity, message, fields
 KPI_INSERT = ("INSERT INTO kpis (ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload) "
               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 PRUNE_CHUNK = 5000
+RECENT_MAX_ROWS = 50_000  # per table: rows kept in memory for the pusher (a backlog is read back)
 
 
 class NodeStore:
@@ -59,6 +61,9 @@ class NodeStore:
         self.path = Path(path)
         self.node = node
         self._local = threading.local()
+        self._recent = {t: deque() for t in TABLES}  # (lo, hi, rows) written lately, for the pusher
+        self._recent_rows = dict.fromkeys(TABLES, 0)
+        self._recent_lock = threading.Lock()
         conn = self.conn
         if not self.path.exists() or conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
@@ -97,59 +102,114 @@ class NodeStore:
 
     # ---------- writing ----------
     def write(self, outputs, job_ids_json: str) -> int:
-        """Store collector outputs (samples get the current job ids) and their positions in one transaction."""
+        """Store collector outputs (samples get the current job ids) and their positions in one transaction.
+
+        The rows just written are also kept in memory with their id ranges (see recent_rows), so the pusher
+        usually sends them without reading them back."""
+        samples, events, kpis, positions = [], [], [], []
+        for out in outputs:
+            if out.samples:
+                samples += [(ts, m, v, l, job_ids_json) for ts, m, v, l in out.samples]
+            if out.events:
+                events += [(*e[:6], job_ids_json if e[6] is None else e[6]) for e in out.events]
+            kpis += out.kpis
+            if out.positions:
+                positions += out.positions.items()
         conn = self.conn
-        n = 0
+        chunks = []
         with conn:
-            for out in outputs:
-                if out.samples:
-                    conn.executemany(SAMPLE_INSERT, [(ts, m, v, l, job_ids_json) for ts, m, v, l in out.samples])
-                if out.events:
-                    conn.executemany(EVENT_INSERT, [(*e[:6], job_ids_json if e[6] is None else e[6])
-                                                    for e in out.events])
-                if out.kpis:
-                    conn.executemany(KPI_INSERT, out.kpis)
-                if out.positions:
-                    conn.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", out.positions.items())
-                n += len(out)
-        return n
+            for table, sql, rows in (("samples", SAMPLE_INSERT, samples), ("events", EVENT_INSERT, events),
+                                     ("kpis", KPI_INSERT, kpis)):
+                if rows:
+                    # AUTOINCREMENT ids of one writer's transaction are contiguous, after the table's sequence
+                    last = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+                    lo = last[0] if last else 0
+                    conn.executemany(sql, rows)
+                    chunks.append((table, lo, lo + len(rows), rows))
+            if positions:
+                conn.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", positions)
+        with self._recent_lock:
+            for table, lo, hi, rows in chunks:
+                recent = self._recent[table]
+                recent.append((lo, hi, rows))
+                self._recent_rows[table] += hi - lo
+                while self._recent_rows[table] > RECENT_MAX_ROWS:
+                    old_lo, old_hi, _ = recent.popleft()
+                    self._recent_rows[table] -= old_hi - old_lo
+        return len(samples) + len(events) + len(kpis)
+
+    def recent_rows(self, ranges: dict):
+        """batch_rows(ranges) from the rows kept in memory since they were written, or None where they are not
+        all there any more (a backlog, a restart): then read them from the database."""
+        result = []
+        with self._recent_lock:
+            for table in ("samples", "events", "kpis"):
+                lo, hi = ranges[table]
+                recent = self._recent[table]
+                while recent and recent[0][1] <= lo:  # sent before the oldest unacknowledged batch
+                    old_lo, old_hi, _ = recent.popleft()
+                    self._recent_rows[table] -= old_hi - old_lo
+                rows = []
+                at = lo
+                for c_lo, c_hi, c_rows in recent:
+                    if at >= hi:
+                        break
+                    if c_lo > at:
+                        return None  # a gap: not in memory
+                    rows += c_rows[at - c_lo:min(hi, c_hi) - c_lo]
+                    at = min(hi, c_hi)
+                if at < hi:
+                    return None
+                result.append(rows)
+        return tuple(result)
 
     # ---------- push side ----------
     def pushed(self, table: str) -> int:
         return int(self.meta(f"pushed.{table}", 0))
 
-    def next_batch(self, max_records: int):
+    def next_batch(self, max_records: int, acked: tuple | None = None):
         """The oldest unacknowledged batch, cutting a new one from unpushed rows if none is pending.
 
-        Returns (seq, ranges dict table -> (lo, hi)) or None when there is nothing to send."""
+        acked: (seq, ranges) of a batch the controller acknowledged since, recorded in the same transaction (one
+        commit per push instead of two). Returns (seq, ranges dict table -> (lo, hi)) or None when there is
+        nothing to send."""
         conn = self.conn
+        try:
+            return self._next_batch(conn, max_records, acked)
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+
+    def _next_batch(self, conn, max_records: int, acked):
+        if acked is not None:
+            conn.execute("BEGIN")
+            self._ack(*acked)
         row = conn.execute("SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1").fetchone()
         if row is not None:
+            if conn.in_transaction:
+                conn.commit()
             return row["seq"], {t: (row[f"{t}_lo"], row[f"{t}_hi"]) for t in TABLES}
+        meta = dict(conn.execute("SELECT key, value FROM meta"))  # a dozen rows: one read instead of many
+        # AUTOINCREMENT: one writer, ids contiguous up to the table's sequence (pruning only leaves gaps, which
+        # make a batch smaller than max_records, never larger)
+        tops = dict(conn.execute("SELECT name, seq FROM sqlite_sequence"))
         ranges = {}
         budget = max_records
+        for table in ("events", "kpis", "samples"):  # rare, small kinds first; samples fill the rest
+            lo = int(meta.get(f"cut.{table}", 0))
+            hi = min(max(lo, tops.get(table) or 0), lo + max(budget, 0))
+            budget -= hi - lo
+            ranges[table] = (lo, hi)
         with conn:
-            for table in ("events", "kpis", "samples"):  # rare, small kinds first; samples fill the rest
-                lo = int(self.meta(f"cut.{table}", 0))
-                hi = lo
-                if budget > 0:
-                    last = conn.execute(f"SELECT id FROM {table} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?",
-                                        (lo, budget - 1)).fetchone()
-                    hi = last[0] if last else (conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0] or lo)
-                    hi = max(hi, lo)
-                    if hi > lo:
-                        budget -= conn.execute(f"SELECT count(*) FROM {table} WHERE id > ? AND id <= ?",
-                                               (lo, hi)).fetchone()[0]
-                ranges[table] = (lo, hi)
             if all(lo == hi for lo, hi in ranges.values()):
                 return None
-            seq = int(self.meta("next_seq"))
+            seq = int(meta["next_seq"])
             conn.execute("INSERT INTO outbox (seq, created_at, samples_lo, samples_hi, events_lo, events_hi, "
                          "kpis_lo, kpis_hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                          (seq, time.time(), *ranges["samples"], *ranges["events"], *ranges["kpis"]))
-            self._set_meta("next_seq", seq + 1)
-            for table, (lo, hi) in ranges.items():
-                self._set_meta(f"cut.{table}", hi)
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                             [("next_seq", str(seq + 1))] + [(f"cut.{t}", str(hi)) for t, (lo, hi) in ranges.items()])
         return seq, ranges
 
     def batch_rows(self, ranges: dict):
@@ -167,9 +227,15 @@ class NodeStore:
 
     def ack(self, seq: int, ranges: dict) -> None:
         with self.conn:
-            self.conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
-            for table, (lo, hi) in ranges.items():
-                self._set_meta(f"pushed.{table}", max(hi, self.pushed(table)))
+            self._ack(seq, ranges)
+
+    def _ack(self, seq: int, ranges: dict) -> None:
+        conn = self.conn
+        pushed = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'pushed.%'"))
+        conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                         [(f"pushed.{t}", str(max(hi, int(pushed.get(f"pushed.{t}", 0)))))
+                          for t, (lo, hi) in ranges.items()])
 
     def reject(self, seq: int, ranges: dict, error: str) -> None:
         """The controller refused the batch for its content (not auth): keep it here, move on, report it."""

@@ -167,3 +167,57 @@ def test_secret_file_must_be_private(tmp_path):
         wire.read_secret(path)
     with pytest.raises(wire.SecretError, match="cannot read"):
         wire.read_secret(tmp_path / "missing")
+
+
+def binary_batch(seq=1, node="node1", n=3) -> bytes:
+    samples = [(100.0 + i, "host.load1" if i % 2 else "gpu.temp_c", None if i == 1 else float(i),
+                '{"gpu":"0"}' if i % 2 == 0 else "{}", "[42]") for i in range(n)]
+    events = [(101.0, "log", "xid", "error", "Xid 79", '{"xid":79}', "[42]")]
+    return wire.encode_binary_batch(node, seq, time.time(), samples, events, [])
+
+
+def test_binary_batch_is_stored_once_and_nan_becomes_null(server):
+    status, reply = post(server, binary_batch(seq=9))
+    assert status == 200 and reply["stored"] == {"samples": 3, "events": 1, "kpis": 0}
+    assert post(server, binary_batch(seq=9))[1]["duplicate"] is True
+    db = open_db(server.ingest.db_path, readonly=True)
+    rows = db.execute("SELECT node, ts, metric, value, labels, job_ids FROM samples ORDER BY ts").fetchall()
+    assert [tuple(r) for r in rows] == [("node1", 100.0, "gpu.temp_c", 0.0, '{"gpu":"0"}', "[42]"),
+                                        ("node1", 101.0, "host.load1", None, "{}", "[42]"),
+                                        ("node1", 102.0, "gpu.temp_c", 2.0, '{"gpu":"0"}', "[42]")]
+    db.close()
+    assert counts(server) == (1, 3, 1, 0)
+
+
+def _binary_mutate(header_changes=None, columns=None) -> bytes:
+    body = binary_batch()
+    start = len(wire.BINARY_MAGIC)
+    end = body.index(b"\n", start)
+    header = json.loads(body[start:end])
+    header.update(header_changes or {})
+    return wire.BINARY_MAGIC + json.dumps(header).encode() + b"\n" + (body[end + 1:] if columns is None else columns)
+
+
+def _columns(s, ts, v) -> bytes:
+    from array import array
+    return array(wire.INDEX_TYPE, s).tobytes() + array("d", ts).tobytes() + array("d", v).tobytes()
+
+
+@pytest.mark.parametrize("body, reason", [
+    (wire.BINARY_MAGIC + b'{"v": 2}', "without a header line"),
+    (wire.BINARY_MAGIC + b"{oops\n", "header is not JSON"),
+    (_binary_mutate({"v": 1}), "unsupported batch version"),
+    (_binary_mutate({"node": "node2"}), "differs from the signed node"),
+    (_binary_mutate({"n": -1}), "n must be"),
+    (_binary_mutate({"n": 4}), "sample columns hold 60 bytes, 4 samples need 80"),
+    (_binary_mutate(columns=b"\0" * 59), "sample columns hold 59 bytes"),
+    (_binary_mutate(columns=_columns([0, 1, 2], [1.0, 2.0, 3.0], [0.0, 0.0, 0.0])), "indexes into series"),
+    (_binary_mutate(columns=_columns([0, 1, 0], [1.0, float("nan"), 3.0], [0.0, 0.0, 0.0])), "finite"),
+    (_binary_mutate(columns=_columns([0, 1, 0], [1.0, float("inf"), 3.0], [0.0, 0.0, 0.0])), "finite"),
+    (_binary_mutate({"events": [[1.0, "log"]]}), "events[0] must be a list of 7"),
+])
+def test_malformed_binary_batches_get_400_with_a_reason(server, body, reason):
+    status, reply = post(server, body)
+    assert status == 400 and reason in reply["error"], reply
+    assert counts(server) == (0, 0, 0, 0)
+    assert post(server, binary_batch(seq=2))[0] == 200

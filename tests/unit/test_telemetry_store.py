@@ -82,3 +82,27 @@ def test_size_bound_deletes_oldest_first(tmp_path):
     seq, ranges = store.next_batch(max_records=100000)  # the outbox skips what is gone
     samples, _, _ = store.batch_rows(ranges)
     assert len(samples) == store.conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+
+
+def test_recent_rows_are_the_rows_read_back_or_none(tmp_path, monkeypatch):
+    store = NodeStore(tmp_path / "n.db", "node1")
+    fill(store, 25, 100.0)
+    out = Output(ts=101.0)
+    out.event("log", "xid", "boom", "error", {"xid": 79})
+    out.kpi(101.0, 7, 0, 3, 2.5, 0.4, 10.0, None, 1.0, {})
+    store.write([out], "[3]")
+    for max_records in (10, 10, 10, 10):
+        seq, ranges = store.next_batch(max_records)
+        from_db = [[tuple(r) for r in rows] for rows in store.batch_rows(ranges)]
+        assert [[tuple(r) for r in rows] for rows in store.recent_rows(ranges)] == from_db
+        store.ack(seq, ranges)
+        if store.next_batch(max_records) is None:
+            break
+    assert store.backlog() == 0
+    monkeypatch.setattr("sigma.telemetry.store.RECENT_MAX_ROWS", 5)
+    fill(store, 8, 102.0)  # more than the memory keeps: the batch is read back from the database
+    seq, ranges = store.next_batch(100)
+    assert store.recent_rows(ranges) is None and len(store.batch_rows(ranges)[0]) == 8
+    store.close()
+    again = NodeStore(tmp_path / "n.db", "node1")  # after a restart nothing is in memory
+    assert again.recent_rows(again.next_batch(100)[1]) is None

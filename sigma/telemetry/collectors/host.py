@@ -1,7 +1,11 @@
-"""Host metrics through psutil: CPU, memory and page cache, swap, disk and network I/O, load, pressure stall info.
+"""Host metrics read straight from /proc: CPU, memory and page cache, swap, disk and network I/O, load, pressure
+stall info, sockets, softnet drops, filesystems.
 
 Counters are reported raw (cumulative, like node_exporter); CPU utilisation is computed from the delta since the
-previous run. Every read goes through `host_root` (psutil.PROCFS_PATH), so tests run on fixture /proc trees.
+previous run. Values and names follow psutil's conventions (host.mem.used_bytes = total - available,
+cached including SReclaimable; CPU seconds = ticks / CLK_TCK; sectors of 512 bytes), but each file is read once
+and parsed with str.split, and every series' metric name and label JSON is built once and reused: the collector
+runs every second on every node. Every read goes through `host_root`, so tests run on fixture /proc trees.
 """
 
 from __future__ import annotations
@@ -10,14 +14,25 @@ import os
 import re
 from dataclasses import dataclass
 
-import psutil
-
-from sigma.telemetry.base import Collector, CollectorParams, Output, register
+from sigma.telemetry.base import Collector, CollectorParams, Output, labels_json, register
 
 MEM_FIELDS = ("total", "available", "used", "free", "active", "inactive", "buffers", "cached", "shared", "slab")
-DISK_FIELDS = ("read_count", "write_count", "read_bytes", "write_bytes", "read_time", "write_time", "busy_time")
-NET_FIELDS = ("bytes_sent", "bytes_recv", "packets_sent", "packets_recv", "errin", "errout", "dropin", "dropout")
+CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
+# /proc/diskstats columns after the name (psutil names; times in ms, sectors of 512 bytes -> bytes)
+DISK_COLUMNS = (("read_count", 0, 1), ("read_merged_count", 1, 1), ("read_bytes", 2, 512), ("read_time", 3, 1),
+                ("write_count", 4, 1), ("write_merged_count", 5, 1), ("write_bytes", 6, 512),
+                ("write_time", 7, 1), ("io_in_progress", 8, 1), ("busy_time", 9, 1), ("weighted_io_time", 10, 1))
+# /proc/net/dev columns after "iface:"
+NET_COLUMNS = ("bytes_recv", "packets_recv", "errin", "dropin", "fifo_in", "frame_in", "compressed_in",
+               "multicast_in", "bytes_sent", "packets_sent", "errout", "dropout", "fifo_out", "colls_out",
+               "carrier_out", "compressed_out")
+# /proc/stat lines besides cpu*: first number -> metric
+STAT_COUNTERS = {"ctxt": "host.stat.context_switches", "intr": "host.stat.interrupts",
+                 "processes": "host.stat.forks", "procs_blocked": "host.procs.blocked",
+                 "softirq": "host.stat.softirqs"}
+SOFTNET_COLUMNS = (("processed", 0), ("dropped", 1), ("time_squeeze", 2))
 PSI_RESOURCES = ("cpu", "memory", "io")
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @register("host")
@@ -35,6 +50,10 @@ class HostCollector(Collector):
         fs_types: list[str] = None  # filesystem types reported (default: common disk and parallel filesystems)
         protocols: list[str] = None  # /proc/net/snmp sections reported in full (TCP retransmits, UDP drops)
         tcp_ext_keys: list[str] = None  # /proc/net/netstat TcpExt counters to report
+        meminfo: bool = True  # every /proc/meminfo field as host.meminfo.<Field> (dirty, hugepages, ...)
+        stat_counters: bool = True  # /proc/stat context switches, interrupts, forks, softirqs, blocked procs
+        sockstat: bool = True  # /proc/net/sockstat socket counts (TCP in use, orphans, TIME_WAIT, memory)
+        softnet: bool = True  # /proc/net/softnet_stat per CPU: packets processed, dropped, time squeezes
 
         def __post_init__(self):
             super().__post_init__()
@@ -56,120 +75,239 @@ class HostCollector(Collector):
     def __init__(self, section, params, ctx):
         super().__init__(section, params, ctx)
         self.proc = os.path.join(ctx.host_root, "proc")
-        psutil.PROCFS_PATH = self.proc
         self._last_cpu = None
+        self._series: dict = {}  # (kind, key) -> prebuilt [(metric, labels JSON), ...] for a device/iface/cpu
+        self._vmstat = set(params.vmstat_keys or ())
+
+    def _read(self, *parts: str) -> str | None:
+        try:
+            with open(os.path.join(self.proc, *parts)) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _labelled(self, kind: str, key: str, names, label: str) -> list:
+        """Metric names and label JSON for one device/iface/cpu, built on first sight."""
+        series = self._series.get((kind, key))
+        if series is None:
+            lj = labels_json({label: key})
+            series = self._series[(kind, key)] = [(f"host.{kind}.{n}", lj) for n in names]
+        return series
 
     def collect(self, out: Output) -> None:
         p = self.params
-        psutil.PROCFS_PATH = self.proc
-        self._cpu(out)
-        mem = psutil.virtual_memory()
-        for f in MEM_FIELDS:
-            out.sample(f"host.mem.{f}_bytes", getattr(mem, f, None))
-        swap = psutil.swap_memory()
-        out.sample("host.swap.used_bytes", swap.used)
-        out.sample("host.swap.total_bytes", swap.total)
-        self._loadavg(out)
-        if p.vmstat_keys:
-            self._vmstat(out)
+        add = out.samples.append
+        ts = out.ts
+        self._stat(add, ts)
+        self._memory(add, ts)
+        self._loadavg(add, ts)
+        if self._vmstat:
+            self._vmstat_counters(add, ts)
         if p.disks:
-            for dev, c in (psutil.disk_io_counters(perdisk=True, nowrap=False) or {}).items():
-                if p.disk_re.search(dev):
-                    continue
-                labels = {"device": dev}
-                for f in DISK_FIELDS:
-                    out.sample(f"host.disk.{f}", getattr(c, f, None), labels)
+            self._disks(add, ts)
         if p.network:
-            for nic, c in (psutil.net_io_counters(pernic=True, nowrap=False) or {}).items():
-                if p.net_re.search(nic):
-                    continue
-                labels = {"iface": nic}
-                for f in NET_FIELDS:
-                    out.sample(f"host.net.{f}", getattr(c, f), labels)
+            self._network(add, ts)
         if p.pressure:
             self._pressure(out)
         if p.protocols or p.tcp_ext_keys:
             self._netstat(out)
+        if p.sockstat:
+            self._sockstat(add, ts)
+        if p.softnet:
+            self._softnet(add, ts)
         if p.filesystems:
             self._filesystems(out)
         self._file_nr(out)
 
-    def _cpu(self, out: Output) -> None:
-        total = psutil.cpu_times()
-        per = psutil.cpu_times(percpu=True) if self.params.percpu else []
-        for mode in total._fields:
-            out.sample("host.cpu.seconds", getattr(total, mode), {"mode": mode})
-        for i, t in enumerate(per):
-            cpu = str(i)
-            for mode in t._fields:
-                out.sample("host.cpu.seconds", getattr(t, mode), {"cpu": cpu, "mode": mode})
-        now = [total] + list(per)
-        if self._last_cpu is not None and len(self._last_cpu) == len(now):
-            for i, (a, b) in enumerate(zip(self._last_cpu, now)):
-                util = _util_pct(a, b)
-                out.sample("host.cpu.util_pct", util, None if i == 0 else {"cpu": str(i - 1)})
-        self._last_cpu = now
-        out.sample("host.cpu.count", len(per) or os.cpu_count())
+    def _stat(self, add, ts: float) -> None:
+        text = self._read("stat")
+        if text is None:
+            raise OSError(f"cannot read {self.proc}/stat")
+        cpus = []
+        counters = self.params.stat_counters
+        for line in text.splitlines():
+            name, _, rest = line.partition(" ")
+            if name.startswith("cpu"):
+                if name != "cpu" and not self.params.percpu:
+                    continue
+                cpus.append((name[3:], [int(x) / CLK_TCK for x in rest.split()[:len(CPU_MODES)]]))
+            elif counters and name in STAT_COUNTERS:
+                add((ts, STAT_COUNTERS[name], int(rest.split(None, 1)[0]), "{}"))
+        for cpu, times in cpus:
+            for lj, value in zip(self._cpu_labels(cpu), times):
+                add((ts, "host.cpu.seconds", value, lj))
+        last = self._last_cpu
+        if last is not None and len(last) == len(cpus):
+            for (cpu, a), (_, b) in zip(last, cpus):
+                add((ts, "host.cpu.util_pct", _util_pct(a, b), self._cpu_labels(cpu)[-1]))
+        self._last_cpu = cpus
+        add((ts, "host.cpu.count", len(cpus) - 1 if len(cpus) > 1 else os.cpu_count(), "{}"))
 
-    def _loadavg(self, out: Output) -> None:
-        with open(os.path.join(self.proc, "loadavg")) as f:
-            parts = f.read().split()
-        for name, value in zip(("host.load1", "host.load5", "host.load15"), parts[:3]):
-            out.sample(name, float(value))
+    def _cpu_labels(self, cpu: str) -> list[str]:
+        """Label JSON per mode for one CPU ("" = the total), then the label JSON of its util_pct series."""
+        labels = self._series.get(("cpu", cpu))
+        if labels is None:
+            base = {"cpu": cpu} if cpu else {}
+            labels = self._series[("cpu", cpu)] = [labels_json({**base, "mode": m}) for m in CPU_MODES] + [
+                labels_json(base)]
+        return labels
+
+    def _memory(self, add, ts: float) -> None:
+        text = self._read("meminfo")
+        if text is None:
+            raise OSError(f"cannot read {self.proc}/meminfo")
+        info = {}
+        kb = set()
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                if len(parts) > 1:  # "kB"
+                    kb.add(key)
+                    info[key] = int(parts[0]) * 1024
+                else:
+                    info[key] = int(parts[0])
+        g = info.get
+        total, free, buffers = g("MemTotal", 0), g("MemFree", 0), g("Buffers", 0)
+        cached = g("Cached", 0) + g("SReclaimable", 0)
+        available = g("MemAvailable")
+        if available is None:  # kernels before 3.14
+            available = free + cached + buffers
+        used = total - available  # as psutil >= 6 and free(1) count it
+        for name, value in (("total", total), ("available", available), ("used", used), ("free", free),
+                            ("active", g("Active")), ("inactive", g("Inactive")), ("buffers", buffers),
+                            ("cached", cached), ("shared", g("Shmem", g("MemShared"))), ("slab", g("Slab"))):
+            add((ts, f"host.mem.{name}_bytes", value, "{}"))
+        swap_total = g("SwapTotal", 0)
+        add((ts, "host.swap.used_bytes", swap_total - g("SwapFree", 0), "{}"))
+        add((ts, "host.swap.total_bytes", swap_total, "{}"))
+        if self.params.meminfo:
+            names = self._series.get("meminfo")
+            if names is None:
+                names = self._series["meminfo"] = {}
+            for key, value in info.items():
+                metric = names.get(key)
+                if metric is None:
+                    metric = names[key] = ("host.meminfo." + key.replace("(", "_").replace(")", "")
+                                           + ("_bytes" if key in kb else ""))
+                add((ts, metric, value, "{}"))
+
+    def _loadavg(self, add, ts: float) -> None:
+        parts = (self._read("loadavg") or "").split()
+        if len(parts) < 4:
+            return
+        add((ts, "host.load1", float(parts[0]), "{}"))
+        add((ts, "host.load5", float(parts[1]), "{}"))
+        add((ts, "host.load15", float(parts[2]), "{}"))
         running, _, total = parts[3].partition("/")
-        out.sample("host.procs.running", int(running))
-        out.sample("host.procs.total", int(total))
+        add((ts, "host.procs.running", int(running), "{}"))
+        add((ts, "host.procs.total", int(total), "{}"))
 
-    def _vmstat(self, out: Output) -> None:
-        wanted = set(self.params.vmstat_keys)
-        with open(os.path.join(self.proc, "vmstat")) as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                if key in wanted:
-                    out.sample(f"host.vmstat.{key}", int(value))
+    def _vmstat_counters(self, add, ts: float) -> None:
+        text = "\n" + (self._read("vmstat") or "")
+        for key in self._vmstat:  # a few wanted keys out of ~180 lines: find them, do not split every line
+            at = text.find(f"\n{key} ")
+            if at >= 0:
+                end = text.find("\n", at + 1)
+                add((ts, f"host.vmstat.{key}", int(text[at + len(key) + 2:end if end > 0 else None]), "{}"))
+
+    def _disks(self, add, ts: float) -> None:
+        exclude = self.params.disk_re.search
+        for line in (self._read("diskstats") or "").splitlines():
+            parts = line.split()
+            if len(parts) < 14 or exclude(parts[2]):
+                continue
+            values = parts[3:]
+            for (metric, lj), (_, i, scale) in zip(self._labelled("disk", parts[2], [c[0] for c in DISK_COLUMNS],
+                                                                  "device"), DISK_COLUMNS):
+                add((ts, metric, int(values[i]) * scale, lj))
+
+    def _network(self, add, ts: float) -> None:
+        exclude = self.params.net_re.search
+        for line in (self._read("net", "dev") or "").splitlines()[2:]:
+            nic, _, rest = line.partition(":")
+            nic = nic.strip()
+            if not rest or exclude(nic):
+                continue
+            for (metric, lj), value in zip(self._labelled("net", nic, NET_COLUMNS, "iface"), rest.split()):
+                add((ts, metric, int(value), lj))
+
+    def _sockstat(self, add, ts: float) -> None:
+        for line in (self._read("net", "sockstat") or "").splitlines():
+            proto, _, rest = line.partition(":")
+            pairs = rest.split()
+            prefix = f"host.sockstat.{proto.lower()}."
+            for key, value in zip(pairs[0::2], pairs[1::2]):
+                add((ts, prefix + key, int(value), "{}"))
+
+    def _softnet(self, add, ts: float) -> None:
+        for cpu, line in enumerate((self._read("net", "softnet_stat") or "").splitlines()):
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            for (metric, lj), (_, i) in zip(self._labelled("softnet", str(cpu), [c[0] for c in SOFTNET_COLUMNS],
+                                                           "cpu"), SOFTNET_COLUMNS):
+                add((ts, metric, int(parts[i], 16), lj))
 
     def _pressure(self, out: Output) -> None:
         for res in PSI_RESOURCES:
-            try:
-                with open(os.path.join(self.proc, "pressure", res)) as f:
-                    text = f.read()
-            except OSError:
+            text = self._read("pressure", res)
+            if text is None:
                 continue  # kernel without PSI (or disabled): nothing to report
             for kind, values in parse_psi(text).items():
                 for key, value in values.items():
                     out.sample(f"host.pressure.{res}.{kind}.{key}", value)
 
-
     def _netstat(self, out: Output) -> None:
-        p = self.params
-        for name, wanted in (("snmp", None), ("netstat", {"TcpExt": set(p.tcp_ext_keys)})):
-            try:
-                with open(os.path.join(self.proc, "net", name)) as f:
-                    tables = parse_proc_net_table(f.read(), set(p.protocols) if wanted is None else set(wanted))
-            except OSError:
+        """/proc/net/snmp (the `protocols` sections in full) and /proc/net/netstat (the `tcp_ext_keys`): the
+        column positions are worked out from the header lines once; later runs only pick the value columns."""
+        add, ts = out.samples.append, out.ts
+        for name in ("snmp", "netstat"):
+            text = self._read("net", name)
+            if text is None:
                 continue
-            for proto, values in tables.items():
-                if wanted is None:
-                    if proto not in p.protocols:
-                        continue
-                    keys = values
-                else:
-                    if proto not in wanted:
-                        continue
-                    keys = wanted[proto]
-                for key in keys:
-                    if key in values:
-                        out.sample(f"host.net.{proto.lower()}.{key}", values[key])
+            lines = text.splitlines()
+            layout = self._series.get(("netstat", name))
+            if layout is None or layout[0] != lines[0::2]:
+                layout = self._series[("netstat", name)] = (lines[0::2], self._net_layout(name, lines))
+            for row, columns in layout[1]:
+                if row >= len(lines):
+                    continue
+                values = lines[row].split()
+                for i, metric in columns:
+                    value = values[i] if i < len(values) else ""
+                    if value.lstrip("-").isdigit():
+                        add((ts, metric, int(value), "{}"))
+
+    def _net_layout(self, name: str, lines: list[str]) -> list:
+        """[(value line index, [(column, metric), ...]), ...] for the wanted sections and keys."""
+        p = self.params
+        layout = []
+        for row in range(0, len(lines) - 1, 2):
+            proto, _, names = lines[row].partition(":")
+            if name == "snmp":
+                if proto not in p.protocols:
+                    continue
+                keys = names.split()
+            else:
+                if proto != "TcpExt":
+                    continue
+                keys = [k for k in p.tcp_ext_keys if k in names.split()]
+            fields = lines[row].split()
+            layout.append((row + 1, [(fields.index(k), f"host.net.{proto.lower()}.{k}") for k in keys]))
+        return layout
 
     def _filesystems(self, out: Output) -> None:
         types = set(self.params.fs_types)
         seen = set()
-        try:
-            with open(os.path.join(self.proc, "mounts")) as f:
-                mounts = [line.split()[:3] for line in f]
-        except OSError:
+        text = self._read("mounts")
+        if text is None:
             return
-        for device, mount, fstype in mounts:
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            device, mount, fstype = parts[:3]
             if fstype not in types or device in seen:
                 continue
             seen.add(device)
@@ -186,9 +324,8 @@ class HostCollector(Collector):
 
     def _file_nr(self, out: Output) -> None:
         try:
-            with open(os.path.join(self.proc, "sys", "fs", "file-nr")) as f:
-                allocated, _, maximum = f.read().split()[:3]
-        except (OSError, ValueError):
+            allocated, _, maximum = (self._read("sys", "fs", "file-nr") or "").split()[:3]
+        except ValueError:
             return
         out.sample("host.fd.allocated", int(allocated))
         out.sample("host.fd.max", int(maximum))
@@ -222,11 +359,12 @@ def parse_psi(text: str) -> dict[str, dict[str, float]]:
     return result
 
 
-def _util_pct(a, b) -> float | None:
+def _util_pct(a: list, b: list) -> float | None:
+    """Busy share of the elapsed CPU time between two /proc/stat readings (mode seconds in CPU_MODES order)."""
     # guest time is already counted in user/nice on Linux
     def split(t):
-        total = sum(t) - getattr(t, "guest", 0) - getattr(t, "guest_nice", 0)
-        return total, total - t.idle - getattr(t, "iowait", 0)
+        total = sum(t[:8])
+        return total, total - t[3] - t[4]  # minus idle and iowait
     (total_a, busy_a), (total_b, busy_b) = split(a), split(b)
     total = total_b - total_a
     return None if total <= 0 else round(100.0 * (busy_b - busy_a) / total, 3)
