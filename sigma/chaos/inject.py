@@ -50,7 +50,7 @@ SIGNATURES = {
 
 
 class ChaosError(RuntimeError):
-    pass
+    """An injection that cannot be done as asked (unknown node or kind, no job processes, ...)."""
 
 
 @dataclass

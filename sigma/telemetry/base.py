@@ -62,7 +62,8 @@ class Collector:
         self.ctx = ctx
 
     def collect(self, out: "Output") -> None:
-        raise NotImplementedError
+        """Gather one round of records into out; every registered collector overrides this."""
+        raise TypeError(f"collector {type(self).__name__} does not define collect()")
 
     def close(self) -> None:
         """Release handles (files, NVML); called on reload and shutdown."""
