@@ -4,7 +4,7 @@ VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test unit integration demo bench clean cluster-down
+.PHONY: install system-packages test soak unit integration demo bench clean cluster-down
 
 install: system-packages $(VENV)/.installed
 
@@ -24,13 +24,16 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: install
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q tests -m "not slow"
+
+soak: install
+	$(VENV)/bin/python -m pytest -q tests -m slow
 
 unit: install
 	$(VENV)/bin/python -m pytest -q tests -m "not integration"
 
 integration: install
-	$(VENV)/bin/python -m pytest -q tests -m integration
+	$(VENV)/bin/python -m pytest -q tests -m "integration and not slow"
 
 demo: install
 	$(VENV)/bin/sigma demo
