@@ -2,25 +2,35 @@
 
 KPI features (per node, from its ranks): mean step time, mean throughput, steps behind the job's highest step,
 seconds since its last KPI line. Telemetry features: the mean of each (metric, labels) series in the window; their
-history (earlier samples, bucketed in time) feeds the temporal score.
+history (earlier samples, bucketed in time) feeds the temporal score. A counter (a series that never decreases on
+any node, e.g. CPU seconds or bytes received since boot) is compared by its rate: its level says how long a node
+has been up, not how it is doing. The sidecar's own metrics describe the sidecar, not the node, and are left out.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+SELF_METRICS = "sidecar."
 KPI_FEATURES = ("kpi.step_time_s", "kpi.tokens_per_s", "kpi.steps_behind", "kpi.seconds_silent")
 
 
 def job_matrices(nodes: Sequence[str], now: float, window_s: float, kpis: Iterable[Mapping],
                  samples: Iterable[Mapping] = (), history_samples: Iterable[Mapping] = (),
-                 buckets: int = 12) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """Returns (feature names, current [nodes, features], history [nodes, buckets, features] or None)."""
+                 buckets: int = 12) -> tuple[list[str], np.ndarray, np.ndarray | None, np.ndarray]:
+    """Returns (feature names, current [nodes, features], history [nodes, buckets, features] or None, jitter
+    [features]: how much each telemetry series moves within the window on a typical node — a gap between peers
+    smaller than that is sampling noise, not evidence)."""
     index = {n: i for i, n in enumerate(nodes)}
+    telemetry = as_rates([s for s in [*history_samples, *samples] if s["node"] in index
+                          and s.get("value") is not None and not s["metric"].startswith(SELF_METRICS)])
+    samples = [s for s in telemetry if s["ts"] >= now - window_s]
+    history_samples = [s for s in telemetry if s["ts"] < now - window_s]
     kpis = [k for k in kpis if k["node"] in index]
     current_kpi = np.full((len(nodes), len(KPI_FEATURES)), np.nan)
     if kpis:
@@ -47,16 +57,23 @@ def job_matrices(nodes: Sequence[str], now: float, window_s: float, kpis: Iterab
     col = {s: j for j, s in enumerate(series)}
     current_tel = np.full((len(nodes), len(series)), np.nan)
     sums = np.zeros_like(current_tel)
+    squares = np.zeros_like(current_tel)
     counts = np.zeros_like(current_tel)
     for s in samples:
-        if s["node"] in index and s.get("value") is not None and s["ts"] >= now - window_s:
-            j = col[_key(s)]
-            sums[index[s["node"]], j] += s["value"]
-            counts[index[s["node"]], j] += 1
+        i, j = index[s["node"]], col[_key(s)]
+        sums[i, j] += s["value"]
+        squares[i, j] += s["value"] ** 2
+        counts[i, j] += 1
     np.divide(sums, counts, out=current_tel, where=counts > 0)
     current = np.concatenate([current_kpi, current_tel], axis=1)
+    variance = np.full_like(current_tel, np.nan)
+    np.divide(squares, counts, out=variance, where=counts > 1)
+    with warnings.catch_warnings():  # a series no node samples twice has no jitter
+        warnings.simplefilter("ignore", RuntimeWarning)
+        tel_jitter = np.nanmedian(np.sqrt(np.maximum(variance - current_tel ** 2, 0.0)), axis=0)
+    jitter = np.concatenate([np.zeros(len(KPI_FEATURES)), np.nan_to_num(tel_jitter)])
     history = None
-    hist = [h for h in history_samples if h["node"] in index and h.get("value") is not None and _key(h) in col]
+    hist = [h for h in history_samples if _key(h) in col]
     if hist and series:
         t0 = min(h["ts"] for h in hist)
         t1 = max(h["ts"] for h in hist) + 1e-9
@@ -69,7 +86,31 @@ def job_matrices(nodes: Sequence[str], now: float, window_s: float, kpis: Iterab
         tel_hist = np.full_like(hs, np.nan)
         np.divide(hs, hc, out=tel_hist, where=hc > 0)
         history = np.concatenate([np.full((len(nodes), buckets, len(KPI_FEATURES)), np.nan), tel_hist], axis=2)
-    return names, current, history
+    return names, current, history, jitter
+
+
+def as_rates(samples: Sequence[Mapping]) -> list[Mapping]:
+    """The samples with each counter series replaced by its per-second rate between consecutive samples."""
+    series: dict[tuple[str, str], list[Mapping]] = defaultdict(list)
+    for s in sorted(samples, key=lambda s: s["ts"]):
+        series[(s["node"], _key(s))].append(s)
+    rises, falls = set(), set()
+    for (_, key), rows in series.items():
+        for a, b in zip(rows, rows[1:]):
+            if b["value"] > a["value"]:
+                rises.add(key)
+            elif b["value"] < a["value"]:
+                falls.add(key)
+    counters = rises - falls
+    out = []
+    for (_, key), rows in series.items():
+        if key not in counters:
+            out.extend(rows)
+            continue
+        for a, b in zip(rows, rows[1:]):
+            if b["ts"] > a["ts"]:
+                out.append({**b, "value": (b["value"] - a["value"]) / (b["ts"] - a["ts"])})
+    return out
 
 
 def _key(s: Mapping) -> str:

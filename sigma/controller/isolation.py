@@ -38,12 +38,13 @@ def top_k_mean(z: np.ndarray, k: int) -> np.ndarray:
     return part.mean(axis=-1)
 
 
-def spatial_z(current: np.ndarray) -> np.ndarray:
-    """current: [entities, metrics] (NaN = missing). Each entity against the median of all of them."""
+def spatial_z(current: np.ndarray, jitter: np.ndarray | None = None) -> np.ndarray:
+    """current: [entities, metrics] (NaN = missing). Each entity against the median of all of them; the spread
+    of the peers is at least `jitter` [metrics] (peers that happen to agree closely do not make noise a fault)."""
     med = np.nanmedian(current, axis=0) if np.isnan(current).any() else np.median(current, axis=0)
     dev = np.abs(current - med)
     mad = (np.nanmedian(dev, axis=0) if np.isnan(dev).any() else np.median(dev, axis=0)) * MAD_TO_SIGMA
-    return robust_z(current, med, mad)
+    return robust_z(current, med, mad if jitter is None else np.maximum(mad, jitter))
 
 
 def _median(a: np.ndarray, axis: int) -> np.ndarray:
@@ -108,13 +109,13 @@ def pick_outlier(names: Sequence[str], scores: np.ndarray, min_score: float, dom
 
 def score_nodes(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
                 entity_node: np.ndarray | None = None, k: int = 3,
-                stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                stats: tuple[np.ndarray, np.ndarray] | None = None, jitter: np.ndarray | None = None) -> np.ndarray:
     """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
     precomputed history_stats); entity_node maps each entity (accelerator) to its node index (default: one
-    entity per node)."""
+    entity per node); jitter: each metric's usual movement within the window (see spatial_z)."""
     with warnings.catch_warnings():  # all-NaN columns (a metric nobody reports) are expected
         warnings.simplefilter("ignore", RuntimeWarning)
-        spatial = spatial_z(current)
+        spatial = spatial_z(current, jitter)
         if stats is None and history is not None and history.shape[1] >= 3:
             stats = history_stats(history)
         temporal = temporal_z(current, stats) if stats is not None else None

@@ -3,7 +3,8 @@
 Peer statistics (isolation.py) need at least 3 nodes; a 2-node job cannot say which side is odd that way. Ranks of a
 synchronous job tell it directly:
 - hang: every rank stops stepping, but only the stuck node's ranks stop sending their `heartbeat` events (the
-  others are alive, blocked in a collective waiting for it);
+  others are alive, blocked in a collective waiting for it); where the step is split in phases the others can
+  finish without the stuck node, its ranks are also the only ones behind the job's highest step;
 - slowdown: the slow node's ranks spend almost none of the step waiting in collectives (`wait_s` in the KPI line),
   while every other node's ranks wait most of the step for it.
 """
@@ -29,6 +30,23 @@ def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: 
     silent = [n for n in nodes if now - last_heartbeat.get(n, float("-inf")) > SILENT_S]
     fresh = [n for n in nodes if now - last_heartbeat.get(n, float("-inf")) <= FRESH_S]
     return silent[0] if len(silent) == 1 and len(fresh) == len(nodes) - 1 else None
+
+
+def heartbeats_settled(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> bool:
+    """True when the heartbeats can be read: none at all, or every node clearly alive or clearly silent (a node
+    in between may be a stopped one whose last beat is not old enough yet)."""
+    ages = [now - last_heartbeat.get(n, float("-inf")) for n in nodes]
+    return not last_heartbeat or all(a <= FRESH_S or a > SILENT_S for a in ages)
+
+
+def behind_node(laggards: Mapping[str, Sequence[int]], ranks: Mapping[str, Mapping]) -> str | None:
+    """The one node all of whose ranks are behind the job's highest step while every other rank reached it.
+    laggards: node -> ranks behind (JobProgress.laggards); ranks: rank -> {"node", ...}."""
+    if len(laggards) != 1:
+        return None
+    (node, behind), = laggards.items()
+    own = [r for r, v in ranks.items() if v.get("node") == node]
+    return node if own and len(behind) == len(own) and len(ranks) > len(own) else None
 
 
 def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:

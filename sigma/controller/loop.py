@@ -20,7 +20,7 @@ from sigma.controller.features import job_matrices
 from sigma.controller.findings import Finding
 from sigma.controller.incidents import Incidents
 from sigma.controller.isolation import Streaks, Verdict, pick_outlier, score_nodes
-from sigma.controller.laggard import silent_node, waited_for_node
+from sigma.controller.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.journal import ActionRow, Journal
 from sigma.controller.remediation import Remediator
 from sigma.controller.samples import recent_for_metrics, recent_for_nodes
@@ -178,20 +178,23 @@ class Controller:
 
     def _isolate(self, f: Finding, job: Job, rows: list[dict], now: float,
                  rule_findings: list[Finding]) -> Finding | None:
-        """An anomalous job no rule explains: score its nodes; act on a repeated dominant outlier."""
+        """An anomalous job no rule explains: find its culprit node, first from what the ranks say directly
+        (silent heartbeats, the ranks left behind, the node the others wait for), else by scoring its nodes
+        against their peers and their own history; act on the same culprit in `rounds` consecutive rounds."""
         iso = self.cfg.isolation
         named = {x.node for x in rule_findings if x.node in job.nodes and x.action not in ("record", "notify")}
         named |= {n for n in job.nodes if self.remediator.active(n)}
         if named:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
+        direct, beats = self._direct_evidence(f, job, rows, now)
         samples = [normalise(r) for r in recent_for_nodes(self.conn, now - iso.history_s, job.nodes)]
         current = [s for s in samples if s["ts"] >= now - iso.window_s]
         history = [s for s in samples if s["ts"] < now - iso.window_s]
-        names, cur, hist = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)
-        scores = score_nodes(list(job.nodes), cur, hist)
-        verdict = pick_outlier(list(job.nodes), scores, iso.min_score, iso.dominance)
-        if verdict.culprit is None:
-            verdict = self._waited_for(f, job, rows, now, verdict)
+        names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)
+        verdict = pick_outlier(list(job.nodes), score_nodes(list(job.nodes), cur, hist, jitter=jitter),
+                               iso.min_score, iso.dominance)
+        if direct:
+            verdict = Verdict(direct[0], verdict.ranked, direct[1])
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
                                                 "features": names, "streak": streak}}
@@ -200,36 +203,41 @@ class Controller:
             self.no_culprit_rounds.pop(job.job_id, None)
             rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
             return Finding(rule_id=rule_id, source="isolation", scope="node", severity="error", action="drain",
-                           summary=f"{f.summary}; {verdict.culprit} is the dominant outlier"[:100],
+                           summary=f"{f.summary}; {verdict.culprit} is the culprit"[:100],
                            first_ts=f.first_ts, last_ts=now, node=verdict.culprit, job_id=job.job_id,
                            category="hang" if rule_id == "watchdog-hang" else "isolation",
                            evidence={**evidence, "verify": {"job_id": job.job_id, "baseline": baseline}})
         if f.rule_id == "watchdog-hang":
-            # no dominant culprit yet: give isolation its rounds, then restart the job alone
+            # no culprit yet: give isolation its rounds and the heartbeats time to tell, then restart the job alone
             n = self.no_culprit_rounds[job.job_id] = self.no_culprit_rounds.get(job.job_id, 0) + 1
-            if verdict.culprit is None and n > iso.rounds:
+            settled = (heartbeats_settled(job.nodes, beats, now)
+                       or now - f.first_ts > 2 * self.cfg.watchdog.hang_timeout_s)
+            if verdict.culprit is None and n > iso.rounds and settled:
                 f.evidence = evidence
                 return f
             return None
         f.evidence = evidence
         return f
 
-    def _waited_for(self, f: Finding, job: Job, rows: list[dict], now: float, verdict: Verdict) -> Verdict:
-        """No statistical outlier (e.g. a 2-node job): the node the other ranks wait for, if they say so."""
+    def _direct_evidence(self, f: Finding, job: Job, rows: list[dict], now: float
+                         ) -> tuple[tuple[str, str] | None, dict[str, float]]:
+        """((culprit, reason) or None, last heartbeat per node) from what the job's ranks report themselves."""
         nodes = list(job.nodes)
-        if f.rule_id == "watchdog-hang":
-            beats = dict(self.conn.execute(
-                "SELECT node, MAX(ts) FROM events WHERE source='kpi' AND kind='heartbeat' AND ts >= ? AND"
-                " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) GROUP BY node",
-                (float(job.start_time or 0), job.job_id)).fetchall())
-            node = silent_node(nodes, beats, now)
-            reason = f"{node} stopped its heartbeats; the other ranks are alive, waiting" if node else ""
-        else:
+        if f.rule_id != "watchdog-hang":
             recent = [r for r in rows if r["ts"] >= now - LAGGARD_WINDOW_S]
             node, shares = waited_for_node(nodes, recent)
             reason = (f"the other ranks wait for {node} (share of the step waiting: "
-                      f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))})" if node else "")
-        return Verdict(node, verdict.ranked, reason) if node else verdict
+                      f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))})")
+            return ((node, reason) if node else None), {}
+        beats = dict(self.conn.execute(
+            "SELECT node, MAX(ts) FROM events WHERE source='kpi' AND kind='heartbeat' AND ts >= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) GROUP BY node",
+            (float(job.start_time or 0), job.job_id)).fetchall())
+        if node := silent_node(nodes, beats, now):
+            return (node, f"{node} stopped its heartbeats; the other ranks are alive, waiting"), beats
+        if node := behind_node(f.evidence.get("laggards") or {}, f.evidence.get("ranks") or {}):
+            return (node, f"only {node}'s ranks are behind step {f.evidence.get('max_step')}"), beats
+        return None, beats
 
     def _history(self, job: Job, rows: list[dict], now: float) -> float | None:
         """Median throughput of earlier jobs with the same model config (payload 'model', else the job name)."""

@@ -106,7 +106,6 @@ rules:
         assert p.decisions().count("BREAKER") == 2
 
 
-@pytest.mark.slow  # times out about every second run on a loaded 2-core host: see the controller notes
 def test_hang_on_one_node_is_detected_and_that_node_isolated(slurm, cluster, tmp_path):
     with Pipeline(cluster, tmp_path, controller={"watchdog": {"hang_timeout_s": 15}},
                   remediation={"playbooks": [{"name": "manual", "kind": "manual"}]}) as p:

@@ -116,3 +116,23 @@ def test_our_own_reboot_is_not_a_dead_node(tmp_path):
     slurm.set_node("node3", flags=("NOT_RESPONDING", "REBOOT_ISSUED"))
     ctl.tick()
     assert slurm.count("drain") == 0 and ctl.incidents.query() == []
+
+
+def test_the_node_left_behind_is_the_hung_one():
+    from sigma.controller.laggard import behind_node
+
+    ranks = {"0": {"node": "node1"}, "1": {"node": "node1"}, "2": {"node": "node2"}, "3": {"node": "node3"}}
+    assert behind_node({"node2": [2]}, ranks) == "node2"
+    assert behind_node({"node1": [0, 1]}, ranks) == "node1"
+    assert behind_node({"node1": [0]}, ranks) is None  # one of its ranks reached the step: not stuck as a node
+    assert behind_node({"node1": [0, 1], "node2": [2]}, ranks) is None  # two nodes behind: no single culprit
+    assert behind_node({}, ranks) is None
+
+
+def test_heartbeats_are_read_only_once_each_node_is_clearly_alive_or_silent():
+    from sigma.controller.laggard import heartbeats_settled
+
+    now = 1000.0
+    assert heartbeats_settled(["node1", "node2"], {}, now)  # no heartbeats: nothing to wait for
+    assert heartbeats_settled(["node1", "node2"], {"node1": 998.0, "node2": 970.0}, now)
+    assert not heartbeats_settled(["node1", "node2"], {"node1": 998.0, "node2": 987.0}, now)  # node2 may be stopping

@@ -84,8 +84,8 @@ def test_isolation_finds_the_stopped_node_from_kpis():
     # peers finished the step node3 never reached
     rows += [{"node": n, "ts": NOW - 134, "job_id": 1, "rank": i, "step": 166, "tokens_per_s": 1000.0,
               "step_time_s": 1.0} for i, n in enumerate(nodes) if n != "node3"]
-    names, cur, hist = job_matrices(nodes, NOW, 120, rows)
-    verdict = pick_outlier(nodes, score_nodes(nodes, cur, hist), 6.0, 2.0)
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, rows)
+    verdict = pick_outlier(nodes, score_nodes(nodes, cur, hist, jitter=jitter), 6.0, 2.0)
     assert verdict.culprit == "node3" and verdict.ranked[0][0] == "node3"
 
 
@@ -101,8 +101,8 @@ def test_isolation_uses_telemetry_against_peers_and_own_history():
                     v += 15  # the fault: two metrics of one node move
                 row = {"node": n, "ts": NOW - 600 + t, "metric": f"m{m}", "value": v, "labels": "{}"}
                 (samples if t >= 480 else history).append(row)
-    names, cur, hist = job_matrices(nodes, NOW, 120, [], samples, history)
-    scores = score_nodes(nodes, cur, hist)
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], samples, history)
+    scores = score_nodes(nodes, cur, hist, jitter=jitter)
     verdict = pick_outlier(nodes, scores, 4.0, 1.5)
     assert verdict.culprit == "node5"
 
@@ -221,3 +221,65 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     assert slurm.node("node3").reason.startswith("sigma: isolation-outlier")
     assert slurm.count("requeue") == 1
     assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
+
+
+def test_counters_are_compared_by_rate_not_by_level():
+    from sigma.controller.features import as_rates
+
+    rows = [{"node": n, "ts": float(t), "metric": "host.cpu.seconds", "value": base + 2.0 * t, "labels": "{}"}
+            for n, base in (("a", 0.0), ("b", 9e6)) for t in range(5)]
+    rows += [{"node": "a", "ts": float(t), "metric": "host.load1", "value": v, "labels": "{}"}
+             for t, v in enumerate([1.0, 2.0, 1.5])]
+    out = as_rates(rows)
+    assert sorted({r["value"] for r in out if r["metric"] == "host.cpu.seconds"}) == [2.0]
+    assert [r["value"] for r in out if r["metric"] == "host.load1"] == [1.0, 2.0, 1.5]  # a gauge stays a level
+
+
+def test_nodes_booted_at_different_times_are_not_outliers():
+    """Cumulative counters differ by uptime; the sidecar's own timings are noise. Neither names a culprit."""
+    rng = np.random.default_rng(5)
+    nodes = ["node1", "node2", "node3"]
+    samples = []
+    for t in range(0, 120, 5):
+        for n, uptime in zip(nodes, (9e5, 1e3, 4e4)):
+            samples.append({"node": n, "ts": NOW - 120 + t, "metric": "host.cpu.seconds", "labels": "{}",
+                            "value": uptime + 1.9 * t + rng.normal(0, 0.01)})
+            samples.append({"node": n, "ts": NOW - 120 + t, "metric": "sidecar.collector.duration_s",
+                            "labels": "{}", "value": abs(rng.normal(0.001, 0.001))})
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, kpi_rows(nodes, NOW - 120, NOW), samples)
+    assert not any(n.startswith("sidecar.") for n in names)
+    assert pick_outlier(nodes, score_nodes(nodes, cur, hist, jitter=jitter), 6.0, 1.5).culprit is None
+
+
+def test_peers_that_agree_by_chance_do_not_make_sampling_noise_a_fault():
+    """Three nodes sample a jittery gauge; two happen to average the same, the third a little off."""
+    nodes = ["node1", "node2", "node3"]
+    samples = [{"node": n, "ts": NOW - 100 + t, "metric": "host.procs.blocked", "labels": "{}",
+                "value": float((t // 10) % 2 if n != "node1" else (t // 10 + 1) % 2 if t < 60 else 0)}
+               for t in range(0, 100, 10) for n in nodes]
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], samples)
+    assert len(set(cur[:, names.index("host.procs.blocked")])) == 2  # the peers agree, node1 is off by 0.4
+    assert pick_outlier(nodes, score_nodes(nodes, cur, hist), 6.0, 1.5).culprit == "node1"  # without the jitter
+    assert pick_outlier(nodes, score_nodes(nodes, cur, hist, jitter=jitter), 6.0, 1.5).culprit is None
+
+
+def test_a_hung_job_drains_the_node_left_behind_even_when_telemetry_points_elsewhere(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    nodes = ["node1", "node2", "node3"]
+    slurm.run_job(1, nodes, start=clock() - 1000)
+    now = clock()
+    for r in kpi_rows(nodes, now - 300, now - 130, stop={"node2": now - 140}):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], r["tokens_per_s"], r["step_time_s"])
+    for rank, n in ((0, "node1"), (1, "node1"), (4, "node3"), (5, "node3")):
+        add_kpi(ctl.conn, n, now - 139, 1, rank, 161)  # the peers finish the step node2 never reaches
+    # node1's memory gauge jumps: a statistical outlier, but the ranks say node2 is the one they wait for
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,'{}')",
+                             [(n, now - t, "host.mem.used_bytes", (9e9 if n == "node1" else 1e9) + t, )
+                              for t in range(0, 100, 5) for n in nodes])
+    for _ in range(2):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.node("node2").drained and not slurm.node("node1").drained
+    inc = ctl.incidents.query(node="node2")[0]
+    assert "node2's ranks are behind" in inc.evidence["isolation"]["reason"]
