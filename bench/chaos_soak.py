@@ -115,7 +115,7 @@ def _sigma(env: dict, *args: str, check: bool = True) -> str:
 
 class Soak:
     def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
-                 fault_timeout: float, say=print):
+                 fault_timeout: float, throughput_window: float = 30.0, say=print):
         from sigma.chaos.inject import Chaos
         from sigma.slurm.client import Slurm
         from sigma.slurm.cluster import LocalCluster
@@ -128,9 +128,10 @@ class Soak:
         self.settle_s = settle_s
         self.fault_timeout = fault_timeout
         self.say = say
-        self.up_args = ["--hang-timeout", str(hang_timeout)]
-        if state_dir:
-            self.up_args += ["--state-dir", str(state_dir)]
+        self.state_args = ["--state-dir", str(state_dir)] if state_dir else []
+        # a straggler is judged on the last throughput_window seconds against the job's earlier throughput
+        self.up_args = ["--hang-timeout", str(hang_timeout),
+                        "--set", f"watchdog.recent_window_s={throughput_window}", *self.state_args]
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
         self.slurm = Slurm(self.cluster.conf)
@@ -144,7 +145,7 @@ class Soak:
         if port_base is None:  # one port range per state directory, clear of the test clusters' 20000-29999
             digest = int(hashlib.sha1(str(self.cluster.state_dir).encode()).hexdigest()[:8], 16)
             port_base = 30000 + (digest % 200) * 25
-        _sigma(self.env, "cluster", "up", "--port-base", str(port_base), *self.up_args[2:])
+        _sigma(self.env, "cluster", "up", "--port-base", str(port_base), *self.state_args)
         _sigma(self.env, "stack", "up", *self.up_args)
         self.env = {**os.environ, **self.cluster.env}
         from sigma.controller.db import open_db
@@ -373,7 +374,7 @@ class Soak:
                           list(self.job_ids))
 
     def stop_platform(self, with_cluster: bool = False) -> None:
-        _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.up_args[2:],
+        _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.state_args,
                check=False)
 
 
@@ -411,13 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port-base", type=int, default=None, help="cluster ports (default: derived from the state dir)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to inject")
     p.add_argument("--hang-timeout", type=float, default=20.0, help="controller watchdog hang timeout (s)")
+    p.add_argument("--throughput-window", type=float, default=30.0,
+                   help="controller watchdog: recent throughput window judged against the job's earlier throughput (s)")
     p.add_argument("--settle", type=float, default=15.0, help="healthy training seconds before each fault")
     p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
     p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
     p.add_argument("--json", type=Path, default=None, help="also write the rows and totals here")
     args = p.parse_args(argv)
     t = time.monotonic()
-    soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
+    soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout, args.throughput_window,
                 say=lambda s: print(f"[{time.monotonic() - t:6.1f}s] {s}", flush=True))
     try:
         res = soak.run(args.minutes, args.kinds, args.port_base)

@@ -91,8 +91,10 @@ class Controller:
 
     # ---------- detection ----------
     def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job]) -> list[Finding]:
+        # evidence from before a node came back (or an admin took it over) has been dealt with
         since = {r[0]: r[1] for r in self.conn.execute(
-            "SELECT node, MAX(ts) FROM lifecycle_transitions WHERE to_state IN ('resumed','returned') GROUP BY node")}
+            "SELECT node, MAX(ts) FROM lifecycle_transitions WHERE to_state IN ('resumed', 'returned', 'admin')"
+            " GROUP BY node")}
         since_job = {int(r[0]): r[1] for r in self.conn.execute(
             "SELECT target, MAX(created_at) FROM actions WHERE kind='requeue' AND state != 'shadow' GROUP BY target")}
         running = [j for j in jobs if j.state in RUNNING_STATES]
@@ -198,7 +200,7 @@ class Controller:
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
                                                 "features": names, "streak": streak}}
-        baseline = statistics.median(throughput(rows)) if throughput(rows) else None
+        baseline = throughput(rows)
         if verdict.culprit and streak >= iso.rounds:
             self.no_culprit_rounds.pop(job.job_id, None)
             rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
@@ -297,7 +299,7 @@ class Controller:
             tps = throughput(rows)
             baseline = verify.get("baseline")
             recovered = len(rows) >= self.cfg.watchdog.min_points and (
-                not baseline or not tps or statistics.median(tps) >= iso.recover_fraction * baseline)
+                not baseline or not tps or tps >= iso.recover_fraction * baseline)
             if recovered:
                 note = f"job {verify['job_id']} recovered after the node left ({len(rows)} steps since)"
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})

@@ -130,6 +130,13 @@ class Remediator:
                 if lc.incident_id:
                     self.incidents.set_status(lc.incident_id, "closed", "node taken over by an admin", close=True)
                 continue
+            if lc.state in ("waiting_jobs", "remediating") and n.available:
+                # sigma keeps the node drained until validation: in service now means someone resumed it
+                self._move(lc, "admin", "returned to service by someone else (resumed outside sigma); "
+                                        "remediation stopped")
+                if lc.incident_id:
+                    self.incidents.set_status(lc.incident_id, "closed", "node resumed by an admin", close=True)
+                continue
             getattr(self, f"_{lc.state}")(lc, n, jobs)
 
     # ---------- states ----------

@@ -9,7 +9,6 @@ NaN/Inf loss is a knowledge-base rule (configs/rules/job.yaml).
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -61,15 +60,31 @@ def progress(job_id: int, kpis: Iterable[Mapping]) -> JobProgress:
     return JobProgress(job_id, max_step, progress_ts, last_ts, ranks)
 
 
-def throughput(rows: Iterable[Mapping]) -> list[float]:
-    """Per-row throughput: tokens_per_s, else 1/step_time_s."""
+def rates(rows: Iterable[Mapping]) -> list[tuple[float, float]]:
+    """Per-row (throughput, seconds it lasted): tokens_per_s, else 1/step_time_s; weighted by step_time_s."""
     out = []
     for r in rows:
+        step_time = r.get("step_time_s")
+        step_time = float(step_time) if step_time is not None and step_time > 0 else None
         if r.get("tokens_per_s") is not None and r["tokens_per_s"] > 0:
-            out.append(float(r["tokens_per_s"]))
-        elif r.get("step_time_s") is not None and r["step_time_s"] > 0:
-            out.append(1.0 / float(r["step_time_s"]))
+            out.append((float(r["tokens_per_s"]), step_time or 1.0))
+        elif step_time:
+            out.append((1.0 / step_time, step_time))
     return out
+
+
+def throughput(rows: Iterable[Mapping]) -> float | None:
+    """The throughput the job ran at for most of the time: the median over time, not over rows. (A straggler
+    alternates a few long steps with fast ones; a median over rows would see the many fast steps and miss it.)"""
+    points = sorted(rates(rows))
+    if not points:
+        return None
+    half, seen = sum(w for _, w in points) / 2, 0.0
+    for value, weight in points:
+        seen += weight
+        if seen >= half:
+            return value
+    return points[-1][0]
 
 
 def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
@@ -96,19 +111,20 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
                                           "laggards": prog.laggards(),
                                           "ranks": {str(r): v for r, v in sorted(prog.ranks.items())}}, **base))
     # throughput drop against the job's own recent past, and against its model config's history
-    recent = throughput(k for k in current if k["ts"] >= now - cfg.recent_window_s)
-    earlier = throughput(k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
-                         < now - cfg.recent_window_s)
-    if len(recent) >= cfg.min_points and len(earlier) >= cfg.min_points:
-        r_med, b_med = statistics.median(recent), statistics.median(earlier)
+    recent = [k for k in current if k["ts"] >= now - cfg.recent_window_s]
+    earlier = [k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
+               < now - cfg.recent_window_s]
+    enough = len(rates(recent)) >= cfg.min_points
+    if enough and len(rates(earlier)) >= cfg.min_points:
+        r_med, b_med = throughput(recent), throughput(earlier)
         if r_med < (1 - cfg.drop_fraction) * b_med:
             findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
                                     summary=f"throughput {r_med:.3g} is {100 * (1 - r_med / b_med):.0f}% below the "
                                             f"job's baseline {b_med:.3g}", first_ts=now - cfg.recent_window_s,
                                     last_ts=now, category="performance",
                                     evidence={"recent": r_med, "baseline": b_med, "nodes": list(job.nodes)}, **base))
-    if len(recent) >= cfg.min_points and history_median:
-        r_med = statistics.median(recent)
+    if enough and history_median:
+        r_med = throughput(recent)
         if r_med < (1 - cfg.drop_fraction) * history_median:
             findings.append(Finding(rule_id="watchdog-below-history", severity="warning", action="notify",
                                     summary=f"throughput {r_med:.3g} below the model config's history "

@@ -241,6 +241,22 @@ def test_manual_playbook_waits_for_admin_mark(tmp_path):
     assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
 
 
+def test_a_node_resumed_outside_sigma_ends_its_remediation(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+              fields={"suite": "prolog"})
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
+    slurm.resume(["node2"], force=True)  # `scontrol update state=resume` by an admin
+    ctl.tick()
+    assert ctl.remediator.get("node2").state == "admin"
+    assert ctl.incidents.query(node="node2")[0].status == "closed"
+    with pytest.raises(ValueError, match="not waiting for a repair"):
+        ctl.remediator.mark_repaired("node2")
+    for _ in range(3):
+        ctl.tick()
+    assert slurm.count("submit") == 0 and slurm.count("drain") == 1  # no validation, no second drain
+
+
 def test_prolog_error_drain_is_adopted_but_admin_drain_is_not(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.set_node("node2", flags=("DRAIN",), reason="Prolog error")

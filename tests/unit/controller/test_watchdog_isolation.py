@@ -72,6 +72,20 @@ def test_throughput_drop_against_own_baseline_and_history():
         ["watchdog-below-history"]
 
 
+def test_a_straggler_that_mixes_long_and_fast_steps_is_a_throughput_drop():
+    """Stopped 70 % of every second: one long step and one fast step per second. Most rows are fast, most of the
+    time is slow: throughput is judged over time, not over rows."""
+    rows, t, step = [], NOW - 600, 0
+    while t < NOW:
+        pattern = [0.1] if t < NOW - 100 else [0.8, 0.1, 0.1]
+        for dt in pattern:
+            t += dt
+            rows.append({"node": "node1", "ts": t, "job_id": 1, "rank": 0, "step": step, "step_time_s": dt,
+                         "tokens_per_s": 100 / dt})
+            step += 1
+    assert rule_ids(check_job(job(), rows, NOW, CFG, ever_reported=True)) == ["watchdog-throughput-drop"]
+
+
 def test_crash_loop():
     found = check_job(job(), [], NOW, CFG, ever_reported=False, start_times=[NOW - 3000, NOW - 2000, NOW - 100])
     assert rule_ids(found) == ["watchdog-crash-loop"]
