@@ -110,28 +110,9 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
                                           "stalled_s": round(now - prog.progress_ts, 1),
                                           "laggards": prog.laggards(),
                                           "ranks": {str(r): v for r, v in sorted(prog.ranks.items())}}, **base))
-    # throughput drop against the job's own recent past, and against its model config's history
-    recent = [k for k in current if k["ts"] >= now - cfg.recent_window_s]
-    earlier = [k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
-               < now - cfg.recent_window_s]
-    enough = len(rates(recent)) >= cfg.min_points
-    if enough and len(rates(earlier)) >= cfg.min_points:
-        r_med, b_med = throughput(recent), throughput(earlier)
-        if r_med < (1 - cfg.drop_fraction) * b_med:
-            findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
-                                    summary=f"throughput {r_med:.3g} is {100 * (1 - r_med / b_med):.0f}% below the "
-                                            f"job's baseline {b_med:.3g}", first_ts=now - cfg.recent_window_s,
-                                    last_ts=now, category="performance",
-                                    evidence={"recent": r_med, "baseline": b_med, "nodes": list(job.nodes)}, **base))
-    if enough and history_median:
-        r_med = throughput(recent)
-        if r_med < (1 - cfg.drop_fraction) * history_median:
-            findings.append(Finding(rule_id="watchdog-below-history", severity="warning", action="notify",
-                                    summary=f"throughput {r_med:.3g} below the model config's history "
-                                            f"{history_median:.3g}", first_ts=now - cfg.recent_window_s,
-                                    last_ts=now, category="performance",
-                                    evidence={"recent": r_med, "history": history_median,
-                                              "nodes": list(job.nodes)}, **base))
+    # a hung job's throughput is nil: the hang says it all (and one finding per job keeps isolation's rounds whole)
+    if not findings:
+        findings += _throughput_findings(job, current, now, cfg, history_median, base)
     # crash loop
     starts = sorted(t for t in start_times if now - t <= cfg.crash_loop_window_s)
     if len(starts) >= cfg.crash_loop_restarts:
@@ -139,4 +120,32 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
                                 summary=f"{len(starts)} starts in {cfg.crash_loop_window_s:.0f}s: crash loop; "
                                         f"no more automatic requeues", first_ts=starts[0], last_ts=starts[-1],
                                 category="crash-loop", evidence={"starts": starts}, **base))
+    return findings
+
+
+def _throughput_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
+                         history_median: float | None, base: dict) -> list[Finding]:
+    """Throughput drop against the job's own recent past, and against its model config's history."""
+    findings = []
+    recent = [k for k in current if k["ts"] >= now - cfg.recent_window_s]
+    earlier = [k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
+               < now - cfg.recent_window_s]
+    if len(rates(recent)) < cfg.min_points:
+        return findings
+    r_med = throughput(recent)
+    if len(rates(earlier)) >= cfg.min_points:
+        b_med = throughput(earlier)
+        if r_med < (1 - cfg.drop_fraction) * b_med:
+            findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
+                                    summary=f"throughput {r_med:.3g} is {100 * (1 - r_med / b_med):.0f}% below the "
+                                            f"job's baseline {b_med:.3g}", first_ts=now - cfg.recent_window_s,
+                                    last_ts=now, category="performance",
+                                    evidence={"recent": r_med, "baseline": b_med, "nodes": list(job.nodes)}, **base))
+    if history_median and r_med < (1 - cfg.drop_fraction) * history_median:
+        findings.append(Finding(rule_id="watchdog-below-history", severity="warning", action="notify",
+                                summary=f"throughput {r_med:.3g} below the model config's history "
+                                        f"{history_median:.3g}", first_ts=now - cfg.recent_window_s,
+                                last_ts=now, category="performance",
+                                evidence={"recent": r_med, "history": history_median, "nodes": list(job.nodes)},
+                                **base))
     return findings

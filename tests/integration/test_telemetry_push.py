@@ -167,8 +167,8 @@ def test_four_sidecars_survive_a_killed_controller(cluster, slurm, tmp_path):
     assert conn.execute("SELECT count(*) FROM events WHERE node = 'node4' AND source = 'health' "
                         "AND kind = 'gpu_count' AND severity = 'fail'").fetchone()[0] == 1
     # job tagging: node2's rows carry the running job, the other nodes' rows never do
-    tagged = dict(conn.execute("SELECT node, count(*) FROM samples WHERE job_ids LIKE ? GROUP BY node",
-                               (f"%{job_id}%",)).fetchall())
+    tagged = dict(conn.execute("SELECT node, count(*) FROM samples WHERE EXISTS (SELECT 1 FROM "
+                               "json_each(samples.job_ids) WHERE value = ?) GROUP BY node", (job_id,)).fetchall())
     assert set(tagged) == {"node2"} and tagged["node2"] > 20
     # the kill was noticed and the retries were harmless: ingest dropped duplicates by (node, seq)
     assert any("cannot push" in logs[n] for n in nodes)

@@ -55,6 +55,17 @@ def test_hang_after_t_seconds_without_progress():
     assert check_job(job(), rows, NOW, CFG, ever_reported=True) == []
 
 
+def test_a_hung_job_is_one_hang_finding_not_also_a_throughput_drop():
+    """Slow steps, then a stop: the recent window still holds enough slow rows for a drop, but the hang is what
+    is decided (two findings for one job would pull isolation's rounds apart)."""
+    cfg = WatchdogConfig(hang_timeout_s=20, recent_window_s=60)
+    slow = kpi_rows(["node1", "node2"], NOW - 59, NOW - 25, tps=100.0)
+    for r in slow:
+        r["step"] += 10_000  # steps go on from the fast part's
+    rows = kpi_rows(["node1", "node2"], NOW - 900, NOW - 60) + slow
+    assert rule_ids(check_job(job(), rows, NOW, cfg, ever_reported=True)) == ["watchdog-hang"]
+
+
 def test_job_that_never_steps_after_restart_is_hung_after_grace():
     assert rule_ids(check_job(job(start=NOW - 400), [], NOW, CFG, ever_reported=True)) == ["watchdog-hang"]
     assert check_job(job(start=NOW - 100), [], NOW, CFG, ever_reported=True) == []
