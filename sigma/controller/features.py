@@ -1,36 +1,34 @@
 """Turn a job's rows into isolation matrices (pure): one row per node of the job, one column per feature.
 
 KPI features (per node, from its ranks): mean step time, mean throughput, steps behind the job's highest step,
-seconds since its last KPI line. Telemetry features: the mean of each (metric, labels) series in the window; their
-history (earlier samples, bucketed in time) feeds the temporal score. A counter (a series that never decreases on
-any node, e.g. CPU seconds or bytes received since boot) is compared by its rate: its level says how long a node
-has been up, not how it is doing. The sidecar's own metrics describe the sidecar, not the node, and are left out.
+seconds since its last KPI line. Telemetry features come pre-aggregated per (node, series, time bucket) —
+`samples.bucket_stats`, so an hour of 1 Hz samples is summed up by SQLite, not walked in Python: the mean of each
+(metric, labels) series in the window; their history (earlier buckets) feeds the temporal score. A counter (a
+series that never decreases on any node, e.g. CPU seconds or bytes received since boot) is compared by its rate:
+its level says how long a node has been up, not how it is doing. The sidecar's own metrics describe the sidecar,
+not the node, and are left out (by the query).
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-SELF_METRICS = "sidecar."
 KPI_FEATURES = ("kpi.step_time_s", "kpi.tokens_per_s", "kpi.steps_behind", "kpi.seconds_silent")
+STATS = ("n", "mean", "mean_sq", "vmin", "vmax", "tmin", "tmax")  # per bucket, as samples.bucket_stats returns
 
 
 def job_matrices(nodes: Sequence[str], now: float, window_s: float, kpis: Iterable[Mapping],
-                 samples: Iterable[Mapping] = (), history_samples: Iterable[Mapping] = (),
-                 buckets: int = 12) -> tuple[list[str], np.ndarray, np.ndarray | None, np.ndarray]:
-    """Returns (feature names, current [nodes, features], history [nodes, buckets, features] or None, jitter
+                 current: Iterable[Sequence] = (), history: Iterable[Sequence] = ()
+                 ) -> tuple[list[str], np.ndarray, np.ndarray | None, np.ndarray]:
+    """current / history: bucket rows (node, series, bucket, *STATS) of the window and of the time before it.
+    Returns (feature names, current [nodes, features], history [nodes, buckets, features] or None, jitter
     [features]: how much each telemetry series moves within the window on a typical node — a gap between peers
     smaller than that is sampling noise, not evidence)."""
     index = {n: i for i, n in enumerate(nodes)}
-    telemetry = as_rates([s for s in [*history_samples, *samples] if s["node"] in index
-                          and s.get("value") is not None and not s["metric"].startswith(SELF_METRICS)])
-    samples = [s for s in telemetry if s["ts"] >= now - window_s]
-    history_samples = [s for s in telemetry if s["ts"] < now - window_s]
     kpis = [k for k in kpis if k["node"] in index]
     current_kpi = np.full((len(nodes), len(KPI_FEATURES)), np.nan)
     if kpis:
@@ -52,73 +50,73 @@ def job_matrices(nodes: Sequence[str], now: float, window_s: float, kpis: Iterab
         for node, i in index.items():
             if node not in per_node:
                 current_kpi[i, 3] = now - min(k["ts"] for k in kpis)
-    series = _series_keys(samples)
+    current, history = list(current), list(history)
+    series = sorted({r[1] for r in current})
     names = list(KPI_FEATURES) + series
+    tel_current, tel_jitter, tel_history = _telemetry(current, history, index, series)
+    current_matrix = np.concatenate([current_kpi, tel_current], axis=1)
+    jitter = np.concatenate([np.zeros(len(KPI_FEATURES)), tel_jitter])
+    history_matrix = None
+    if tel_history is not None:
+        history_matrix = np.concatenate(
+            [np.full((len(nodes), tel_history.shape[1], len(KPI_FEATURES)), np.nan), tel_history], axis=2)
+    return names, current_matrix, history_matrix, jitter
+
+
+def _telemetry(current: list[Sequence], history: list[Sequence], index: Mapping[str, int], series: list[str]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(current [nodes, series], jitter [series], history [nodes, buckets, series] or None)."""
+    if not series:
+        return np.zeros((len(index), 0)), np.zeros(0), None
+    cur = _stack(current, index, series)
+    hist = _stack(history, index, series)
+    counter = _counters({k: np.concatenate([hist[k], cur[k]], axis=1) for k in STATS})
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a series a node does not report
+        # the window: a gauge's mean over all its samples, a counter's rate from first to last sample
+        n = np.nansum(cur["n"], axis=1)
+        mean = np.nansum(cur["n"] * cur["mean"], axis=1) / n
+        spread = np.sqrt(np.maximum(np.nansum(cur["n"] * cur["mean_sq"], axis=1) / n - mean ** 2, 0.0))
+        rate = (np.nanmax(cur["vmax"], axis=1) - np.nanmin(cur["vmin"], axis=1)) / (
+            np.nanmax(cur["tmax"], axis=1) - np.nanmin(cur["tmin"], axis=1))
+        rate_spread = np.nanstd(_values(cur, counter), axis=1)
+        values = np.where(counter, rate, mean)
+        jitter = np.nan_to_num(np.nanmedian(np.where(counter, rate_spread, spread), axis=0))
+    values[(n == 0) | ~np.isfinite(values)] = np.nan
+    return values, jitter, (_values(hist, counter) if history else None)
+
+
+def _stack(rows: list[Sequence], index: Mapping[str, int], series: list[str]) -> dict[str, np.ndarray]:
+    """Bucket rows -> one [nodes, buckets, series] array per statistic (NaN where a bucket is empty)."""
     col = {s: j for j, s in enumerate(series)}
-    current_tel = np.full((len(nodes), len(series)), np.nan)
-    sums = np.zeros_like(current_tel)
-    squares = np.zeros_like(current_tel)
-    counts = np.zeros_like(current_tel)
-    for s in samples:
-        i, j = index[s["node"]], col[_key(s)]
-        sums[i, j] += s["value"]
-        squares[i, j] += s["value"] ** 2
-        counts[i, j] += 1
-    np.divide(sums, counts, out=current_tel, where=counts > 0)
-    current = np.concatenate([current_kpi, current_tel], axis=1)
-    variance = np.full_like(current_tel, np.nan)
-    np.divide(squares, counts, out=variance, where=counts > 1)
-    with warnings.catch_warnings():  # a series no node samples twice has no jitter
-        warnings.simplefilter("ignore", RuntimeWarning)
-        tel_jitter = np.nanmedian(np.sqrt(np.maximum(variance - current_tel ** 2, 0.0)), axis=0)
-    jitter = np.concatenate([np.zeros(len(KPI_FEATURES)), np.nan_to_num(tel_jitter)])
-    history = None
-    hist = [h for h in history_samples if _key(h) in col]
-    if hist and series:
-        t0 = min(h["ts"] for h in hist)
-        t1 = max(h["ts"] for h in hist) + 1e-9
-        hs = np.zeros((len(nodes), buckets, len(series)))
-        hc = np.zeros_like(hs)
-        for h in hist:
-            b = min(buckets - 1, int((h["ts"] - t0) / (t1 - t0) * buckets))
-            hs[index[h["node"]], b, col[_key(h)]] += h["value"]
-            hc[index[h["node"]], b, col[_key(h)]] += 1
-        tel_hist = np.full_like(hs, np.nan)
-        np.divide(hs, hc, out=tel_hist, where=hc > 0)
-        history = np.concatenate([np.full((len(nodes), buckets, len(KPI_FEATURES)), np.nan), tel_hist], axis=2)
-    return names, current, history, jitter
-
-
-def as_rates(samples: Sequence[Mapping]) -> list[Mapping]:
-    """The samples with each counter series replaced by its per-second rate between consecutive samples."""
-    series: dict[tuple[str, str], list[Mapping]] = defaultdict(list)
-    for s in sorted(samples, key=lambda s: s["ts"]):
-        series[(s["node"], _key(s))].append(s)
-    rises, falls = set(), set()
-    for (_, key), rows in series.items():
-        for a, b in zip(rows, rows[1:]):
-            if b["value"] > a["value"]:
-                rises.add(key)
-            elif b["value"] < a["value"]:
-                falls.add(key)
-    counters = rises - falls
-    out = []
-    for (_, key), rows in series.items():
-        if key not in counters:
-            out.extend(rows)
-            continue
-        for a, b in zip(rows, rows[1:]):
-            if b["ts"] > a["ts"]:
-                out.append({**b, "value": (b["value"] - a["value"]) / (b["ts"] - a["ts"])})
+    rows = [r for r in rows if r[0] in index and r[1] in col]
+    buckets = max((int(r[2]) for r in rows), default=-1) + 1
+    out = {k: np.full((len(index), buckets, len(series)), np.nan) for k in STATS}
+    for node, key, b, *stats in rows:
+        for name, value in zip(STATS, stats):
+            out[name][index[node], int(b), col[key]] = value
     return out
 
 
-def _key(s: Mapping) -> str:
-    labels = s.get("labels") or {}
-    if isinstance(labels, str):
-        labels = json.loads(labels or "{}")
-    return s["metric"] + (json.dumps(labels, sort_keys=True, separators=(",", ":")) if labels else "")
+def _counters(stats: Mapping[str, np.ndarray]) -> np.ndarray:
+    """[series] True where the series never decreases on any node (one bucket's values all at or above the
+    previous one's) and rises somewhere."""
+    vmin, vmax = stats["vmin"], stats["vmax"]
+    falls = np.zeros(vmin.shape[2], dtype=bool)
+    rises = np.zeros_like(falls)
+    previous = np.full((vmin.shape[0], vmin.shape[2]), np.nan)
+    with np.errstate(invalid="ignore"):
+        for b in range(vmin.shape[1]):
+            present = ~np.isnan(vmin[:, b, :])
+            falls |= np.any(present & (vmin[:, b, :] < previous), axis=0)
+            rises |= np.any(present & ((vmax[:, b, :] > vmin[:, b, :]) | (vmin[:, b, :] > previous)), axis=0)
+            previous = np.where(present, vmax[:, b, :], previous)
+    return rises & ~falls
 
 
-def _series_keys(samples: Iterable[Mapping]) -> list[str]:
-    return sorted({_key(s) for s in samples if s.get("value") is not None})
+def _values(stats: Mapping[str, np.ndarray], counter: np.ndarray) -> np.ndarray:
+    """Each bucket's value: a gauge's mean, a counter's rate within the bucket."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = (stats["vmax"] - stats["vmin"]) / (stats["tmax"] - stats["tmin"])
+    rate[~np.isfinite(rate)] = np.nan
+    return np.where(counter, rate, stats["mean"])

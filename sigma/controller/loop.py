@@ -23,7 +23,7 @@ from sigma.controller.isolation import Streaks, Verdict, pick_outlier, score_nod
 from sigma.controller.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.journal import ActionRow, Journal
 from sigma.controller.remediation import Remediator
-from sigma.controller.samples import recent_for_metrics, recent_for_nodes
+from sigma.controller.samples import bucket_stats, recent_for_metrics
 from sigma.controller.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import evaluate, normalise
@@ -32,6 +32,9 @@ from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
 
 LAGGARD_WINDOW_S = 30.0  # recent steps that say which node the others wait for
+WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's rate and jitter per bucket)
+HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score)
+HISTORY_REFRESH_S = 300.0
 
 
 class Controller:
@@ -56,6 +59,7 @@ class Controller:
         self.streaks = Streaks(self._state("isolation_streaks", {}))
         self.no_culprit_rounds: dict[int, int] = {}
         self._history_cache: dict[str, tuple[float, float | None]] = {}
+        self._node_history: dict[tuple[str, ...], tuple[float, list[tuple]]] = {}
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
@@ -189,10 +193,9 @@ class Controller:
         if named:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
         direct, beats = self._direct_evidence(f, job, rows, now)
-        samples = [normalise(r) for r in recent_for_nodes(self.conn, now - iso.history_s, job.nodes)]
-        current = [s for s in samples if s["ts"] >= now - iso.window_s]
-        history = [s for s in samples if s["ts"] < now - iso.window_s]
-        names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current, history)
+        current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
+        names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
+                                                self._history_buckets(job.nodes, now))
         verdict = pick_outlier(list(job.nodes), score_nodes(list(job.nodes), cur, hist, jitter=jitter),
                                iso.min_score, iso.dominance)
         if direct:
@@ -220,6 +223,17 @@ class Controller:
             return None
         f.evidence = evidence
         return f
+
+    def _history_buckets(self, nodes: tuple[str, ...], now: float) -> list[tuple]:
+        """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it is an hour of
+        samples and moves slowly)."""
+        iso = self.cfg.isolation
+        key = tuple(sorted(nodes))
+        cached = self._node_history.get(key)
+        if cached is None or now - cached[0] > HISTORY_REFRESH_S:
+            cached = self._node_history[key] = (now, bucket_stats(self.conn, nodes, now - iso.history_s,
+                                                             now - iso.window_s, HISTORY_BUCKETS))
+        return cached[1]
 
     def _direct_evidence(self, f: Finding, job: Job, rows: list[dict], now: float
                          ) -> tuple[tuple[str, str] | None, dict[str, float]]:

@@ -25,11 +25,6 @@ _NODE_METRICS = """pairs(node, metric) AS (
 BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.* FROM nodes, json_each(?) AS m "
                   "CROSS JOIN samples AS s ON s.node = nodes.node AND s.metric = m.value AND s.ts >= ? "
                   "WHERE nodes.node IS NOT NULL ORDER BY s.ts")  # args: metrics JSON list, since
-BY_NODES_SQL = (f"WITH RECURSIVE {_NODE_METRICS} SELECT s.* FROM pairs "
-                "CROSS JOIN samples AS s ON s.node = pairs.node AND s.metric = pairs.metric AND s.ts >= ? "
-                "WHERE pairs.metric IS NOT NULL ORDER BY s.ts")  # args: nodes JSON list, since
-
-
 def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
     """Rows of every node with ts >= since and metric in `metrics`."""
     metrics = sorted(set(metrics))
@@ -38,9 +33,23 @@ def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
     return conn.execute(BY_METRICS_SQL, (json.dumps(metrics), since)).fetchall()
 
 
-def recent_for_nodes(conn: sqlite3.Connection, since: float, nodes) -> list:
-    """Rows of every metric with ts >= since on the given nodes."""
+# per (node, series, time bucket) aggregates of the given nodes' samples, the sidecar's own metrics left out
+BUCKETS_SQL = (
+    "WITH RECURSIVE " + _NODE_METRICS +
+    " SELECT s.node, s.metric || CASE WHEN s.labels = '{}' THEN '' ELSE s.labels END AS series,"
+    " CAST((s.ts - ?) / ? AS INTEGER) AS bucket, count(*), avg(s.value), avg(s.value * s.value),"
+    " min(s.value), max(s.value), min(s.ts), max(s.ts)"
+    " FROM pairs CROSS JOIN samples AS s ON s.node = pairs.node AND s.metric = pairs.metric"
+    " AND s.ts >= ? AND s.ts < ?"
+    " WHERE pairs.metric IS NOT NULL AND pairs.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
+    " GROUP BY s.node, series, bucket")  # args: nodes JSON list, since, width, since, until
+
+
+def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, buckets: int) -> list[tuple]:
+    """(node, series, bucket, count, mean, mean of squares, min, max, first ts, last ts) per time bucket of
+    [since, until) split in `buckets`: summed up by SQLite, so an hour of samples costs no Python per sample."""
     nodes = sorted(set(nodes))
-    if not nodes:
+    if not nodes or until <= since:
         return []
-    return conn.execute(BY_NODES_SQL, (json.dumps(nodes), since)).fetchall()
+    width = (until - since) / buckets
+    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(nodes), since, width, since, until))]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from sigma.controller.db import open_db
-from sigma.controller.samples import BY_METRICS_SQL, BY_NODES_SQL, recent_for_metrics, recent_for_nodes
+from sigma.controller.samples import BUCKETS_SQL, BY_METRICS_SQL, bucket_stats, recent_for_metrics
 
 
 def _db(tmp_path):
@@ -39,17 +39,29 @@ def test_window_by_metrics_matches_a_scan(tmp_path):
     assert recent_for_metrics(conn, 40.0, []) == [] and recent_for_metrics(conn, 1e12, ["a"]) == []
 
 
-def test_window_by_nodes_matches_a_scan(tmp_path):
+def test_buckets_by_nodes_match_a_scan(tmp_path):
     conn = _db(tmp_path)
-    got = recent_for_nodes(conn, 45.2, ["n3", "n1", "unknown"])
-    assert sorted(tuple(r) for r in got) == _scan(conn, "ts >= 45.2 AND node IN ('n1', 'n3', 'unknown')", ())
-    assert got and [r["ts"] for r in got] == sorted(r["ts"] for r in got)
-    assert {r["node"] for r in got} == {"n1", "n3"} and recent_for_nodes(conn, 0.0, []) == []
+    with conn:
+        conn.execute("INSERT INTO samples VALUES ('n1', 46.0, 'sidecar.collector.cpu_s', 1.0, '{}', '[]')")
+    got = bucket_stats(conn, ["n3", "n1", "unknown"], 20.0, 45.0, 5)
+    want = {}
+    for node, ts, metric, value, labels in conn.execute(
+            "SELECT node, ts, metric, value, labels FROM samples NOT INDEXED WHERE ts >= 20 AND ts < 45 AND "
+            "node IN ('n1', 'n3')"):
+        want.setdefault((node, metric + ("" if labels == "{}" else labels), int((ts - 20.0) / 5.0)), []).append(
+            (value, ts))
+    assert {g[:3] for g in got} == set(want)
+    for node, series, bucket, n, mean, mean_sq, vmin, vmax, tmin, tmax in got:
+        values, stamps = zip(*want[(node, series, bucket)])
+        assert n == len(values) and abs(mean - sum(values) / n) < 1e-9 and vmin == min(values)
+        assert abs(mean_sq - sum(v * v for v in values) / n) < 1e-9 and (tmin, tmax) == (min(stamps), max(stamps))
+    assert not any(g[1].startswith("sidecar.") for g in bucket_stats(conn, ["n1"], 0.0, 100.0, 1))
+    assert bucket_stats(conn, [], 0.0, 1.0, 2) == []
 
 
 def test_window_reads_search_the_index(tmp_path):
     conn = _db(tmp_path)
-    for sql, args in ((BY_METRICS_SQL, ('["a"]', 1.0)), (BY_NODES_SQL, ('["n1"]', 1.0))):
+    for sql, args in ((BY_METRICS_SQL, ('["a"]', 1.0)), (BUCKETS_SQL, ('["n1"]', 1.0, 1.0, 1.0, 2.0))):
         plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
-        assert "(node=? AND metric=? AND ts>?)" in plan, plan
+        assert "(node=? AND metric=? AND ts>?" in plan, plan
         assert "SCAN s " not in plan + " " and "SCAN samples" not in plan, plan

@@ -3,7 +3,9 @@
 import numpy as np
 
 from sigma.controller.config import WatchdogConfig
+from sigma.controller.db import open_db
 from sigma.controller.features import job_matrices
+from sigma.controller.samples import bucket_stats
 from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
 from sigma.controller.watchdog import JobInfo, check_job
 
@@ -11,6 +13,16 @@ from tests.unit.controller.helpers import add_kpi, make_controller
 
 NOW = 1_000_000.0
 CFG = WatchdogConfig()
+
+
+def telemetry(tmp_path, samples, nodes, window=120.0, history=600.0):
+    """The samples through a controller database: (window buckets, history buckets) as the controller reads them."""
+    conn = open_db(tmp_path / "t.db")
+    with conn:
+        conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?, ?, ?, ?, ?)",
+                         [(s["node"], s["ts"], s["metric"], s["value"], s["labels"]) for s in samples])
+    return (bucket_stats(conn, nodes, NOW - window, NOW + 1e-6, 6),
+            bucket_stats(conn, nodes, NOW - history, NOW - window, 12))
 
 
 def kpi_rows(nodes, t0, t1, *, slow=None, stop=None, tps=1000.0, dt=1.0, ranks_per_node=2):
@@ -114,7 +126,7 @@ def test_isolation_finds_the_stopped_node_from_kpis():
     assert verdict.culprit == "node3" and verdict.ranked[0][0] == "node3"
 
 
-def test_isolation_uses_telemetry_against_peers_and_own_history():
+def test_isolation_uses_telemetry_against_peers_and_own_history(tmp_path):
     rng = np.random.default_rng(0)
     nodes = [f"node{i}" for i in range(8)]
     samples, history = [], []
@@ -126,7 +138,7 @@ def test_isolation_uses_telemetry_against_peers_and_own_history():
                     v += 15  # the fault: two metrics of one node move
                 row = {"node": n, "ts": NOW - 600 + t, "metric": f"m{m}", "value": v, "labels": "{}"}
                 (samples if t >= 480 else history).append(row)
-    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], samples, history)
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], *telemetry(tmp_path, samples + history, nodes))
     scores = score_nodes(nodes, cur, hist, jitter=jitter)
     verdict = pick_outlier(nodes, scores, 4.0, 1.5)
     assert verdict.culprit == "node5"
@@ -248,19 +260,17 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
 
 
-def test_counters_are_compared_by_rate_not_by_level():
-    from sigma.controller.features import as_rates
-
-    rows = [{"node": n, "ts": float(t), "metric": "host.cpu.seconds", "value": base + 2.0 * t, "labels": "{}"}
-            for n, base in (("a", 0.0), ("b", 9e6)) for t in range(5)]
-    rows += [{"node": "a", "ts": float(t), "metric": "host.load1", "value": v, "labels": "{}"}
-             for t, v in enumerate([1.0, 2.0, 1.5])]
-    out = as_rates(rows)
-    assert sorted({r["value"] for r in out if r["metric"] == "host.cpu.seconds"}) == [2.0]
-    assert [r["value"] for r in out if r["metric"] == "host.load1"] == [1.0, 2.0, 1.5]  # a gauge stays a level
+def test_counters_are_compared_by_rate_not_by_level(tmp_path):
+    rows = [{"node": n, "ts": NOW - 100 + t, "metric": "host.cpu.seconds", "value": base + 2.0 * t, "labels": "{}"}
+            for n, base in (("a", 0.0), ("b", 9e6)) for t in range(100)]
+    rows += [{"node": n, "ts": NOW - 100 + t, "metric": "host.load1", "value": 1.0 + t % 2, "labels": "{}"}
+             for n in ("a", "b") for t in range(100)]
+    names, cur, _, _ = job_matrices(["a", "b"], NOW, 120, [], *telemetry(tmp_path, rows, ["a", "b"]))
+    assert np.allclose(cur[:, names.index("host.cpu.seconds")], 2.0)  # the rate, whatever the uptime
+    assert np.allclose(cur[:, names.index("host.load1")], 1.5)  # a gauge stays a level
 
 
-def test_nodes_booted_at_different_times_are_not_outliers():
+def test_nodes_booted_at_different_times_are_not_outliers(tmp_path):
     """Cumulative counters differ by uptime; the sidecar's own timings are noise. Neither names a culprit."""
     rng = np.random.default_rng(5)
     nodes = ["node1", "node2", "node3"]
@@ -271,18 +281,19 @@ def test_nodes_booted_at_different_times_are_not_outliers():
                             "value": uptime + 1.9 * t + rng.normal(0, 0.01)})
             samples.append({"node": n, "ts": NOW - 120 + t, "metric": "sidecar.collector.duration_s",
                             "labels": "{}", "value": abs(rng.normal(0.001, 0.001))})
-    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, kpi_rows(nodes, NOW - 120, NOW), samples)
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, kpi_rows(nodes, NOW - 120, NOW),
+                                            *telemetry(tmp_path, samples, nodes))
     assert not any(n.startswith("sidecar.") for n in names)
     assert pick_outlier(nodes, score_nodes(nodes, cur, hist, jitter=jitter), 6.0, 1.5).culprit is None
 
 
-def test_peers_that_agree_by_chance_do_not_make_sampling_noise_a_fault():
+def test_peers_that_agree_by_chance_do_not_make_sampling_noise_a_fault(tmp_path):
     """Three nodes sample a jittery gauge; two happen to average the same, the third a little off."""
     nodes = ["node1", "node2", "node3"]
     samples = [{"node": n, "ts": NOW - 100 + t, "metric": "host.procs.blocked", "labels": "{}",
                 "value": float((t // 10) % 2 if n != "node1" else (t // 10 + 1) % 2 if t < 60 else 0)}
                for t in range(0, 100, 10) for n in nodes]
-    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], samples)
+    names, cur, hist, jitter = job_matrices(nodes, NOW, 120, [], *telemetry(tmp_path, samples, nodes))
     assert len(set(cur[:, names.index("host.procs.blocked")])) == 2  # the peers agree, node1 is off by 0.4
     assert pick_outlier(nodes, score_nodes(nodes, cur, hist), 6.0, 1.5).culprit == "node1"  # without the jitter
     assert pick_outlier(nodes, score_nodes(nodes, cur, hist, jitter=jitter), 6.0, 1.5).culprit is None
