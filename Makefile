@@ -24,16 +24,16 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: install
-	$(VENV)/bin/python -m pytest -q tests -m "not slow"
+	$(VENV)/bin/python -m pytest -q tests
 
 soak: install
-	$(VENV)/bin/python -m pytest -q tests -m slow
+	$(VENV)/bin/python bench/chaos_soak.py --minutes 20
 
 unit: install
 	$(VENV)/bin/python -m pytest -q tests -m "not integration"
 
 integration: install
-	$(VENV)/bin/python -m pytest -q tests -m "integration and not slow"
+	$(VENV)/bin/python -m pytest -q tests -m integration
 
 demo: install
 	$(VENV)/bin/sigma demo

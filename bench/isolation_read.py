@@ -1,8 +1,9 @@
 """What one isolation round reads from the controller database, for one job: its nodes' last hour of 1 Hz samples.
 
-The controller reads them aggregated per (node, series, time bucket) by SQLite (`samples.bucket_stats`: the window
-every round, the hour of history at most every HISTORY_REFRESH_S); the baseline, side by side on the same database,
-walks the same rows in Python (fetch + per-row JSON labels), as a per-row feature builder would.
+The controller reads them aggregated per (node, series, time bucket) by SQLite (`samples.bucket_stats`): the window
+every round; the hour of history at most every HISTORY_REFRESH_S, and of each of its 12 buckets only a slice as
+long as one window bucket. The baseline, side by side on the same database, walks the hour's rows in Python
+(fetch + per-row JSON labels), as a per-row feature builder would.
 
 usage: python bench/isolation_read.py [--nodes 8] [--metrics 200] [--hour 3600]
 """
@@ -77,7 +78,8 @@ def main() -> int:
         history, window, rest, walk = [], [], [], []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            hist = bucket_stats(conn, nodes, now - args.hour, now - WINDOW_S, HISTORY_BUCKETS)
+            hist = bucket_stats(conn, nodes, now - args.hour, now - WINDOW_S, HISTORY_BUCKETS,
+                                sample_s=WINDOW_S / WINDOW_BUCKETS)
             t1 = time.perf_counter()
             cur = bucket_stats(conn, nodes, now - WINDOW_S, now + 1e-6, WINDOW_BUCKETS)
             t2 = time.perf_counter()

@@ -33,7 +33,8 @@ from sigma.slurm.types import Job, Node
 
 LAGGARD_WINDOW_S = 30.0  # recent steps that say which node the others wait for
 WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's rate and jitter per bucket)
-HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score)
+HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
+# for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
 
 
@@ -225,14 +226,15 @@ class Controller:
         return f
 
     def _history_buckets(self, nodes: tuple[str, ...], now: float) -> list[tuple]:
-        """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it is an hour of
-        samples and moves slowly)."""
+        """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it moves
+        slowly)."""
         iso = self.cfg.isolation
         key = tuple(sorted(nodes))
         cached = self._node_history.get(key)
         if cached is None or now - cached[0] > HISTORY_REFRESH_S:
-            cached = self._node_history[key] = (now, bucket_stats(self.conn, nodes, now - iso.history_s,
-                                                             now - iso.window_s, HISTORY_BUCKETS))
+            cached = self._node_history[key] = (now, bucket_stats(
+                self.conn, nodes, now - iso.history_s, now - iso.window_s, HISTORY_BUCKETS,
+                sample_s=iso.window_s / WINDOW_BUCKETS))
         return cached[1]
 
     def _direct_evidence(self, f: Finding, job: Job, rows: list[dict], now: float

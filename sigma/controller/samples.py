@@ -33,23 +33,27 @@ def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
     return conn.execute(BY_METRICS_SQL, (json.dumps(metrics), since)).fetchall()
 
 
-# per (node, series, time bucket) aggregates of the given nodes' samples, the sidecar's own metrics left out
+# per (node, series, time slice) aggregates of the given nodes' samples, the sidecar's own metrics left out;
+# each slice is an index range seek per (node, metric)
 BUCKETS_SQL = (
-    "WITH RECURSIVE " + _NODE_METRICS +
-    " SELECT s.node, s.metric || CASE WHEN s.labels = '{}' THEN '' ELSE s.labels END AS series,"
-    " CAST((s.ts - ?) / ? AS INTEGER) AS bucket, count(*), avg(s.value), avg(s.value * s.value),"
-    " min(s.value), max(s.value), min(s.ts), max(s.ts)"
-    " FROM pairs CROSS JOIN samples AS s ON s.node = pairs.node AND s.metric = pairs.metric"
-    " AND s.ts >= ? AND s.ts < ?"
+    "WITH RECURSIVE " + _NODE_METRICS + ", slices(bucket, start) AS (SELECT key, value FROM json_each(?))"
+    " SELECT s.node, s.metric || CASE WHEN s.labels = '{}' THEN '' ELSE s.labels END AS series, slices.bucket,"
+    " count(*), avg(s.value), avg(s.value * s.value), min(s.value), max(s.value), min(s.ts), max(s.ts)"
+    " FROM pairs, slices CROSS JOIN samples AS s ON s.node = pairs.node AND s.metric = pairs.metric"
+    " AND s.ts >= slices.start AND s.ts < slices.start + ?"
     " WHERE pairs.metric IS NOT NULL AND pairs.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
-    " GROUP BY s.node, series, bucket")  # args: nodes JSON list, since, width, since, until
+    " GROUP BY s.node, series, slices.bucket")  # args: nodes JSON list, slice starts JSON list, slice length
 
 
-def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, buckets: int) -> list[tuple]:
+def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, buckets: int,
+                 sample_s: float | None = None) -> list[tuple]:
     """(node, series, bucket, count, mean, mean of squares, min, max, first ts, last ts) per time bucket of
-    [since, until) split in `buckets`: summed up by SQLite, so an hour of samples costs no Python per sample."""
+    [since, until) split in `buckets`, summed up by SQLite (no Python per sample). With sample_s, only the first
+    sample_s seconds of each bucket are read: a long history is sampled, not scanned whole."""
     nodes = sorted(set(nodes))
     if not nodes or until <= since:
         return []
     width = (until - since) / buckets
-    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(nodes), since, width, since, until))]
+    starts = [since + b * width for b in range(buckets)]
+    length = width if sample_s is None else min(width, sample_s)
+    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(nodes), json.dumps(starts), length))]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # see `make soak`
+pytestmark = pytest.mark.integration
 
 # Kinds the platform handles end to end today (see the soak section of the README for the others).
 KINDS = ["xid", "hang", "straggler", "node-death", "prolog", "nan"]

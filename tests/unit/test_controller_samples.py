@@ -57,11 +57,14 @@ def test_buckets_by_nodes_match_a_scan(tmp_path):
         assert abs(mean_sq - sum(v * v for v in values) / n) < 1e-9 and (tmin, tmax) == (min(stamps), max(stamps))
     assert not any(g[1].startswith("sidecar.") for g in bucket_stats(conn, ["n1"], 0.0, 100.0, 1))
     assert bucket_stats(conn, [], 0.0, 1.0, 2) == []
+    sampled = bucket_stats(conn, ["n2"], 0.0, 50.0, 5, sample_s=2.0)  # a long history: the first 2 s of each 10 s
+    assert {g[2] for g in sampled} == {0, 1, 2, 3, 4}
+    assert all(10.0 * g[2] <= g[8] <= g[9] < 10.0 * g[2] + 2.0 for g in sampled)
 
 
 def test_window_reads_search_the_index(tmp_path):
     conn = _db(tmp_path)
-    for sql, args in ((BY_METRICS_SQL, ('["a"]', 1.0)), (BUCKETS_SQL, ('["n1"]', 1.0, 1.0, 1.0, 2.0))):
+    for sql, args in ((BY_METRICS_SQL, ('["a"]', 1.0)), (BUCKETS_SQL, ('["n1"]', '[1.0, 2.0]', 1.0))):
         plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
         assert "(node=? AND metric=? AND ts>?" in plan, plan
         assert "SCAN s " not in plan + " " and "SCAN samples" not in plan, plan
