@@ -89,7 +89,7 @@ class Controller:
         self.remediator.tick(nodes, jobs)
         self._release_held(jobs)
         self._verify(now)
-        self._housekeeping(now)
+        self._housekeeping(now, jobs)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings
@@ -328,12 +328,17 @@ class Controller:
                 self.remediator.return_node(inc.node, f"misdiagnosed by isolation (incident {inc.id})")
                 self.log.event("verify", f"MISDIAGNOSED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
 
-    def _housekeeping(self, now: float) -> None:
-        """Passive incidents close once their evidence has aged out of every rule window."""
+    def _housekeeping(self, now: float, jobs: list[Job]) -> None:
+        """Passive incidents close once their evidence has aged out of every rule window, or once the job run they
+        were about has ended (a requeued job's new run starts with a clean slate; a crash loop spans runs)."""
+        passive = "status IN ('recorded','notified','shadow','escalated')"
         stale = max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0
         with self.conn:
-            self.conn.execute("UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
-                              " status IN ('recorded','notified','shadow','escalated')", (now, now - stale))
+            self.conn.execute(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
+                              f" {passive}", (now, now - stale))
+            self.conn.executemany(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND job_id = ? AND"
+                                  f" updated_at < ? AND rule_id != 'watchdog-crash-loop' AND {passive}",
+                                  [(now, j.job_id, j.start_time) for j in jobs if j.start_time])
 
     def _snapshot(self, nodes: dict[str, Node], jobs: list[Job], now: float) -> None:
         periodic = now - self._last_snapshot_ts >= self.cfg.snapshot_every_s

@@ -237,6 +237,8 @@ class Remediator:
                 if inc.status in ("acted", "open"):
                     self.incidents.set_status(inc.id, "resolved", f"node validated (job {job_id}) and resumed",
                                               close=True)
+                elif inc.status == "confirmed":  # isolation verified before the node came back: done too
+                    self.incidents.set_status(inc.id, "confirmed", inc.status_note, close=True)
         else:
             self._failure(lc, f"validation job {job_id} failed: {detail}")
 

@@ -198,7 +198,35 @@ def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
         for i, n in enumerate(["node1", "node3", "node4"]):
             add_kpi(ctl.conn, n, clock(), 1, i, 200 + k)
         ctl.tick()
-    assert ctl.incidents.get(inc.id).status == "confirmed"
+    assert ctl.incidents.get(inc.id).status == "confirmed" and ctl.incidents.get(inc.id).closed_at is None
+    # node2 is rebooted, validated and resumed: the confirmed incident is closed, so the same fault on the same
+    # node and job later is a new incident, acted on again
+    slurm.finish_reboot("node2", clock())
+    for _ in range(10):
+        clock.advance(5)
+        ctl.tick()
+        validation = [j for j in slurm.jobs() if j.name.startswith("sigma-validate-node2")]
+        if validation:
+            slurm.finish_job(validation[0].job_id, rc=0)
+    assert ctl.remediator.get("node2").state == "resumed"
+    assert ctl.incidents.get(inc.id).status == "confirmed" and ctl.incidents.get(inc.id).closed_at is not None
+
+
+def test_a_notification_about_a_job_run_closes_when_the_job_restarts(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    nodes = ["node1", "node2", "node3"]
+    slurm.run_job(1, nodes, start=clock() - 1000)
+    now = clock()
+    for r in kpi_rows(nodes, now - 900, now, slow=("node1", now - 100)):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], 500.0 if r["ts"] >= now - 100 else 1000.0,
+                r["step_time_s"])
+    ctl.tick()
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "watchdog-throughput-drop"]
+    assert inc.status == "notified" and inc.closed_at is None
+    clock.advance(30)
+    slurm.set_job(1, start_time=int(clock()))  # requeued: a new run
+    ctl.tick()
+    assert ctl.incidents.get(inc.id).closed_at is not None
 
 
 def test_isolation_without_recovery_is_misdiagnosed_and_the_node_returned(tmp_path):
