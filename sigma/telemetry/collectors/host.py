@@ -5,7 +5,9 @@ Counters are reported raw (cumulative, like node_exporter); CPU utilisation is c
 previous run. Values and names follow psutil's conventions (host.mem.used_bytes = total - available,
 cached including SReclaimable; CPU seconds = ticks / CLK_TCK; sectors of 512 bytes), but each file is read once
 and parsed with str.split, and every series' metric name and label JSON is built once and reused: the collector
-runs every second on every node. Every read goes through `host_root`, so tests run on fixture /proc trees.
+runs every second on every node. Pseudo-files (size 0: procfs, sysfs) stay open and are re-read with pread at
+offset 0, which makes the kernel generate fresh content without an open/close per file and run. Every read goes
+through `host_root`, so tests run on fixture /proc trees (regular files there are opened on every read).
 """
 
 from __future__ import annotations
@@ -78,13 +80,45 @@ class HostCollector(Collector):
         self._last_cpu = None
         self._series: dict = {}  # (kind, key) -> prebuilt [(metric, labels JSON), ...] for a device/iface/cpu
         self._vmstat = set(params.vmstat_keys or ())
+        self._fds: dict[tuple, tuple[int, int]] = {}  # parts -> (kept fd, read size) for pseudo-files
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd, _ in fds.values():
+            os.close(fd)
 
     def _read(self, *parts: str) -> str | None:
+        kept = self._fds.get(parts)
+        if kept is not None:
+            fd, size = kept
+            try:
+                data = os.pread(fd, size, 0)
+                while len(data) >= size:  # grew past the buffer: read it whole with a bigger one
+                    size *= 2
+                    data = os.pread(fd, size, 0)
+            except OSError:  # e.g. the device behind it went away: open it afresh next time
+                del self._fds[parts]
+                os.close(fd)
+                return None
+            if size != kept[1]:
+                self._fds[parts] = (fd, size)
+            return data.decode("utf-8", "replace")
         try:
-            with open(os.path.join(self.proc, *parts)) as f:
-                return f.read()
+            fd = os.open(os.path.join(self.proc, *parts), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            pseudo = os.fstat(fd).st_size == 0
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        except OSError:
+            os.close(fd)
+            return None
+        if pseudo:
+            self._fds[parts] = (fd, max(4096, 2 * len(data)))
+        else:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
 
     def _labelled(self, kind: str, key: str, names, label: str) -> list:
         """Metric names and label JSON for one device/iface/cpu, built on first sight."""
