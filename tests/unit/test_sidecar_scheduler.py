@@ -7,24 +7,33 @@ import threading
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from sigma.store import connect
 from sigma.telemetry import agent
-from sigma.telemetry.base import REGISTRY, Collector, CollectorParams, register
+from sigma.telemetry.base import REGISTRY, Collector, CollectorParams, load_collectors, register
 
 GATE = threading.Event()
 
 
-if "test_gate" not in REGISTRY:
-    @register("test_gate")
-    class GateCollector(Collector):
-        @dataclass
-        class Params(CollectorParams):
-            block: bool = False  # wait for GATE before returning
+class GateCollector(Collector):
+    @dataclass
+    class Params(CollectorParams):
+        block: bool = False  # wait for GATE before returning
 
-        def collect(self, out) -> None:
-            if self.params.block:
-                GATE.wait(60)
-            out.sample("gate.value", 1.0)
+    def collect(self, out) -> None:
+        if self.params.block:
+            GATE.wait(60)
+        out.sample("gate.value", 1.0)
+
+
+@pytest.fixture
+def gate_collector():
+    """Registered for this test only (the registry is what the docs test checks)."""
+    load_collectors()
+    register("test_gate")(GateCollector)
+    yield
+    REGISTRY.pop("test_gate", None)
 
 
 CONFIG = """
@@ -47,7 +56,7 @@ def wait_for(predicate, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_stalled_collector_is_isolated_and_the_others_go_on(tmp_path, monkeypatch):
+def test_a_stalled_collector_is_isolated_and_the_others_go_on(tmp_path, monkeypatch, gate_collector):
     db = tmp_path / "telemetry.db"
     config = tmp_path / "telemetry.yaml"
     config.write_text(CONFIG.format(db=db))
