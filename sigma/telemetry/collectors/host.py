@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from dataclasses import dataclass
 
 from sigma.telemetry.base import Collector, CollectorParams, Output, labels_json, register
@@ -34,6 +35,7 @@ STAT_COUNTERS = {"ctxt": "host.stat.context_switches", "intr": "host.stat.interr
                  "softirq": "host.stat.softirqs"}
 SOFTNET_COLUMNS = (("processed", 0), ("dropped", 1), ("time_squeeze", 2))
 PSI_RESOURCES = ("cpu", "memory", "io")
+MEMINFO_LINE = re.compile(r"^([^:\n]+):[ \t]+(\d+)( kB)?[ \t]*$", re.M)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -190,17 +192,8 @@ class HostCollector(Collector):
         text = self._read("meminfo")
         if text is None:
             raise OSError(f"cannot read {self.proc}/meminfo")
-        info = {}
-        kb = set()
-        for line in text.splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                if len(parts) > 1:  # "kB"
-                    kb.add(key)
-                    info[key] = int(parts[0]) * 1024
-                else:
-                    info[key] = int(parts[0])
+        fields = MEMINFO_LINE.findall(text)  # [(key, number, " kB" or ""), ...]: the line split in C
+        info = {key: int(number) << 10 if unit else int(number) for key, number, unit in fields}
         g = info.get
         total, free, buffers = g("MemTotal", 0), g("MemFree", 0), g("Buffers", 0)
         cached = g("Cached", 0) + g("SReclaimable", 0)
@@ -219,12 +212,12 @@ class HostCollector(Collector):
             names = self._series.get("meminfo")
             if names is None:
                 names = self._series["meminfo"] = {}
-            for key, value in info.items():
+            for key, _, unit in fields:
                 metric = names.get(key)
                 if metric is None:
                     metric = names[key] = ("host.meminfo." + key.replace("(", "_").replace(")", "")
-                                           + ("_bytes" if key in kb else ""))
-                add((ts, metric, value, "{}"))
+                                           + ("_bytes" if unit else ""))
+                add((ts, metric, info[key], "{}"))
 
     def _loadavg(self, add, ts: float) -> None:
         parts = (self._read("loadavg") or "").split()
@@ -332,11 +325,32 @@ class HostCollector(Collector):
         return layout
 
     def _filesystems(self, out: Output) -> None:
-        types = set(self.params.fs_types)
-        seen = set()
+        mounts = self._mounts()
+        add, ts = out.samples.append, out.ts
+        for path, lj in mounts:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            add((ts, "host.fs.size_bytes", st.f_blocks * st.f_frsize, lj))
+            add((ts, "host.fs.avail_bytes", st.f_bavail * st.f_frsize, lj))
+            add((ts, "host.fs.files", st.f_files, lj))
+            add((ts, "host.fs.files_free", st.f_ffree, lj))
+
+    def _mounts(self) -> list[tuple[str, str]]:
+        """[(path to statvfs, label JSON)] of the reported filesystems. The mount table is re-read only when it
+        changed: a kept /proc mounts file signals each change to poll() (POLLPRI), so most runs read nothing."""
+        kept = self._fds.get(("mounts",))
+        cached = self._series.get("mounts")
+        if cached is not None and kept is not None and cached[0] == kept[0]:
+            if not cached[1].poll(0):
+                return cached[2]
         text = self._read("mounts")
         if text is None:
-            return
+            return []
+        types = set(self.params.fs_types)
+        seen = set()
+        mounts = []
         for line in text.splitlines():
             parts = line.split()
             if len(parts) < 3:
@@ -346,15 +360,17 @@ class HostCollector(Collector):
                 continue
             seen.add(device)
             mount = mount.replace("\\040", " ")
-            try:
-                st = os.statvfs(os.path.join(self.ctx.host_root, mount.lstrip("/")))
-            except OSError:
-                continue
-            labels = {"mount": mount, "fstype": fstype}
-            out.sample("host.fs.size_bytes", st.f_blocks * st.f_frsize, labels)
-            out.sample("host.fs.avail_bytes", st.f_bavail * st.f_frsize, labels)
-            out.sample("host.fs.files", st.f_files, labels)
-            out.sample("host.fs.files_free", st.f_ffree, labels)
+            mounts.append((os.path.join(self.ctx.host_root, mount.lstrip("/")),
+                           labels_json({"mount": mount, "fstype": fstype})))
+        kept = self._fds.get(("mounts",))
+        if kept is not None:  # procfs: watch it for changes from now on
+            if cached is None or cached[0] != kept[0]:
+                watch = select.poll()
+                watch.register(kept[0], select.POLLPRI | select.POLLERR)  # changes since the open
+            else:
+                watch = cached[1]
+            self._series["mounts"] = (kept[0], watch, mounts)
+        return mounts
 
     def _file_nr(self, out: Output) -> None:
         try:
