@@ -3,9 +3,9 @@
 One batch in flight at a time, over one keep-alive HTTP connection. When caught up, the pusher asks the node
 store's writer to cut the next batch in its next write transaction (at least interval_s later) and sleeps until
 that batch is handed over: one commit a second for writing, cutting and recording the last acknowledgement, and
-one wake-up of this thread per push. With a backlog, after a failure or on exit it cuts batches itself. While the controller is unreachable the rows
-stay in the node store (bounded there) and the client backs off up to max_backoff_s; once it answers, batches go
-back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
+one wake-up of this thread per push. With a backlog, after a failure or on exit it cuts batches itself.
+While the controller is unreachable the rows stay in the node store (bounded there) and the client backs off up to
+max_backoff_s; once it answers, batches go back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
 the batch is kept locally as 'rejected', reported as an event, and the stream moves on. Authentication failures
 (401/403) are retried: an admin fixes the secret and nothing is lost.
 """
