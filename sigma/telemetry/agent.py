@@ -1,19 +1,24 @@
-"""The sidecar: runs each enabled collector in its own thread on its own interval, times it, stores what it
-produced (tagged with the node's running job ids) in the node store, enforces the store's bounds and pushes.
+"""The sidecar: runs the enabled collectors when due on one scheduler thread (a heap of deadlines), times each run,
+stores what they produced (tagged with the node's running job ids) in the node store, enforces the store's bounds
+and pushes.
 
+- One thread for all collectors: at 1 Hz the collectors due together run back to back and their records are
+  written right after them, one thread wake-up and one transaction a second instead of one per collector.
 - A collector that raises is recorded (sidecar.collector.success=0 and an event on each ok->failing change); the
-  others keep running. A collector that hangs only stalls its own thread.
+  others keep running. A run that takes longer than STALL_S (a hung NFS statvfs, a stuck driver) is reported
+  (event 'collector_hung'); that collector goes on in a thread of its own and the others on a new scheduler thread.
 - SIGHUP reloads the config; a bad config is logged with file:line [key] and the running one is kept.
 - SIGTERM/SIGINT stop collection, store what was collected, push the backlog for up to push.drain_on_exit_s.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
-import queue
 import signal
 import threading
 import time
+from collections import deque
 
 from sigma.config import ConfigError
 from sigma.telemetry.base import REGISTRY, CollectorUnavailable, Context, Output
@@ -26,18 +31,62 @@ from sigma.telemetry.wire import SecretError, read_secret
 log = logging.getLogger("sigma.telemetry.agent")
 
 UNAVAILABLE_RETRY_S = 300.0
+STALL_S = 30.0  # a collector run longer than this is moved off the shared scheduler thread
+WATCHDOG_S = 5.0  # how often the main thread looks for a stalled run
 
 
 class CollectorRunner:
-    """One collector on its own thread: run, time, hand the Output to the writer."""
+    """One collector: run it, time it, label the result."""
 
-    def __init__(self, section: str, collector, interval_s: float, sink: queue.Queue):
+    def __init__(self, section: str, collector, interval_s: float):
         self.section = section
         self.collector = collector
         self.interval_s = interval_s
-        self.sink = sink
+        self.labels = {"collector": section}
+
+    def run_once(self) -> tuple[tuple, float]:
+        """((section, status, error, Output), seconds until the next run)."""
+        out = Output()
+        started = time.perf_counter()
+        cpu_started = time.thread_time()
+        status, error = "ok", ""
+        try:
+            self.collector.collect(out)
+        except CollectorUnavailable as exc:
+            status, error = "unavailable", str(exc)
+        except Exception as exc:  # one collector's failure never stops the others
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        n = len(out)
+        labels = self.labels
+        out.sample("sidecar.collector.duration_s", round(time.perf_counter() - started, 6), labels)
+        out.sample("sidecar.collector.cpu_s", round(time.thread_time() - cpu_started, 6), labels)
+        out.sample("sidecar.collector.success", 1 if status == "ok" else 0, labels)
+        out.sample("sidecar.collector.records", n, labels)
+        return (self.section, status, error, out), (UNAVAILABLE_RETRY_S if status == "unavailable"
+                                                    else self.interval_s)
+
+    def close(self) -> None:
+        try:
+            self.collector.close()
+        except Exception:
+            log.exception("closing collector %s", self.section)
+
+
+class Scheduler:
+    """Runs its collectors when due, on one thread; collected outputs go to the sidecar's sink. The main scheduler
+    (writer=True) also writes the sink to the store, refreshes the job ids and prunes, on their own cadences, right
+    after the collectors due at the same time. A scheduler whose run stalled becomes that collector's own thread
+    (writer=False) once the run returns."""
+
+    def __init__(self, sidecar: "Sidecar", runners: list[CollectorRunner], writer: bool):
+        self.sidecar = sidecar
+        self.runners = list(runners)
+        self.writer = writer
         self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name=f"collector-{section}", daemon=True)
+        self.current: tuple | None = None  # (runner, monotonic start) of the run in progress
+        self.superseded: CollectorRunner | None = None  # set by the watchdog: from now on only run this one
+        name = "collect" if writer else f"collector-{self.runners[0].section}"
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -46,38 +95,57 @@ class CollectorRunner:
         self.stop_event.set()
         self.thread.join(timeout)
         if self.thread.is_alive():
-            log.error("collector %s did not stop within %.0f s; abandoning its thread", self.section, timeout)
+            section = self.current[0].section if self.current else "?"
+            log.error("collector %s did not stop within %.0f s; abandoning its thread", section, timeout)
             return False
-        try:
-            self.collector.close()
-        except Exception:
-            log.exception("closing collector %s", self.section)
+        for runner in self.runners:
+            runner.close()
         return True
 
     def _loop(self) -> None:
-        due = time.monotonic()
-        labels = {"collector": self.section}
-        while not self.stop_event.wait(max(0.0, due - time.monotonic())):
-            out = Output()
-            started = time.perf_counter()
-            cpu_started = time.thread_time()
-            status, error = "ok", ""
-            try:
-                self.collector.collect(out)
-            except CollectorUnavailable as exc:
-                status, error = "unavailable", str(exc)
-            except Exception as exc:  # one collector's failure never stops the others
-                status, error = "error", f"{type(exc).__name__}: {exc}"
-            n = len(out)
-            out.sample("sidecar.collector.duration_s", round(time.perf_counter() - started, 6), labels)
-            out.sample("sidecar.collector.cpu_s", round(time.thread_time() - cpu_started, 6), labels)
-            out.sample("sidecar.collector.success", 1 if status == "ok" else 0, labels)
-            out.sample("sidecar.collector.records", n, labels)
-            self.sink.put((self.section, status, error, out))
+        sidecar = self.sidecar
+        now = time.monotonic()
+        heap = [(now, i, r) for i, r in enumerate(self.runners)]
+        heapq.heapify(heap)
+        cfg = sidecar.loaded.config
+        # writing, job ids and pruning follow their own cadences, from the same origin as the collectors, so
+        # that at equal intervals they are due in the same wake-up, after the collectors
+        next_write, next_jobs, next_prune = now + cfg.store.write_every_s, now + cfg.jobs.refresh_s, now
+        sink = sidecar.sink
+        while True:
+            due_at = heap[0][0] if heap else now + 3600.0
+            if self.writer:
+                due_at = min(due_at, next_write, next_jobs, next_prune)
+            if self.stop_event.wait(max(0.0, due_at - time.monotonic())):
+                break
             now = time.monotonic()
-            due += UNAVAILABLE_RETRY_S if status == "unavailable" else self.interval_s
-            if due < now:  # overran its interval: skip the missed runs instead of bursting
-                due = now + (self.interval_s if status != "unavailable" else UNAVAILABLE_RETRY_S)
+            while heap and heap[0][0] <= now:
+                due, i, runner = heapq.heappop(heap)
+                self.current = (runner, time.monotonic())
+                item, delay = runner.run_once()
+                self.current = None
+                sink.append(item)
+                if self.superseded is not None and self.writer:  # stalled: now the stalled collector's own thread
+                    self.runners, self.writer = [self.superseded], False
+                    heap = [] if runner is self.superseded else [(now, 0, self.superseded)]
+                    self.thread.name = f"collector-{self.superseded.section}"
+                    if runner is not self.superseded:
+                        continue
+                due += delay
+                if due < now:  # overran its interval: skip the missed runs instead of bursting
+                    due = now + delay
+                heapq.heappush(heap, (due, i, runner))
+            if not self.writer or self.superseded is not None:
+                continue
+            if now >= next_write:
+                next_write = max(next_write + cfg.store.write_every_s, now)
+                sidecar._drain_sink()
+            if now >= next_jobs:
+                next_jobs = max(next_jobs + cfg.jobs.refresh_s, now)
+                sidecar.jobs.refresh()
+            if now >= next_prune:
+                next_prune = max(next_prune + cfg.store.prune_every_s, now)
+                sidecar._prune()
 
 
 class Sidecar:
@@ -92,8 +160,10 @@ class Sidecar:
         cfg = self.loaded.config
         self.node = cfg.node
         self.store = NodeStore(cfg.store.path, self.node)
-        self.sink: queue.Queue = queue.Queue()
+        self.sink: deque = deque()  # (section, status, error, Output) waiting to be written; any thread appends
         self.runners: dict[str, CollectorRunner] = {}
+        self.scheduler: Scheduler | None = None
+        self.isolated: list[Scheduler] = []  # schedulers left running one stalled collector each
         self.status: dict[str, str] = {}
         self.pusher: Pusher | None = None
         self.jobs: JobTracker | None = None
@@ -132,8 +202,7 @@ class Sidecar:
                 continue
             if kind == "kpi":
                 kpi_collectors.append(collector)
-            runner = self.runners[section] = CollectorRunner(section, collector, params.interval_s, self.sink)
-            runner.start()
+            self.runners[section] = CollectorRunner(section, collector, params.interval_s)
         jobs = cfg.jobs
 
         def kpi_jobs(within_s: float) -> set[int]:
@@ -151,21 +220,43 @@ class Sidecar:
                                kpi_active_s=jobs.kpi_active_s, squeue_refresh_s=jobs.squeue_refresh_s,
                                spool_dir=jobs.slurmd_spool_dir, proc_rescan_s=jobs.proc_rescan_s)
         self.jobs.refresh()
+        self.scheduler = Scheduler(self, list(self.runners.values()), writer=True)
+        self.scheduler.start()
         log.info("node %s: collectors %s; store %s; push %s", self.node, ", ".join(self.runners) or "none",
                  cfg.store.path, cfg.push.url or "off")
 
     def _stop_collectors(self) -> None:
-        for runner in self.runners.values():
-            runner.stop()
+        for scheduler in [self.scheduler, *self.isolated]:
+            if scheduler is not None:
+                scheduler.stop()
+        self.scheduler, self.isolated = None, []
         self.runners = {}
         self._drain_sink()
+
+    def _watchdog(self) -> None:
+        """A collector run that stalls the scheduler: report it, leave that thread to it, go on without it."""
+        scheduler = self.scheduler
+        current = scheduler.current if scheduler is not None else None
+        if current is None or time.monotonic() - current[1] < STALL_S:
+            return
+        runner = current[0]
+        if scheduler.current is not current:
+            return  # it just finished
+        scheduler.superseded = runner
+        self.isolated.append(scheduler)
+        message = (f"{runner.section}: a run has taken more than {STALL_S:.0f} s; it goes on in a thread of its "
+                   f"own, the other collectors on a new one")
+        log.error("collector %s", message)
+        self.report("collector_hung", message, "error", {"collector": runner.section})
+        self.scheduler = Scheduler(self, [r for r in scheduler.runners if r is not runner], writer=True)
+        self.scheduler.start()
 
     # ---------- self reports ----------
     def report(self, kind: str, message: str, severity: str = "info", fields: dict | None = None) -> None:
         """A sidecar event (source 'sidecar'); thread-safe: goes through the writer queue."""
         out = Output()
         out.event("sidecar", kind, message, severity, fields)
-        self.sink.put(("sidecar", "ok", "", out))
+        self.sink.append(("sidecar", "ok", "", out))
 
     # ---------- main loop ----------
     def run(self) -> int:
@@ -175,35 +266,18 @@ class Sidecar:
         self._start_collectors()
         if self.pusher:
             self.pusher.start()
-        cfg = self.loaded.config
-        next_jobs = time.monotonic() + cfg.jobs.refresh_s
-        next_prune = time.monotonic()
-        next_write = time.monotonic() + cfg.store.write_every_s
         while not self._stop.is_set():
-            # sleep until the next write is due (collector outputs wait in the queue meanwhile: one wake-up per
-            # write, not one per collector run); a stop or reload request wakes us early
-            self._wake.wait(max(0.0, min(next_write, next_jobs, next_prune) - time.monotonic()))
+            # the scheduler thread collects, writes and prunes; this one handles signals and watches for stalls
+            self._wake.wait(WATCHDOG_S)
             self._wake.clear()
-            now = time.monotonic()
-            if now >= next_write:
-                next_write = now + cfg.store.write_every_s
-                self._drain_sink()
             if self._reload.is_set():
                 self._reload.clear()
-                self._drain_sink()
                 self.reload()
-                cfg = self.loaded.config
-            if now >= next_jobs:
-                next_jobs = now + cfg.jobs.refresh_s
-                self.jobs.refresh()
-            if now >= next_prune:
-                next_prune = now + cfg.store.prune_every_s
-                self._prune()
-        self._drain_sink()
+            self._watchdog()
         log.info("stopping: flushing collected data")
         self._stop_collectors()
         if self.pusher:
-            self.pusher.stop(drain_s=cfg.push.drain_on_exit_s)
+            self.pusher.stop(drain_s=self.loaded.config.push.drain_on_exit_s)
             self._drain_sink()
         self.store.close()
         return 0
@@ -217,11 +291,10 @@ class Sidecar:
 
     def _take_all(self) -> list:
         items = []
-        while True:
-            try:
-                items.append(self.sink.get_nowait())
-            except queue.Empty:
-                return items
+        sink = self.sink
+        while sink:
+            items.append(sink.popleft())
+        return items
 
     def _drain_sink(self) -> None:
         items = self._take_all()

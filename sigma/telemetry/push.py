@@ -1,8 +1,11 @@
 """Push client: send outbox batches to the controller in order, retry until acknowledged (at-least-once).
 
-One batch in flight at a time, over one keep-alive HTTP connection. While the controller is unreachable the rows
-stay in the node store (bounded there) and the client backs off up to max_backoff_s; once it answers, batches go
-back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
+One batch in flight at a time, over one keep-alive HTTP connection. When caught up, the pusher asks the node
+store's writer to cut the next batch in its next write transaction (at least interval_s later) and sleeps until
+that batch is handed over: one commit a second for writing, cutting and recording the last acknowledgement, and
+one wake-up of this thread per push. With a backlog, after a failure or on exit it cuts batches itself.
+While the controller is unreachable the rows stay in the node store (bounded there) and the client backs off up to
+max_backoff_s; once it answers, batches go back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
 the batch is kept locally as 'rejected', reported as an event, and the stream moves on. Authentication failures
 (401/403) are retried: an admin fixes the secret and nothing is lost.
 """
@@ -45,8 +48,9 @@ class Pusher:
         self._thread: threading.Thread | None = None
         self.stats = {"batches": 0, "records": 0, "failures": 0, "duplicates": 0, "rejected": 0}
         self.connected = None  # last known reachability, for transition reports
-        self._acked = None  # (seq, ranges) acknowledged by the controller, recorded with the next cut
+        self._offered = None  # (seq, ranges) the store's writer cut for us
         self._full = False  # the last batch sent was full: more backlog, send the next one right away
+        self._series_cache: dict = {}  # series key -> its JSON in the batch header
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"push.url must be http(s)://host:port/path, got {url!r}")
@@ -54,6 +58,7 @@ class Pusher:
 
     # ---------- lifecycle ----------
     def start(self) -> None:
+        self.store.on_cut = self._offer
         self._thread = threading.Thread(target=self._run, name="push", daemon=True)
         self._thread.start()
 
@@ -69,6 +74,9 @@ class Pusher:
         self.wake.set()
         if self._thread:
             self._thread.join(timeout=self.timeout_s + 2)
+        if self.store.on_cut == self._offer:
+            self.store.on_cut = None
+            self.store.request_cut(None)
         self._close()
 
     def store_backlog(self) -> int:
@@ -90,35 +98,44 @@ class Pusher:
                 continue
             backoff = self.interval_s
             self._transition(True, "")
-            if not sent or not self._full:  # caught up: wait for the next interval
-                self.wake.wait(self.interval_s)
-                self.wake.clear()
+            if sent and self._full:  # more backlog: the next batch right away
+                continue
+            # caught up: the store's writer cuts the next batch at least interval_s from now and hands it over
+            # (_offer); the timeout only matters when nothing is written for a long while
+            self.store.request_cut(self.max_records, time.monotonic() + self.interval_s * 0.9)
+            if self._offered is None:
+                self.wake.wait(max(5.0, 5 * self.interval_s))
+            self.wake.clear()
+        self.store.request_cut(None)
         self.flush_ack()
         self.store.close()
 
+    def _offer(self, seq: int, ranges: dict) -> None:
+        """Called by the store's writer (its thread) with a batch it cut for us."""
+        self._offered = (seq, ranges)
+        self.wake.set()
+
     def flush_ack(self) -> None:
-        """Record an acknowledgement not yet written (it rides along with the next cut otherwise)."""
-        if self._acked is not None:
-            self.store.ack(*self._acked)
-            self._acked = None
+        """Record acknowledgements not yet written (they ride along with the next write or cut otherwise)."""
+        self.store.flush_acks()
 
     def push_once(self) -> bool:
         """Send the next batch; True if one was acknowledged (or rejected for its content)."""
-        acked, self._acked = self._acked, None
-        try:
-            batch = self.store.next_batch(self.max_records, acked)
-        except BaseException:
-            self._acked = acked
-            raise
+        self.store.request_cut(None)
+        batch, self._offered = self._offered, None
+        if batch is None:
+            batch = self.store.next_batch(self.max_records)
+            if batch is not None and self._offered is not None and self._offered[0] == batch[0]:
+                self._offered = None  # the writer cut it just before: it is the one we got
         if batch is None:
             return False
         seq, ranges = batch
         samples, events, kpis = self.store.recent_rows(ranges) or self.store.batch_rows(ranges)
-        body = wire.encode_binary_batch(self.node, seq, time.time(), samples, events, kpis)
+        body = wire.encode_binary_batch(self.node, seq, time.time(), samples, events, kpis, self._series_cache)
         status, reply = self._post(body)
         n = len(samples) + len(events) + len(kpis)
         if status == 200 and reply.get("ok") and reply.get("seq") == seq:
-            self._acked = (seq, ranges)  # written with the next cut; if we die first, the batch is re-sent once
+            self.store.defer_ack(seq, ranges)  # written with the next write or cut; if we die first, re-sent once
             self._full = n >= self.max_records
             self.stats["batches"] += 1
             self.stats["records"] += n

@@ -50,6 +50,7 @@ EVENT_INSERT = ("INSERT INTO events (ts, source, kind, severity, message, fields
                 "VALUES (?, ?, ?, ?, ?, ?, ?)")
 KPI_INSERT = ("INSERT INTO kpis (ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload) "
               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+SAMPLE_CHUNK = 64  # rows per multi-row INSERT (see _insert_samples)
 PRUNE_CHUNK = 5000
 RECENT_MAX_ROWS = 50_000  # per table: rows kept in memory for the pusher (a backlog is read back)
 
@@ -64,6 +65,11 @@ class NodeStore:
         self._recent = {t: deque() for t in TABLES}  # (lo, hi, rows) written lately, for the pusher
         self._recent_rows = dict.fromkeys(TABLES, 0)
         self._recent_lock = threading.Lock()
+        # batch cutting: one cut at a time (the writer and the pusher read the same cursors)
+        self._cut_lock = threading.Lock()
+        self._acks: list[tuple] = []  # (seq, ranges) acknowledged, recorded with the next write or cut
+        self._cut_request: tuple | None = None  # (max_records, not_before monotonic) from an idle pusher
+        self.on_cut = None  # callable(seq, ranges): a batch the writer cut in its own transaction
         conn = self.conn
         if not self.path.exists() or conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
@@ -117,17 +123,44 @@ class NodeStore:
                 positions += out.positions.items()
         conn = self.conn
         chunks = []
-        with conn:
-            for table, sql, rows in (("samples", SAMPLE_INSERT, samples), ("events", EVENT_INSERT, events),
-                                     ("kpis", KPI_INSERT, kpis)):
-                if rows:
-                    # AUTOINCREMENT ids of one writer's transaction are contiguous, after the table's sequence
-                    last = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
-                    lo = last[0] if last else 0
-                    conn.executemany(sql, rows)
-                    chunks.append((table, lo, lo + len(rows), rows))
-            if positions:
-                conn.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", positions)
+        cut = None
+        with self._cut_lock:
+            acks = self._take_acks()
+            try:
+                with conn:
+                    for table, sql, rows in (("samples", SAMPLE_INSERT, samples), ("events", EVENT_INSERT, events),
+                                             ("kpis", KPI_INSERT, kpis)):
+                        if rows:
+                            # AUTOINCREMENT ids of one writer's transaction are contiguous, after the table's
+                            # sequence
+                            last = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?",
+                                                (table,)).fetchone()
+                            lo = last[0] if last else 0
+                            if table == "samples":
+                                _insert_samples(conn, rows)
+                            else:
+                                conn.executemany(sql, rows)
+                            chunks.append((table, lo, lo + len(rows), rows))
+                    if positions:
+                        conn.executemany("INSERT OR REPLACE INTO positions VALUES (?, ?)", positions)
+                    for seq, ranges in acks:
+                        self._ack(seq, ranges)
+                    request = self._cut_request
+                    if request is not None and chunks and time.monotonic() >= request[1]:
+                        # an idle pusher asked for the next batch: cut it in this transaction (one commit a
+                        # second for writing and cutting instead of two)
+                        cut = self._pending(conn) or self._cut(conn, request[0])
+            except BaseException:
+                self._acks[:0] = acks  # recorded with a later write
+                raise
+            self._remember(chunks)
+            if cut is not None:
+                self._cut_request = None
+                if self.on_cut is not None:  # under the lock: a cut the pusher makes next sees this one offered
+                    self.on_cut(*cut)
+        return len(samples) + len(events) + len(kpis)
+
+    def _remember(self, chunks) -> None:
         with self._recent_lock:
             for table, lo, hi, rows in chunks:
                 recent = self._recent[table]
@@ -136,7 +169,6 @@ class NodeStore:
                 while self._recent_rows[table] > RECENT_MAX_ROWS:
                     old_lo, old_hi, _ = recent.popleft()
                     self._recent_rows[table] -= old_hi - old_lo
-        return len(samples) + len(events) + len(kpis)
 
     def recent_rows(self, ranges: dict):
         """batch_rows(ranges) from the rows kept in memory since they were written, or None where they are not
@@ -174,22 +206,71 @@ class NodeStore:
         commit per push instead of two). Returns (seq, ranges dict table -> (lo, hi)) or None when there is
         nothing to send."""
         conn = self.conn
-        try:
-            return self._next_batch(conn, max_records, acked)
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
+        with self._cut_lock:
+            acks = self._take_acks() + ([acked] if acked is not None else [])
+            try:
+                return self._next_batch(conn, max_records, acks)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                self._acks[:0] = acks
+                raise
 
-    def _next_batch(self, conn, max_records: int, acked):
-        if acked is not None:
+    # ---------- batches cut by the writer ----------
+    def defer_ack(self, seq: int, ranges: dict) -> None:
+        """Record this acknowledgement with the next write or cut (no transaction of its own; if the process dies
+        first, the batch is sent once more and the controller drops it as a duplicate)."""
+        self._acks.append((seq, ranges))
+
+    def _take_acks(self) -> list:
+        acks, self._acks = self._acks, []
+        return acks
+
+    def flush_acks(self) -> None:
+        with self._cut_lock:
+            acks = self._take_acks()
+            if not acks:
+                return
+            try:
+                with self.conn:
+                    for seq, ranges in acks:
+                        self._ack(seq, ranges)
+            except BaseException:
+                self._acks[:0] = acks
+                raise
+
+    def request_cut(self, max_records: int | None, not_before: float = 0.0) -> None:
+        """An idle pusher asks the writer to cut the next batch (up to max_records) in its next write, once
+        time.monotonic() >= not_before, and hand it over through on_cut; None withdraws the request."""
+        self._cut_request = None if max_records is None else (max_records, not_before)
+
+    def _next_batch(self, conn, max_records: int, acks: list):
+        if acks:
             conn.execute("BEGIN")
-            self._ack(*acked)
-        row = conn.execute("SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1").fetchone()
-        if row is not None:
+            for seq, ranges in acks:
+                self._ack(seq, ranges)
+        pending = self._pending(conn)
+        if pending is not None:
             if conn.in_transaction:
                 conn.commit()
-            return row["seq"], {t: (row[f"{t}_lo"], row[f"{t}_hi"]) for t in TABLES}
+            return pending
+        if not conn.in_transaction:
+            conn.execute("BEGIN")
+        try:
+            cut = self._cut(conn, max_records)
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        return cut
+
+    def _pending(self, conn):
+        row = conn.execute("SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1").fetchone()
+        return None if row is None else (row["seq"], {t: (row[f"{t}_lo"], row[f"{t}_hi"]) for t in TABLES})
+
+    def _cut(self, conn, max_records: int):
+        """Inside the caller's transaction: a new outbox batch from the rows not cut yet, (seq, ranges) or None.
+        The caller holds _cut_lock and has made sure no batch is pending (_pending)."""
         meta = dict(conn.execute("SELECT key, value FROM meta"))  # a dozen rows: one read instead of many
         # AUTOINCREMENT: one writer, ids contiguous up to the table's sequence (pruning only leaves gaps, which
         # make a batch smaller than max_records, never larger)
@@ -201,15 +282,14 @@ class NodeStore:
             hi = min(max(lo, tops.get(table) or 0), lo + max(budget, 0))
             budget -= hi - lo
             ranges[table] = (lo, hi)
-        with conn:
-            if all(lo == hi for lo, hi in ranges.values()):
-                return None
-            seq = int(meta["next_seq"])
-            conn.execute("INSERT INTO outbox (seq, created_at, samples_lo, samples_hi, events_lo, events_hi, "
-                         "kpis_lo, kpis_hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (seq, time.time(), *ranges["samples"], *ranges["events"], *ranges["kpis"]))
-            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                             [("next_seq", str(seq + 1))] + [(f"cut.{t}", str(hi)) for t, (lo, hi) in ranges.items()])
+        if all(lo == hi for lo, hi in ranges.values()):
+            return None
+        seq = int(meta["next_seq"])
+        conn.execute("INSERT INTO outbox (seq, created_at, samples_lo, samples_hi, events_lo, events_hi, "
+                     "kpis_lo, kpis_hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (seq, time.time(), *ranges["samples"], *ranges["events"], *ranges["kpis"]))
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                         [("next_seq", str(seq + 1))] + [(f"cut.{t}", str(hi)) for t, (lo, hi) in ranges.items()])
         return seq, ranges
 
     def batch_rows(self, ranges: dict):
@@ -305,3 +385,24 @@ class NodeStore:
         u = self.conn.execute(f"SELECT count(*) FROM {table} WHERE {where} AND id > ?", (*args, pushed)).fetchone()[0]
         n = self.conn.execute(f"DELETE FROM {table} WHERE {where}", args).rowcount
         return n, u
+
+
+def _multi_insert(rows: int) -> str:
+    return SAMPLE_INSERT.replace("VALUES (?, ?, ?, ?, ?)", "VALUES " + ",".join(["(?,?,?,?,?)"] * rows))
+
+
+SAMPLE_INSERT_CHUNK = _multi_insert(SAMPLE_CHUNK)
+
+
+def _insert_samples(conn: sqlite3.Connection, rows: list) -> None:
+    """Rows in statements of SAMPLE_CHUNK rows each, plus one for the rest: an AUTOINCREMENT table reads and
+    updates its sqlite_sequence entry once per statement, so this costs about half of one statement per row. The
+    rest's statement (one per row count) stays in the connection's statement cache: a node's count barely varies."""
+    whole = len(rows) - len(rows) % SAMPLE_CHUNK
+    if whole:
+        flat = [x for row in rows[:whole] for x in row]
+        width = 5 * SAMPLE_CHUNK
+        conn.executemany(SAMPLE_INSERT_CHUNK, [flat[i:i + width] for i in range(0, len(flat), width)])
+    if whole < len(rows):
+        rest = rows[whole:]
+        conn.execute(_multi_insert(len(rest)), [x for row in rest for x in row])

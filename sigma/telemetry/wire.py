@@ -119,19 +119,42 @@ def _series_columns(samples):
     s_col = array(INDEX_TYPE, [index.setdefault((r[1], r[3], r[4]), len(index)) for r in samples])
     ts_col = array("d", [r[0] for r in samples])
     v_col = array("d", [NAN if r[2] is None else r[2] for r in samples])
-    return [list(k) for k in index], s_col, ts_col, v_col
+    return list(index), s_col, ts_col, v_col
 
 
-def encode_binary_batch(node: str, seq: int, sent_at: float, samples, events, kpis) -> bytes:
-    """Version 2 (what the sidecar sends): JSON header line + binary sample columns, see the module docstring."""
-    series, s_col, ts_col, v_col = _series_columns(samples)
-    header = {"v": BINARY_VERSION, "node": node, "seq": seq, "sent_at": sent_at, "series": series, "n": len(s_col),
-              "events": [list(e) for e in events], "kpis": [list(k) for k in kpis]}
+SERIES_CACHE_MAX = 100_000
+
+
+def _series_json(keys, cache: dict | None) -> str:
+    """The header's "series" list; with a cache, each series' JSON is built once (the same series recur in every
+    batch a sidecar sends)."""
+    if cache is None:
+        return json.dumps([list(k) for k in keys], separators=(",", ":"))
+    parts = []
+    for key in keys:
+        text = cache.get(key)
+        if text is None:
+            if len(cache) >= SERIES_CACHE_MAX:
+                cache.clear()
+            text = cache[key] = json.dumps(list(key), separators=(",", ":"))
+        parts.append(text)
+    return "[" + ",".join(parts) + "]"
+
+
+def encode_binary_batch(node: str, seq: int, sent_at: float, samples, events, kpis,
+                        series_cache: dict | None = None) -> bytes:
+    """Version 2 (what the sidecar sends): JSON header line + binary sample columns, see the module docstring.
+    series_cache: a dict kept by the caller across batches (series key -> its JSON)."""
+    keys, s_col, ts_col, v_col = _series_columns(samples)
+    dumps = json.dumps
+    header = (f'{{"v":{BINARY_VERSION},"node":{dumps(node)},"seq":{int(seq)},"sent_at":{dumps(float(sent_at))},'
+              f'"series":{_series_json(keys, series_cache)},"n":{len(s_col)},'
+              f'"events":{dumps([list(e) for e in events], separators=(",", ":"))},'
+              f'"kpis":{dumps([list(k) for k in kpis], separators=(",", ":"))}}}')
     if sys.byteorder == "big":
         for col in (s_col, ts_col, v_col):
             col.byteswap()
-    return b"".join((BINARY_MAGIC, json.dumps(header, separators=(",", ":")).encode(), b"\n",
-                     s_col.tobytes(), ts_col.tobytes(), v_col.tobytes()))
+    return b"".join((BINARY_MAGIC, header.encode(), b"\n", s_col.tobytes(), ts_col.tobytes(), v_col.tobytes()))
 
 
 def decode_columns(data, n: int) -> tuple[array, array, array]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -277,3 +278,26 @@ print('\\n'.join(lines))
     out = run(c)
     assert [(json.loads(e[5])["xid"], json.loads(e[5])["stream"]) for e in out.events] == [(94, "journal")]
     assert "-k --after-cursor=c1" in (tmp_path / "argv.log").read_text()
+
+
+def test_host_keeps_procfs_files_open_and_rereads_them_fresh(tmp_path):
+    c = make("host", host_root="/")
+    try:
+        first = c._read("self", "stat")
+        sum(range(3_000_000))  # some CPU time, so this process's utime moves
+        deadline = time.monotonic() + 10
+        second = c._read("self", "stat")
+        while second == first and time.monotonic() < deadline:
+            sum(range(1_000_000))
+            second = c._read("self", "stat")
+        assert ("self", "stat") in c._fds and second != first  # one kept fd, fresh content on each read
+    finally:
+        c.close()
+    assert c._fds == {}
+    fixture = tmp_path / "proc"
+    fixture.mkdir()
+    (fixture / "loadavg").write_text("0.10 0.20 0.30 1/100 42\n")
+    d = make("host", host_root=str(tmp_path))
+    assert d._read("loadavg").startswith("0.10") and d._fds == {}  # a regular file is opened on every read
+    (fixture / "loadavg").write_text("0.50 0.20 0.30 1/100 42\n")
+    assert d._read("loadavg").startswith("0.50")

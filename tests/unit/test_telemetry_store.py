@@ -106,3 +106,31 @@ def test_recent_rows_are_the_rows_read_back_or_none(tmp_path, monkeypatch):
     store.close()
     again = NodeStore(tmp_path / "n.db", "node1")  # after a restart nothing is in memory
     assert again.recent_rows(again.next_batch(100)[1]) is None
+
+
+def test_the_writer_cuts_the_batch_an_idle_pusher_asked_for_and_records_its_ack(tmp_path):
+    store = NodeStore(tmp_path / "n.db", "node1")
+    offered = []
+    store.on_cut = lambda seq, ranges: offered.append((seq, ranges))
+    fill(store, 5, 100.0)
+    assert offered == []  # nobody asked
+    store.request_cut(100)
+    fill(store, 3, 101.0)
+    assert len(offered) == 1
+    seq, ranges = offered[0]
+    assert ranges["samples"] == (0, 8)  # everything not cut yet, in the write's own transaction
+    assert store.next_batch(100) == (seq, ranges)  # the same pending batch for anyone who asks
+    assert [tuple(r) for r in store.recent_rows(ranges)[0]] == [tuple(r) for r in store.batch_rows(ranges)[0]]
+    store.defer_ack(seq, ranges)
+    assert store.pushed("samples") == 0  # not yet recorded...
+    fill(store, 2, 102.0)  # ...until the next write, which cuts nothing: no request
+    assert store.pushed("samples") == 8 and len(offered) == 1
+    store.request_cut(100, not_before=float("inf"))
+    fill(store, 1, 103.0)
+    assert len(offered) == 1  # not before its time
+    store.request_cut(100)
+    fill(store, 1, 104.0)
+    assert offered[-1][1]["samples"] == (8, 12) and offered[-1][0] == seq + 1
+    store.defer_ack(*offered[-1])
+    store.flush_acks()
+    assert store.backlog() == 0 and store.next_batch(100) is None

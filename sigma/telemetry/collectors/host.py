@@ -5,13 +5,16 @@ Counters are reported raw (cumulative, like node_exporter); CPU utilisation is c
 previous run. Values and names follow psutil's conventions (host.mem.used_bytes = total - available,
 cached including SReclaimable; CPU seconds = ticks / CLK_TCK; sectors of 512 bytes), but each file is read once
 and parsed with str.split, and every series' metric name and label JSON is built once and reused: the collector
-runs every second on every node. Every read goes through `host_root`, so tests run on fixture /proc trees.
+runs every second on every node. Pseudo-files (size 0: procfs, sysfs) stay open and are re-read with pread at
+offset 0, which makes the kernel generate fresh content without an open/close per file and run. Every read goes
+through `host_root`, so tests run on fixture /proc trees (regular files there are opened on every read).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 from dataclasses import dataclass
 
 from sigma.telemetry.base import Collector, CollectorParams, Output, labels_json, register
@@ -32,6 +35,7 @@ STAT_COUNTERS = {"ctxt": "host.stat.context_switches", "intr": "host.stat.interr
                  "softirq": "host.stat.softirqs"}
 SOFTNET_COLUMNS = (("processed", 0), ("dropped", 1), ("time_squeeze", 2))
 PSI_RESOURCES = ("cpu", "memory", "io")
+MEMINFO_LINE = re.compile(r"^([^:\n]+):[ \t]+(\d+)( kB)?[ \t]*$", re.M)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -78,13 +82,45 @@ class HostCollector(Collector):
         self._last_cpu = None
         self._series: dict = {}  # (kind, key) -> prebuilt [(metric, labels JSON), ...] for a device/iface/cpu
         self._vmstat = set(params.vmstat_keys or ())
+        self._fds: dict[tuple, tuple[int, int]] = {}  # parts -> (kept fd, read size) for pseudo-files
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd, _ in fds.values():
+            os.close(fd)
 
     def _read(self, *parts: str) -> str | None:
+        kept = self._fds.get(parts)
+        if kept is not None:
+            fd, size = kept
+            try:
+                data = os.pread(fd, size, 0)
+                while len(data) >= size:  # grew past the buffer: read it whole with a bigger one
+                    size *= 2
+                    data = os.pread(fd, size, 0)
+            except OSError:  # e.g. the device behind it went away: open it afresh next time
+                del self._fds[parts]
+                os.close(fd)
+                return None
+            if size != kept[1]:
+                self._fds[parts] = (fd, size)
+            return data.decode("utf-8", "replace")
         try:
-            with open(os.path.join(self.proc, *parts)) as f:
-                return f.read()
+            fd = os.open(os.path.join(self.proc, *parts), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            pseudo = os.fstat(fd).st_size == 0
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        except OSError:
+            os.close(fd)
+            return None
+        if pseudo:
+            self._fds[parts] = (fd, max(4096, 2 * len(data)))
+        else:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
 
     def _labelled(self, kind: str, key: str, names, label: str) -> list:
         """Metric names and label JSON for one device/iface/cpu, built on first sight."""
@@ -156,17 +192,8 @@ class HostCollector(Collector):
         text = self._read("meminfo")
         if text is None:
             raise OSError(f"cannot read {self.proc}/meminfo")
-        info = {}
-        kb = set()
-        for line in text.splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                if len(parts) > 1:  # "kB"
-                    kb.add(key)
-                    info[key] = int(parts[0]) * 1024
-                else:
-                    info[key] = int(parts[0])
+        fields = MEMINFO_LINE.findall(text)  # [(key, number, " kB" or ""), ...]: the line split in C
+        info = {key: int(number) << 10 if unit else int(number) for key, number, unit in fields}
         g = info.get
         total, free, buffers = g("MemTotal", 0), g("MemFree", 0), g("Buffers", 0)
         cached = g("Cached", 0) + g("SReclaimable", 0)
@@ -185,12 +212,12 @@ class HostCollector(Collector):
             names = self._series.get("meminfo")
             if names is None:
                 names = self._series["meminfo"] = {}
-            for key, value in info.items():
+            for key, _, unit in fields:
                 metric = names.get(key)
                 if metric is None:
                     metric = names[key] = ("host.meminfo." + key.replace("(", "_").replace(")", "")
-                                           + ("_bytes" if key in kb else ""))
-                add((ts, metric, value, "{}"))
+                                           + ("_bytes" if unit else ""))
+                add((ts, metric, info[key], "{}"))
 
     def _loadavg(self, add, ts: float) -> None:
         parts = (self._read("loadavg") or "").split()
@@ -298,11 +325,32 @@ class HostCollector(Collector):
         return layout
 
     def _filesystems(self, out: Output) -> None:
-        types = set(self.params.fs_types)
-        seen = set()
+        mounts = self._mounts()
+        add, ts = out.samples.append, out.ts
+        for path, lj in mounts:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            add((ts, "host.fs.size_bytes", st.f_blocks * st.f_frsize, lj))
+            add((ts, "host.fs.avail_bytes", st.f_bavail * st.f_frsize, lj))
+            add((ts, "host.fs.files", st.f_files, lj))
+            add((ts, "host.fs.files_free", st.f_ffree, lj))
+
+    def _mounts(self) -> list[tuple[str, str]]:
+        """[(path to statvfs, label JSON)] of the reported filesystems. The mount table is re-read only when it
+        changed: a kept /proc mounts file signals each change to poll() (POLLPRI), so most runs read nothing."""
+        kept = self._fds.get(("mounts",))
+        cached = self._series.get("mounts")
+        if cached is not None and kept is not None and cached[0] == kept[0]:
+            if not cached[1].poll(0):
+                return cached[2]
         text = self._read("mounts")
         if text is None:
-            return
+            return []
+        types = set(self.params.fs_types)
+        seen = set()
+        mounts = []
         for line in text.splitlines():
             parts = line.split()
             if len(parts) < 3:
@@ -312,15 +360,17 @@ class HostCollector(Collector):
                 continue
             seen.add(device)
             mount = mount.replace("\\040", " ")
-            try:
-                st = os.statvfs(os.path.join(self.ctx.host_root, mount.lstrip("/")))
-            except OSError:
-                continue
-            labels = {"mount": mount, "fstype": fstype}
-            out.sample("host.fs.size_bytes", st.f_blocks * st.f_frsize, labels)
-            out.sample("host.fs.avail_bytes", st.f_bavail * st.f_frsize, labels)
-            out.sample("host.fs.files", st.f_files, labels)
-            out.sample("host.fs.files_free", st.f_ffree, labels)
+            mounts.append((os.path.join(self.ctx.host_root, mount.lstrip("/")),
+                           labels_json({"mount": mount, "fstype": fstype})))
+        kept = self._fds.get(("mounts",))
+        if kept is not None:  # procfs: watch it for changes from now on
+            if cached is None or cached[0] != kept[0]:
+                watch = select.poll()
+                watch.register(kept[0], select.POLLPRI | select.POLLERR)  # changes since the open
+            else:
+                watch = cached[1]
+            self._series["mounts"] = (kept[0], watch, mounts)
+        return mounts
 
     def _file_nr(self, out: Output) -> None:
         try:
