@@ -130,8 +130,11 @@ class Soak:
         self.say = say
         self.state_args = ["--state-dir", str(state_dir)] if state_dir else []
         # a straggler is judged on the last throughput_window seconds against the job's earlier throughput
+        # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
+        # so a crash loop is counted over 5 minutes here (a round takes longer)
         self.up_args = ["--hang-timeout", str(hang_timeout),
-                        "--set", f"watchdog.recent_window_s={throughput_window}", *self.state_args]
+                        "--set", f"watchdog.recent_window_s={throughput_window}",
+                        "--set", "watchdog.crash_loop_window_s=300", *self.state_args]
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
         self.slurm = Slurm(self.cluster.conf)

@@ -116,10 +116,11 @@ class Decider:
             return inc
         playbook = self.rcfg.playbook_for(f.rule_id, f.category, f.action)
         self.remediator.start(node, inc.id, f.rule_id, playbook.name)
-        requeued, looping = [], []
+        requeued = []
         if f.requeue_jobs:
             for job in on_node:
-                (requeued if self._requeue(job, inc, avoid=[node]) else looping).append(job.job_id)
+                self._requeue(job, inc, avoid=[node], crash_guard=False)
+                requeued.append(job.job_id)
         self._ensure_start_now(inc, avoid=[node])
         if on_node:
             self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
@@ -127,7 +128,7 @@ class Decider:
                                                       for j in on_node])
         inc = self._status("acted")
         self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}; "
-                       f"playbook {playbook.name}" + (f"; crash-looping, not requeued: {looping}" if looping else ""))
+                       f"playbook {playbook.name}")
         return inc
 
     # ---------- job restarts ----------
@@ -165,8 +166,11 @@ class Decider:
             self._say(inc, f"ESCALATE job {job.job_id} ({f.rule_id}): {f.summary}; crash loop, not requeued")
         return inc
 
-    def _requeue(self, job: Job, inc: Incident, avoid: list[str], restart_failed: bool = False) -> bool:
-        """Requeue + start_now, unless this run was already requeued or the job is crash-looping (False)."""
+    def _requeue(self, job: Job, inc: Incident, avoid: list[str], restart_failed: bool = False,
+                 crash_guard: bool = True) -> bool:
+        """Requeue + start_now, unless this run was already requeued or the job is crash-looping (False). A job
+        on a node being taken out is moved regardless (crash_guard=False): left there it would make no progress,
+        and node faults do not repeat without bound (each drains a node, under the breaker)."""
         w = self.cfg.watchdog
         other = "kind='requeue' AND target=? AND state != 'shadow' AND COALESCE(incident_id, -1) != ?"
         last = self.conn.execute(f"SELECT MAX(created_at) FROM actions WHERE {other}",
@@ -178,7 +182,7 @@ class Decider:
             "SELECT COUNT(*) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue' AND"
             " a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND i.scope = 'job' AND"
             " a.incident_id != ?", (str(job.job_id), self.clock() - w.crash_loop_window_s, inc.id)).fetchone()[0]
-        if recent >= w.crash_loop_restarts:
+        if crash_guard and recent >= w.crash_loop_restarts:
             return False
         params = {"restarts_before": job.restarts, **({"restart_failed": True} if restart_failed else {})}
         requeue = self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id),

@@ -309,9 +309,14 @@ class Controller:
             verify = inc.evidence.get("verify")
             if not verify or inc.evidence.get("verification") or inc.status not in ("acted", "resolved"):
                 continue
-            rows = [dict(r) for r in self.conn.execute(
+            # only the run after the decision counts: steps of the old run (on the culprit) say nothing
+            restart = self.conn.execute(
+                "SELECT MIN(ts) FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts > ? AND"
+                " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
+                (inc.opened_at, verify["job_id"])).fetchone()[0]
+            rows = [] if restart is None else [dict(r) for r in self.conn.execute(
                 "SELECT * FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
-                (verify["job_id"], inc.opened_at))]
+                (verify["job_id"], restart))]
             tps = throughput(rows)
             baseline = verify.get("baseline")
             recovered = len(rows) >= self.cfg.watchdog.min_points and (

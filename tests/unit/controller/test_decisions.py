@@ -165,6 +165,11 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     statuses = [i.status for i in ctl.incidents.query(job_id=9)]
     assert statuses == ["acted", "acted", "escalated"]
     assert not any(n.drained for n in slurm.nodes())
+    # the job is crash-looping, but a bad node under it is still taken out and the job moved off it
+    clock.advance(10)
+    xid79(ctl.conn, "node1", clock() - 1)
+    ctl.tick()
+    assert slurm.node("node1").drained and slurm.count("requeue") == 3
 
 
 def run_until(ctl, clock, predicate, ticks=20, step=5.0, each=None):

@@ -9,7 +9,7 @@ from sigma.controller.samples import bucket_stats
 from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
 from sigma.controller.watchdog import JobInfo, check_job
 
-from tests.unit.controller.helpers import add_kpi, make_controller
+from tests.unit.controller.helpers import add_event, add_kpi, make_controller
 
 NOW = 1_000_000.0
 CFG = WatchdogConfig()
@@ -191,8 +191,16 @@ def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
     assert slurm.count("requeue") == 1
     inc = ctl.incidents.query(node="node2")[0]
     assert inc.source == "isolation" and inc.evidence["isolation"]["ranked"][0][0] == "node2"
+    # steps of the old run (the culprit stopped, its peers finishing the step) confirm nothing
+    for k in range(6):
+        clock.advance(1)
+        add_kpi(ctl.conn, "node1", clock(), 1, 0, 162 + k)
+        ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "acted"
     # the job comes back on healthy nodes and makes progress: the isolation is confirmed
     slurm.set_job(1, state="RUNNING", nodes=("node1", "node3", "node4"), start_time=int(clock()) + 1)
+    for i, n in enumerate(["node1", "node3", "node4"]):
+        add_event(ctl.conn, n, clock() + 0.5, source="kpi", kind="resume", job_ids=[1])
     for k in range(6):
         clock.advance(1)
         for i, n in enumerate(["node1", "node3", "node4"]):
