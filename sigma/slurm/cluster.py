@@ -304,16 +304,30 @@ class LocalCluster:
         return _stop_pid(_read_pid(self._pid_file(daemon)), _program(daemon))
 
     def _stop_job_steps(self) -> None:
-        """slurmstepd outlives slurmd; stop the ones that belong to this cluster (by their SLURM_CONF)."""
+        """slurmstepd and job processes outlive slurmd; stop the ones of this cluster (by their SLURM_CONF): the
+        step daemons first (they end their jobs), then any job process left over (e.g. an orphaned batch script)."""
         mine = f"SLURM_CONF={self.conf}".encode()
+        steps, jobs = [], []
         for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
-                if b"slurmstepd" in (proc / "cmdline").read_bytes() and mine in (proc / "environ").read_bytes().split(b"\0"):
-                    _stop_pid(int(proc.name), "slurmstepd")
+                env = (proc / "environ").read_bytes().split(b"\0")
+                if mine not in env:
+                    continue
+                if b"slurmstepd" in (proc / "cmdline").read_bytes():
+                    steps.append(int(proc.name))
+                elif any(v.startswith(b"SLURM_JOB_ID=") for v in env):
+                    jobs.append(int(proc.name))
             except OSError:
                 continue
+        for pid in steps:
+            _stop_pid(pid, "slurmstepd")
+        for pid in jobs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # ---------- helpers without cluster state ----------
