@@ -17,6 +17,8 @@ from sigma.controller.server import ControllerServer
 from sigma.store import connect
 from sigma.telemetry import wire
 
+from tests.conftest import wait_for
+
 CONFIG = """
 store: {{path: "{{node_dir}}/telemetry.db", prune_every_s: 1}}
 push: {{url: "http://127.0.0.1:{port}/v1/ingest", secret_file: "{secret}", interval_s: 0.2}}
@@ -33,16 +35,6 @@ collectors:
     files: ["{{node_dir}}/app.log"]
     patterns: [{{name: {pattern}, regex: 'ERROR (?P<code>\\d+)'}}]
 """
-
-
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def controller_rows(db_path, sql, args=()):

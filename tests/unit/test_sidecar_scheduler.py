@@ -4,7 +4,6 @@ other collectors go on (and are stored) while it hangs, and its results are stor
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -12,6 +11,8 @@ import pytest
 from sigma.store import connect
 from sigma.telemetry import agent
 from sigma.telemetry.base import REGISTRY, Collector, CollectorParams, load_collectors, register
+
+from tests.conftest import wait_for
 
 GATE = threading.Event()
 
@@ -44,16 +45,6 @@ collectors:
   stuck: {{type: test_gate, block: true, interval_s: 0.1}}
   steady: {{type: test_gate, interval_s: 0.1}}
 """
-
-
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_stalled_collector_is_isolated_and_the_others_go_on(tmp_path, monkeypatch, gate_collector):
