@@ -313,20 +313,25 @@ class Killed(BaseException):
     """Stands for kill -9: nothing after it runs."""
 
 
+def die_when_planning(ctl, when):
+    """The controller process dies (Killed) as the journal plans an action: when(key, n-th plan) says which."""
+    real_plan, keys = ctl.journal.plan, []
+
+    def dying_plan(*args, **kwargs):
+        keys.append(args[0])
+        if when(args[0], len(keys)):
+            raise Killed()
+        return real_plan(*args, **kwargs)
+    ctl.journal.plan = dying_plan
+
+
 @pytest.mark.parametrize("die_at_plan", [1, 2, 3])
 def test_kill_at_any_point_of_a_decision_loses_and_repeats_nothing(tmp_path, die_at_plan):
     """die_at_plan 1: before the drain is planned; 2: before the requeue; 3: before start_now."""
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.run_job(7, ["node2", "node3"], start=clock() - 100)
     xid79(ctl.conn, "node3", clock() - 1)
-    real_plan, calls = ctl.journal.plan, []
-
-    def dying_plan(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == die_at_plan:
-            raise Killed()
-        return real_plan(*args, **kwargs)
-    ctl.journal.plan = dying_plan
+    die_when_planning(ctl, lambda key, n: n == die_at_plan)
     with pytest.raises(Killed):
         ctl.tick()
     ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
@@ -343,14 +348,7 @@ def test_kill_between_requeue_and_start_now_of_a_job_rule(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.run_job(9, ["node1"], start=clock() - 50)
     add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
-    real_plan, calls = ctl.journal.plan, []
-
-    def dying_plan(*args, **kwargs):
-        calls.append(args[0])
-        if args[0].startswith("start_now"):
-            raise Killed()
-        return real_plan(*args, **kwargs)
-    ctl.journal.plan = dying_plan
+    die_when_planning(ctl, lambda key, n: key.startswith("start_now"))
     with pytest.raises(Killed):
         ctl.tick()
     ctl2, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock)
