@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -150,6 +151,7 @@ class Soak:
             port_base = 30000 + (digest % 200) * 25
         _sigma(self.env, "cluster", "up", "--port-base", str(port_base), *self.state_args)
         _sigma(self.env, "stack", "up", *self.up_args)
+        shutil.rmtree(self.run_dir, ignore_errors=True)  # a new soak trains from step 0, not a previous one's checkpoint
         self.env = {**os.environ, **self.cluster.env}
         from sigma.controller.db import open_db
 

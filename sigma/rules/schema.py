@@ -55,6 +55,9 @@ class MetricMatch:
             raise ValueError("window_s must be > 0 and min_samples >= 1")
 
 
+HEALTH_STATUSES = ("pass", "fail", "skip", "error", "timeout", "accept", "reject")
+
+
 @dataclass
 class HealthMatch:
     """Health-check results (events with source 'health', kind = check name, severity = status)."""
@@ -62,11 +65,15 @@ class HealthMatch:
     checks: list[str] = field(default_factory=list)  # check names (glob patterns); empty = any
     categories: list[str] = field(default_factory=list)  # fields.category values; empty = any
     suites: list[str] = field(default_factory=list)  # fields.suite values (prolog, epilog, ...); empty = any
-    statuses: list[str] = field(default_factory=lambda: ["fail", "error", "timeout"])  # failing statuses
+    # check statuses, or a suite's verdict (check suite.<suite>, status reject)
+    statuses: list[str] = field(default_factory=lambda: ["fail", "error", "timeout"])
     count: int = 1  # at least this many failing results ...
     window_s: float = 600.0  # ... within this many seconds
 
     def __post_init__(self):
+        bad = [s for s in self.statuses if s not in HEALTH_STATUSES]
+        if bad:
+            raise ValueError(f"unknown statuses {bad}; valid: {' '.join(HEALTH_STATUSES)}")
         _check_count(self.count, self.window_s)
 
 

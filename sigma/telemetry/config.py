@@ -48,8 +48,8 @@ class JobsConfig:
     refresh_s: float = 5.0  # how often the running job ids are looked up
     kpi_active_s: float = 120.0  # a job whose KPI file grew this recently counts as running here
     squeue_refresh_s: float = 30.0  # squeue source: poll interval (one call per node; keep it slow)
-    slurmd_spool_dir: str = "{slurmd_spool}"  # SlurmdSpoolDir: step sockets there trigger a /proc rescan
-    proc_rescan_s: float = 60.0  # proc source: rescan /proc at least this often even without spool changes
+    slurmd_spool_dir: str = "{slurmd_spool}"  # SlurmdSpoolDir: its step sockets say which jobs run here
+    proc_rescan_s: float = 60.0  # proc source without a readable spool dir: how often /proc is scanned
 
     def __post_init__(self):
         bad = [s for s in self.sources if s not in ("proc", "kpi", "squeue")]

@@ -1,10 +1,11 @@
 """Which SLURM jobs run on this node right now, without a SLURM call per collector run.
 
 Sources (configurable, unioned):
-- proc: slurmstepd processes. Each names its step in its title ("slurmstepd: [123.batch]"); on a host with
-  several emulated nodes the step's child processes carry SLURMD_NODENAME in their environment, which tells
-  whose step it is. No SLURM traffic. The /proc scan runs only when slurmd's spool directory changes (every
-  step has a socket <node>_<job>.<step> there) or every proc_rescan_s, so a refresh is usually one listdir.
+- proc: the steps slurmd runs here. Every step has a socket <node>_<job>.<step> in slurmd's spool directory from
+  its start to its end, so where that directory is readable a refresh is one listdir, exact from the step's
+  first moment. Without it, slurmstepd processes are scanned instead (each names its step in its title,
+  "slurmstepd: [123.batch]"; on a host emulating several nodes the step's children carry SLURMD_NODENAME),
+  every proc_rescan_s. No SLURM traffic either way.
 - kpi: jobs whose KPI files for this node grew recently (any trainer following the KPI protocol).
 - squeue: a cached `Slurm().jobs()` poll (sigma.slurm) every squeue_refresh_s; one controller RPC per node per
   poll, so keep it slow on large clusters.
@@ -22,6 +23,16 @@ import time
 log = logging.getLogger("sigma.telemetry.jobs")
 
 STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.")
+STEP_SOCKET = re.compile(r"^(.+)_(\d+)\.\d+")  # <node>_<job>.<step>[.<het component>]
+
+
+def spool_jobs(node: str, spool_dir: str) -> set[int] | None:
+    """Job ids with a step socket of `node` in slurmd's spool directory; None when it cannot be read."""
+    try:
+        names = os.listdir(spool_dir)
+    except OSError:
+        return None
+    return {int(m.group(2)) for m in map(STEP_SOCKET.match, names) if m and m.group(1) == node}
 
 
 def slurmstepd_jobs(node: str, proc_root: str = "/proc", check_node: bool = True) -> set[int]:
@@ -86,7 +97,6 @@ class JobTracker:
         self.check_node = check_node
         self.spool_dir = spool_dir
         self.proc_rescan_s = proc_rescan_s
-        self._spool_seen: frozenset | None = None
         self._proc_at = 0.0
         self._proc_jobs: set[int] = set()
         self._squeue_at = 0.0
@@ -107,17 +117,11 @@ class JobTracker:
         return self.jobs
 
     def _proc(self) -> set[int]:
+        if self.spool_dir and (jobs := spool_jobs(self.node, self.spool_dir)) is not None:
+            return jobs
+        # no readable spool directory (no slurmd here, or an unusual SlurmdSpoolDir): scan /proc now and then
         now = time.monotonic()
-        spool = None
-        if self.spool_dir:
-            try:
-                spool = frozenset(n for n in os.listdir(self.spool_dir) if "_" in n)
-            except OSError:
-                spool = None
-        # no spool directory: no slurmd here (or an unusual SlurmdSpoolDir): the periodic rescan still finds steps
-        if (spool is not None and spool != self._spool_seen) or now - self._proc_at >= self.proc_rescan_s \
-                or not self._proc_at:
-            self._spool_seen = spool
+        if now - self._proc_at >= self.proc_rescan_s or not self._proc_at:
             self._proc_at = now
             self._proc_jobs = slurmstepd_jobs(self.node, self.proc_root, self.check_node)
         return self._proc_jobs

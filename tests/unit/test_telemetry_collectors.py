@@ -175,7 +175,9 @@ def _health(dirpath, name, verdict="reject", job_id=77):
               "duration_s": 1.2, "checks": [
                   {"name": "gpu_count", "status": "pass", "message": "", "category": "gpu", "duration_s": 0.1},
                   {"name": "disk_space", "status": "fail", "message": "/tmp 99% full", "category": "disk",
-                   "duration_s": 0.01}]}
+                   "duration_s": 0.01}],
+              "issues": [{"check": "disk_space", "status": "fail", "category": "disk", "message": "/tmp 99% full",
+                          "blocking": verdict == "reject"}]}
     tmp = dirpath / f".{name}.tmp"
     tmp.write_text(json.dumps(result))
     os.rename(tmp, dirpath / name)
@@ -184,21 +186,25 @@ def _health(dirpath, name, verdict="reject", job_id=77):
 def test_health_results_become_events_once(tmp_path):
     hdir = tmp_path / "health"
     hdir.mkdir()
-    _health(hdir, "1700000000500-prolog.json")
+    _health(hdir, "1600000000000-prolog.json")  # already there at the first start: history, not news
     c = make("health", {"dir": str(hdir)})
+    assert run(c).events == []
+    _health(hdir, "1700000000500-prolog.json")
     out = run(c)
     rows = [(e[1], e[2], e[3], e[4], e[6]) for e in out.events]
     assert ("health", "disk_space", "fail", "/tmp 99% full", "[77]") in rows
     assert ("health", "gpu_count", "pass", "", "[77]") in rows
-    assert ("health", "suite.prolog", "reject", "prolog: reject", "[77]") in rows
+    assert ("health", "suite.prolog", "reject", "prolog: reject; disk_space: /tmp 99% full", "[77]") in rows
     assert run(c).events == []
     (hdir / "1700000001000-epilog.json").write_text("{not json")
     _health(hdir, "1700000002000-prolog.json", verdict="accept")
     out = run(c)
     assert [e[2] for e in out.events if e[1] == "sidecar"] == ["health_malformed"]
-    assert sum(e[2] == "suite.prolog" for e in out.events) == 1
+    assert [e[4] for e in out.events if e[2] == "suite.prolog"] == ["prolog: accept"]  # a warning blocks nothing
     c2 = make("health", {"dir": str(hdir)}, positions=saved_positions(out))  # restart: nothing resent
     assert run(c2).events == []
+    c3 = make("health", {"dir": str(hdir), "start_at": "start"})  # a first start that sends what is there
+    assert sum(e[2] == "suite.prolog" for e in run(c3).events) == 3
 
 
 def test_nvml_without_library_is_unavailable():

@@ -1,4 +1,4 @@
-"""Job ids from slurmstepd processes (fake /proc tree); the /proc scan runs only when slurmd's spool changes."""
+"""Job ids from slurmd's step sockets, or from slurmstepd processes (fake /proc tree) where the spool is unreadable."""
 
 from __future__ import annotations
 
@@ -34,14 +34,31 @@ def test_steps_are_attributed_to_their_node(tmp_path):
     assert slurmstepd_jobs("node3", str(proc), check_node=False) == {55, 56, 57}
 
 
-def test_tracker_rescans_proc_only_when_the_spool_changes(tmp_path):
+def test_tracker_reads_this_nodes_step_sockets_from_the_spool(tmp_path):
     proc, spool = tmp_path / "proc", tmp_path / "spool"
     proc.mkdir()
     spool.mkdir()
     tracker = JobTracker("node2", ["proc", "kpi"], proc_root=str(proc), spool_dir=str(spool),
                          kpi_jobs=lambda within: {900}, proc_rescan_s=3600)
     assert tracker.refresh() == [900] and tracker.jobs_json == "[900]"
-    step(proc, 100, "slurmstepd: [55.batch]", {"SLURMD_NODENAME": "node2"})
-    assert tracker.refresh() == [900]  # spool unchanged: the cached scan stands
+    # a step that has just started: no child carries a node name yet, but its socket says whose it is
+    step(proc, 100, "slurmstepd: [55.batch]")
     (spool / "node2_55.4294967291").touch()
+    (spool / "node1_56.0").touch()  # another node's step (a shared spool directory)
+    (spool / "cred_state").touch()
     assert tracker.refresh() == [55, 900]
+    (spool / "node2_55.4294967291").unlink()
+    assert tracker.refresh() == [900]  # the step ended: its socket is gone
+
+
+def test_tracker_scans_proc_when_the_spool_cannot_be_read(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    step(proc, 100, "slurmstepd: [55.batch]", {"SLURMD_NODENAME": "node2"})
+    tracker = JobTracker("node2", ["proc"], proc_root=str(proc), spool_dir=str(tmp_path / "missing"),
+                         proc_rescan_s=3600)
+    assert tracker.refresh() == [55]
+    step(proc, 120, "slurmstepd: [56.0]", {"SLURMD_NODENAME": "node2"})
+    assert tracker.refresh() == [55]  # cached until the next rescan
+    tracker.proc_rescan_s = 0
+    assert tracker.refresh() == [55, 56]

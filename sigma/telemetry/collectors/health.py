@@ -1,8 +1,10 @@
 """Health-check results: <node_dir>/health/<unix_ts_ms>-<suite>.json files written by prolog/epilog/validation.
 
 Each check becomes an `events` row (source 'health', kind = check name, severity = status); the suite verdict is
-one more row (kind 'suite.<suite>', severity accept|reject). Files are written atomically, so a file seen is
-complete; processed names are remembered (persisted) so each result is sent once.
+one more row (kind 'suite.<suite>', severity accept|reject, message naming the blocking issues): rules act on that
+verdict, so they follow the suite's own policy (warn-only checks, tool failures). Files are written atomically, so
+a file seen is complete; processed names are remembered (persisted) so each result is sent once. Results already
+there when the sidecar first starts are history, not news (start_at: end), like the log tail's files.
 """
 
 from __future__ import annotations
@@ -22,17 +24,30 @@ class HealthCollector(Collector):
     class Params(CollectorParams):
         dir: str = "{node_dir}/health"  # where health results appear
         keep_names: int = 5000  # processed file names remembered (older files are assumed done)
+        start_at: str = "end"  # results present at the very first start: end = skip them, start = send them
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.start_at not in ("end", "start"):
+                raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
 
     def __init__(self, section, params, ctx):
         super().__init__(section, params, ctx)
         self.key = f"health:{section}"
-        self.done: list[str] = list(ctx.positions.get(self.key) or [])
+        saved = ctx.positions.get(self.key)
+        self.done: list[str] = list(saved or [])
         self.done_set = set(self.done)
+        self.skip_existing = saved is None and params.start_at == "end"
 
     def collect(self, out: Output) -> None:
         try:
             names = sorted(n for n in os.listdir(self.params.dir) if n.endswith(".json") and not n.startswith("."))
         except FileNotFoundError:
+            return
+        if self.skip_existing:
+            self.skip_existing = False
+            self.done, self.done_set = names[-self.params.keep_names:], set(names)
+            out.position(self.key, self.done)
             return
         oldest_kept = self.done[0] if len(self.done) >= self.params.keep_names else ""
         new = [n for n in names if n not in self.done_set and n > oldest_kept]
@@ -69,6 +84,9 @@ class HealthCollector(Collector):
                       {"suite": suite, "category": check.get("category", ""),
                        "duration_s": check.get("duration_s"), "file": name},
                       ts=ts, job_ids=job_ids)
-        out.event("health", f"suite.{suite}", f"{suite}: {verdict}", verdict,
+        blocking = [i for i in r.get("issues") or [] if isinstance(i, dict) and i.get("blocking", True)]
+        message = f"{suite}: {verdict}" + "".join(f"; {i.get('check')}: {i.get('message', '')}" for i in blocking)
+        out.event("health", f"suite.{suite}", message[:500], verdict,
                   {"suite": suite, "duration_s": r.get("duration_s"), "checks": len(r.get("checks") or []),
-                   "file": name}, ts=ts, job_ids=job_ids)
+                   "category": blocking[0].get("category", "") if blocking else "", "file": name},
+                  ts=ts, job_ids=job_ids)

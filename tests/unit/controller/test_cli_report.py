@@ -105,7 +105,7 @@ def test_nodes_repaired_marks_a_manual_node(tmp_path, capsys):
     from tests.unit.controller.helpers import add_event
 
     ctl, slurm, clock = make_controller(tmp_path)
-    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="suite.prolog", severity="reject",
               fields={"suite": "prolog"})
     assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
     db = str(tmp_path / "c.db")

@@ -236,7 +236,7 @@ def test_reboot_timeout_counts_as_failure(tmp_path):
 
 def test_manual_playbook_waits_for_admin_mark(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
-    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="suite.prolog", severity="reject",
               fields={"suite": "prolog"})
     assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
     for _ in range(3):
@@ -248,7 +248,7 @@ def test_manual_playbook_waits_for_admin_mark(tmp_path):
 
 def test_a_node_resumed_outside_sigma_ends_its_remediation(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
-    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="gpu_count", severity="fail",
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="suite.prolog", severity="reject",
               fields={"suite": "prolog"})
     assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
     slurm.resume(["node2"], force=True)  # `scontrol update state=resume` by an admin
@@ -265,7 +265,7 @@ def test_a_node_resumed_outside_sigma_ends_its_remediation(tmp_path):
 def test_prolog_error_drain_is_adopted_but_admin_drain_is_not(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.set_node("node2", flags=("DRAIN",), reason="Prolog error")
-    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="kernel_log", severity="fail",
+    add_event(ctl.conn, "node2", clock() - 1, source="health", kind="suite.prolog", severity="reject",
               fields={"suite": "prolog", "category": "gpu"})
     ctl.tick()
     assert slurm.node("node2").reason.startswith("sigma: health-prolog-failed")

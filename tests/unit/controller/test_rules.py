@@ -106,11 +106,17 @@ def test_gpu_count_changed():
     assert hits(["gpu-count-changed"], samples=rows) == [("gpu-count-changed", "node1", None, "drain+reboot")]
 
 
-def test_failed_prolog_check_drains_passed_one_does_not():
-    fail = ev("node3", "nvidia-smi found 7 GPUs, expected 8", kind="gpu_count", source="health", severity="fail",
-              fields={"suite": "prolog", "category": "gpu", "job_id": 12})
-    ok = ev("node2", "", kind="gpu_count", source="health", severity="pass", fields={"suite": "prolog"})
-    assert hits(["health-prolog-failed", "health-epilog-failed"], events=[fail, ok]) == \
+def test_prolog_verdict_drains_not_a_check_the_suite_forgave():
+    reject = ev("node3", "prolog: reject; gpu_count: nvidia-smi found 7 GPUs, expected 8", kind="suite.prolog",
+                source="health", severity="reject", fields={"suite": "prolog", "category": "gpu"})
+    # a timed-out check under tool_failure: ignore, and a warn-only failure: the prolog kept these nodes
+    timeout = ev("node2", "did not finish within 2.0s", kind="kernel_log", source="health", severity="timeout",
+                 fields={"suite": "prolog"})
+    warn = ev("node1", "page cache 80%", kind="page_cache", source="health", severity="fail",
+              fields={"suite": "prolog"})
+    accept = [ev(n, "prolog: accept", kind="suite.prolog", source="health", severity="accept",
+                 fields={"suite": "prolog"}) for n in ("node1", "node2")]
+    assert hits(["health-prolog-failed", "health-epilog-failed"], events=[reject, timeout, warn, *accept]) == \
         [("health-prolog-failed", "node3", None, "drain")]
 
 
