@@ -199,8 +199,11 @@ class Controller:
                                                 self._history_buckets(job.nodes, now))
         verdict = pick_outlier(list(job.nodes), score_nodes(list(job.nodes), cur, hist, jitter=jitter),
                                iso.min_score, iso.dominance)
-        if direct:
-            verdict = Verdict(direct[0], verdict.ranked, direct[1])
+        if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking
+            culprit = direct[0]
+            scores = dict(verdict.ranked)
+            ranked = [(culprit, scores.get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
+            verdict = Verdict(culprit, ranked, direct[1])
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
                                                 "features": names, "streak": streak}}
