@@ -79,6 +79,8 @@ class SlurmActions:
     def _start_now(self, job_id: str, params: dict, key: str) -> str:
         """Clear the requeue BeginTime once the job is pending again and the bad nodes are out."""
         job = self.slurm.job(int(job_id))
+        if job is not None and job.state == "FAILED" and params.get("restart_failed"):
+            raise NotYet("the requeue of the failed job is not visible yet")  # until expires_at
         if job is None or not job.active:
             raise Skip("job no longer active")
         if job.state in ("RUNNING", "CONFIGURING") and job.restarts > params.get("restarts_before", 0):

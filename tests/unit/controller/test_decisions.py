@@ -172,6 +172,28 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     assert slurm.node("node1").drained and slurm.count("requeue") == 3
 
 
+def test_failed_job_is_started_even_when_its_requeue_shows_late(tmp_path):
+    """A trainer that stops on a NaN loss has failed before the rule sees it; SLURM may still list the job as
+    FAILED right after `scontrol requeue`: start_now waits for it to be pending instead of giving up."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(9, ["node1"], start=clock() - 50)
+    slurm.set_job(9, state="FAILED")
+    requeue = slurm.requeue
+
+    def requeue_seen_late(job_id, hold=False):
+        requeue(job_id, hold)
+        slurm.set_job(job_id, state="FAILED")
+
+    slurm.requeue = requeue_seen_late
+    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+    ctl.tick()
+    assert slurm.count("requeue") == 1 and slurm.count("start_now") == 0
+    slurm.set_job(9, state="PENDING", reason="BeginTime")  # slurmctld catches up
+    clock.advance(5)
+    ctl.tick()
+    assert slurm.count("start_now") == 1
+
+
 def run_until(ctl, clock, predicate, ticks=20, step=5.0, each=None):
     for _ in range(ticks):
         if each:
