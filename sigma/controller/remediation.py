@@ -28,6 +28,9 @@ from sigma.controller.journal import Journal
 from sigma.slurm.types import Job, Node
 
 TERMINAL = ("resumed", "escalated", "admin", "returned")
+# A node back from a reboot is resumed no sooner than this after its slurmd started: resumed within the second of
+# its first registration, a re-registration can read as one more, unexpected, reboot (SLURM then downs the node).
+REBOOT_SETTLE_S = 2.0
 BUSY_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
 VALIDATION_FAIL_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
                           "PREEMPTED")
@@ -166,7 +169,8 @@ class Remediator:
                                    params={"planned_at": now, "reason": f"{lc.rule_id} remediation reboot"})
             if row.state == "done":
                 booted = n.slurmd_start_time > row.params["planned_at"] or n.boot_time > row.params["planned_at"]
-                if booted and not {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"} & set(n.flags):
+                if booted and not {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"} & set(n.flags) \
+                        and now - n.slurmd_start_time >= REBOOT_SETTLE_S:
                     self._move(lc, "validating", "rebooted")
                     return
             self._fail_if_late(lc, row, playbook.timeout_s, "reboot did not complete")
