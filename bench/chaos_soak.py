@@ -129,6 +129,8 @@ class Soak:
         self.settle_s = settle_s
         self.fault_timeout = fault_timeout
         self.say = say
+        # a straggler is judged against the job's own earlier throughput: the first fault waits for that baseline
+        self.baseline_s = 2 * throughput_window
         self.state_args = ["--state-dir", str(state_dir)] if state_dir else []
         # a straggler is judged on the last throughput_window seconds against the job's earlier throughput
         # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
@@ -179,7 +181,8 @@ class Soak:
                                "ORDER BY ts DESC LIMIT 1", (job_id,)).fetchone()
 
     def wait_steady(self, timeout: float) -> None:
-        """Training runs and has advanced for settle_s since it (re)started, past a checkpoint."""
+        """Training runs and has advanced for settle_s since it (re)started, past a checkpoint, and for baseline_s
+        since it first started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.slurm.job(self.job_id)
@@ -192,8 +195,11 @@ class Soak:
                 "SELECT max(events.ts) FROM events, json_each(events.job_ids) AS j WHERE events.source = 'kpi' "
                 "AND events.kind IN ('resume', 'start') AND j.value = ?", (self.job_id,)).fetchone()[0]
             last = self.last_step(self.job_id)
+            first = self.db.execute("SELECT min(ts) FROM kpis WHERE job_id = ? AND step IS NOT NULL",
+                                    (self.job_id,)).fetchone()[0]
             if (job.state == "RUNNING" and restart and last and last[0] > restart + self.settle_s
-                    and time.time() - last[0] < 3 and last[1] > CHECKPOINT_EVERY):
+                    and time.time() - last[0] < 3 and last[1] > CHECKPOINT_EVERY
+                    and last[0] - first >= self.baseline_s):
                 return
             time.sleep(1)
         raise RuntimeError(f"training job {self.job_id} made no steady progress within {timeout:.0f}s")
