@@ -46,7 +46,8 @@ class HealthCollector(Collector):
             return
         if self.skip_existing:
             self.skip_existing = False
-            self.done, self.done_set = names[-self.params.keep_names:], set(names)
+            self.done = names[-self.params.keep_names:]  # older ones fall below oldest_kept
+            self.done_set = set(self.done)
             out.position(self.key, self.done)
             return
         oldest_kept = self.done[0] if len(self.done) >= self.params.keep_names else ""
