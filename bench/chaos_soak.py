@@ -380,7 +380,8 @@ class Soak:
             self.lost_jobs += 1
         self.slurm.cancel(self.job_id)
         eff, eff_out = self.effective_time(rows, t0, t1)
-        report = _sigma(self.env, "report", "--config", str(self.stack.controller_config), check=False)
+        report = _sigma(self.env, "report", "--config", str(self.stack.controller_config), "--since",
+                        time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 1)), check=False)  # this soak only
         return SoakResult(rows, self.false_drains(rows, t0), self.lost_jobs, t1 - t0, eff, eff_out, report,
                           list(self.job_ids))
 
