@@ -129,10 +129,10 @@ class Soak:
         self.settle_s = settle_s
         self.fault_timeout = fault_timeout
         self.say = say
-        # a straggler is judged against the job's own earlier throughput: the first fault waits for that baseline
-        self.baseline_s = 2 * throughput_window
         self.state_args = ["--state-dir", str(state_dir)] if state_dir else []
-        # a straggler is judged on the last throughput_window seconds against the job's earlier throughput
+        # a straggler is judged on the last throughput_window seconds against the job's earlier throughput, so the
+        # first fault waits until the job has that baseline (baseline_s)
+        self.baseline_s = 2 * throughput_window
         # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
         # so a crash loop is counted over 5 minutes here (a round takes longer)
         self.up_args = ["--hang-timeout", str(hang_timeout),

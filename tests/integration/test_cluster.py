@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from sigma.controller.remediation import REBOOT_SETTLE_S
 from sigma.slurm.command import SlurmError
 from tests.conftest import wait_for
 
@@ -77,7 +78,7 @@ def test_reboot_flow_returns_node_down_then_resumed(slurm, cluster):
     assert "returned to service" in (cluster.state_dir / "log" / "slurmctld.log").read_text()
     # as the controller does: resumed within the second of its first registration, the emulated node (`slurmd -b`
     # counts its uptime from its start) can re-register as rebooted once more
-    time.sleep(max(0.0, node.slurmd_start_time + 2 - time.time()))
+    time.sleep(max(0.0, node.slurmd_start_time + REBOOT_SETTLE_S - time.time()))
     slurm.resume(["node3"])
     assert wait_for(lambda: slurm.node("node3").available, what="node3 resumed")
 
