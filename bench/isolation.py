@@ -7,7 +7,7 @@ small static per-accelerator offset (hardware variation), plus noise. Faults mov
 accelerator (or of all 8 accelerators of a node: host-level faults) by 8-20 per-sample noise sigmas (the goal set;
 3-8 sigma faults are run too and reported as the sensitivity limit), as a step, as a ramp
 that is still growing, or as the shape of a real NAB anomaly window. The controller acts on the same scoring
-(sigma.controller.isolation) with its defaults (IsolationConfig: min_score, dominance, rounds).
+(sigma.controller.detect.isolation) with its defaults (IsolationConfig: min_score, dominance, rounds).
 
 usage: python bench/isolation.py [--trials 200] [--nodes 256] [--gpus 8] [--metrics 200] [--history 30]
 """
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
-from sigma.controller.isolation import Streaks, history_stats, pick_outlier, score_nodes  # noqa: E402
+from sigma.controller.detect.isolation import Streaks, history_stats, pick_outlier, score_nodes  # noqa: E402
 
 ISO = IsolationConfig()  # the controller's defaults
 NAB = REPO.parent / "shared" / "data" / "nab" / "data"

@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sigma.controller.db import open_db  # noqa: E402
-from sigma.controller.features import job_matrices  # noqa: E402
-from sigma.controller.isolation import score_nodes  # noqa: E402
+from sigma.controller.detect.features import job_matrices  # noqa: E402
+from sigma.controller.detect.isolation import score_nodes  # noqa: E402
 from sigma.controller.loop import HISTORY_BUCKETS, HISTORY_REFRESH_S, WINDOW_BUCKETS  # noqa: E402
-from sigma.controller.samples import bucket_stats  # noqa: E402
+from sigma.controller.detect.samples import bucket_stats  # noqa: E402
 
 WINDOW_S = 120.0
 

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sigma.controller.db import open_db  # noqa: E402
-from sigma.controller.metrics import report  # noqa: E402
+from sigma.controller.report.metrics import report  # noqa: E402
 from sigma.slurm.client import Slurm  # noqa: E402
 from sigma.slurm.cluster import ClusterSpec, LocalCluster  # noqa: E402
 from tests.integration.pipeline import Pipeline, wait_for  # noqa: E402

@@ -55,7 +55,7 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
 
 def start_controller(tmp: Path, secret: Path, cpu: int | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    argv = [sys.executable, "-m", "sigma.controller.server", "--db", str(tmp / "controller.db"),
+    argv = [sys.executable, "-m", "sigma.controller.ingest.server", "--db", str(tmp / "controller.db"),
             "--secret-file", str(secret), "--port", str(port), "--log-level", "WARNING"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if cpu is not None:

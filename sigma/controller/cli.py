@@ -134,10 +134,10 @@ def _nodes(args) -> int:
     from rich.table import Table
 
     from sigma.controller.config import load_remediation_config, resolve
-    from sigma.controller.decisionlog import DecisionLog
-    from sigma.controller.incidents import Incidents
-    from sigma.controller.journal import Journal
-    from sigma.controller.remediation import Remediator
+    from sigma.controller.act.decisionlog import DecisionLog
+    from sigma.controller.act.incidents import Incidents
+    from sigma.controller.act.journal import Journal
+    from sigma.controller.act.remediation import Remediator
 
     if args.repaired:
         from sigma.cli import CommandError
@@ -170,7 +170,7 @@ def _nodes(args) -> int:
 def _incidents(args) -> int:
     from rich.table import Table
 
-    from sigma.controller.incidents import Incidents
+    from sigma.controller.act.incidents import Incidents
 
     conn = _conn(args)
     found = Incidents(conn).query(node=args.node, job_id=args.job, since=parse_since(args.since),
@@ -195,7 +195,7 @@ def _explain(args) -> int:
     from rich.table import Table
 
     from sigma.cli import CommandError
-    from sigma.controller.incidents import Incidents
+    from sigma.controller.act.incidents import Incidents
 
     conn = _conn(args)
     inc = Incidents(conn).get(args.incident)
@@ -246,7 +246,7 @@ def _explain(args) -> int:
 def _report(args) -> int:
     from rich.table import Table
 
-    from sigma.controller.metrics import report
+    from sigma.controller.report.metrics import report
 
     rep = report(_conn(args), since=parse_since(args.since))
     if args.json:

@@ -1,6 +1,6 @@
 """`sigma controller run`: the ingest HTTP server, GET /metrics and the detection/remediation loop in one process.
 
-The ingest API (POST /v1/ingest) is sigma.controller.server + sigma.controller.ingest; the controller adds its
+The ingest API (POST /v1/ingest) is sigma.controller.ingest.server + sigma.controller.ingest.batch; the controller adds its
 own route (GET /metrics) beside it and runs its loop in the main thread.
 """
 
@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sigma.controller.config import ControllerConfig
 from sigma.controller.loop import Controller
-from sigma.controller.prometheus import registry
+from sigma.controller.report.prometheus import registry
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -68,8 +68,8 @@ def start_http(cfg: ControllerConfig, metrics_body):
         server = MetricsServer(cfg.listen, metrics_body)
         server.start()
         return server
-    from sigma.controller.ingest import Ingest
-    from sigma.controller.server import ControllerServer
+    from sigma.controller.ingest.batch import Ingest
+    from sigma.controller.ingest.server import ControllerServer
     from sigma.telemetry.wire import read_secret
 
     server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, read_secret(cfg.ingest_secret_file)))

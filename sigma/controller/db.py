@@ -40,7 +40,7 @@ INGEST_MIGRATIONS: list[Migration] = [
     """),
     ("0002_samples_without_ts_index", """
         -- Every sample insert paid for two indexes; time-window reads now go per node through
-        -- samples_node_metric_ts (sigma.controller.samples), which makes this one redundant.
+        -- samples_node_metric_ts (sigma.controller.detect.samples), which makes this one redundant.
         DROP INDEX IF EXISTS samples_ts;
     """),
 ]

@@ -11,20 +11,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sigma.controller.actions import HELD_REASONS, SlurmActions
+from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.config import ControllerConfig, RemediationConfig, load_remediation_config, resolve
 from sigma.controller.db import open_db
-from sigma.controller.decide import RUNNING_STATES, Decider
-from sigma.controller.decisionlog import DecisionLog
-from sigma.controller.features import job_matrices
-from sigma.controller.findings import Finding
-from sigma.controller.incidents import Incidents
-from sigma.controller.isolation import Streaks, Verdict, pick_outlier, score_nodes
-from sigma.controller.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
-from sigma.controller.journal import ActionRow, Journal
-from sigma.controller.remediation import Remediator
-from sigma.controller.samples import bucket_stats, recent_for_metrics
-from sigma.controller.watchdog import JobInfo, check_job, throughput
+from sigma.controller.act.decide import RUNNING_STATES, Decider
+from sigma.controller.act.decisionlog import DecisionLog
+from sigma.controller.detect.features import job_matrices
+from sigma.findings import Finding
+from sigma.controller.act.incidents import Incidents
+from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score_nodes
+from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
+from sigma.controller.act.journal import ActionRow, Journal
+from sigma.controller.act.remediation import Remediator
+from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
+from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import evaluate, normalise
 from sigma.rules.schema import Rule

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from sigma.controller.findings import Finding, clean
+from sigma.findings import Finding, clean
 from sigma.rules.schema import OPS, HealthMatch, KpiMatch, LogMatch, MetricMatch, Rule
 
 MAX_EVIDENCE_ROWS = 20

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from sigma.controller.remediation import REBOOT_SETTLE_S
+from sigma.controller.act.remediation import REBOOT_SETTLE_S
 from sigma.slurm.command import SlurmError
 from tests.conftest import wait_for
 

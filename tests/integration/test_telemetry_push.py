@@ -49,7 +49,7 @@ def wait_for(predicate, timeout=30.0, what="condition"):
 
 
 def start_controller(db: Path, secret: Path, port: int, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "sigma.controller.server", "--db", str(db), "--secret-file",
+    proc = subprocess.Popen([sys.executable, "-m", "sigma.controller.ingest.server", "--db", str(db), "--secret-file",
                              str(secret), "--port", str(port)], stdout=log.open("a"), stderr=subprocess.STDOUT)
 
     def healthy():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from sigma.controller.db import open_db
-from sigma.controller.samples import BUCKETS_SQL, BY_METRICS_SQL, bucket_stats, recent_for_metrics
+from sigma.controller.detect.samples import BUCKETS_SQL, BY_METRICS_SQL, bucket_stats, recent_for_metrics
 
 
 def _db(tmp_path):

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from sigma.controller.db import open_db
-from sigma.controller.ingest import Ingest
-from sigma.controller.server import ControllerServer, json_response
+from sigma.controller.ingest.batch import Ingest
+from sigma.controller.ingest.server import ControllerServer, json_response
 from sigma.telemetry import wire
 
 SECRET = b"0123456789abcdef0123456789abcdef"

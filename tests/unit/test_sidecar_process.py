@@ -12,8 +12,8 @@ import time
 import pytest
 
 from sigma.controller.db import open_db
-from sigma.controller.ingest import Ingest
-from sigma.controller.server import ControllerServer
+from sigma.controller.ingest.batch import Ingest
+from sigma.controller.ingest.server import ControllerServer
 from sigma.store import connect
 from sigma.telemetry import wire
 

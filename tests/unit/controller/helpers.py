@@ -6,7 +6,7 @@ import json
 
 from sigma.controller.config import BreakerConfig, ControllerConfig, Playbook, RemediationConfig, ValidationConfig
 from sigma.controller.db import open_db
-from sigma.controller.decisionlog import DecisionLog
+from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.loop import Controller
 from sigma.paths import configs_dir
 from sigma.rules.loader import load_rules

@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 from sigma.cli import main
-from sigma.controller.metrics import report
+from sigma.controller.report.metrics import report
 
 from tests.unit.controller.helpers import add_kpi, make_controller, xid79
 from tests.unit.controller.test_decisions import run_until
@@ -86,7 +86,7 @@ def test_metrics_endpoint(scenario):
     from prometheus_client import generate_latest
 
     from sigma.controller.daemon import MetricsServer
-    from sigma.controller.prometheus import registry
+    from sigma.controller.report.prometheus import registry
 
     ctl, db, _ = scenario
     reg = registry(str(db), stats=lambda: {"ticks_total": 3})

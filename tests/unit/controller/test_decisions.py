@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from sigma.controller.journal import Journal
+from sigma.controller.act.journal import Journal
 from sigma.controller.db import open_db
-from sigma.controller.guards import breaker_limit, breaker_trips, crash_looping
+from sigma.controller.act.guards import breaker_limit, breaker_trips, crash_looping
 
 from tests.unit.controller.helpers import add_event, make_controller, xid79
 
@@ -385,7 +385,7 @@ def test_ticket_posts_evidence_with_idempotency_key(tmp_path):
     import http.server
     import threading
 
-    from sigma.controller.actions import SlurmActions
+    from sigma.controller.act.actions import SlurmActions
 
     got = []
 

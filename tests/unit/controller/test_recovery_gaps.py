@@ -50,7 +50,7 @@ def test_a_failed_job_is_not_requeued_for_a_node_fault(tmp_path):
 
 
 def test_the_silent_node_is_the_hung_one():
-    from sigma.controller.laggard import silent_node
+    from sigma.controller.detect.laggard import silent_node
 
     now = 1000.0
     assert silent_node(["node1", "node2"], {"node1": 998.0, "node2": 970.0}, now) == "node2"
@@ -64,7 +64,7 @@ def _kpi(node, step_time, wait):
 
 
 def test_the_node_the_others_wait_for_is_the_straggler():
-    from sigma.controller.laggard import waited_for_node
+    from sigma.controller.detect.laggard import waited_for_node
 
     slow = [_kpi("node1", 1.0, 0.75), _kpi("node2", 1.0, 0.02)] * 5
     assert waited_for_node(["node1", "node2"], slow)[0] == "node2"
@@ -119,7 +119,7 @@ def test_our_own_reboot_is_not_a_dead_node(tmp_path):
 
 
 def test_the_node_left_behind_is_the_hung_one():
-    from sigma.controller.laggard import behind_node
+    from sigma.controller.detect.laggard import behind_node
 
     ranks = {"0": {"node": "node1"}, "1": {"node": "node1"}, "2": {"node": "node2"}, "3": {"node": "node3"}}
     assert behind_node({"node2": [2]}, ranks) == "node2"
@@ -130,7 +130,7 @@ def test_the_node_left_behind_is_the_hung_one():
 
 
 def test_heartbeats_are_read_only_once_each_node_is_clearly_alive_or_silent():
-    from sigma.controller.laggard import heartbeats_settled
+    from sigma.controller.detect.laggard import heartbeats_settled
 
     now = 1000.0
     assert heartbeats_settled(["node1", "node2"], {}, now)  # no heartbeats: nothing to wait for

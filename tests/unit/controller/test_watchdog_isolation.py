@@ -4,10 +4,10 @@ import numpy as np
 
 from sigma.controller.config import WatchdogConfig
 from sigma.controller.db import open_db
-from sigma.controller.features import job_matrices
-from sigma.controller.samples import bucket_stats
-from sigma.controller.isolation import Streaks, pick_outlier, score_nodes
-from sigma.controller.watchdog import JobInfo, check_job
+from sigma.controller.detect.features import job_matrices
+from sigma.controller.detect.samples import bucket_stats
+from sigma.controller.detect.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.detect.watchdog import JobInfo, check_job
 
 from tests.unit.controller.helpers import add_event, add_kpi, make_controller
 

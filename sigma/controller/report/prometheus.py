@@ -18,7 +18,7 @@ class ControllerCollector(Collector):
         self.stats = stats or (lambda: {})
 
     def collect(self):
-        from sigma.controller.metrics import report
+        from sigma.controller.report.metrics import report
 
         conn = open_db(self.db_path, readonly=True)
         try:

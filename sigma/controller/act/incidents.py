@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sigma.controller.findings import Finding, clean
+from sigma.findings import Finding, clean
 
 OPEN_STATUSES = ("open", "acted", "shadow", "escalated", "recorded", "notified")
 FINAL_STATUSES = ("resolved", "confirmed", "misdiagnosed", "closed")

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from sigma.controller.findings import clean
+from sigma.findings import clean
 
 
 class DecisionLog:

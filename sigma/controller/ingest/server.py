@@ -10,7 +10,7 @@ A handler gets a `Request` (method, path, query, headers, body, peer) and return
 Threaded, HTTP/1.1 keep-alive (one connection per sidecar). A handler that raises becomes a logged 500; the
 server keeps serving.
 
-Standalone (tests, benches): `python -m sigma.controller.server --db PATH --secret-file PATH --port N`.
+Standalone (tests, benches): `python -m sigma.controller.ingest.server --db PATH --secret-file PATH --port N`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-log = logging.getLogger("sigma.controller.server")
+log = logging.getLogger("sigma.controller.ingest.server")
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
@@ -157,10 +157,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sigma.controller.ingest import Ingest
+    from sigma.controller.ingest.batch import Ingest
     from sigma.telemetry.wire import SecretError, read_secret
 
-    parser = argparse.ArgumentParser(prog="python -m sigma.controller.server",
+    parser = argparse.ArgumentParser(prog="python -m sigma.controller.ingest.server",
                                      description="Serve POST /v1/ingest and GET /healthz into a controller DB.")
     parser.add_argument("--db", required=True, help="controller SQLite database (created if missing)")
     parser.add_argument("--secret-file", required=True, help="shared HMAC secret (mode 0600)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from sigma.controller.db import open_db
 from sigma.telemetry import wire
 
-log = logging.getLogger("sigma.controller.ingest")
+log = logging.getLogger("sigma.controller.ingest.batch")
 
 SAMPLE_SQL = "INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?, ?, ?, ?, ?, ?)"
 EVENT_SQL = ("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids) "

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sigma.controller.journal import NotYet, Skip
+from sigma.controller.act.journal import NotYet, Skip
 from sigma.slurm.client import Slurm
 
 FINISHED_FAIL_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",

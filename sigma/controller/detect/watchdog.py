@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sigma.controller.config import WatchdogConfig
-from sigma.controller.findings import Finding
+from sigma.findings import Finding
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sigma.controller.config import Playbook, RemediationConfig, resolve
-from sigma.controller.decisionlog import DecisionLog
-from sigma.controller.incidents import Incidents
-from sigma.controller.journal import Journal
+from sigma.controller.act.decisionlog import DecisionLog
+from sigma.controller.act.incidents import Incidents
+from sigma.controller.act.journal import Journal
 from sigma.slurm.types import Job, Node
 
 TERMINAL = ("resumed", "escalated", "admin", "returned")

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 
 from sigma.controller.config import ControllerConfig, RemediationConfig
-from sigma.controller.decisionlog import DecisionLog
-from sigma.controller.findings import Finding
-from sigma.controller.guards import breaker_limit, breaker_trips, in_shadow
-from sigma.controller.incidents import Incident, Incidents
-from sigma.controller.journal import Journal
-from sigma.controller.remediation import TERMINAL, Remediator
+from sigma.controller.act.decisionlog import DecisionLog
+from sigma.findings import Finding
+from sigma.controller.act.guards import breaker_limit, breaker_trips, in_shadow
+from sigma.controller.act.incidents import Incident, Incidents
+from sigma.controller.act.journal import Journal
+from sigma.controller.act.remediation import TERMINAL, Remediator
 from sigma.rules.schema import DRAIN_ACTIONS
 from sigma.slurm.types import Job, Node
 

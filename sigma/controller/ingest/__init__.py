@@ -1,0 +1,1 @@
+"""Ingest: the HTTP server sidecars push to, and the verification and storage of their batches."""

@@ -1,0 +1,1 @@
+"""The figures: `sigma report` and GET /metrics, computed from the controller database."""
