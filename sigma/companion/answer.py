@@ -11,7 +11,7 @@ class Answer:
     columns: list[str] = field(default_factory=list)
     rows: list[tuple] = field(default_factory=list)
     sql: str = ""
-    params: list = field(default_factory=list)
+    params: list | dict = field(default_factory=list)
     tier: str = ""            # fast | llm | none
     intent: str = ""          # the fast tier's intent, or "sql" for the LLM tier
     clarify: bool = False     # the answer is a question back (missing or unknown node/job)

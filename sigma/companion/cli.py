@@ -38,6 +38,8 @@ def _ask(args) -> int:
         print(json.dumps(answer.to_json(), indent=2, default=str))
         return 0
     console = Console()
+    if not console.is_terminal:  # piped to a file or less: do not cut the table to 80 columns
+        console = Console(width=200)
     console.print(answer.text, soft_wrap=True)
     if answer.rows:
         table = Table()

@@ -114,27 +114,49 @@ def _say_count(r: QueryResult, s: Slots) -> str:
 def _job_restarts(s: Slots):
     if not s.jobs:
         return "Which job? Give its SLURM job id, e.g. 'why did job 42 restart?'"
-    # A node-scope incident (an Xid on one of the job's nodes) names no job: its requeue action does.
-    marks = ",".join("?" * len(s.jobs))
+    # A node-scope incident (an Xid on one of the job's nodes) names no job: its requeue action does. Recovery is
+    # fault -> first training step of the new run (after its start/resume KPI event, as `sigma report` counts it);
+    # steps redone are those the old run had reached that the new one trained again.
     where, params = _where(s, node_col=None, job_col=None, ts_col="i.opened_at", rule_col=None)
-    sql = ("SELECT i.id AS incident, datetime(i.opened_at, 'unixepoch') AS detected, i.rule_id AS rule, "
-           "i.node, i.status, i.summary, "
-           "(SELECT COUNT(*) FROM actions a WHERE a.incident_id = i.id AND a.kind = 'requeue' AND a.state = 'done')"
-           f" AS requeued FROM incidents i WHERE (i.job_id IN ({marks}) OR i.id IN (SELECT incident_id FROM actions "
-           f"WHERE kind = 'requeue' AND target IN ({marks})))" + where.replace(" WHERE ", " AND ", 1)
-           + " ORDER BY i.opened_at")
-    return sql, [*s.jobs, *map(str, s.jobs), *params]
+    sql = ("WITH x AS (SELECT i.id, i.opened_at, i.rule_id, i.node, i.status, i.summary, i.fault_ts, "
+           "(SELECT MIN(a.done_at) FROM actions a WHERE a.incident_id = i.id AND a.kind = 'requeue' "
+           "AND a.state = 'done') AS requeued_at FROM incidents i "
+           "WHERE (i.job_id = :job OR i.id IN (SELECT incident_id FROM actions WHERE kind = 'requeue' "
+           "AND target = CAST(:job AS TEXT)))" + where.replace(" WHERE ", " AND ", 1).replace("?", ":since", 1)
+           + "), y AS (SELECT x.*, (SELECT MIN(e.ts) FROM events e WHERE e.source = 'kpi' AND e.kind IN "
+           "('start', 'resume') AND e.ts > x.requeued_at AND EXISTS (SELECT 1 FROM json_each(e.job_ids) j "
+           "WHERE j.value = :job)) AS resumed_at FROM x), z AS (SELECT y.*, (SELECT MIN(k.ts) FROM kpis k "
+           "WHERE k.job_id = :job AND k.step IS NOT NULL AND k.ts > COALESCE(y.resumed_at, y.requeued_at)) "
+           "AS first_step_at FROM y) "
+           "SELECT z.id AS incident, datetime(z.opened_at, 'unixepoch') AS detected, z.rule_id AS rule, z.node, "
+           "z.status, z.summary, z.requeued_at IS NOT NULL AS requeued, "
+           "ROUND(z.first_step_at - z.fault_ts, 1) AS recovery_s, "
+           "(SELECT MAX(k.step) FROM kpis k WHERE k.job_id = :job AND k.ts <= z.requeued_at) - "
+           "(SELECT k.step FROM kpis k WHERE k.job_id = :job AND k.ts = z.first_step_at LIMIT 1) + 1 AS steps_redone "
+           "FROM z ORDER BY z.opened_at")
+    named = {"job": s.jobs[0]}
+    if params:
+        named["since"] = params[0]
+    return sql, named
 
 
 def _say_job_restarts(r: QueryResult, s: Slots) -> str:
-    job = ", ".join(map(str, s.jobs))
+    from sigma.companion.words import plain
+
+    job = s.jobs[0]
     if not r.rows:
         return f"No incident touched job {job}: the controller never requeued it."
-    requeues = sum(int(row[6] or 0) for row in r.rows)
-    causes = "; ".join(f"{row[2]}" + (f" on {row[3]}" if row[3] else "") + f" at {row[1]}" for row in r.rows
-                       if row[6])
-    return (f"Job {job} was requeued {requeues} time(s) by the controller" + (f": {causes}." if causes else ".")
-            + f" {len(r.rows)} incident(s) in all; `sigma explain ID` shows each one's evidence.")
+    requeued = [row for row in r.rows if row[6]]
+    parts = []
+    for row in requeued:
+        where = f" on {row[3]}" if row[3] else ""
+        rec = f", training again {_dur(row[7])} after the fault" if row[7] is not None else ", not training again yet"
+        redo = f", {row[8]} step(s) redone" if row[8] is not None and row[8] > 0 else ""
+        parts.append(f"{row[1]}: {plain(row[2])}{where} ({row[2]}){rec}{redo}")
+    head = f"Job {job} was requeued {len(requeued)} time(s) by the controller"
+    others = len(r.rows) - len(requeued)
+    tail = (f" {others} other incident(s) only notified." if others else "") + " `sigma explain ID` shows the evidence."
+    return head + (": " + "; ".join(parts) + "." if parts else ".") + tail
 
 
 def _node_state(s: Slots):
@@ -356,6 +378,6 @@ def answer(conn: sqlite3.Connection, question: str, slots: Slots) -> Answer | No
     if isinstance(built, str):
         return Answer(text=built, tier="fast", intent=intent.name, clarify=True)
     sql, params = built
-    result = run_select(conn, sql, tuple(params))
+    result = run_select(conn, sql, params if isinstance(params, dict) else tuple(params))
     return Answer(text=intent.say(result, slots), columns=result.columns, rows=result.rows, sql=sql,
-                  params=list(params), tier="fast", intent=intent.name, truncated=result.truncated)
+                  params=params if isinstance(params, dict) else list(params), tier="fast", intent=intent.name, truncated=result.truncated)

@@ -24,6 +24,9 @@ ALLOWED_TABLES = frozenset({
     "incidents", "actions", "node_lifecycle", "lifecycle_transitions", "node_snapshots",
     "events", "kpis", "samples"})
 
+# Table-valued functions a query may read from (json_each(job_ids) lists a sample's jobs).
+TABLE_FUNCTIONS = frozenset({"json_each", "json_tree"})
+
 # Scalar and aggregate functions a question may need; anything else (load_extension, readfile, fts3_tokenizer,
 # sqlite_*, ...) is refused by the authorizer.
 ALLOWED_FUNCTIONS = frozenset({
@@ -78,7 +81,7 @@ def _inspect(sql: str, allowed: frozenset[str]) -> tuple[list[str], set[str]]:
     for t in tree.find_all(exp.Table):
         if t.args.get("db") or t.args.get("catalog"):
             raise UnsafeQuery(f"table {t.sql(dialect='sqlite')}: schema-qualified names are not allowed")
-    denied = [t for t in tables if t not in allowed]
+    denied = [t for t in tables if t not in allowed | TABLE_FUNCTIONS]
     if denied:
         raise UnsafeQuery(f"table(s) {', '.join(denied)} not allowed; allowed: {', '.join(sorted(allowed))}")
     for fn in tree.find_all(exp.Anonymous):
@@ -93,7 +96,8 @@ def authorizer(allowed: frozenset[str]):
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_READ:
             # arg1 = the base table read (empty for a CTE or subquery column)
-            return sqlite3.SQLITE_OK if not arg1 or arg1.lower() in allowed else sqlite3.SQLITE_DENY
+            ok = not arg1 or arg1.lower() in allowed or arg1.lower() in TABLE_FUNCTIONS
+            return sqlite3.SQLITE_OK if ok else sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_FUNCTION:
             return sqlite3.SQLITE_OK if (arg2 or "").lower() in ALLOWED_FUNCTIONS else sqlite3.SQLITE_DENY
         if action == getattr(sqlite3, "SQLITE_RECURSIVE", -1):
@@ -108,6 +112,9 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
         raise FileNotFoundError(f"no controller database at {path}")
     conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
     conn.execute("PRAGMA query_only = ON")
+    # SQLite registers an eponymous virtual table (json_each) in the schema on first use, which an authorizer
+    # would see as a write to sqlite_master: use them once now, before any authorizer is set.
+    conn.execute("SELECT 1 FROM json_each('[]'), json_tree('[]')").fetchall()
     return conn
 
 

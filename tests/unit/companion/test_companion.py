@@ -59,8 +59,13 @@ def test_drains_answer_names_the_nodes_and_the_time_back(conn):
 
 def test_why_did_my_job_restart(conn):
     a = ask(conn, "why did job 21 restart?", now=reference_time(conn))
-    assert a.intent == "job_restarts" and "requeued" in a.text and "sigma explain" in a.text
+    assert a.intent == "job_restarts" and "requeued 6 time(s)" in a.text and "sigma explain" in a.text
     assert {r[2] for r in a.rows} >= {"gpu-xid-79", "watchdog-hang"}
+    # in words, with the recovery time and the steps trained again (from the trainer's own KPI lines)
+    assert "GPU has fallen off the bus" in a.text and "no training step within the hang timeout" in a.text
+    xid = next(r for r in a.rows if r[2] == "gpu-xid-79")
+    assert xid[6] == 1 and 0 < xid[7] < 120 and xid[8] >= 1
+    assert f"training again {xid[7]:.1f} s after the fault, {xid[8]} step(s) redone" in a.text
 
 
 def test_unknown_node_and_missing_job_get_a_question_back(conn):
