@@ -12,10 +12,37 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sigma.controller.config import ControllerConfig
 from sigma.controller.loop import Controller
 from sigma.controller.report.prometheus import registry
+
+
+# Controller.counts() keys (family, label value) -> exported counter
+COUNTERS = {
+    "guard": ("sigma_controller_guard", "Drains a guard rail stopped (rule, wave, admin_hold)", "guard"),
+    "rule_error": ("sigma_controller_rule_errors", "Rules that raised at run time and were disabled", "rule"),
+    "reload": ("sigma_controller_reloads", "SIGHUP reloads of rules and policy, by result", "result"),
+    "evidence_capped": ("sigma_controller_evidence_capped", "Findings whose evidence rows were capped", "rule"),
+}
+
+
+class CountsCollector(Collector):
+    """The controller's in-process counters (bad input, guard rails) beside the database figures."""
+
+    def __init__(self, ctl: Controller):
+        self.ctl = ctl
+
+    def collect(self):
+        counts = self.ctl.counts()
+        for family, (name, doc, label) in COUNTERS.items():
+            metric = CounterMetricFamily(name, doc, labels=[label])
+            for (fam, value), n in sorted(counts.items()):
+                if fam == family:
+                    metric.add_metric([value], n)
+            yield metric
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -82,6 +109,7 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
     ctl = Controller(cfg)
     stop = stop or threading.Event()
     reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
+    reg.register(CountsCollector(ctl))
     http = None if once else start_http(cfg, lambda: generate_latest(reg))
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,8 +65,13 @@ class Controller:
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
+        self._counts: Counter = Counter()  # bad input and guard-rail outcomes, exported on /metrics
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+
+    def counts(self) -> Counter:
+        """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
+        return self._counts + self.decider.counts
 
     # ---------- lifecycle ----------
     def start(self) -> None:
