@@ -110,8 +110,10 @@ def _console():
 
 def _run(args) -> int:
     from sigma.controller.daemon import run
+    from sigma.paths import configs_dir
 
-    return run(_config(args), once=args.once)
+    path = Path(args.config or configs_dir() / "controller.yaml")
+    return run(_config(args), once=args.once, config_path=str(path) if path.exists() else None)
 
 
 def _rules(args) -> int:

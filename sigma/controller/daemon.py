@@ -105,15 +105,19 @@ def start_http(cfg: ControllerConfig, metrics_body):
     return server
 
 
-def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None) -> int:
+def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None,
+        config_path: str | None = None) -> int:
+    """config_path: the policy file SIGHUP reloads (with its rules and playbooks); None: rules and playbooks only."""
     ctl = Controller(cfg)
     stop = stop or threading.Event()
+    reload = threading.Event()
     reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
     reg.register(CountsCollector(ctl))
     http = None if once else start_http(cfg, lambda: generate_latest(reg))
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())  # applied between two ticks
     ctl.start()
     if http is not None:
         ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if cfg.ingest_secret_file else ''}"
@@ -122,6 +126,9 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
     try:
         while not stop.is_set():
             t0 = time.monotonic()
+            if reload.is_set():
+                reload.clear()
+                ctl.reload(config_path)
             try:
                 ctl.tick()
             except Exception as exc:  # one bad tick (slurmctld restarting, ...) must not stop the controller
