@@ -113,14 +113,22 @@ class Controller:
         kept = [k for k in RESTART_KEYS if getattr(cfg, k) != getattr(self.cfg, k)]
         for k in RESTART_KEYS:
             setattr(cfg, k, getattr(self.cfg, k))
-        self._counts.update({("evidence_capped", r): n for r, n in self.windows.capped.items()})
         self.cfg = self.decider.cfg = cfg
         self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
         self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
         self.journal.max_attempts = cfg.max_action_attempts
         self.rules, self.disabled = rules, {}
         self._save_state("disabled_rules", self.disabled)
-        self.windows, self._last_event_id = EventWindows(self.rules), None  # windows are read again
+        old, self.windows = self.windows, EventWindows(self.rules)
+        fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+        for rule_id, n in old.capped.items():  # a counter never goes back
+            if self.windows.capped.get(rule_id) != n:
+                self._counts["evidence_capped", rule_id] += n
+        if fresh and self._last_event_id is not None:
+            lo = self.clock() - max(r.window_s for r in fresh)
+            self.windows.add(self.conn.execute("SELECT * FROM events WHERE ts >= ? AND id <= ?",
+                                               (lo, self._last_event_id)),
+                             on_error=self._rule_failed, only=[r.id for r in fresh])
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
                        + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),

@@ -90,7 +90,7 @@ class _Group:
         else:
             b[0] += 1
             b[1], b[2] = min(b[1], ts), max(b[2], ts)
-        item = (ts, seq, _event_evidence(e))
+        item = (ts, seq, e)  # turned into evidence only when reported
         if len(self.newest) < MAX_EVIDENCE_ROWS:
             heapq.heappush(self.newest, item)
         elif item > self.newest[0]:
@@ -112,7 +112,7 @@ class _Group:
         return n, first, last
 
     def evidence(self, lo: float, hi: float, after: float) -> list[dict]:
-        return [ev for ts, _, ev in sorted(self.newest) if lo <= ts <= hi and ts > after]
+        return [_event_evidence(e) for ts, _, e in sorted(self.newest) if lo <= ts <= hi and ts > after]
 
 
 class EventWindows:
@@ -121,24 +121,62 @@ class EventWindows:
     def __init__(self, rules: Iterable[Rule]):
         self.rules = [r for r in rules if r.enabled and r.match_kind in EVENT_MATCHERS]
         self.groups: dict[str, dict[tuple, _Group]] = {r.id: {} for r in self.rules}
+        self._compiled: list[tuple[Rule, Callable[[dict], bool], dict]] = []
+        for r in self.rules:
+            self._compiled.append((r, EVENT_MATCHERS[r.match_kind](getattr(r, r.match_kind)), self.groups[r.id]))
         self.capped: Counter = Counter()  # rule id -> (rule, node) groups whose evidence was capped
         self._seq = 0
+        self._by_kind: dict[tuple, list] = {}  # (source, kind) -> the rules that can match such an event
 
     def remove(self, rule_id: str) -> None:
         self.rules = [r for r in self.rules if r.id != rule_id]
+        self._compiled = [c for c in self._compiled if c[0].id != rule_id]
+        self._by_kind = {}
         self.groups.pop(rule_id, None)
 
-    def add(self, events: Iterable[Mapping], on_error: OnError | None = None) -> None:
+    def _candidates(self, source, kind) -> list:
+        key = (source, kind)
+        found = self._by_kind.get(key)
+        if found is None:
+            found = self._by_kind[key] = [c for c in self._compiled
+                                          if getattr(c[1], "prefilter", None) is None or c[1].prefilter(*key)]
+        return found
+
+    def adopt(self, old: "EventWindows") -> list[Rule]:
+        """Keep what `old` counted for every rule that did not change (a reload); the rules that are new or changed,
+        whose windows must be read again, are returned."""
+        before = {r.id: r for r in old.rules}
+        fresh = []
+        for r in self.rules:
+            if before.get(r.id) == r:
+                self.groups[r.id].update(old.groups[r.id])
+                self.capped[r.id] = old.capped.get(r.id, 0)
+            else:
+                fresh.append(r)
+        self._seq = old._seq
+        return fresh
+
+    def add(self, events: Iterable[Mapping], on_error: OnError | None = None,
+            only: Iterable[str] | None = None) -> None:
+        """only: rule ids to feed (reading a new rule's window after a reload); default every rule."""
+        only = None if only is None else set(only)
         for row in events:
-            e = normalise(row)
+            candidates = self._candidates(row["source"], row["kind"])
+            if only is not None:
+                candidates = [c for c in candidates if c[0].id in only]
             self._seq += 1
-            for rule in list(self.rules):
+            if not candidates:
+                continue
+            e = normalise(row)
+            for rule, hit, groups in candidates:
                 try:
-                    if not EVENT_MATCHERS[rule.match_kind](getattr(rule, rule.match_kind), e):
+                    if not hit(e):
                         continue
                     jobs = () if rule.scope == "node" else tuple(
                         int(j) for j in (e.get("job_ids") or (e.get("fields") or {}).get("job_ids") or ()))
-                    group = self.groups[rule.id].setdefault((e["node"], jobs), _Group())
+                    group = groups.get((e["node"], jobs))
+                    if group is None:
+                        group = groups[(e["node"], jobs)] = _Group()
                     group.add(e, self._seq)
                 except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
                     if on_error is None:
@@ -210,27 +248,48 @@ def normalise(row: Mapping) -> dict:
 
 # ---------- discrete events ----------
 
-def _log_hit(m: LogMatch, e: dict) -> bool:
-    if e.get("source") not in ([m.source] if isinstance(m.source, str) else m.source):
-        return False
-    if m.kinds and not any(fnmatch.fnmatchcase(str(e.get("kind", "")), k) for k in m.kinds):
-        return False
-    fields = e.get("fields") or {}
-    for key, accepted in m.fields.items():
-        if key not in fields or not _value_in(fields[key], accepted):
+def _globs(patterns: list[str]):
+    """One compiled regex for a list of glob patterns (fnmatch semantics, case-sensitive); None = any."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)).match if patterns else None
+
+
+def log_matcher(m: LogMatch) -> Callable[[dict], bool]:
+    """A predicate on one events row, compiled once per rule (it runs for every arriving event)."""
+    sources = frozenset([m.source] if isinstance(m.source, str) else m.source)
+    kind_ok = _globs(m.kinds)
+    fields = list(m.fields.items())
+    message = re.compile(m.message).search if m.message else None
+
+    def hit(e: dict) -> bool:
+        if e.get("source") not in sources:
             return False
-    return not m.message or re.search(m.message, str(e.get("message", ""))) is not None
+        if kind_ok and not kind_ok(str(e.get("kind", ""))):
+            return False
+        if fields:
+            have = e.get("fields") or {}
+            for key, accepted in fields:
+                if key not in have or not _value_in(have[key], accepted):
+                    return False
+        return message is None or message(str(e.get("message", ""))) is not None
+    hit.prefilter = lambda source, kind: source in sources and (kind_ok is None or bool(kind_ok(str(kind))))
+    return hit
 
 
-def _health_hit(m: HealthMatch, e: dict) -> bool:
-    if e.get("source") != "health" or str(e.get("severity")) not in m.statuses:
-        return False
-    if m.checks and not any(fnmatch.fnmatchcase(str(e.get("kind", "")), c) for c in m.checks):
-        return False
-    fields = e.get("fields") or {}
-    if m.categories and fields.get("category") not in m.categories:
-        return False
-    return not m.suites or fields.get("suite") in m.suites
+def health_matcher(m: HealthMatch) -> Callable[[dict], bool]:
+    statuses = frozenset(m.statuses)
+    check_ok = _globs(m.checks)
+
+    def hit(e: dict) -> bool:
+        if e.get("source") != "health" or str(e.get("severity")) not in statuses:
+            return False
+        if check_ok and not check_ok(str(e.get("kind", ""))):
+            return False
+        have = e.get("fields") or {}
+        if m.categories and have.get("category") not in m.categories:
+            return False
+        return not m.suites or have.get("suite") in m.suites
+    hit.prefilter = lambda source, kind: source == "health" and (check_ok is None or bool(check_ok(str(kind))))
+    return hit
 
 
 def _value_in(value, accepted: list) -> bool:
@@ -335,9 +394,11 @@ def _as_float(v) -> float | None:
         return None
 
 
-# Condition kinds (sigma.rules.schema.MATCH_KINDS): a predicate on one events row, or an evaluator over a
-# window of numeric rows (rule, its match settings, rows) -> findings.
-EVENT_MATCHERS: dict[str, Callable[[object, dict], bool]] = {"log": _log_hit, "health": _health_hit}
+# Condition kinds (sigma.rules.schema.MATCH_KINDS): for events, match settings -> a predicate on one events row
+# (compiled once per rule; an optional `prefilter(source, kind)` attribute lets events of other kinds skip it);
+# for numeric series, an evaluator (rule, its match settings, window rows) -> findings.
+EVENT_MATCHERS: dict[str, Callable[[object], Callable[[dict], bool]]] = {"log": log_matcher,
+                                                                          "health": health_matcher}
 EVALUATORS: dict[str, Callable[[Rule, object, list[dict]], list[Finding]]] = {"metric": _metric, "kpi": _kpi}
 
 

@@ -156,3 +156,26 @@ def test_sighup_reloads_the_running_daemon_and_a_bad_set_is_refused(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_reload_keeps_the_windows_of_unchanged_rules_and_reads_those_of_new_ones(tmp_path):
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    shipped = (configs_dir() / "rules" / "gpu.yaml").read_text()
+    (kb / "gpu.yaml").write_text(shipped)
+    policy = tmp_path / "controller.yaml"
+    policy.write_text(f"db: {tmp_path / 'c.db'}\nlog_dir: {tmp_path / 'log'}\nrules: {kb}\nremediation: "
+                      f"{configs_dir() / 'remediation.yaml'}\n")
+    ctl, slurm, clock = make_controller(tmp_path, rules=load_rules(kb))
+    ctl.tick()
+    noise(ctl.conn, "node1", clock() - 10, 500)
+    ctl.tick()
+    kept = ctl.windows.groups["gpu-xid-record"][("node1", ())]
+    (kb / "extra.yml").write_text("version: 1\nrules:\n  - id: xid-63-burst\n    description: many Xid 63\n"
+                                  "    severity: warning\n    action: notify\n"
+                                  "    log: {source: log, kinds: [xid], fields: {xid: [63]}, count: 400}\n")
+    assert ctl.reload(str(policy))
+    assert ctl.windows.groups["gpu-xid-record"][("node1", ())] is kept  # not read again
+    found = {f.rule_id: f for f in ctl.detect(clock(), {n.name: n for n in slurm.nodes()}, [])}
+    assert found["xid-63-burst"].evidence["count"] == 500  # the new rule's window was read at the reload
+    assert found["gpu-xid-record"].evidence["count"] == 500
