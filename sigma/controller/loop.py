@@ -39,7 +39,8 @@ WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's r
 HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
-MAX_NEW_EVENTS_PER_TICK = 100_000  # events matched per tick at most; a burst beyond this is matched next tick
+MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
+BACKFILL_EVENTS_PER_TICK = 20_000  # at start and after a reload, older events of the rule windows read per tick
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -75,6 +76,7 @@ class Controller:
         self._save_state("disabled_rules", self.disabled)
         self.windows = EventWindows(self.rules)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
+        self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
 
@@ -120,15 +122,15 @@ class Controller:
         self.rules, self.disabled = rules, {}
         self._save_state("disabled_rules", self.disabled)
         old, self.windows = self.windows, EventWindows(self.rules)
-        fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+        if self._backfill is not None and self._backfill[2] is None:
+            self._last_event_id = self._backfill = None  # the windows were still being read: start over
+        else:
+            fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+            if fresh and self._last_event_id is not None:
+                self._start_backfill(self._last_event_id, [r.id for r in fresh])
         for rule_id, n in old.capped.items():  # a counter never goes back
             if self.windows.capped.get(rule_id) != n:
                 self._counts["evidence_capped", rule_id] += n
-        if fresh and self._last_event_id is not None:
-            lo = self.clock() - max(r.window_s for r in fresh)
-            self.windows.add(self.conn.execute("SELECT * FROM events WHERE ts >= ? AND id <= ?",
-                                               (lo, self._last_event_id)),
-                             on_error=self._rule_failed, only=[r.id for r in fresh])
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
                        + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
@@ -203,21 +205,35 @@ class Controller:
         return out
 
     def _match_new_events(self, now: float) -> None:
-        """Match the events that arrived since the last tick (at the first tick or after a reload: the rule
-        windows); each event is looked at once, so a tick's cost follows the ingest rate, not the window's size."""
+        """Match the events that arrived since the last tick; each event is looked at once, so a tick's cost
+        follows the ingest rate, not the window's size. At start (and for new rules after a reload) the windows'
+        older events are read newest first, BACKFILL_EVENTS_PER_TICK per tick: a window full of one node's
+        flood delays neither the first tick nor another node's fresh fault."""
         if self._last_event_id is None:
-            windows = [r.window_s for r in self.windows.rules]
             top = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-            if windows:
-                self.windows.add(self.conn.execute("SELECT * FROM events WHERE ts >= ? AND id <= ?",
-                                                   (now - max(windows), top)), on_error=self._rule_failed)
             self._last_event_id = top
-            return
+            self._start_backfill(top, None)
         rows = self.conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?",
                                  (self._last_event_id, MAX_NEW_EVENTS_PER_TICK)).fetchall()
         if rows:
             self._last_event_id = rows[-1]["id"]
             self.windows.add(rows, on_error=self._rule_failed)
+        if self._backfill is not None:
+            low, high, only = self._backfill
+            rows = self.conn.execute("SELECT * FROM events WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
+                                     (low, high, BACKFILL_EVENTS_PER_TICK)).fetchall()
+            self.windows.add(rows, on_error=self._rule_failed, only=only)
+            done = len(rows) < BACKFILL_EVENTS_PER_TICK or rows[-1]["id"] <= low
+            self._backfill = None if done else (low, rows[-1]["id"] - 1, only)
+
+    def _start_backfill(self, top: int, only: list[str] | None) -> None:
+        rules = [r for r in self.windows.rules if only is None or r.id in only]
+        if not rules or not top:
+            self._backfill = None
+            return
+        lo = self.clock() - max(r.window_s for r in rules)
+        low = self.conn.execute("SELECT MIN(id) FROM events WHERE ts >= ?", (lo,)).fetchone()[0]
+        self._backfill = None if low is None or low > top else (low, top, only)
 
     def _samples(self, now: float) -> list[dict]:
         metric_rules = [r for r in self.active_rules if r.metric]

@@ -77,8 +77,8 @@ class Decider:
         if held is not None:
             self.counts["guard", "admin_hold"] += 1
             inc = self._status("notified", f"taken out by someone else ({n.state}, {held!r}); left alone")
-            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, taken out by admin "
-                           f"({n.state.upper()}{' DRAIN' if n.drained else ''}: {held})")
+            how = "FAIL" if "FAIL" in n.flags else "DRAIN" if n.drained else n.state.upper()
+            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, taken out by admin ({how}: {held})")
             return inc
         inc = self._inc
         lc = self.remediator.get(node)

@@ -179,3 +179,20 @@ def test_a_reload_keeps_the_windows_of_unchanged_rules_and_reads_those_of_new_on
     found = {f.rule_id: f for f in ctl.detect(clock(), {n.name: n for n in slurm.nodes()}, [])}
     assert found["xid-63-burst"].evidence["count"] == 500  # the new rule's window was read at the reload
     assert found["gpu-xid-record"].evidence["count"] == 500
+
+
+def test_at_start_the_windows_are_read_newest_first_a_slice_per_tick(tmp_path, monkeypatch):
+    from sigma.controller import loop
+
+    monkeypatch.setattr(loop, "BACKFILL_EVENTS_PER_TICK", 100)
+    ctl, slurm, clock = make_controller(tmp_path)
+    noise(ctl.conn, "node1", clock() - 60, 1000)
+    xid79(ctl.conn, "node2", clock() - 1)
+    ctl.tick()  # the newest slice holds node2's fault: drained in the first tick, the flood not read yet
+    assert slurm.node("node2").drained
+    count = lambda: [f.evidence["count"] for f in ctl.detect(clock(), {n.name: n for n in slurm.nodes()}, [])
+                     if f.node == "node1"]
+    assert count() and count()[0] < 1000
+    for _ in range(12):
+        ctl.tick()
+    assert count() == [1000] and ctl._backfill is None  # every event counted once
