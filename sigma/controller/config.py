@@ -14,7 +14,10 @@ from sigma.paths import project_root
 class BreakerConfig:
     max_nodes: int = 8  # more nodes than this with the same signature in the window: escalate, do not drain
     max_fraction: float = 0.25  # ... or more than this fraction of the cluster (at least one node may drain)
-    window_s: float = 3600.0  # window the breaker counts over
+    window_s: float = 3600.0  # window the breakers count over
+    wave_max_nodes: int = 16  # global limit: more nodes than this out of service in the window, whatever rule,
+    # watchdog or isolation asks, and every further one is escalated to a person instead of drained
+    wave_max_fraction: float = 0.5  # ... or more than this fraction of the cluster (at least one node may drain)
 
 
 @dataclass

@@ -12,10 +12,37 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sigma.controller.config import ControllerConfig
 from sigma.controller.loop import Controller
 from sigma.controller.report.prometheus import registry
+
+
+# Controller.counts() keys (family, label value) -> exported counter
+COUNTERS = {
+    "guard": ("sigma_controller_guard", "Drains a guard rail stopped (rule, wave, admin_hold)", "guard"),
+    "rule_error": ("sigma_controller_rule_errors", "Rules that raised at run time and were disabled", "rule"),
+    "reload": ("sigma_controller_reloads", "SIGHUP reloads of rules and policy, by result", "result"),
+    "evidence_capped": ("sigma_controller_evidence_capped", "Findings whose evidence rows were capped", "rule"),
+}
+
+
+class CountsCollector(Collector):
+    """The controller's in-process counters (bad input, guard rails) beside the database figures."""
+
+    def __init__(self, ctl: Controller):
+        self.ctl = ctl
+
+    def collect(self):
+        counts = self.ctl.counts()
+        for family, (name, doc, label) in COUNTERS.items():
+            metric = CounterMetricFamily(name, doc, labels=[label])
+            for (fam, value), n in sorted(counts.items()):
+                if fam == family:
+                    metric.add_metric([value], n)
+            yield metric
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -78,14 +105,19 @@ def start_http(cfg: ControllerConfig, metrics_body):
     return server
 
 
-def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None) -> int:
+def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None,
+        config_path: str | None = None) -> int:
+    """config_path: the policy file SIGHUP reloads (with its rules and playbooks); None: rules and playbooks only."""
     ctl = Controller(cfg)
     stop = stop or threading.Event()
+    reload = threading.Event()
     reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
+    reg.register(CountsCollector(ctl))
     http = None if once else start_http(cfg, lambda: generate_latest(reg))
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())  # applied between two ticks
     ctl.start()
     if http is not None:
         ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if cfg.ingest_secret_file else ''}"
@@ -94,6 +126,9 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
     try:
         while not stop.is_set():
             t0 = time.monotonic()
+            if reload.is_set():
+                reload.clear()
+                ctl.reload(config_path)
             try:
                 ctl.tick()
             except Exception as exc:  # one bad tick (slurmctld restarting, ...) must not stop the controller

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
-from sigma.controller.config import ControllerConfig, RemediationConfig, load_remediation_config, resolve
+from sigma.config import ConfigError
+from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
+                                     load_remediation_config, resolve)
 from sigma.controller.db import open_db
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
@@ -26,7 +29,7 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import evaluate, normalise
+from sigma.rules.matcher import EventWindows, evaluate_series, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -36,6 +39,9 @@ WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's r
 HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
+MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
+BACKFILL_EVENTS_PER_TICK = 20_000  # at start and after a reload, older events of the rule windows read per tick
+RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
 class Controller:
@@ -44,6 +50,7 @@ class Controller:
                  log: DecisionLog | None = None, clock: Callable[[], float] = time.time, root: Path | None = None):
         self.cfg = cfg
         self.clock = clock
+        self.root = root
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
@@ -64,8 +71,71 @@ class Controller:
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
+        self._counts: Counter = Counter()  # bad input and guard-rail outcomes, exported on /metrics
+        self.disabled: dict[str, dict] = {}  # rules that raised at run time: id -> error (until reload/restart)
+        self._save_state("disabled_rules", self.disabled)
+        self.windows = EventWindows(self.rules)
+        self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
+        self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+
+    def counts(self) -> Counter:
+        """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
+        capped = Counter({("evidence_capped", rule): n for rule, n in self.windows.capped.items()})
+        return self._counts + self.decider.counts + capped
+
+    @property
+    def active_rules(self) -> list[Rule]:
+        return [r for r in self.rules if r.enabled and r.id not in self.disabled]
+
+    def _rule_failed(self, rule: Rule, exc: Exception) -> None:
+        """A rule that raises is disabled alone (until the next reload or restart); the others keep working."""
+        error = f"{type(exc).__name__}: {exc}"
+        self.disabled[rule.id] = {"error": error, "version": rule.version, "origin": rule.origin, "ts": self.clock()}
+        self.windows.remove(rule.id)
+        self._counts["rule_error", rule.id] += 1
+        self._save_state("disabled_rules", self.disabled)
+        self.log.event("rule_error", f"RULE_ERROR {rule.id} ({rule.origin or 'no file'}) disabled: {error}",
+                       rule=rule.id, origin=rule.origin, error=error)
+
+    # ---------- reload (SIGHUP) ----------
+    def reload(self, config_path: str | None = None) -> bool:
+        """Load the policy (config_path; None: keep the running one), its rules and remediation playbooks again and
+        swap them in; if any is bad, keep the running set and say why."""
+        try:
+            cfg = load_controller_config(config_path) if config_path else self.cfg
+            rules = load_rules(resolve(cfg.rules, self.root))
+            rcfg = load_remediation_config(resolve(cfg.remediation, self.root))
+        except (ConfigError, OSError) as exc:
+            self._counts["reload", "rejected"] += 1
+            self.log.event("reload", f"RELOAD rejected, running rules and policy kept: {exc}", result="rejected",
+                           error=str(exc))
+            return False
+        kept = [k for k in RESTART_KEYS if getattr(cfg, k) != getattr(self.cfg, k)]
+        for k in RESTART_KEYS:
+            setattr(cfg, k, getattr(self.cfg, k))
+        self.cfg = self.decider.cfg = cfg
+        self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
+        self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
+        self.journal.max_attempts = cfg.max_action_attempts
+        self.rules, self.disabled = rules, {}
+        self._save_state("disabled_rules", self.disabled)
+        old, self.windows = self.windows, EventWindows(self.rules)
+        if self._backfill is not None and self._backfill[2] is None:
+            self._last_event_id = self._backfill = None  # the windows were still being read: start over
+        else:
+            fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+            if fresh and self._last_event_id is not None:
+                self._start_backfill(self._last_event_id, [r.id for r in fresh])
+        for rule_id, n in old.capped.items():  # a counter never goes back
+            if self.windows.capped.get(rule_id) != n:
+                self._counts["evidence_capped", rule_id] += n
+        self._counts["reload", "applied"] += 1
+        self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
+                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
+                       result="applied", rules=len(rules), restart_needed=kept)
+        return True
 
     # ---------- lifecycle ----------
     def start(self) -> None:
@@ -107,8 +177,11 @@ class Controller:
         for j in running:
             for n in j.nodes:
                 jobs_on_node.setdefault(n, []).append(j.job_id)
-        findings = evaluate(self.rules, now=now, events=self._events(now), samples=self._samples(now),
-                            kpis=self._rule_kpis(now), since=since, jobs_on_node=jobs_on_node, since_job=since_job)
+        self._match_new_events(now)
+        findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
+                                         on_error=self._rule_failed)
+        findings += evaluate_series(self.active_rules, now=now, samples=self._samples(now), kpis=self._rule_kpis(now),
+                                    since=since, since_job=since_job, on_error=self._rule_failed)
         findings += self._not_responding(nodes, now)
         if self.cfg.watchdog.enabled:
             for job in running:
@@ -131,14 +204,39 @@ class Controller:
                                evidence={"state": n.state, "flags": list(n.flags), "reason": n.reason}))
         return out
 
-    def _events(self, now: float) -> list[dict]:
-        windows = [r.window_s for r in self.rules if r.enabled and (r.log or r.health)]
-        if not windows:
-            return []
-        return [normalise(r) for r in self.conn.execute("SELECT * FROM events WHERE ts >= ?", (now - max(windows),))]
+    def _match_new_events(self, now: float) -> None:
+        """Match the events that arrived since the last tick; each event is looked at once, so a tick's cost
+        follows the ingest rate, not the window's size. At start (and for new rules after a reload) the windows'
+        older events are read newest first, BACKFILL_EVENTS_PER_TICK per tick: a window full of one node's
+        flood delays neither the first tick nor another node's fresh fault."""
+        if self._last_event_id is None:
+            top = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            self._last_event_id = top
+            self._start_backfill(top, None)
+        rows = self.conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                                 (self._last_event_id, MAX_NEW_EVENTS_PER_TICK)).fetchall()
+        if rows:
+            self._last_event_id = rows[-1]["id"]
+            self.windows.add(rows, on_error=self._rule_failed)
+        if self._backfill is not None:
+            low, high, only = self._backfill
+            rows = self.conn.execute("SELECT * FROM events WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
+                                     (low, high, BACKFILL_EVENTS_PER_TICK)).fetchall()
+            self.windows.add(rows, on_error=self._rule_failed, only=only)
+            done = len(rows) < BACKFILL_EVENTS_PER_TICK or rows[-1]["id"] <= low
+            self._backfill = None if done else (low, rows[-1]["id"] - 1, only)
+
+    def _start_backfill(self, top: int, only: list[str] | None) -> None:
+        rules = [r for r in self.windows.rules if only is None or r.id in only]
+        if not rules or not top:
+            self._backfill = None
+            return
+        lo = self.clock() - max(r.window_s for r in rules)
+        low = self.conn.execute("SELECT MIN(id) FROM events WHERE ts >= ?", (lo,)).fetchone()[0]
+        self._backfill = None if low is None or low > top else (low, top, only)
 
     def _samples(self, now: float) -> list[dict]:
-        metric_rules = [r for r in self.rules if r.enabled and r.metric]
+        metric_rules = [r for r in self.active_rules if r.metric]
         if not metric_rules:
             return []
         names = sorted({r.metric.metric for r in metric_rules})
@@ -146,7 +244,7 @@ class Controller:
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
-        windows = [r.kpi.window_s for r in self.rules if r.enabled and r.kpi]
+        windows = [r.kpi.window_s for r in self.active_rules if r.kpi]
         if not windows:
             return []
         return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
