@@ -49,7 +49,8 @@ class ControllerConfig:
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
     listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
-    ingest_secret_file: str = "/etc/sigma/ingest.secret"  # HMAC secret shared with the sidecars; "" = no ingest
+    ingest_keys_file: str = "/etc/sigma/ingest-keys.json"  # per-node ingest keys (`sigma keys`); "" = none
+    ingest_secret_file: str = ""  # a secret shared by all sidecars (flagged: any node can post as any other)
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
