@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     from sigma.security.keys import KeyFileError, KeyRing, read_node_key
 
     parser = argparse.ArgumentParser(prog="python -m sigma.controller.ingest.server",
-                                     description="Serve POST /v1/ingest and GET /healthz into a controller DB.")
+                                     description="Serve POST /v1/ingest, GET /healthz and GET /metrics (ingest counters) "
+                                                 "into a controller DB.")
     parser.add_argument("--db", required=True, help="controller SQLite database (created if missing)")
     parser.add_argument("--keys-file", default=None, help="per-node key table (mode 0600; `sigma keys issue`)")
     parser.add_argument("--secret-file", default=None, help="shared HMAC secret (mode 0600); flagged as shared")
@@ -391,6 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server = ControllerServer((args.host, args.port), Ingest(args.db, keys))
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from sigma.controller.ingest.metrics import IngestCollector
+
+    registry = CollectorRegistry()
+    registry.register(IngestCollector(server))
+    server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST},
+                                                     generate_latest(registry)))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log.info("serving ingest on %s:%d into %s", args.host, server.port, args.db)
     try:
