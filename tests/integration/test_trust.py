@@ -83,6 +83,8 @@ def test_another_users_kpi_line_cannot_requeue_and_a_key_cannot_post_as_another_
         refused = wait_for(lambda: query(stack, "SELECT fields FROM events WHERE kind = 'kpi_refused' AND node = "
                                                 "'node2'"), timeout=60, what="the forged KPI file refused")
         assert json.loads(refused[0]["fields"])["file_uid"] == NOBODY
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        assert 'sigma_node_refusals_total{kind="kpi_refused",node="node2"} 1.0' in metrics
         time.sleep(10)  # several controller ticks and sidecar pushes
         assert not query(stack, "SELECT 1 FROM events WHERE kind = 'nan_loss' AND job_ids LIKE ?", (f"%{job_id}%",))
         assert slurm.job(job_id).restarts == 0 and slurm.job(job_id).state == "RUNNING"

@@ -39,6 +39,7 @@ BATCH_SQL = "INSERT INTO batches (node, seq, received_at, records) VALUES (?, ?,
 NUMBER = (int, float)
 TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
+REFUSAL_EVENTS = ("kpi_refused", "key_error")  # what sidecars refused locally: counted per node for /metrics
 MAX_ROW_AGE_S = 30 * 86400.0  # rows older than this are dropped (the node store keeps 7 days by default)
 MAX_UNVERIFIED_BYTES = 1 << 20  # version 1 requests: read at most this much before the signature is checked
 
@@ -77,6 +78,7 @@ class Ingest:
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
         self.rejections: Counter = Counter()  # reason -> requests refused
         self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
+        self.node_refusals: Counter = Counter()  # (node, event kind) -> refusals sidecars reported
         self._record_auth_mode()
 
     def close(self) -> None:
@@ -294,6 +296,9 @@ class Ingest:
         self.stats["samples"] += len(s_col)
         self.stats["events"] += len(b["events"])
         self.stats["kpis"] += len(b["kpis"])
+        for e in b["events"]:
+            if e[2] in REFUSAL_EVENTS:
+                self.node_refusals[(node, e[2])] += 1
         reply = {"ok": True, "seq": b["seq"], "duplicate": False,
                  "stored": {"samples": len(s_col), "events": len(b["events"]), "kpis": len(b["kpis"])}}
         if b.get("dropped"):

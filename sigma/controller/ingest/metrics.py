@@ -47,6 +47,11 @@ class IngestCollector(Collector):
         for reason, n in sorted(ingest.dropped_rows.items()):
             dropped.add_metric([reason], n)
         yield dropped
+        node_refused = CounterMetricFamily("sigma_node_refusals", "Refusals sidecars reported (kpi_refused: a KPI "
+                                           "file of another user or a world-writable one)", labels=["node", "kind"])
+        for (node, kind), n in sorted(ingest.node_refusals.items()):
+            node_refused.add_metric([node, kind], n)
+        yield node_refused
         stored = CounterMetricFamily("sigma_ingest_records", "Records stored, by kind", labels=["kind"])
         for kind in ("batches", "duplicates", "samples", "events", "kpis"):
             stored.add_metric([kind], ingest.stats[kind])
