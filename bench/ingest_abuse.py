@@ -14,8 +14,9 @@ The attackers run at nice 19 (on a real network their CPU is elsewhere); the pha
 so that other load on the machine hits both alike. The controller database lives in /dev/shm by default: the
 figure is about the network side, not the disk.
 
-Printed: valid batches/s and samples/s per phase and their ratio (goal >= 90 %), the server's peak and final RSS
-(goal < 200 MB), the server's refusal counters from its /metrics, and what the attackers achieved. Loopback only;
+Printed: valid batches/s and samples/s per phase and their ratio (goal >= 90 %), the server's CPU per valid batch
+in each phase and what the attack cost it (a figure that does not depend on how busy the rest of the machine is),
+the server's peak and final RSS (goal < 200 MB), its refusal counters from /metrics, and what the attackers did. Loopback only;
 every loop stops by itself at the phase's end.
 
     .venv/bin/python bench/ingest_abuse.py [--duration 20] [--sidecars 8] [--samples 2000] [--attackers 200]
@@ -270,6 +271,11 @@ def main() -> int:
     peak = max(r["peak_rss_mb"] for rs in runs.values() for r in rs)
     print(f"valid ingest: {base:.0f} samples/s unloaded, {under:.0f} samples/s under attack = "
           f"{100 * under / base:.1f} % (goal >= 90 %)")
+    per_batch = [sum(r["server_cpu"] for r in rs) / max(sum(r["batches_s"] for r in rs), 1e-9)
+                 for rs in runs.values()]  # server CPU seconds per valid batch, unloaded and loaded
+    attack_cpu = sum(r["server_cpu"] - r["batches_s"] * per_batch[0] for r in runs["loaded"]) / args.rounds
+    print(f"server CPU per valid batch: {1000 * per_batch[0]:.1f} ms unloaded, {1000 * per_batch[1]:.1f} ms under "
+          f"attack; the attack itself cost the server {100 * attack_cpu:.1f} % of a core")
     print(f"server RSS: {idle_rss:.1f} MB at start, peak {peak:.1f} MB, {final_rss:.1f} MB after (goal < 200 MB); "
           f"{threads} threads after")
     loaded = runs["loaded"][-1]

@@ -254,3 +254,30 @@ def test_pusher_signs_with_a_rotated_key_file_once_it_changes(tmp_path, keys):
     assert pusher.reload_key() and pusher.key.key_id == new.id
     key_file.chmod(0o644)  # a broken new file: the running key stays
     assert not pusher.reload_key(force=True) and pusher.key.key_id == new.id
+
+
+def test_sigma_report_flags_a_shared_secret_and_keys_cli_round_trip(tmp_path, capsys):
+    from sigma.cli import main
+
+    Ingest(tmp_path / "shared.db", b"s" * 32).close()
+    assert main(["report", "--db", str(tmp_path / "shared.db")]) == 0
+    assert "shared secret is accepted" in capsys.readouterr().out
+    Ingest(tmp_path / "keyed.db", KeyRing(None, None)).close()
+    assert main(["report", "--db", str(tmp_path / "keyed.db")]) == 0
+    assert "shared secret" not in capsys.readouterr().out
+
+    table, out = tmp_path / "keys.json", tmp_path / "keys"
+    assert main(["keys", "issue", "node1", "node2", "--table", str(table), "--out", str(out)]) == 0
+    assert oct(table.stat().st_mode & 0o777) == "0o600" and oct((out / "node1.key").stat().st_mode & 0o777) == "0o600"
+    first = read_node_key(out / "node1.key")
+    assert main(["keys", "rotate", "node1", "--table", str(table), "--out", str(out), "--grace", "60"]) == 0
+    second = read_node_key(out / "node1.key")
+    ring = KeyRing(table)
+    assert ring.lookup(first.key_id)[0] == "node1" and ring.lookup(second.key_id)[0] == "node1"
+    assert main(["keys", "revoke", "node2", "--table", str(table)]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--table", str(table)]) == 0
+    listed = capsys.readouterr().out
+    assert first.key_id in listed and second.key_id in listed and "node2" not in listed
+    assert first.secret.decode() not in listed
+    assert main(["keys", "issue", "node1", "--table", str(table), "--out", str(out)]) == 2  # already has one

@@ -108,6 +108,7 @@ class _Conn:
     deadline: float  # monotonic; the reaper closes the connection after it unless busy
     authenticated: bool = False
     busy: bool = False  # a handler is running: its own time is not the client's
+    answered: int = 0  # requests answered on it: past the first, an expired deadline is a keep-alive ending
 
 
 class _RateLimitedLog:
@@ -236,8 +237,8 @@ class ControllerServer(ThreadingHTTPServer):
                 for c in late:
                     c.deadline = float("inf")  # once
             for c in late:
-                self.refuse("timeout", c.peer, "no complete request in time (idle or half-sent); connection closed"
-                            if not c.authenticated else "keep-alive connection idle too long; closed")
+                if not c.answered:  # a scrape's or sidecar's idle keep-alive ending is no refusal
+                    self.refuse("timeout", c.peer, "no complete request in time (idle or half-sent); closed")
                 try:
                     c.sock.shutdown(socket.SHUT_RDWR)  # wakes the handler thread blocked in recv
                 except OSError:
@@ -361,6 +362,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         state = self.state
         if state is not None:  # the next request must come within the idle (authenticated) or header timeout
             state.busy = False
+            state.answered += 1
             state.deadline = time.monotonic() + (self.server.idle_timeout_s if state.authenticated
                                                  else self.server.header_timeout_s)
 
