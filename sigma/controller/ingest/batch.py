@@ -25,6 +25,7 @@ from itertools import compress, repeat
 from pathlib import Path
 
 from sigma.controller.db import open_db
+from sigma.controller.ingest.ratelog import RateLimitedLog
 from sigma.security.keys import KeyRing
 from sigma.telemetry import wire
 
@@ -79,6 +80,7 @@ class Ingest:
         self.rejections: Counter = Counter()  # reason -> requests refused
         self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
         self.node_refusals: Counter = Counter()  # (node, event kind) -> refusals sidecars reported
+        self.warn = RateLimitedLog(log)
         self._record_auth_mode()
 
     def close(self) -> None:
@@ -120,7 +122,8 @@ class Ingest:
 
     def _refuse(self, exc: "Rejected", node: str, peer: str) -> tuple[int, dict]:
         self.count(exc.reason)
-        log.warning("ingest rejected from %s (node %s): %d %s [%s]", peer, node, exc.status, exc, exc.reason)
+        self.warn.warning(exc.reason, "ingest rejected from %s (node %s): %d %s [%s]", peer, node, exc.status, exc,
+                          exc.reason)
         return exc.status, {"ok": False, "error": str(exc)}
 
     def _record_auth_mode(self) -> None:

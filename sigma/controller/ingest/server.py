@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from sigma.controller.ingest.ratelog import RateLimitedLog
+
 log = logging.getLogger("sigma.controller.ingest.server")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a full sidecar batch (20,000 records) is well under 1 MB
@@ -111,25 +113,6 @@ class _Conn:
     answered: int = 0  # requests answered on it: past the first, an expired deadline is a keep-alive ending
 
 
-class _RateLimitedLog:
-    """One warning per reason a second under a flood, saying how many were folded into it."""
-
-    def __init__(self):
-        self.last: dict[str, float] = {}
-        self.folded: Counter = Counter()
-        self.lock = threading.Lock()
-
-    def warning(self, reason: str, message: str, *args) -> None:
-        now = time.monotonic()
-        with self.lock:
-            if now - self.last.get(reason, -1e9) < 1.0:
-                self.folded[reason] += 1
-                return
-            self.last[reason] = now
-            folded, self.folded[reason] = self.folded[reason], 0
-        log.warning(message + (f" (and {folded} more like it in the last second)" if folded else ""), *args)
-
-
 def json_response(status: int, data) -> Response:
     return status, {"Content-Type": "application/json"}, json.dumps(data).encode()
 
@@ -152,7 +135,7 @@ class ControllerServer(ThreadingHTTPServer):
         self.body_timeout_s = body_timeout_s
         self.ingest = ingest
         self.rejections: Counter = Counter()  # reason -> refused requests or connections (HTTP level)
-        self.warn = _RateLimitedLog()
+        self.warn = RateLimitedLog(log)
         self._conns: dict[socket.socket, _Conn] = {}
         self._conns_lock = threading.Lock()
         self._stopping = threading.Event()
