@@ -100,7 +100,8 @@ class Stack:
         root = project_root()
         config.update(
             db=str(self.db), listen=f"127.0.0.1:{spec.port_base + CONTROLLER_PORT_OFFSET}",
-            ingest_keys_file=str(self.keys_table), ingest_secret_file="", log_dir=str(self.state / "log"), slurm_conf=str(self.cluster.conf),
+            ingest_keys_file=str(self.keys_table), ingest_secret_file="", log_dir=str(self.state / "log"),
+            slurm_conf=str(self.cluster.conf),
             rules=str(root / config.get("rules", "configs/rules")),
             remediation=str(self._write_remediation_config(root / config.get("remediation",
                                                                               "configs/remediation.yaml"))),

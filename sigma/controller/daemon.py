@@ -72,7 +72,12 @@ def start_http(cfg: ControllerConfig, metrics_body, reg=None):
     from sigma.controller.ingest.metrics import IngestCollector, key_ring
     from sigma.controller.ingest.server import ControllerServer
 
-    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, key_ring(cfg)))
+    limits = cfg.ingest
+    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, key_ring(cfg)),
+                              max_body_bytes=limits.max_body_bytes, max_connections=limits.max_connections,
+                              max_unauthenticated=limits.max_unauthenticated,
+                              header_timeout_s=limits.header_timeout_s, idle_timeout_s=limits.idle_timeout_s,
+                              body_timeout_s=limits.body_timeout_s)
     server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics_body()))
     if reg is not None:
         reg.register(IngestCollector(server))

@@ -47,7 +47,7 @@ log = logging.getLogger("sigma.controller.ingest.server")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a full sidecar batch (20,000 records) is well under 1 MB
 MAX_HEAD_BYTES = 32 * 1024
-MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS = 4096
 MAX_UNAUTHENTICATED = 64
 HEADER_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 75.0
