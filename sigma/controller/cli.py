@@ -285,11 +285,17 @@ def _report(args) -> int:
 
     from sigma.controller.report.metrics import report
 
-    rep = report(_conn(args), since=parse_since(args.since))
+    conn = _conn(args)
+    rep = report(conn, since=parse_since(args.since))
+    auth = conn.execute("SELECT value FROM detector_state WHERE key = 'ingest.auth'").fetchone()
+    rep["ingest_auth"] = json.loads(auth[0]) if auth else None
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
     c = _console()
+    if rep["ingest_auth"] and rep["ingest_auth"]["shared_key"]:
+        c.print("[bold yellow]ingest: a shared secret is accepted: any node holding it can post as any other node "
+                "(issue per-node keys: sigma keys issue; docs/security.md)[/]")
     u = rep["utilisation"]
     t = Table(title=f"utilisation {_ts(rep['since'])} .. {_ts(rep['until'])}")
     for col in ("available", "allocated", "effective", "node-hours"):

@@ -47,12 +47,23 @@ class IsolationConfig:
 
 
 @dataclass
+class IngestConfig:
+    max_connections: int = 4096  # open HTTP connections in all (one kept-alive per sidecar; size for the cluster)
+    max_unauthenticated: int = 64  # connections that have not sent an authenticated request yet
+    header_timeout_s: float = 10.0  # a new connection's first request must be complete within this
+    idle_timeout_s: float = 75.0  # an authenticated keep-alive connection may idle this long between requests
+    body_timeout_s: float = 30.0  # an authenticated request's body must arrive within this
+    max_body_bytes: int = 64 * 1024 * 1024  # largest batch accepted (a full sidecar batch is under 1 MB)
+
+
+@dataclass
 class ControllerConfig:
     db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
     listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
-    ingest_secret_file: str = "/etc/sigma/ingest.secret"  # HMAC secret shared with the sidecars; "" = no ingest
+    ingest_keys_file: str = "/etc/sigma/ingest-keys.json"  # per-node ingest keys (`sigma keys`); "" = none
+    ingest_secret_file: str = ""  # a secret shared by all sidecars (flagged: any node can post as any other)
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
@@ -65,6 +76,7 @@ class ControllerConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
+    ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
 
 
 @dataclass

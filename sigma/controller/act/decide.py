@@ -112,8 +112,9 @@ class Decider:
         requeued = []
         if f.requeue_jobs:
             for job in on_node:
-                self._requeue(job, inc, avoid=[node], crash_guard=False)
-                requeued.append(job.job_id)
+                if job.requeue:  # a job submitted with --no-requeue is left to its owner
+                    self._requeue(job, inc, avoid=[node], crash_guard=False)
+                    requeued.append(job.job_id)
         self._ensure_start_now(inc, avoid=[node])
         if on_node:
             self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
@@ -173,6 +174,10 @@ class Decider:
         if job is None or job.state not in RUNNING_STATES + RESTARTABLE_ENDED_STATES:
             inc = self._status("notified", "job not running")
             self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job not running")
+            return inc
+        if not job.requeue:  # submitted with --no-requeue: its owner restarts it, we only tell
+            inc = self._status("notified", "job opted out of requeue (--no-requeue)")
+            self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job opted out of requeue")
             return inc
         if shadow:
             self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
