@@ -183,3 +183,35 @@ def fingerprint(line: bytes | str) -> str:
     data = line.encode("utf-8", "replace") if isinstance(line, str) else line
     return hashlib.blake2b(data.rstrip(b"\r\n"), digest_size=8).hexdigest()
 
+
+
+FORMATS = ("plain", "dmesg", "dmesg-T", "rfc3164", "rfc3339", "rfc5424", "unix", "journal-json", "kmsg")
+
+
+def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: float = 5843.291473,
+           seq: int = 1) -> str:
+    """The same kernel message in one of FORMATS, as that tool writes it (for sigma chaos, tests and benches)."""
+    local = time.localtime(ts)
+    frac = f"{ts % 1:.6f}"[1:]
+    if fmt == "plain":
+        return message
+    if fmt == "dmesg":
+        return f"[{uptime:12.6f}] {message}"
+    if fmt == "dmesg-T":
+        return f"[{time.strftime('%a %b %d %H:%M:%S %Y', local)}] {message}"
+    if fmt == "rfc3164":
+        return f"{time.strftime('%b', local)} {local.tm_mday:2d} {time.strftime('%H:%M:%S', local)} {host} kernel: " \
+               f"[{uptime:12.6f}] {message}"
+    iso = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
+    if fmt == "rfc3339":
+        return f"{iso} {host} kernel: {message}"
+    if fmt == "rfc5424":
+        return f"<3>1 {iso} {host} kernel - - - {message}"
+    if fmt == "unix":
+        return f"{int(ts)}{frac} {host} kernel: {message}"
+    if fmt == "journal-json":
+        return json.dumps({"__REALTIME_TIMESTAMP": str(int(ts * 1e6)), "_TRANSPORT": "kernel", "_HOSTNAME": host,
+                           "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3", "MESSAGE": message})
+    if fmt == "kmsg":
+        return f"3,{seq},{int(uptime * 1e6)},-;{message}"
+    raise ValueError(f"unknown log format {fmt!r}; formats: {' '.join(FORMATS)}")

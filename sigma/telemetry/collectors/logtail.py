@@ -63,6 +63,7 @@ class LogTailCollector(Collector):
         journal_transports: list[str] = field(default_factory=lambda: ["kernel"])  # journal _TRANSPORT values read
         idents: list[str] = field(default_factory=list)  # programs whose lines count (syslog tag); empty = any
         untrusted_source: str = "refuse"  # a file others can write: refuse (skip it) or flag (mark its events)
+        job_id_from_path: str = ""  # regex with a (?P<job_id>...) group: a file's events belong to that job only
         start_at: str = "end"  # where to start a file or stream seen for the first time: end or start
         patterns: list[Pattern] = field(default_factory=list)  # line patterns that become events
         max_events_per_run: int = 1000  # more matches in one run are counted, not stored one by one
@@ -73,6 +74,12 @@ class LogTailCollector(Collector):
                 raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
             if self.untrusted_source not in ("refuse", "flag"):
                 raise ValueError(f"untrusted_source must be 'refuse' or 'flag', not {self.untrusted_source!r}")
+            try:
+                self.job_path = re.compile(self.job_id_from_path) if self.job_id_from_path else None
+            except re.error as exc:
+                raise ValueError(f"job_id_from_path: bad regex {self.job_id_from_path!r}: {exc}") from None
+            if self.job_path is not None and "job_id" not in self.job_path.groupindex:
+                raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
             if not (self.files or self.kmsg or self.journal):
                 raise ValueError("logtail needs at least one source: files, kmsg or journal")
 
@@ -114,13 +121,16 @@ class LogTailCollector(Collector):
             lines = tailer.read()
             replayed = 0
             where = {"file": path, **({"untrusted": True} if why else {})}
+            job = self.params.job_path.search(path) if self.params.job_path else None
+            job_ids = [int(job["job_id"])] if job and job["job_id"].isdigit() else None
             for raw, maybe_seen in lines:
                 text = raw.decode("utf-8", "replace")
                 fp = logformats.fingerprint(raw)
                 if maybe_seen and tailer.was_shipped(fp):
                     replayed += 1  # a rewritten file shows a line already shipped: never again
                     continue
-                if self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), where, budget, path):
+                if self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), where, budget, path,
+                               job_ids):
                     tailer.remember(fp)
             self._position(out, self._key(f"file:{path}"), tailer.position)
             out.sample("log.lines", len(lines), {"source": path})
@@ -175,7 +185,8 @@ class LogTailCollector(Collector):
         # a file that appears after the first run is new: read it from its beginning
         return paths
 
-    def _match(self, out: Output, line: logformats.LogLine, where: dict, budget: list, source: str) -> bool:
+    def _match(self, out: Output, line: logformats.LogLine, where: dict, budget: list, source: str,
+               job_ids: list[int] | None = None) -> bool:
         """The line as an event if a pattern matches; True when it matched (stored or counted)."""
         for p in self.params.patterns:
             m = p.compiled.search(line.message)
@@ -194,7 +205,7 @@ class LogTailCollector(Collector):
                 if v is not None:
                     fields[k] = int(v) if v.isdigit() else v
             ts = line.ts if line.ts is not None and line.ts <= out.ts + FUTURE_SLACK_S else None
-            out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts)
+            out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)
             return True  # first matching pattern wins: one line is one event
         return False
 
