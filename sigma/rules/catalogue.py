@@ -84,6 +84,8 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
     booted = now - 5843.0
     lines = [logformats.render(message, fmt, ts=now - count + i, host="node1", uptime=5843.0 - count + i, seq=10 + i)
              for i in range(count)]
+    if section not in sections:  # a telemetry config without that log section: the line never becomes an event
+        return Outcome(rule.id, fmt, lines[-1], [], [], rule.action)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "proc").mkdir()

@@ -9,13 +9,15 @@ the records read, in the same transaction, so a restart neither loses nor repeat
   (copytruncate, truncation, a line removed or an editor's save in place): start again at 0.
 Whenever a file is started again at 0, everything it holds at that moment may be lines already read (an editor
 or `sigma chaos undo` rewrites the whole file): `read()` marks those lines `maybe_seen`, and the caller skips the
-ones whose fingerprint it remembers (`remember` / `shipped`, persisted with the position), so no line is shipped
-twice while lines written later are never held back.
+ones whose fingerprint it remembers (`remember` / `shipped`, persisted with the position) or whose own time stamp
+is older than `guard_ts` (when bytes were last consumed before the restart: such a line was in the file then, read
+or skipped as history), so no line is shipped twice while lines written later are never held back.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -35,6 +37,8 @@ class FileTailer:
         self.head = b""
         self.tail = b""
         self.guard = 0  # lines ending at or before this offset may have been read before the last restart at 0
+        self.consumed_ts = 0.0  # when bytes were last consumed (or skipped as history)
+        self.guard_ts = 0.0  # consumed_ts at the last restart at 0: lines stamped before it were in the file then
         self.shipped: OrderedDict[str, None] = OrderedDict()  # fingerprints of lines the caller shipped
         self.rotations = 0
         self.truncations = 0
@@ -44,19 +48,23 @@ class FileTailer:
             self.head = bytes.fromhex(position.get("head", ""))
             self.tail = bytes.fromhex(position.get("tail", ""))
             self.guard = int(position.get("guard", 0))
+            self.guard_ts = float(position.get("guard_ts", 0.0))
+            self.consumed_ts = float(position.get("ts", 0.0))
             self.shipped = OrderedDict.fromkeys(position.get("shipped", []))
         elif from_end:
             try:
                 st = self.path.stat()
                 self.inode, self.offset = st.st_ino, st.st_size
+                self.consumed_ts = time.time()  # what is there now is history
             except OSError:
                 pass
 
     @property
     def position(self) -> dict:
-        pos = {"inode": self.inode, "offset": self.offset, "head": self.head.hex(), "tail": self.tail.hex()}
+        pos = {"inode": self.inode, "offset": self.offset, "head": self.head.hex(), "tail": self.tail.hex(),
+               "ts": self.consumed_ts}
         if self.guard > self.offset:
-            pos["guard"] = self.guard
+            pos["guard"], pos["guard_ts"] = self.guard, self.guard_ts
         if self.shipped:
             pos["shipped"] = list(self.shipped)
         return pos
@@ -112,6 +120,7 @@ class FileTailer:
     def _restart(self, inode: int, guard: int) -> None:
         self.inode, self.offset, self.head, self.tail = inode, 0, b"", b""
         self.guard = guard  # lines up to here may all have been read before (a rewrite, an editor's save)
+        self.guard_ts = self.consumed_ts
 
     def _open(self):
         if self._fh is None:
@@ -186,3 +195,4 @@ class FileTailer:
     def _consumed(self, data: bytes) -> None:
         self.offset += len(data)
         self.tail = (self.tail + data)[-TAIL_BYTES:]
+        self.consumed_ts = time.time()

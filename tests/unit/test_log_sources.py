@@ -7,9 +7,16 @@ import json
 import os
 import shutil
 
-from tests.unit.telemetry_helpers import make, run, samples, saved_positions
+from sigma.telemetry.base import Output
+from tests.unit.telemetry_helpers import make, samples, saved_positions
 
 XID = {"name": "xid", "regex": r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)", "severity": "error"}
+
+
+def run(collector) -> Output:
+    out = Output()  # now: lines carry real time stamps, judged against the real clock
+    collector.collect(out)
+    return out
 
 
 def xids(out) -> list[int]:
@@ -17,8 +24,11 @@ def xids(out) -> list[int]:
 
 
 def line(n: int, xid: int | None = None) -> str:
+    """A kern.log line written now (its uptime stamp makes it unique)."""
+    import time
+
     text = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=42, name=python" if xid else f"eth0: link up {n}"
-    return f"Nov 23 19:{n // 60:02d}:{n % 60:02d} node1 kernel: [{1000 + n:12.6f}] {text}\n"
+    return f"{time.strftime('%b %d %H:%M:%S')} node1 kernel: [{1000 + n:12.6f}] {text}\n"
 
 
 def tail(log, positions=None, **params):
@@ -140,22 +150,25 @@ def test_positions_are_written_only_when_they_change(tmp_path):
 
 def test_event_time_is_the_lines_own_time(tmp_path):
     import time
+    from datetime import datetime, timezone
 
     log = tmp_path / "kern.log"
     log.write_text("")
     c = tail(log)
     run(c)
-    log.write_text("2026-11-23T19:49:20.250000+00:00 node1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x\n"
-                   "NVRM: Xid (0000:3b:00): 48, no time of its own\n")
-    out = run(c)  # helpers run at ts=1000.0
-    assert [e[0] for e in out.events] == [1000.0, 1000.0]  # 2026 is in the future of ts=1000: read time
-    from sigma.telemetry.base import Output
-    now = time.time()
-    o = Output(ts=now)
-    with log.open("a") as f:
-        f.write(time.strftime("%b %d %H:%M:%S", time.localtime(now - 30)) + " node1 kernel: NVRM: Xid (PCI:0000:3b:00): 74, y\n")
+    hour_ago = time.time() - 3600
+    iso = datetime.fromtimestamp(hour_ago, timezone.utc).isoformat()
+    future = datetime.fromtimestamp(time.time() + 86400 * 30, timezone.utc).isoformat()
+    log.write_text(f"{iso} node1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, an hour ago\n"
+                   f"{time.strftime('%b %d %H:%M:%S', time.localtime(hour_ago))} node1 kernel: NVRM: Xid "
+                   "(PCI:0000:3b:00): 74, an hour ago, whole seconds\n"
+                   f"{future} node1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, a clock a month ahead\n"
+                   "NVRM: Xid (0000:3b:00): 31, no time of its own\n")
+    o = Output(ts=time.time())
     c.collect(o)
-    assert [(e[0], json.loads(e[5])["xid"]) for e in o.events] == [(float(int(now - 30)), 74)]
+    times = {json.loads(e[5])["xid"]: e[0] for e in o.events}
+    assert abs(times[79] - hour_ago) < 1e-3 and times[74] == float(int(hour_ago))
+    assert times[48] == o.ts and times[31] == o.ts  # read time
 
 
 def test_untrusted_file_is_refused_or_flagged(tmp_path):
@@ -204,3 +217,29 @@ def test_kmsg_sequence_from_an_earlier_boot_is_void(tmp_path):
     c.collect(out)
     assert [(e[0], json.loads(e[5])["xid"]) for e in out.events] == [(1700000002.5, 79)]  # boot time + uptime
     assert saved_positions(out)["logtail:logtail:kmsg"] == {"boot": "boot-2", "seq": 5}
+
+
+def test_history_skipped_at_the_first_start_stays_skipped_after_a_rewrite(tmp_path):
+    """Lines that were in the file before the sidecar's first start were never shipped (start_at: end), so no
+    fingerprint knows them: their own time stamps, older than the last read, keep them out after a rewrite."""
+    import time
+
+    from sigma.telemetry.base import Output
+
+    log = tmp_path / "kern.log"
+    old = time.strftime("%b %d %H:%M:%S", time.localtime(time.time() - 3600))
+    log.write_text(f"{old} node1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, an hour ago\n")
+    c = tail(log)
+    o = Output()
+    c.collect(o)
+    assert xids(o) == []
+    log.write_text("# edited\n" + log.read_text())  # an editor's save: the head changed
+    o = Output()
+    c.collect(o)
+    assert xids(o) == []
+    now = time.strftime("%b %d %H:%M:%S", time.localtime(time.time() + 2))
+    with log.open("a") as f:
+        f.write(f"{now} node1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, new\n")
+    o = Output()
+    c.collect(o)
+    assert xids(o) == [48]

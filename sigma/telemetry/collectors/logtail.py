@@ -32,6 +32,7 @@ from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
 FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
+REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
 log = logging.getLogger("sigma.sidecar.logtail")
 
 
@@ -124,13 +125,13 @@ class LogTailCollector(Collector):
             job = self.params.job_path.search(path) if self.params.job_path else None
             job_ids = [int(job["job_id"])] if job and job["job_id"].isdigit() else None
             for raw, maybe_seen in lines:
-                text = raw.decode("utf-8", "replace")
+                parsed = logformats.parse(raw.decode("utf-8", "replace"), now=out.ts, booted=self.booted)
                 fp = logformats.fingerprint(raw)
-                if maybe_seen and tailer.was_shipped(fp):
-                    replayed += 1  # a rewritten file shows a line already shipped: never again
+                if maybe_seen and (tailer.was_shipped(fp) or (
+                        parsed.ts is not None and parsed.ts < tailer.guard_ts - REWRITE_SLACK_S)):
+                    replayed += 1  # a rewritten file shows a line already shipped (or older history): never again
                     continue
-                if self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), where, budget, path,
-                               job_ids):
+                if self._match(out, parsed, where, budget, path, job_ids):
                     tailer.remember(fp)
             self._position(out, self._key(f"file:{path}"), tailer.position)
             out.sample("log.lines", len(lines), {"source": path})
