@@ -13,7 +13,17 @@ from tests.integration.pipeline import Pipeline, wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(cluster, tmp_path):
+@pytest.fixture
+def kernel_logs_restored(cluster):
+    """The session's cluster is shared: the kernel logs get back what they held (the sidecars are gone by then)."""
+    saved = {n: cluster.kernel_log(n).read_text() if cluster.kernel_log(n).exists() else "" for n in
+             cluster.node_names()}
+    yield
+    for node, text in saved.items():
+        cluster.kernel_log(node).write_text(text)
+
+
+def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(cluster, tmp_path, kernel_logs_restored):
     with Pipeline(cluster, tmp_path, controller={"shadow": True}) as p:
         wait_for(lambda: p.pushed_nodes() >= set(cluster.node_names()), timeout=60, what="every sidecar pushing")
         now = time.time()
