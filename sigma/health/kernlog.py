@@ -61,12 +61,18 @@ class Finding:
 def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Finding | None:
     """The fault a kernel-log line shows, in any envelope (syslog, dmesg, journal JSON; logformats); a line that
     names another program than the kernel (a user's `logger` text) is none."""
+    finding = _classify(line, fatal_xids)
+    if finding is None:
+        return None  # most lines: no envelope parsing needed
     from sigma.telemetry.logformats import parse
 
     parsed = parse(line)
     if (parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel"):
         return None
-    line = parsed.message
+    return _classify(parsed.message, fatal_xids)
+
+
+def _classify(line: str, fatal_xids) -> Finding | None:
     m = XID.search(line)
     if m:
         xid = int(m.group(2))
