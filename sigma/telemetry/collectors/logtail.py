@@ -110,9 +110,6 @@ class LogTailCollector(Collector):
         for path in self._paths():
             why = _untrusted_file(path)
             flagged = self._trust(out, path, why)
-            if why and not flagged:
-                self.rejected[(path, "untrusted_file")] = self.rejected.get((path, "untrusted_file"), 0) + 1
-                continue  # refused: not read, its position stays where it was
             tailer = self.tailers.get(path)
             if tailer is None:
                 key = self._key(f"file:{path}")
@@ -120,6 +117,10 @@ class LogTailCollector(Collector):
                 tailer = self.tailers[path] = FileTailer(path, saved,
                                                          from_end=self.first_run and self.params.start_at == "end")
             lines = tailer.read()
+            if why and not flagged:  # refused: what anyone could have written meanwhile never counts, not even later
+                self.rejected[(path, "untrusted_file")] = self.rejected.get((path, "untrusted_file"), 0) + len(lines)
+                self._position(out, self._key(f"file:{path}"), tailer.position)
+                continue
             replayed = 0
             where = {"file": path, **({"untrusted": True} if why else {})}
             job = self.params.job_path.search(path) if self.params.job_path else None
@@ -206,6 +207,8 @@ class LogTailCollector(Collector):
                 if v is not None:
                     fields[k] = int(v) if v.isdigit() else v
             ts = line.ts if line.ts is not None and line.ts <= out.ts + FUTURE_SLACK_S else None
+            if ts is not None and ts == int(ts) and 0 <= out.ts - ts < 1.0:
+                ts = None  # a whole-second stamp of the current second: the read time is as true, and finer
             out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)
             return True  # first matching pattern wins: one line is one event
         return False
