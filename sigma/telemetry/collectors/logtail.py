@@ -127,13 +127,12 @@ class LogTailCollector(Collector):
             job_ids = [int(job["job_id"])] if job and job["job_id"].isdigit() else None
             for raw, maybe_seen in lines:
                 parsed = logformats.parse(raw.decode("utf-8", "replace"), now=out.ts, booted=self.booted)
-                fp = logformats.fingerprint(raw)
-                if maybe_seen and (tailer.was_shipped(fp) or (
+                if maybe_seen and (tailer.was_shipped(logformats.fingerprint(raw)) or (
                         parsed.ts is not None and parsed.ts < tailer.guard_ts - REWRITE_SLACK_S)):
                     replayed += 1  # a rewritten file shows a line already shipped (or older history): never again
                     continue
                 if self._match(out, parsed, where, budget, path, job_ids):
-                    tailer.remember(fp)
+                    tailer.remember(logformats.fingerprint(raw))
             self._position(out, self._key(f"file:{path}"), tailer.position)
             out.sample("log.lines", len(lines), {"source": path})
             if replayed:
