@@ -117,6 +117,8 @@ class Rule:
     requeue_jobs: bool = True  # drain actions: requeue the jobs running on the node
     shadow: bool = False  # log what would happen, do nothing
     enabled: bool = True  # false: not evaluated at all
+    references: list[str] = field(default_factory=list)  # public sources for the signature and the action (URLs)
+    examples: list[str] = field(default_factory=list)  # real log lines this rule acts on (tests, sigma chaos)
     origin: str = field(default="", init=False, compare=False, repr=False)
 
     def __post_init__(self):
@@ -132,6 +134,8 @@ class Rule:
         bad = [e for e in self.evidence if e not in ("events", "samples", "kpis", "health")]
         if bad:
             raise ValueError(f"rule {self.id}: unknown evidence {bad}; valid: events samples kpis health")
+        if self.examples and self.log is None:
+            raise ValueError(f"rule {self.id}: examples are log lines; only a log rule can have them")
 
     @property
     def match_kind(self) -> str:
