@@ -6,7 +6,7 @@ from sigma.controller.config import WatchdogConfig
 from sigma.controller.db import open_db
 from sigma.controller.detect.features import job_matrices
 from sigma.controller.detect.samples import bucket_stats
-from sigma.controller.detect.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.detect.isolation import Streaks, pick_outlier, score, score_nodes
 from sigma.controller.detect.watchdog import JobInfo, check_job
 
 from tests.unit.controller.helpers import add_event, add_kpi, make_controller
@@ -155,10 +155,108 @@ def test_a_node_that_always_differs_is_not_an_outlier():
     assert pick_outlier([f"n{i}" for i in range(n)], scores, 6.0, 2.0).culprit is None
 
 
-def test_no_dominant_outlier_means_no_culprit():
+def test_several_outliers_are_escalated_unless_the_job_says_which_one():
     scores = np.array([1.0, 8.0, 7.5, 1.2])
-    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0).culprit is None
-    assert pick_outlier(["a", "b"], np.array([0.0, 100.0]), 6.0, 2.0).culprit is None
+    verdict = pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0)
+    assert verdict.culprit is None and verdict.ambiguous == ["b", "c"] and "cannot be told apart" in verdict.reason
+    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0, hint="c").culprit == "c"
+    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0, hint="a").culprit is None  # a hint makes none
+    # one outlier, not dominant: no culprit, and nothing to escalate either
+    verdict = pick_outlier(["a", "b", "c"], np.array([7.0, 5.0, 1.0]), 6.0, 1.5)
+    assert verdict.culprit is None and verdict.ambiguous == []
+    # two nodes scored on their own history: the one that moved
+    assert pick_outlier(["a", "b"], np.array([0.0, 100.0]), 6.0, 2.0).culprit == "b"
+
+
+def test_a_flat_metric_is_not_a_thousand_sigma_event():
+    """0 on every node and in the history; 0.03 on one node now (a retransmit, one error count): a hint, never
+    a culprit on its own."""
+    rng = np.random.default_rng(3)
+    n, t = 8, 30
+    history = np.concatenate([50 + rng.normal(0, 1, (n, t, 5)), np.zeros((n, t, 3))], axis=2)
+    current = np.concatenate([50 + rng.normal(0, 1, (n, 5)), np.zeros((n, 3))], axis=1)
+    current[4, 6] = 0.03
+    scores = score_nodes([f"n{i}" for i in range(n)], current, history)
+    assert scores[4] < 6.0
+    assert pick_outlier([f"n{i}" for i in range(n)], scores, 6.0, 1.5).culprit is None
+    # a real fault on the noisy metrics of the same node is still found
+    current[4, :3] += 12
+    assert pick_outlier([f"n{i}" for i in range(n)], score_nodes([f"n{i}" for i in range(n)], current, history),
+                        6.0, 1.5).culprit == "n4"
+
+
+def test_the_noise_floor_is_the_resolution_of_the_metric():
+    """A gauge on a 0.01 grid that mostly holds still: one step of its grid is one sigma, not a thousand."""
+    from sigma.controller.detect.isolation import baseline
+
+    history = np.full((4, 40, 1), 0.5)
+    history[:, ::7, 0] = 0.51
+    base = baseline(history)
+    assert np.isclose(base.floor[0], 0.01) and not base.flat[0]
+    z = score([f"n{i}" for i in range(4)], np.array([[0.52], [0.5], [0.5], [0.5]]), history).metric_z
+    assert 0 < z[0, 0] <= 2.0 + 1e-9
+
+
+def test_a_spiky_metric_weighs_less_than_a_steady_one():
+    """Both move by the same amount now; the one that spikes on healthy nodes too is discounted."""
+    rng = np.random.default_rng(8)
+    history = 10 + rng.normal(0, 1, (6, 200, 2))
+    history[:, ::10, 1] += 25  # healthy spikes, one sample in ten
+    current = 10 + rng.normal(0, 0.3, (6, 2))
+    current[2] += 8
+    z = score([f"n{i}" for i in range(6)], current, history).metric_z
+    assert z[2, 0] > 2 * z[2, 1]
+
+
+def test_a_single_node_job_is_scored_against_its_own_history():
+    rng = np.random.default_rng(9)
+    history = 20 + rng.normal(0, 1, (1, 60, 10))
+    healthy = 20 + rng.normal(0, 1, (1, 10))
+    sick = healthy.copy()
+    sick[0, [1, 4, 7]] += 15
+    assert pick_outlier(["n0"], score_nodes(["n0"], healthy, history), 6.0, 1.5).culprit is None
+    verdict = pick_outlier(["n0"], score_nodes(["n0"], sick, history), 6.0, 1.5)
+    assert verdict.culprit == "n0"
+    top = score(["n0"], sick, history).top_metrics(0, [f"m{j}" for j in range(10)], n=3)
+    assert sorted(name for name, _ in top) == ["m1", "m4", "m7"]
+
+
+def test_gaps_late_joiners_and_metrics_that_appear_or_vanish_make_no_culprit():
+    rng = np.random.default_rng(10)
+    nodes = [f"n{i}" for i in range(5)]
+    history = 30 + rng.normal(0, 1, (5, 40, 6))
+    history[:, ::3, 0] = np.nan  # gaps
+    history[3] = np.nan  # n3 joined late: no history at all
+    history[:, :, 5] = np.nan  # a metric that appeared after a reload
+    current = 30 + rng.normal(0, 1, (5, 6))
+    current[1, 2] = np.nan  # a series missing now
+    current[:, 4] = np.nan  # a metric that vanished
+    current[2, :] = np.nan  # a node that reports nothing this window
+    current[3, 5] = 1e6  # the late joiner's new metric: nothing to compare with
+    scores = score_nodes(nodes, current, history)
+    assert np.all(np.isfinite(scores))
+    assert pick_outlier(nodes, scores, 6.0, 1.5).culprit is None
+    # a real fault of the late joiner shows against its peers
+    current[3, :3] += 40
+    assert pick_outlier(nodes, score_nodes(nodes, current, history), 6.0, 1.5).culprit == "n3"
+    # nothing at all: scores of zero, no crash
+    empty = score_nodes(nodes, np.full((5, 0), np.nan), np.full((5, 4, 0), np.nan))
+    assert np.all(empty == 0)
+    assert np.all(score_nodes(nodes, np.full((5, 3), np.nan), None) == 0)
+
+
+def test_counters_that_reset_are_read_as_gauges_not_as_huge_rates(tmp_path):
+    """A counter restarts from 0 (a daemon restart): it is no longer monotonic, so no rate is taken, and the
+    restarted node is not a culprit for it."""
+    rows = []
+    for n in ("a", "b", "c"):
+        for t in range(0, 600, 10):
+            v = 1e6 + 5.0 * t if not (n == "b" and t >= 550) else 5.0 * (t - 550)
+            rows.append({"node": n, "ts": NOW - 600 + t, "metric": "host.net.rx_bytes", "value": v, "labels": "{}"})
+    names, cur, hist, jitter = job_matrices(["a", "b", "c"], NOW, 120, [], *telemetry(tmp_path, rows, ["a", "b", "c"]))
+    assert np.all(np.isfinite(cur[:, names.index("host.net.rx_bytes")]))
+    scores = score_nodes(["a", "b", "c"], cur, hist, jitter=jitter)
+    assert np.all(np.isfinite(scores))
 
 
 def test_accelerators_reduce_to_their_node():
