@@ -79,6 +79,7 @@ class Baseline:
     peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
     peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least the noise floor
     floor: np.ndarray  # [metrics] noise floor: resolution and typical change between samples
+    peer_floor: np.ndarray  # [metrics] the same for the deviation from the peers (the common workload removed)
     flat: np.ndarray  # [metrics] True where the metric never moved in the history
     weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (at most 1)
     peer_weight: np.ndarray  # [metrics] the same for the spatial score
@@ -88,10 +89,11 @@ class Baseline:
         return np.isfinite(self.center)
 
 
-def noise_floor(history: np.ndarray) -> np.ndarray:
-    """[metrics] max(resolution, median absolute change between consecutive samples, REL_FLOOR x level)."""
+def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.ndarray:
+    """[metrics] max(resolution, median absolute change between consecutive samples of `moving` (default: the
+    history itself), REL_FLOOR x level)."""
     q = quantum(history)
-    step = np.abs(np.diff(history, axis=1))
+    step = np.abs(np.diff(history if moving is None else moving, axis=1))
     step[step == 0] = np.nan  # a metric that mostly holds still moves by its resolution when it moves
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -118,14 +120,16 @@ def baseline(history: np.ndarray) -> Baseline:
         flat = np.nan_to_num(np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1)), nan=0.0) == 0
         center = _median(history, axis=1)
         scale = np.maximum(_median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA, floor)
+        # the deviation from the peers at the same time: the common workload (and its phases) cancels out
         residual = history - _median(history, axis=0)[None, :, :]
+        peer_floor = noise_floor(history, residual) if history.shape[0] >= 3 else floor
         peer_center = _median(residual, axis=1)
         peer_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
         # a quiet history gives a small scale by chance: at least the peers' typical one
-        peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), floor)
+        peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), peer_floor)
         weight = _calibration(_z(history, center[:, None, :], scale[:, None, :], flat))
         peer_weight = _calibration(_z(residual, peer_center[:, None, :], peer_scale[:, None, :], flat))
-    return Baseline(center, scale, peer_center, peer_scale, floor, flat, weight, peer_weight)
+    return Baseline(center, scale, peer_center, peer_scale, floor, peer_floor, flat, weight, peer_weight)
 
 
 def _z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
@@ -160,34 +164,24 @@ def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.
     peers = entities >= 3 if peers is None else peers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        temporal = spatial = None
+        if not peers:  # each entity against its own history alone
+            if base is None:
+                return np.zeros(current.shape)
+            return np.nan_to_num(_z(current, base.center, base.scale, base.flat) * base.weight, nan=0.0)
+        med = _median(current, axis=0)
+        residual = current - med[None, :]
+        # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
+        floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
+        if jitter is not None:
+            floor = np.maximum(floor, jitter)
+        spread = np.maximum(_median(np.abs(residual), axis=0) * MAD_TO_SIGMA, floor)
+        flat = np.zeros(current.shape[1], dtype=bool) if base is None else base.flat
+        z = _z(residual, 0.0, spread[None, :], flat)
         if base is not None:
-            temporal = _z(current, base.center, base.scale, base.flat) * base.weight
-        if peers:
-            med = _median(current, axis=0)
-            residual = current - med[None, :]
-            if base is not None:
-                spatial = _z(residual, base.peer_center, base.peer_scale, base.flat) * base.peer_weight
-                # where an entity has no history (it joined late), the peers alone, on the peers' scale
-                fresh = ~base.known()
-                if fresh.any():
-                    pooled = np.nan_to_num(_median(base.peer_scale, axis=0), nan=np.inf)
-                    alone = _z(residual, 0.0, pooled[None, :], base.flat) * base.peer_weight
-                    spatial = np.where(fresh, alone, spatial)
-            else:  # no history at all (a fresh job's KPIs): the spread of the peers now, at least the jitter
-                mad = _median(np.abs(residual), axis=0) * MAD_TO_SIGMA
-                floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR)
-                if jitter is not None:
-                    floor = np.maximum(floor, jitter)
-                scale = np.maximum(mad, floor)
-                spatial = np.minimum(np.abs(residual) / scale[None, :], Z_CAP)
-        if temporal is not None and spatial is not None:
-            z = np.where(np.isnan(temporal), spatial, np.minimum(temporal, np.where(np.isnan(spatial), temporal,
-                                                                                    spatial)))
-        else:
-            z = temporal if temporal is not None else spatial
-        if z is None:
-            return np.zeros_like(current, dtype=float)
+            # ... and against the entity's own history of that deviation (a node that always differs is no
+            # outlier); where it has none (it joined late), the peers alone
+            own = _z(residual, base.peer_center, base.peer_scale, flat)
+            z = np.where(np.isnan(own), z, np.minimum(z, own)) * base.peer_weight
     return np.nan_to_num(z, nan=0.0, posinf=Z_CAP)
 
 
