@@ -168,6 +168,23 @@ class Today:
         return self.mod.pick_outlier(names, scores, ISO.min_score, ISO.dominance).culprit
 
 
+class Rolling:
+    """A method whose history is the previous `windows` points, as the controller's history_s is its last hour."""
+
+    def __init__(self, make, series: np.ndarray, windows: int):
+        self.make, self.series, self.windows = make, series, windows
+        self.name = make(series[:, :3, :]).name + "/rolling"
+
+    def at(self, t: int) -> None:
+        self.method = self.make(self.series[:, max(0, t - self.windows):t, :])
+
+    def __call__(self, current):
+        return self.method(current)
+
+    def pick(self, names, scores, hint=None):
+        return self.method.pick(names, scores, hint)
+
+
 # ---------- evaluation ----------
 def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
     top = np.argsort(-z_row, kind="stable")[: int(p * len(labelled))]
@@ -183,6 +200,8 @@ def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], n
     metric_z = np.zeros((T, E, test.shape[2]))
     t0 = time.perf_counter()
     for t in range(T):
+        if hasattr(method, "at"):
+            method.at(t)
         scores, z = method(test[:, t, :])
         metric_z[t] = z
         culprit = method.pick(names, scores)
@@ -256,6 +275,7 @@ def asd(root: Path, servers: int, today_mod) -> None:
 
 def nab(root: Path, files: int) -> None:
     series = load_nab(root, files)
+    history_windows = int(ISO.history_s / ISO.window_s)
     totals: dict[str, dict] = {}
     for name, values, spans in series:
         split = int(0.15 * len(values))
@@ -268,8 +288,18 @@ def nab(root: Path, files: int) -> None:
             if b >= 0:
                 labels[0, a:b + 1] = True
                 segments.append(Segment(0, a, b, []))
-        for m in (Engine(history, peers=False), ThreeSigma(history)):
-            r = run(m, test, labels, segments, ["node"])
+        # the rolling ones see the points before each round: the whole series, scored from the split on
+        whole = values[None, :, None]
+        methods = [Engine(history, peers=False), ThreeSigma(history),
+                   Rolling(lambda h: Engine(h, peers=False), whole, history_windows),
+                   Rolling(ThreeSigma, whole, history_windows)]
+        for m in methods:
+            if isinstance(m, Rolling):
+                m.series = whole[:, :, :]
+                m.offset = split
+                r = run(_Shifted(m, split), test, labels, segments, ["node"])
+            else:
+                r = run(m, test, labels, segments, ["node"])
             t = totals.setdefault(m.name, {"segments": 0, "top1": 0, "missed": 0, "false": 0, "normal": 0, "ms": []})
             t["segments"] += r["segments"]
             t["top1"] += round(r["top1"] * r["segments"])
@@ -277,7 +307,8 @@ def nab(root: Path, files: int) -> None:
             t["false"] += r["false"]
             t["normal"] += int((~labels[0]).sum())
             t["ms"].append(r["round_ms"])
-    print(f"NAB: {len(series)} single series, history = first 15 %, per-node detector (no peers)")
+    print(f"NAB: {len(series)} single series, per-node detector (no peers); history = the first 15 % (fixed), or "
+          f"the previous {history_windows} windows (rolling: history_s / window_s, as the controller keeps it)")
     print(HEADER)
     for name, t in totals.items():
         n = max(1, t["segments"])
@@ -286,6 +317,22 @@ def nab(root: Path, files: int) -> None:
                          "hit100": float("nan"), "hit150": float("nan"), "round_ms": float(np.mean(t["ms"]))})
     print(f"  ({sum(len(s) for _, _, s in series)} anomaly windows; wrong node and HitRate do not apply to one "
           f"series of one metric)")
+
+
+class _Shifted:
+    """A rolling method scored on the test part of a series: round t is point split + t."""
+
+    def __init__(self, method: Rolling, split: int):
+        self.method, self.split, self.name = method, split, method.name
+
+    def at(self, t: int) -> None:
+        self.method.at(self.split + t)
+
+    def __call__(self, current):
+        return self.method(current)
+
+    def pick(self, names, scores, hint=None):
+        return self.method.pick(names, scores, hint)
 
 
 def main() -> int:

@@ -453,3 +453,106 @@ def test_a_hung_job_drains_the_node_left_behind_even_when_telemetry_points_elsew
     assert slurm.node("node2").drained and not slurm.node("node1").drained
     inc = ctl.incidents.query(node="node2")[0]
     assert "node2's ranks are behind" in inc.evidence["isolation"]["reason"]
+
+
+def _two_node_job(ctl, slurm, clock, *, slow_wait):
+    """A 2-node job, 2 s steps for 15 minutes, then 3 s steps for the last 40 s; slow_wait(t, node) -> the share
+    of that step the node's ranks waited in collectives."""
+    nodes = ["node1", "node2"]
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    now = clock()
+    step = 0
+    for t in range(int(now) - 900, int(now), 2):
+        slow = t >= now - 40
+        for i, n in enumerate(nodes):
+            dt = 3.0 if slow else 2.0
+            wait = slow_wait(t, n) if slow else 0.05
+            add_kpi(ctl.conn, n, t, 1, i, step, tokens_per_s=1000.0 / dt, step_time_s=dt,
+                    payload={"wait_s": wait * dt})
+        step += 1
+    return nodes
+
+
+def test_load_that_moves_between_the_nodes_of_a_2_node_job_drains_nothing(tmp_path):
+    """Another process on the host slows one node's ranks, then the other's: the job is slower (a notification),
+    the telemetry says nothing, and no node is drained."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    _two_node_job(ctl, slurm, clock, slow_wait=lambda t, n: 0.4 if (n == "node1") == ((t // 8) % 2 == 0) else 0.02)
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.count("drain") == 0
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "watchdog-throughput-drop"]
+    assert inc.status == "notified"
+
+
+def test_a_straggler_in_a_2_node_job_is_drained_and_confirmed_only_by_recovery(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.verify_after_s = 60
+    _two_node_job(ctl, slurm, clock, slow_wait=lambda t, n: 0.4 if n == "node1" else 0.02)
+    for _ in range(2):
+        ctl.tick()
+        clock.advance(1)
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node2" and slurm.node("node2").drained and not slurm.node("node1").drained
+    assert inc.evidence["verify"]["baseline"] == 500.0  # the throughput before the fault
+    # the job restarts elsewhere but runs as slowly as before: no recovery, so no confirmation
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3"), start_time=int(clock()) + 1)
+    for n in ("node1", "node3"):
+        add_event(ctl.conn, n, clock() + 0.5, source="kpi", kind="resume", job_ids=[1])
+    for k in range(8):
+        clock.advance(3)
+        for i, n in enumerate(("node1", "node3")):
+            add_kpi(ctl.conn, n, clock(), 1, i, 1000 + k, tokens_per_s=1000.0 / 3, step_time_s=3.0)
+        ctl.tick()
+        assert ctl.incidents.get(inc.id).status != "confirmed"
+    clock.advance(61)
+    ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "misdiagnosed"
+
+
+def test_recovery_needs_evidence():
+    from sigma.controller.loop import recovered_after_move
+
+    fast = [{"ts": float(t), "step_time_s": 2.0, "tokens_per_s": 500.0} for t in range(6)]
+    slow = [{"ts": float(t), "step_time_s": 3.0, "tokens_per_s": 333.0} for t in range(6)]
+    drop = {"kind": "watchdog-throughput-drop", "baseline": 500.0}
+    assert recovered_after_move(drop, fast, 5, 0.8)
+    assert not recovered_after_move(drop, slow, 5, 0.8)
+    assert not recovered_after_move(drop, fast[:3], 5, 0.8)  # too few steps to tell
+    assert not recovered_after_move({"kind": "watchdog-throughput-drop", "baseline": None}, fast, 5, 0.8)
+    assert recovered_after_move({"kind": "watchdog-hang", "baseline": None}, fast, 5, 0.8)  # it steps again
+    assert not recovered_after_move({"kind": "watchdog-hang", "baseline": 500.0}, slow, 5, 0.8)
+
+
+def test_several_outliers_in_a_job_are_escalated_not_drained(tmp_path):
+    import json
+
+    from tests.unit.controller.fakes import FakeSlurm
+
+    nodes = ["node1", "node2", "node3", "node4", "node5"]
+    ctl, slurm, clock = make_controller(tmp_path, slurm=FakeSlurm(nodes=tuple(nodes) + ("node6",)))
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    now = clock()
+    rng = np.random.default_rng(12)
+    rows = []
+    for t in range(int(now) - 1000, int(now), 5):
+        slow = t >= now - 40
+        for i, n in enumerate(nodes):
+            add_kpi(ctl.conn, n, t, 1, i, (t - int(now) + 1000) // 5, tokens_per_s=500.0 if slow else 1000.0,
+                    step_time_s=2.0 if slow else 1.0)
+            for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.temp_c", 60.0), ("gpu.power_w", 300.0)):
+                v = base + rng.normal(0, base * 0.01)
+                if n in ("node2", "node4") and slow:
+                    v *= 0.6 if m != "gpu.temp_c" else 1.4  # two nodes throttle alike
+                rows.append((n, t, m, v, json.dumps({"gpu": "0"})))
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.count("drain") == 0
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-ambiguous"]
+    assert inc.status == "notified" and "cannot be told apart" in inc.summary
+    assert {n for n, _ in inc.evidence["isolation"]["ranked"][:2]} == {"node2", "node4"}
+    assert "gpu.clock.sm_mhz{\"gpu\": \"0\"}" in dict(inc.evidence["isolation"]["top_metrics"]["node2"])
