@@ -32,7 +32,6 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -294,12 +293,7 @@ def nab(root: Path, files: int) -> None:
                    Rolling(lambda h: Engine(h, peers=False), whole, history_windows),
                    Rolling(ThreeSigma, whole, history_windows)]
         for m in methods:
-            if isinstance(m, Rolling):
-                m.series = whole[:, :, :]
-                m.offset = split
-                r = run(_Shifted(m, split), test, labels, segments, ["node"])
-            else:
-                r = run(m, test, labels, segments, ["node"])
+            r = run(_Shifted(m, split) if isinstance(m, Rolling) else m, test, labels, segments, ["node"])
             t = totals.setdefault(m.name, {"segments": 0, "top1": 0, "missed": 0, "false": 0, "normal": 0, "ms": []})
             t["segments"] += r["segments"]
             t["top1"] += round(r["top1"] * r["segments"])

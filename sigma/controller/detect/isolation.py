@@ -1,10 +1,11 @@
 """Find the culprit node of an anomalous job when no rule names one (pure numpy).
 
 Every entity (node, or accelerator) is scored per metric in units of that metric's own noise:
-- temporal (per node, needs no peers): each entity against its own healthy history, median / MAD;
-- spatial (3 or more entities): each entity's deviation from the peer median against its usual deviation.
-Where both exist a metric must be odd in both (the smaller score: different from its peers AND from its own past);
-a single-node job (or a 2-node one: two peers cannot say which side is odd) is scored on its own history alone.
+- with 3 or more entities (peers): the entity's deviation from the peer median, against the spread of the peers
+  now AND against its own usual deviation (its healthy history: a node that always runs hotter is no outlier);
+  the smaller of the two, so the common workload and its phases cancel out;
+- otherwise (a single-node job; two peers cannot say which side is odd): each entity against its own healthy
+  history alone (median / MAD: robust streaming statistics, the per-node detector).
 
 Scales mean something: a scale is never below the metric's noise floor — its resolution (the quantisation step of
 its values) and its typical change between samples — so "0 everywhere, 0.03 here" is a few sigmas, not a thousand.
@@ -13,7 +14,7 @@ most FLAT_Z, a hint that can add to other evidence but never names a culprit alo
 calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score / 3), so a
 spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores; an
 accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
-is never evidence.
+is never evidence, and an entity without history (it joined late) is scored against its peers alone.
 
 Acting needs one outlier (top score >= min_score and >= dominance x the runner-up) in `rounds` consecutive rounds.
 When several entities are outliers at once, the job's own evidence (the node the others wait for) may pick among
