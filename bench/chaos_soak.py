@@ -157,8 +157,8 @@ class Soak:
         self.baseline_s = 2 * throughput_window
         # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
         # so a crash loop is counted over 5 minutes here (a round takes longer)
-        self.up_args = ["--hang-timeout", str(hang_timeout),
-                        "--set", f"watchdog.recent_window_s={throughput_window}",
+        # detection runs at the shipped defaults (configs/controller.yaml); --hang-timeout only where given
+        self.up_args = [*(["--hang-timeout", str(hang_timeout)] if hang_timeout else []),
                         "--set", "watchdog.crash_loop_window_s=300", *self.state_args]
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
@@ -517,9 +517,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signatures", nargs="+", default=["all"],
                    help="log kind: 'all' (every catalogue signature, the run lasts until each ran), a number to "
                         "sample per round, or rule ids")
-    p.add_argument("--hang-timeout", type=float, default=20.0, help="controller watchdog hang timeout (s)")
+    p.add_argument("--hang-timeout", type=float, default=None,
+                   help="controller watchdog hang timeout (s; default: the shipped one)")
     p.add_argument("--throughput-window", type=float, default=30.0,
-                   help="controller watchdog: recent throughput window judged against the job's earlier throughput (s)")
+                   help="the controller's shipped watchdog.recent_window_s: the first fault waits twice this (s)")
     p.add_argument("--settle", type=float, default=15.0, help="healthy training seconds before each fault")
     p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
     p.add_argument("--keep", action="store_true", help="leave the platform running at the end")

@@ -25,9 +25,9 @@ class WatchdogConfig:
     enabled: bool = True  # run the KPI watchdog
     hang_timeout_s: float = 120.0  # no step progress for this long is a hang (NCCL would wait 30 minutes)
     startup_grace_s: float = 300.0  # a job that never reported a step is not hung before this long
-    recent_window_s: float = 120.0  # throughput of the last this many seconds ...
+    recent_window_s: float = 30.0  # throughput of the last this many seconds ...
     baseline_window_s: float = 900.0  # ... against the job's own earlier throughput over this window
-    drop_fraction: float = 0.3  # recent below (1 - this) x baseline is a throughput drop
+    drop_fraction: float = 0.2  # recent below (1 - this) x baseline is a throughput drop (a 30 % straggler is one)
     min_points: int = 5  # KPI rows needed on each side before judging throughput
     history_jobs: int = 20  # finished jobs of the same model config used as historical baseline
     crash_loop_restarts: int = 3  # a job restarted this many times ...

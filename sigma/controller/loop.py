@@ -22,7 +22,7 @@ from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
-from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score_nodes
+from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
 from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
@@ -295,17 +295,17 @@ class Controller:
         current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
                                                 self._history_buckets(job.nodes, now))
-        verdict = pick_outlier(list(job.nodes), score_nodes(list(job.nodes), cur, hist, jitter=jitter),
-                               iso.min_score, iso.dominance)
+        scores = score(list(job.nodes), cur, hist, jitter=jitter)
+        verdict = pick_outlier(list(job.nodes), scores.total, iso.min_score, iso.dominance,
+                               hint=direct[0] if direct else None)
         if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking
             culprit = direct[0]
-            scores = dict(verdict.ranked)
-            ranked = [(culprit, scores.get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
+            ranked = [(culprit, dict(verdict.ranked).get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
             verdict = Verdict(culprit, ranked, direct[1])
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
+        top = {n: scores.top_metrics(i, names) for i, n in enumerate(job.nodes) if scores.total[i] > 0}
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
-                                                "features": names, "streak": streak}}
-        baseline = throughput(rows)
+                                                "top_metrics": top, "features": names, "streak": streak}}
         if verdict.culprit and streak >= iso.rounds:
             self.no_culprit_rounds.pop(job.job_id, None)
             rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
@@ -313,7 +313,14 @@ class Controller:
                            summary=f"{f.summary}; {verdict.culprit} is the culprit"[:100],
                            first_ts=f.first_ts, last_ts=now, node=verdict.culprit, job_id=job.job_id,
                            category="hang" if rule_id == "watchdog-hang" else "isolation",
-                           evidence={**evidence, "verify": {"job_id": job.job_id, "baseline": baseline}})
+                           evidence={**evidence, "verify": {"job_id": job.job_id, "kind": f.rule_id,
+                                                            "baseline": self._baseline(f, rows)}})
+        if verdict.ambiguous and f.rule_id != "watchdog-hang":
+            # several outliers the data cannot tell apart: say so to a person rather than pick one
+            return Finding(rule_id="isolation-ambiguous", source="isolation", scope="job", severity="error",
+                           action="notify", summary=f"{f.summary}; {verdict.reason}: escalated"[:100],
+                           first_ts=f.first_ts, last_ts=now, job_id=job.job_id, category="isolation",
+                           evidence=evidence)
         if f.rule_id == "watchdog-hang":
             # no culprit yet: give isolation its rounds and the heartbeats time to tell, then restart the job alone
             n = self.no_culprit_rounds[job.job_id] = self.no_culprit_rounds.get(job.job_id, 0) + 1
@@ -325,6 +332,13 @@ class Controller:
             return None
         f.evidence = evidence
         return f
+
+    @staticmethod
+    def _baseline(f: Finding, rows: list[dict]) -> float | None:
+        """The job's throughput before the fault (what a recovered job gets back to)."""
+        if f.evidence.get("baseline"):
+            return f.evidence["baseline"]  # the throughput drop measured it
+        return throughput([r for r in rows if r["ts"] < f.first_ts])
 
     def _history_buckets(self, nodes: tuple[str, ...], now: float) -> list[tuple]:
         """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it moves
@@ -418,10 +432,7 @@ class Controller:
             rows = [] if restart is None else [dict(r) for r in self.conn.execute(
                 "SELECT * FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
                 (verify["job_id"], restart))]
-            tps = throughput(rows)
-            baseline = verify.get("baseline")
-            recovered = len(rows) >= self.cfg.watchdog.min_points and (
-                not baseline or not tps or tps >= iso.recover_fraction * baseline)
+            recovered = recovered_after_move(verify, rows, self.cfg.watchdog.min_points, iso.recover_fraction)
             if recovered:
                 note = f"job {verify['job_id']} recovered after the node left ({len(rows)} steps since)"
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})
@@ -475,6 +486,18 @@ class Controller:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
                               (key, json.dumps(value), self.clock()))
+
+
+def recovered_after_move(verify: dict, rows: list[dict], min_points: int, fraction: float) -> bool:
+    """Evidence that the job recovered once the node left: it steps again (min_points steps) at `fraction` of
+    its throughput before the fault. Nothing measured is no evidence: a slowdown without a measured baseline is
+    never confirmed; a hung job that never stepped before confirms by stepping."""
+    if len(rows) < min_points:
+        return False
+    tps, baseline = throughput(rows), verify.get("baseline")
+    if not baseline:
+        return verify.get("kind") == "watchdog-hang"
+    return bool(tps and tps >= fraction * baseline)
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:
