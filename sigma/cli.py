@@ -45,4 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m sigma.cli` runs this file as __main__: use the importable module, whose CommandError the
+    # handlers raise, or every user-facing error would surface as a traceback
+    from sigma.cli import main as _main
+
+    sys.exit(_main())

@@ -64,14 +64,15 @@ def run_demo(args) -> int:
     slurm = Slurm(cluster.conf)
     say(f"platform up: controller {stack.controller_url}, decisions in {cluster.state_dir / 'log' / 'decisions.log'}")
 
-    run_dir = cluster.state_dir / "demo"
+    runs = cluster.state_dir / "runs"  # each demo trains a new run: demo, demo-2, ...
     out = _sigma("train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait", "name=demo",
-                 "parallel.ep=2", "steps=100000", "checkpoint.every=20", f"checkpoint.dir={run_dir}/checkpoints",
-                 f"launch.folder={run_dir}/submitit", "fault.step_delay_s=0.05", "kpi.progress_every=0", env=env)
-    match = re.search(r"job (\d+)", out)
+                 "parallel.ep=2", "steps=100000", "checkpoint.every=20", f"checkpoint.dir={runs}/{{name}}/checkpoints",
+                 f"launch.folder={runs}/{{name}}/submitit", "fault.step_delay_s=0.05", "kpi.progress_every=0", env=env)
+    match = re.search(r"run (\S+) as slurm job (\d+)", out)
     if not match:
         raise CommandError(f"could not find the job id in `sigma train` output: {out!r}")
-    job_id = int(match.group(1))
+    run_name, job_id = match.group(1), int(match.group(2))
+    run_dir = runs / run_name
     say(f"sigma train: MoE `debug` preset on 2 nodes x 1 rank, expert parallel 2, checkpoint every 20 steps: "
         f"SLURM job {job_id}")
 

@@ -9,13 +9,14 @@ import re
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = os.environ.get("SIGMA_CONTROLLER_CONFIG", "")
+SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", default=DEFAULT_CONFIG or None,
-                       help="controller config (default $SIGMA_CONTROLLER_CONFIG or configs/controller.yaml)")
+        p.add_argument("--config", default=None,
+                       help="controller config (default: $SIGMA_CONTROLLER_CONFIG, else this checkout's local "
+                            f"stack, else {SITE_CONFIG}, else configs/controller.yaml)")
         p.add_argument("--db", default=None, help="controller database (overrides the config's db)")
         return p
 
@@ -55,12 +56,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # ---------- helpers ----------
 
-def _config(args):
-    from sigma.controller.config import ControllerConfig, load_controller_config
-    from sigma.paths import configs_dir
+def config_path(explicit: str | None = None) -> Path:
+    """The controller config a command reads: --config, $SIGMA_CONTROLLER_CONFIG, the config `sigma stack up`
+    recorded in this checkout's local cluster state directory, the site's /etc/sigma, else the packaged one."""
+    from sigma.paths import configs_dir, default_cluster_dir
 
-    path = args.config or configs_dir() / "controller.yaml"
-    cfg = load_controller_config(path) if Path(path).exists() or args.config else ControllerConfig()
+    for candidate in (explicit, os.environ.get("SIGMA_CONTROLLER_CONFIG")):
+        if candidate:
+            return Path(candidate)
+    local = default_cluster_dir() / "etc" / "controller.yaml"
+    for candidate in (local, SITE_CONFIG):
+        if candidate.exists():
+            return candidate
+    return configs_dir() / "controller.yaml"
+
+
+def _config(args):
+    from sigma.cli import CommandError
+    from sigma.controller.config import load_controller_config
+
+    path = config_path(args.config)
+    if not path.exists():
+        raise CommandError(f"no controller config at {path}; start the local platform with `sigma stack up` "
+                           f"(or `make demo`), or pass --config")
+    cfg = load_controller_config(path)
+    cfg.source = path
     if args.db:
         cfg.db = args.db
     return cfg
@@ -72,7 +92,9 @@ def _conn(args, readonly: bool = True):
 
     cfg = _config(args)
     if readonly and not Path(cfg.db).exists():
-        raise CommandError(f"no controller database at {cfg.db} (use --db or --config)")
+        raise CommandError(f"no controller database at {cfg.db} (from {cfg.source}): the controller has not run "
+                           f"yet; start it with `sigma stack up` (local cluster) or `sigma controller run`, "
+                           f"or pass --config / --db")
     return open_db(cfg.db, readonly=readonly)
 
 
