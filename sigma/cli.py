@@ -16,6 +16,11 @@ COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
     "slurm", "health", "telemetry", "controller", "rules", "train", "chaos")) + ("sigma.stack", "sigma.demo")
 
 
+# What SLURM commands print when slurmctld cannot be reached (down, wrong SLURM_CONF).
+UNREACHABLE = ("Unable to contact slurm controller", "Connection refused", "configuration source",
+               "Socket timed out", "Zero Bytes were transmitted")
+
+
 class CommandError(RuntimeError):
     """A user-facing failure: printed as `sigma: error: ...` with exit code 2, no traceback."""
 
@@ -27,7 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
         package = name.rpartition(".")[0]
         if importlib.util.find_spec(package) and importlib.util.find_spec(name):
             importlib.import_module(name).register(sub)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """`sigma X --help` opens with what X does: a command registered without a description gets its help line."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    sub.description = helps[name][0].upper() + helps[name][1:] + "."
+                _describe(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CommandError, ClusterError, SlurmError, FileNotFoundError, ValueError) as exc:
+    except SlurmError as exc:  # the last line SLURM printed, and where to look when it is unreachable
+        said = exc.stderr.splitlines()[-1] if exc.stderr else str(exc)
+        unreachable = exc.timed_out or any(s in exc.stderr for s in UNREACHABLE)
+        print(f"sigma: error: {' '.join(exc.argv[:2])}: {said}" + (
+            "; SLURM is not reachable: is it up? (`sigma cluster status`; the local cluster starts with "
+            "`sigma cluster up`)" if unreachable else ""), file=sys.stderr)
+        return 2
+    except (CommandError, ClusterError, FileNotFoundError, ValueError) as exc:
         print(f"sigma: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -30,12 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
     rules.set_defaults(func=_rules)
 
-    nodes = common(sub.add_parser("nodes", help="nodes the controller manages and their remediation state"))
+    nodes = common(sub.add_parser(
+        "nodes", help="nodes the controller manages and their remediation state",
+        description="Every node the controller took out of service and where it is in remediation (drained, "
+                    "rebooting, validating, waiting for a person, resumed); --repaired tells it a person fixed one."))
     nodes.add_argument("--repaired", metavar="NODE", help="mark NODE repaired (manual / ticket playbooks)")
     nodes.add_argument("--json", action="store_true", help="machine-readable output")
     nodes.set_defaults(func=_nodes)
 
-    inc = common(sub.add_parser("incidents", help="incidents: what was detected and what was done"))
+    inc = common(sub.add_parser(
+        "incidents", help="incidents: what was detected and what was done",
+        description="One row per incident: the rule or detector that fired, the node or job, what the controller "
+                    "did (drain, requeue, notify, shadow) and its status. `sigma explain ID` has the evidence."))
     inc.add_argument("--node", help="only this node")
     inc.add_argument("--job", type=int, help="only this job")
     inc.add_argument("--open", action="store_true", help="only open incidents")
@@ -43,14 +49,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     inc.add_argument("--json", action="store_true", help="machine-readable output")
     inc.set_defaults(func=_incidents)
 
-    explain = common(sub.add_parser("explain", help="why an incident happened and every action it caused"))
+    explain = common(sub.add_parser(
+        "explain", help="why an incident happened and every action it caused",
+        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores), the full "
+                    "drain reason, every journaled action and the node's remediation steps, with times."))
     explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
-    rep = common(sub.add_parser("report", help="utilisation, MTBF, recovery and recycling times, automation"))
+    rep = common(sub.add_parser(
+        "report", help="utilisation, MTBF, recovery and recycling times, automation",
+        description="The figures that matter over a window: utilisation, job interruptions and recovery time, "
+                    "node recycle time (detect, triage, repair, validate), automation ratio, incidents per rule. "
+                    "--html FILE writes them as one self-contained page with plots."))
     rep.add_argument("--since", help="window start (e.g. 24h, 7d, 2026-11-21T10:00; default: all data)")
     rep.add_argument("--json", action="store_true", help="machine-readable output")
+    rep.add_argument("--html", metavar="FILE", help="write a self-contained HTML page with plots to FILE")
     rep.set_defaults(func=_report)
 
 
@@ -121,9 +135,13 @@ def _ts(t: float | None) -> str:
 
 
 def _console():
+    """Tables at the terminal's width; piped to a file or a pager, as wide as their content (never cut at 80)."""
+    import sys
+
     from rich.console import Console
 
-    return Console()
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(width=100_000 if wide else None)
 
 
 # ---------- handlers ----------
@@ -208,7 +226,7 @@ def _incidents(args) -> int:
         if i.job_id:
             target += f"{' ' if target else ''}job {i.job_id}"
         table.add_row(str(i.id), _ts(i.opened_at), i.rule_id, target, i.severity, i.action, i.status,
-                      (i.status_note or i.summary)[:80])
+                      i.status_note or i.summary)
     _console().print(table)
     return 0
 
@@ -253,14 +271,14 @@ def _explain(args) -> int:
         for col in ("planned", "kind", "target", "state", "result"):
             table.add_column(col)
         for a in acts:
-            table.add_row(_ts(a["created_at"]), a["kind"], a["target"], a["state"], a["result"][:80])
+            table.add_row(_ts(a["created_at"]), a["kind"], a["target"], a["state"], a["result"])
         c.print(table)
     if moves:
         table = Table(title="node lifecycle")
         for col in ("at", "from", "to", "note"):
             table.add_column(col)
         for m in moves:
-            table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"][:80])
+            table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
     return 0
 
@@ -270,7 +288,14 @@ def _report(args) -> int:
 
     from sigma.controller.report.metrics import report
 
-    rep = report(_conn(args), since=parse_since(args.since))
+    conn = _conn(args)
+    rep = report(conn, since=parse_since(args.since))
+    if args.html:
+        from sigma.controller.report.html import render
+
+        Path(args.html).write_text(render(conn, rep))
+        print(f"wrote {args.html}: open it in a browser, or mail it (one self-contained file)")
+        return 0
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0

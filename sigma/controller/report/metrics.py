@@ -119,9 +119,14 @@ def recycling(conn: sqlite3.Connection, since: float) -> list[dict]:
 
 
 def automation(conn: sqlite3.Connection, since: float) -> dict:
+    """Incidents the controller acted on (an action journaled or a node remediation started). An incident folded
+    into a remediation already under way (e.g. the epilog failing on the node an Xid just drained) is the same
+    fault seen twice, and is not counted again."""
     handled = manual = 0
     for inc in conn.execute("SELECT id, node, status, action FROM incidents WHERE opened_at >= ? AND status NOT IN"
-                            " ('recorded','notified','shadow')", (since,)):
+                            " ('recorded','notified','shadow') AND (EXISTS (SELECT 1 FROM actions a WHERE"
+                            " a.incident_id = incidents.id) OR EXISTS (SELECT 1 FROM lifecycle_transitions t"
+                            " WHERE t.incident_id = incidents.id))", (since,)):
         if inc["status"] == "escalated":
             manual += 1
             continue

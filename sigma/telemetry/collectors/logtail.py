@@ -3,7 +3,8 @@
 Each pattern is a regex; a matching line becomes an `events` row (source 'log', kind = pattern name) whose fields
 are the regex's named groups (digits become integers, so `Xid.*?: (?P<xid>\\d+)` gives {"xid": 79}). Positions
 (file inode+offset, kmsg sequence number, journal cursor) persist with the events, so restarts neither lose nor
-repeat lines.
+repeat lines. A kernel line's event time is when the kernel printed it (its `[seconds since boot]` stamp), not when
+the sidecar read it, so detection latencies count the tail interval too.
 """
 
 from __future__ import annotations
@@ -15,12 +16,24 @@ import os
 import re
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 from sigma.telemetry.base import Collector, CollectorParams, Output, register
 from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
+KERNEL_STAMP = re.compile(r"kernel: \[\s*(\d+\.\d+)\]")  # printk time: seconds on the monotonic clock since boot
+STAMP_TRUSTED_S = 300.0  # a stamp further back than this is from an earlier boot (or a replayed file): not used
+
+
+def kernel_line_time(line: str, now: float) -> float | None:
+    """Wall time a kernel-log line was printed, from its printk stamp; None without a stamp from this boot."""
+    m = KERNEL_STAMP.search(line)
+    if m is None:
+        return None
+    ts = time.time() - time.monotonic() + float(m.group(1))
+    return ts if now - STAMP_TRUSTED_S <= ts <= now + 1.0 else None
 
 
 @dataclass
@@ -127,7 +140,7 @@ class LogTailCollector(Collector):
             for k, v in m.groupdict().items():
                 if v is not None:
                     fields[k] = int(v) if v.isdigit() else v
-            out.event("log", p.name, line[:MESSAGE_MAX], p.severity, fields)
+            out.event("log", p.name, line[:MESSAGE_MAX], p.severity, fields, ts=kernel_line_time(line, out.ts))
             return  # first matching pattern wins: one line is one event
 
     def _journal(self, out: Output, budget: list) -> None:
