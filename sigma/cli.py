@@ -25,6 +25,17 @@ class CommandError(RuntimeError):
     """A user-facing failure: printed as `sigma: error: ...` with exit code 2, no traceback."""
 
 
+def console():
+    """A rich console for tables: the terminal's width on a terminal; piped to a file or a pager, as wide as the
+    content (rich would otherwise cut every table at 80 columns)."""
+    import os
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(width=100_000 if wide else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sigma", description="Keep GPU training clusters on SLURM productive.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -37,19 +37,19 @@ def _sigma(*args: str, env: dict, check: bool = True) -> str:
 
 
 def run_demo(args) -> int:
-    from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
     from sigma.chaos.inject import Chaos
     from sigma.chaos.timeline import observe
     from sigma.cli import CommandError
+    from sigma.cli import console as wide_console
     from sigma.controller.db import open_db
     from sigma.slurm.client import Slurm
     from sigma.slurm.cluster import LocalCluster
     from sigma.stack import Stack
 
-    console = Console()
+    console = wide_console()
     start = time.monotonic()
 
     def say(text: str) -> None:
@@ -119,8 +119,11 @@ def run_demo(args) -> int:
         say("platform and cluster stopped")
     else:
         hint = f" --state-dir {args.state_dir}" if args.state_dir else ""
-        say(f"the platform keeps running: try `sigma incidents`, `sigma explain {timeline.incident_id}` "
-            f"(with --config {stack.controller_config}); stop it with `sigma stack down --with-cluster{hint}`")
+        env_hint = (f" (after `export SIGMA_CONTROLLER_CONFIG={stack.controller_config}`)"
+                    if args.state_dir else "")
+        say(f"the platform keeps running: try `sigma nodes`, `sigma incidents`, `sigma explain "
+            f"{timeline.incident_id}`, `sigma report --html report.html`{env_hint}; stop it with "
+            f"`sigma stack down --with-cluster{hint}`")
     if not complete:
         raise CommandError(f"recovery did not complete within {args.timeout:.0f}s; see "
                            f"{cluster.state_dir / 'log' / 'decisions.log'}")

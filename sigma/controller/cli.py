@@ -135,13 +135,9 @@ def _ts(t: float | None) -> str:
 
 
 def _console():
-    """Tables at the terminal's width; piped to a file or a pager, as wide as their content (never cut at 80)."""
-    import sys
+    from sigma.cli import console
 
-    from rich.console import Console
-
-    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
-    return Console(width=100_000 if wide else None)
+    return console()
 
 
 # ---------- handlers ----------
@@ -236,6 +232,7 @@ def _explain(args) -> int:
 
     from sigma.cli import CommandError
     from sigma.controller.act.incidents import Incidents
+    from sigma.slurm.client import sigma_reason
 
     conn = _conn(args)
     inc = Incidents(conn).get(args.incident)
@@ -263,6 +260,10 @@ def _explain(args) -> int:
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
                 + ", ".join(f"{n}={s}" for n, s in iso.get("ranked", [])))
+    for a in acts:
+        if a["kind"] == "drain" and json.loads(a["params"] or "{}").get("reason"):
+            c.print(f"  drain reason (`sinfo -R` shows its first 20 characters): "
+                    f"{sigma_reason(json.loads(a['params'])['reason'])}", highlight=False)
     for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")

@@ -216,6 +216,7 @@ def _baseline_record(args) -> int:
     from sigma.health.runner import run_checks
 
     config = _config(args)
+    _check_node(args)
     ctx = Context.create(config, args.node, args.root, args.node_dir)
     names = args.check or list(PERF_CHECKS)
     samples: dict[str, list[float]] = {}
@@ -246,6 +247,7 @@ def _baseline_show(args) -> int:
     from sigma.health import baselines
     from sigma.health.context import Context
 
+    _check_node(args)
     ctx = Context.create(_config(args), args.node, args.root, args.node_dir)
     path = baselines.baseline_path(ctx)
     data = baselines.load(path)

@@ -97,18 +97,24 @@ def load_config(args):
         raise CommandError(f"command line overrides {' '.join(overrides)}: {exc}") from None
 
 
-def use_local_cluster() -> None:
-    """With no SLURM configured, submit to this checkout's local cluster when it is up (`sigma cluster up`)."""
+def use_local_cluster(cfg) -> None:
+    """With no SLURM configured, submit to this checkout's local cluster (`sigma cluster up`); refuse to fall back
+    to local processes when that cluster exists but is down."""
     import os
 
+    from sigma.cli import CommandError
     from sigma.slurm.cluster import LocalCluster
 
-    if os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf"):
+    if cfg.launch.executor != "auto" or os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf"):
         return
     local = LocalCluster()
-    if local.conf.exists() and local.running():
-        for key, value in local.env.items():
-            os.environ.setdefault(key, value)
+    if not local.conf.exists():
+        return
+    if not local.running():
+        raise CommandError(f"the local SLURM cluster under {local.state_dir} is not running: start it with "
+                           f"`sigma cluster up` (or run here without SLURM: launch.executor=local)")
+    for key, value in local.env.items():
+        os.environ.setdefault(key, value)
 
 
 def run_submit(args) -> int:
@@ -116,7 +122,7 @@ def run_submit(args) -> int:
     from sigma.train.launch import LaunchError, name_new_run, resume_run, submit
 
     cfg = load_config(args)
-    use_local_cluster()
+    use_local_cluster(cfg)
     command = f"sigma train --config {args.config}"
     try:
         cfg = resume_run(cfg, args.resume, command) if args.resume else name_new_run(cfg)
@@ -126,7 +132,7 @@ def run_submit(args) -> int:
     kind = type(job).__module__.split(".")[1]  # submitit.slurm.slurm / submitit.local.local
     what = "resumed run" if args.resume else "new run"
     print(f"submitted {what} {cfg.name} as {kind} job {job.job_id} ({cfg.launch.nodes} node(s) x "
-          f"{cfg.launch.gpus_per_node} rank(s)); checkpoints: {cfg.path(cfg.checkpoint.dir)}; "
+          f"{cfg.launch.gpus_per_node} rank(s)); checkpoints: {cfg.path(cfg.checkpoint.dir).absolute()}; "
           f"logs: {job.paths.stdout}", flush=True)
     wait = args.wait if args.wait is not None else kind == "local"
     if not wait:

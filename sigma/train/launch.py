@@ -143,9 +143,9 @@ def check_partition(cfg: TrainConfig, slurm=None) -> None:
         nodes = slurm.nodes()
     except SlurmError as exc:
         conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
-        raise LaunchError(f"SLURM does not answer ({exc.stderr.splitlines()[-1] if exc.stderr else exc}; "
-                          f"SLURM_CONF={conf}): is the cluster up? The local one starts with `sigma cluster up`"
-                          ) from None
+        said = (exc.stderr.splitlines() or [""])[-1][:100]
+        raise LaunchError(f"SLURM does not answer (SLURM_CONF={conf}: {said}): is the cluster up? The local one "
+                          f"starts with `sigma cluster up`") from None
     launch = cfg.launch
     names = sorted({p for n in nodes for p in n.partitions})
     if launch.partition:

@@ -107,3 +107,13 @@ def test_kernel_line_time_is_when_the_kernel_printed_it():
     assert kernel_line_time("Nov 23 19:49:18 node2 kernel: [    5.000000] from an earlier boot", now) is None \
         or time.monotonic() < 300  # a machine up for less than 5 minutes could have printed it
     assert kernel_line_time("node2 sshd[12]: no stamp here", now) is None
+
+
+def test_health_refuses_a_node_the_local_cluster_does_not_have(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cluster.json").write_text("{}")  # a local cluster of the default 4 nodes
+    monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
+    monkeypatch.delenv("SIGMA_NODE_DIR", raising=False)
+    assert main(["health", "run", "--node", "node9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown node 'node9' on the local cluster" in err and "node1, node2, node3, node4" in err
+    assert not (tmp_path / "nodes").exists()

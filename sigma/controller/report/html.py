@@ -93,19 +93,20 @@ def _minutes(ts: float, since: float) -> float:
 
 
 def plot_utilisation(conn: sqlite3.Connection, since: float, until: float) -> bytes:
-    """Share of nodes in service and allocated at every snapshot time."""
-    by_ts: dict[float, list] = defaultdict(list)
-    for s in conn.execute("SELECT ts, state, flags, alloc_cpus, jobs FROM node_snapshots WHERE ts >= ? AND ts <= ?"
-                          " ORDER BY ts", (since, until)):
-        by_ts[s["ts"]].append(s)
+    """Share of nodes in service and allocated over time (a node keeps its last snapshot until the next one)."""
+    current: dict[str, tuple[bool, bool]] = {}  # node -> (in service, running jobs)
     times, avail, alloc = [], [], []
-    for ts, snaps in sorted(by_ts.items()):
-        n = len(snaps)
-        up = sum(1 for s in snaps if s["state"] in IN_SERVICE and not OUT_FLAGS & set(s["flags"].split(",")))
-        busy = sum(1 for s in snaps if s["alloc_cpus"] > 0 or json.loads(s["jobs"]))
-        times.append(_minutes(ts, since))
-        avail.append(100 * up / n)
-        alloc.append(100 * busy / n)
+    for s in conn.execute("SELECT ts, node, state, flags, alloc_cpus, jobs FROM node_snapshots WHERE ts <= ?"
+                          " ORDER BY ts", (until,)):
+        current[s["node"]] = (s["state"] in IN_SERVICE and not OUT_FLAGS & set(s["flags"].split(",")),
+                              s["alloc_cpus"] > 0 or bool(json.loads(s["jobs"])))
+        if s["ts"] < since:
+            continue
+        if times and times[-1] == _minutes(s["ts"], since):  # one tick's snapshots: keep the last tally
+            times.pop(), avail.pop(), alloc.pop()
+        times.append(_minutes(s["ts"], since))
+        avail.append(100 * sum(up for up, _ in current.values()) / len(current))
+        alloc.append(100 * sum(busy for _, busy in current.values()) / len(current))
     fig, ax = _figure()
     if times:
         ax.step(times, avail, where="post", label="nodes in service", color="#2a7")

@@ -1,4 +1,5 @@
-"""The figures the Sigma paper reports, computed from the controller database.
+"""The figures of "Sigma: An AI-Empowered Training Stack on Early-Life Hardware" (Lei Qu, Lianhai Ren, Peng Cheng
+et al., Microsoft, 2025, https://arxiv.org/abs/2512.13488), computed from the controller database.
 
 - utilisation (Table 6): available = node-time in service / total; allocated = node-time running jobs / total;
   effective = allocated minus node-time of jobs between a fault and their first training step after resuming;
