@@ -211,6 +211,8 @@ def _incidents(args) -> int:
     conn = _conn(args)
     found = Incidents(conn).query(node=args.node, job_id=args.job, since=parse_since(args.since),
                                   open_only=args.open)
+    if not found and args.node:
+        _check_known_node(conn, args.node)
     if args.json:
         print(json.dumps([{**i.__dict__} for i in found], indent=2, default=str))
         return 0
@@ -225,6 +227,17 @@ def _incidents(args) -> int:
                       i.status_note or i.summary)
     _console().print(table)
     return 0
+
+
+def _check_known_node(conn, node: str) -> None:
+    """A node the controller has never seen is a typo, not a node without incidents."""
+    from sigma.cli import CommandError
+
+    known = {r[0] for r in conn.execute(
+        "SELECT DISTINCT node FROM node_snapshots WHERE ts >= (SELECT MAX(ts) - 600 FROM node_snapshots) "
+        "UNION SELECT node FROM node_lifecycle")}
+    if known and node not in known:
+        raise CommandError(f"no node {node!r} known to the controller; its nodes: {', '.join(sorted(known))}")
 
 
 def _explain(args) -> int:

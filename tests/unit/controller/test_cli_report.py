@@ -66,6 +66,8 @@ def test_cli_commands(scenario, capsys):
     assert "gpu-xid-79" in out and "Xid" in out and "reboot" in out and "resumed" in out
     assert main(["incidents", "--db", str(db), "--node", "node1"]) == 0
     assert "0 incidents" in capsys.readouterr().out
+    assert main(["incidents", "--db", str(db), "--node", "node9"]) == 2
+    assert "no node 'node9' known to the controller; its nodes: node1, node2, node3, node4" in capsys.readouterr().err
     assert main(["nodes", "--db", str(db)]) == 0
     assert "resumed" in capsys.readouterr().out
     assert main(["report", "--db", str(db), "--json"]) == 0
