@@ -125,10 +125,12 @@ def run_submit(args) -> int:
     use_local_cluster(cfg)
     command = f"sigma train --config {args.config}"
     try:
-        cfg = resume_run(cfg, args.resume, command) if args.resume else name_new_run(cfg)
+        cfg, note = (resume_run(cfg, args.resume, command), "") if args.resume else name_new_run(cfg, command)
         job = submit(cfg)
     except LaunchError as exc:
         raise CommandError(str(exc)) from None
+    if note:
+        print(note)
     kind = type(job).__module__.split(".")[1]  # submitit.slurm.slurm / submitit.local.local
     what = "resumed run" if args.resume else "new run"
     print(f"submitted {what} {cfg.name} as {kind} job {job.job_id} ({cfg.launch.nodes} node(s) x "

@@ -95,41 +95,46 @@ def run_names(cfg: TrainConfig) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / tail.lstrip("/")).is_dir() or (not tail and p.is_dir()))
 
 
-def name_new_run(cfg: TrainConfig) -> TrainConfig:
-    """cfg with a run name whose checkpoint and log directories do not exist yet: NAME, NAME-2, NAME-3, ..."""
-    from sigma.train.checkpoint import latest_checkpoint
-
+def name_new_run(cfg: TrainConfig, command: str = "sigma train") -> tuple[TrainConfig, str]:
+    """cfg with a run name whose checkpoint and log directories do not exist yet (NAME, NAME-2, NAME-3, ...), and
+    a note for the user. A checkpoint.dir without {name} is one fixed run directory: every submission continues
+    the run there, unless it is finished."""
     if "{name}" not in cfg.checkpoint.dir:
-        latest = latest_checkpoint(cfg.path(cfg.checkpoint.dir))
-        if latest is not None:
-            raise LaunchError(f"checkpoint.dir {cfg.path(cfg.checkpoint.dir)} already holds a run (newest "
-                              f"checkpoint {latest.name}); continue it with --resume {cfg.name}, or give this run "
-                              f"its own checkpoint.dir (e.g. one with {{name}} in it)")
-        return cfg
+        done = _finished_step(cfg, cfg.path(cfg.checkpoint.dir), cfg.name, command)
+        note = (f"continuing the run in {cfg.path(cfg.checkpoint.dir)} from step {done} (its checkpoint.dir has no "
+                f"{{name}}: each submission continues it)") if done else ""
+        return cfg, note
     base, n = cfg.name, 1
     while True:
         name = base if n == 1 else f"{base}-{n}"
         trial = dataclasses.replace(cfg, name=name)
         if not trial.path(cfg.checkpoint.dir).exists() and not trial.path(cfg.launch.folder).exists():
-            return trial
+            return trial, ""
         n += 1
 
 
-def resume_run(cfg: TrainConfig, run: str, command: str) -> TrainConfig:
+def resume_run(cfg: TrainConfig, run: str, command: str = "sigma train") -> TrainConfig:
     """cfg for continuing run `run`: it must exist and must not have reached cfg.steps already."""
-    from sigma.train.checkpoint import latest_checkpoint, read_meta
-
     trial = dataclasses.replace(cfg, name=run)
     root = trial.path(cfg.checkpoint.dir)
     if not root.is_dir():
         known = run_names(cfg)
         raise LaunchError(f"no run {run!r}: {root} does not exist; runs: {', '.join(known) or 'none yet'}")
+    _finished_step(cfg, root, run, command)
+    return trial
+
+
+def _finished_step(cfg: TrainConfig, root: Path, run: str, command: str) -> int:
+    """The step of the newest complete checkpoint under root (0 without one); a run already at cfg.steps is an
+    error that says how to extend it."""
+    from sigma.train.checkpoint import latest_checkpoint, read_meta
+
     latest = latest_checkpoint(root)
     done = int(read_meta(latest)["step"]) if latest is not None else 0
     if done >= cfg.steps:
         raise LaunchError(f"run {run!r} is finished: it reached step {done} of steps={cfg.steps}; to train it "
                           f"further: {command} --resume {run} steps={max(done, cfg.steps) * 2}")
-    return trial
+    return done
 
 
 def check_partition(cfg: TrainConfig, slurm=None) -> None:

@@ -75,6 +75,12 @@ def test_busy_port_names_the_cluster_that_owns_it(tmp_path):
         while port_owner(port) is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert port_owner(port) == str(tmp_path)
+        # a second checkout's cluster whose slurmctld would need that port is refused, naming the owner
+        from sigma.slurm.cluster import ClusterError, ClusterSpec, LocalCluster
+
+        with pytest.raises(ClusterError, match=f"ports in use: {port} \\(slurmctld\\); they belong to the local "
+                                               f"cluster under {tmp_path}"):
+            LocalCluster(tmp_path / "other")._check_ports_free(ClusterSpec(port_base=port))
     finally:
         proc.kill()
         proc.wait()

@@ -2,6 +2,8 @@
 
 import pickle
 
+import pytest
+
 from sigma.paths import configs_dir
 from sigma.train.kpi import read_kpis
 
@@ -32,7 +34,7 @@ def test_local_submission_runs_two_expert_parallel_ranks(train_data, tmp_path, m
     from sigma.train.launch import name_new_run
     from sigma.train.train_config import load_train_config
 
-    assert name_new_run(load_train_config(DEBUG, args[4:])).name == "debug-2"
+    assert name_new_run(load_train_config(DEBUG, args[4:]))[0].name == "debug-2"
     assert main(["train", *args, "--resume", "debug"]) == 2
     err = capsys.readouterr().err
     assert "run 'debug' is finished: it reached step 3 of steps=3" in err and "--resume debug steps=6" in err
@@ -41,22 +43,20 @@ def test_local_submission_runs_two_expert_parallel_ranks(train_data, tmp_path, m
     assert "no run 'nosuch'" in err and "runs: debug" in err
 
 
-def test_fixed_checkpoint_dir_is_not_reused_silently(tmp_path):
+def test_fixed_checkpoint_dir_continues_its_run_until_finished(tmp_path):
     from sigma.train.checkpoint import step_dir_name, write_json_atomic
     from sigma.train.launch import LaunchError, name_new_run
     from sigma.train.train_config import load_train_config
 
-    cfg = load_train_config(DEBUG, [f"checkpoint.dir={tmp_path / 'ckpt'}"])
-    assert name_new_run(cfg) is cfg  # nothing there yet
+    cfg = load_train_config(DEBUG, [f"checkpoint.dir={tmp_path / 'ckpt'}", "steps=80"])
+    assert name_new_run(cfg) == (cfg, "")  # nothing there yet
     done = tmp_path / "ckpt" / step_dir_name(50)
     done.mkdir(parents=True)
     write_json_atomic(done / "complete.json", {"step": 50})
-    try:
-        name_new_run(cfg)
-    except LaunchError as exc:
-        assert "already holds a run" in str(exc) and "--resume debug" in str(exc)
-    else:
-        raise AssertionError("a second run in the same checkpoint.dir was not refused")
+    same, note = name_new_run(cfg)
+    assert same is cfg and "continuing the run in" in note and "from step 50" in note
+    with pytest.raises(LaunchError, match="run 'debug' is finished: it reached step 50 of steps=50"):
+        name_new_run(load_train_config(DEBUG, [f"checkpoint.dir={tmp_path / 'ckpt'}"]))
 
 
 def test_bad_override_is_a_command_line_error(capsys):
