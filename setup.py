@@ -17,6 +17,7 @@ setup(
         "rich>=13,<16",
         "submitit==1.5.4",
         "prometheus-client>=0.20,<1",
+        "matplotlib>=3.8,<4",  # the plots of `sigma report --html`
         "nvidia-ml-py>=12.535",
         "sqlglot>=25",
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.

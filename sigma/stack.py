@@ -53,6 +53,7 @@ class Stack:
         if hang_timeout_s is not None:
             overrides["watchdog.hang_timeout_s"] = hang_timeout_s
         self._write_controller_config(overrides)
+        self._check_controller_port()
         env = {**os.environ, **self.cluster.env}
         self._start("controller", [sys.executable, "-m", "sigma.cli", "controller", "run",
                                    "--config", str(self.controller_config)], env)
@@ -120,6 +121,18 @@ class Stack:
         from sigma.controller.config import load_controller_config
 
         load_controller_config(self.controller_config)  # a misspelt --set key fails here, named, not at start-up
+
+    def _check_controller_port(self) -> None:
+        """Refuse to start when another checkout's controller holds our port: its /healthz would answer for ours."""
+        from sigma.slurm.cluster import _port_free, port_owner
+
+        port = self.cluster.load_spec().port_base + CONTROLLER_PORT_OFFSET
+        if not _pid_alive(_read_pid(self._pid_file("controller")), "sigma") and not _port_free(port):
+            owner = port_owner(port)
+            raise ClusterError(f"controller port {port} is in use"
+                               + (f" by the stack under {owner} (`sigma stack down --state-dir {owner}`)"
+                                  if owner else " by another program")
+                               + "; or bring the cluster up on other ports with `sigma cluster up --port-base N`")
 
     def _write_remediation_config(self, shipped: Path) -> Path:
         """The shipped playbooks, with validation job logs kept in the state directory."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = """sigma train --config CONFIG [--nodes N] [--gpus-per-node G] [--wait|--no-wait] [key=value ...]
+USAGE = """sigma train --config CONFIG [--nodes N] [--gpus-per-node G] [--resume RUN] [--wait|--no-wait] [key=value ...]
        sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N]"""
 
 
@@ -29,6 +29,9 @@ def submit_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="SLURM nodes (launch.nodes)")
     p.add_argument("--gpus-per-node", type=int, help="ranks per node, one GPU each on GPU nodes "
                                                      "(launch.gpus_per_node)")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue run RUN from its newest checkpoint (default: a new run, named after the config's "
+                        "`name`, then NAME-2, NAME-3, ...)")
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--wait", dest="wait", action="store_true", default=None,
                       help="wait for the run and print its summary (default for local runs)")
@@ -68,9 +71,10 @@ def run_prepare(args) -> int:
     return 0
 
 
-def run_submit(args) -> int:
+def load_config(args):
+    """The run config; a bad `key=value` is reported as the command-line argument it is, not a YAML line."""
     from sigma.cli import CommandError
-    from sigma.train.launch import submit
+    from sigma.config import ConfigError
     from sigma.train.train_config import load_train_config
 
     overrides = list(args.overrides)
@@ -78,11 +82,60 @@ def run_submit(args) -> int:
         overrides.append(f"launch.nodes={args.nodes}")
     if args.gpus_per_node is not None:
         overrides.append(f"launch.gpus_per_node={args.gpus_per_node}")
-    cfg = load_train_config(args.config, overrides)
-    job = submit(cfg)
+    load_train_config(args.config)  # the file's own errors carry its line numbers
+    try:
+        return load_train_config(args.config, overrides)
+    except (ConfigError, ValueError) as exc:
+        for item in overrides:  # find the argument at fault
+            try:
+                load_train_config(args.config, [item])
+            except (ConfigError, ValueError) as one:
+                message = str(one)
+                if isinstance(one, ConfigError):
+                    message = message.removeprefix(f"{one.where}: ")
+                raise CommandError(f"command line `{item}`: {message}") from None
+        raise CommandError(f"command line overrides {' '.join(overrides)}: {exc}") from None
+
+
+def use_local_cluster(cfg) -> None:
+    """With no SLURM configured, submit to this checkout's local cluster (`sigma cluster up`); refuse to fall back
+    to local processes when that cluster exists but is down."""
+    import os
+
+    from sigma.cli import CommandError
+    from sigma.slurm.cluster import LocalCluster
+
+    if cfg.launch.executor != "auto" or os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf"):
+        return
+    local = LocalCluster()
+    if not local.conf.exists():
+        return
+    if not local.running():
+        raise CommandError(f"the local SLURM cluster under {local.state_dir} is not running: start it with "
+                           f"`sigma cluster up` (or run here without SLURM: launch.executor=local)")
+    for key, value in local.env.items():
+        os.environ.setdefault(key, value)
+
+
+def run_submit(args) -> int:
+    from sigma.cli import CommandError
+    from sigma.train.launch import LaunchError, name_new_run, resume_run, submit
+
+    cfg = load_config(args)
+    use_local_cluster(cfg)
+    command = f"sigma train --config {args.config}"
+    try:
+        cfg, note = (resume_run(cfg, args.resume, command), "") if args.resume else name_new_run(cfg, command)
+        job = submit(cfg)
+    except LaunchError as exc:
+        raise CommandError(str(exc)) from None
+    if note:
+        print(note)
     kind = type(job).__module__.split(".")[1]  # submitit.slurm.slurm / submitit.local.local
-    print(f"submitted {cfg.name} as {kind} job {job.job_id} ({cfg.launch.nodes} node(s) x "
-          f"{cfg.launch.gpus_per_node} rank(s)); logs: {job.paths.stdout}", flush=True)
+    what = "resumed run" if args.resume else "new run"
+    print(f"submitted {what} {cfg.name} as {kind} job {job.job_id} ({cfg.launch.nodes} node(s) x "
+          f"{cfg.launch.gpus_per_node} rank(s)); checkpoints: {cfg.path(cfg.checkpoint.dir).absolute()}; "
+          f"logs: {job.paths.stdout}", flush=True)
     wait = args.wait if args.wait is not None else kind == "local"
     if not wait:
         return 0
@@ -91,8 +144,13 @@ def run_submit(args) -> int:
     except Exception as exc:  # the job's own traceback is in its log
         raise CommandError(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}; "
                            f"see {job.paths.stderr}") from None
+    if not summary["losses"]:  # e.g. a fixed checkpoint.dir whose run had already reached `steps`
+        print(f"run {cfg.name} trained no step: it was already at step {summary['start_step']} of "
+              f"steps={cfg.steps}; to train further: {command} --resume {cfg.name} steps={2 * cfg.steps}")
+        return 0
     rates = summary["tokens_per_s"][1:] or summary["tokens_per_s"]
-    print(f"finished at step {summary['last_step']}; last loss {summary['losses'][summary['last_step']]:.4f}; "
+    last = max(summary["losses"])
+    print(f"run {cfg.name} finished at step {summary['last_step']}; last loss {summary['losses'][last]:.4f}; "
           f"mean {sum(rates) / max(1, len(rates)):,.0f} tokens/s; KPIs: {summary['kpi_path']}")
     sys.stdout.flush()
     return 0

@@ -14,6 +14,7 @@ from sigma.findings import Finding
 from sigma.controller.act.guards import admin_hold, breaker_limit, breaker_trips, in_shadow, wave_trips
 from sigma.controller.act.incidents import Incident, Incidents
 from sigma.controller.act.journal import Journal
+from sigma.controller.act.reason import drain_reason
 from sigma.controller.act.remediation import TERMINAL, Remediator
 from sigma.rules.schema import DRAIN_ACTIONS
 from sigma.slurm.types import Job, Node
@@ -240,7 +241,7 @@ class Decider:
     # ---------- helpers ----------
     @staticmethod
     def _reason(f: Finding) -> str:
-        return f"{f.rule_id} {f.summary}"[:120]
+        return drain_reason(f.rule_id, f.summary)
 
     @staticmethod
     def _target(f: Finding) -> str:

@@ -1,4 +1,5 @@
-"""The figures the Sigma paper reports, computed from the controller database.
+"""The figures of "Sigma: An AI-Empowered Training Stack on Early-Life Hardware" (Lei Qu, Lianhai Ren, Peng Cheng
+et al., Microsoft, 2025, https://arxiv.org/abs/2512.13488), computed from the controller database.
 
 - utilisation (Table 6): available = node-time in service / total; allocated = node-time running jobs / total;
   effective = allocated minus node-time of jobs between a fault and their first training step after resuming;
@@ -119,9 +120,14 @@ def recycling(conn: sqlite3.Connection, since: float) -> list[dict]:
 
 
 def automation(conn: sqlite3.Connection, since: float) -> dict:
+    """Incidents the controller acted on (an action journaled or a node remediation started). An incident folded
+    into a remediation already under way (e.g. the epilog failing on the node an Xid just drained) is the same
+    fault seen twice, and is not counted again."""
     handled = manual = 0
     for inc in conn.execute("SELECT id, node, status, action FROM incidents WHERE opened_at >= ? AND status NOT IN"
-                            " ('recorded','notified','shadow')", (since,)):
+                            " ('recorded','notified','shadow') AND (EXISTS (SELECT 1 FROM actions a WHERE"
+                            " a.incident_id = incidents.id) OR EXISTS (SELECT 1 FROM lifecycle_transitions t"
+                            " WHERE t.incident_id = incidents.id))", (since,)):
         if inc["status"] == "escalated":
             manual += 1
             continue

@@ -389,7 +389,7 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     ctl.tick()
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
     assert inc.node == "node3" and inc.evidence["isolation"]["ranked"][0][0] == "node3"
-    assert slurm.node("node3").reason.startswith("sigma: isolation-outlier")
+    assert slurm.node("node3").reason.startswith("sigma: straggler (isolation-outlier)")
     assert slurm.count("requeue") == 1
     assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
 
