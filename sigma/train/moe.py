@@ -123,8 +123,17 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w3, 0.0, std)
         nn.init.normal_(self.w2, 0.0, std if out_std is None else out_std)
 
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the expert GEMMs run in: autocast's when it is on (torch._grouped_mm is not an autocast op,
+        so the cast is done here), else the input's."""
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return x.dtype
+
     def resolved_impl(self, x: torch.Tensor) -> str:
-        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
+        dtype = self.compute_dtype(x)
+        same = torch.is_autocast_enabled(x.device.type) or x.dtype == self.w1.dtype
+        ok = grouped_mm_supported(x.device, dtype, self.dim, self.hidden) and same
         if self.impl == "grouped_mm" and not ok:
             raise ValueError(
                 f"expert_impl=grouped_mm cannot run {x.dtype} on {x.device.type} with dim={self.dim}, "
@@ -148,9 +157,13 @@ class GroupedExperts(nn.Module):
 
     def _grouped(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
-        x = x.contiguous()
-        h = F.silu(grouped_mm(x, self.w1.transpose(1, 2), offs)) * grouped_mm(x, self.w3.transpose(1, 2), offs)
-        return grouped_mm(h, self.w2.transpose(1, 2), offs)
+        # Under autocast the fp32 master weights and inputs are cast here, as autocast does for nn.Linear; the
+        # gradients flow back through the casts to the fp32 weights.
+        dtype = self.compute_dtype(x)
+        x = x.to(dtype).contiguous()
+        w1, w2, w3 = (w.to(dtype).transpose(1, 2) for w in (self.w1, self.w2, self.w3))
+        h = F.silu(grouped_mm(x, w1, offs)) * grouped_mm(x, w3, offs)
+        return grouped_mm(h, w2, offs)
 
     def _loop(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         out = []
