@@ -22,6 +22,7 @@ setup(
         "sqlglot>=25",
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
         "torch==2.13.0",
+        "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
         "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40"],
