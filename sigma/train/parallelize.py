@@ -383,3 +383,64 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
         if run.recompute is not None:
             run.recompute.update({i + run.model_cfg.n_dense_layers: row for i, row in enumerate(loads)})
     return float(values[0]), float(values[1]), gnorm
+
+
+# ---------------------------------------------------------------- checkpoints that reshard
+
+def _expert_dtensor(run: ParallelRun, name: str, local: torch.Tensor):
+    """A routed expert's plain slice as a DTensor over (ep, tp): experts on dim 0, hidden on dim 1 (w1, w3) or 2."""
+    dims = run.dims
+    if dims.ep == 1 and dims.tp == 1:
+        return local
+    from torch.distributed.tensor import DTensor, Shard
+
+    hidden_dim = 2 if name.endswith("w2") else 1
+    return DTensor.from_local(local, run.mesh["ep", "tp"], [Shard(0), Shard(hidden_dim)], run_check=False)
+
+
+def checkpoint_state(run: ParallelRun, optimizer, named, step: int) -> dict:
+    """State for torch.distributed.checkpoint under full-model names, every sharded tensor a DTensor."""
+    params = dict(named)
+    model_sd = {n: (_expert_dtensor(run, n, t) if is_expert_param(n) else t)
+                for n, t in run.module.state_dict().items()}
+    optim_sd = {}
+    for n, p in params.items():
+        st = optimizer.state[p]
+        optim_sd[n] = {"step": st["step"]}
+        for key in ("exp_avg", "exp_avg_sq"):
+            optim_sd[n][key] = _expert_dtensor(run, n, st[key]) if is_expert_param(n) else st[key]
+    return {"model": model_sd, "optim": optim_sd, "step": torch.tensor(step)}
+
+
+def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
+    """Load a checkpoint written under any layout of the same model into this one; return its step.
+
+    A checkpoint of another model fails with the names or shapes that differ (DCP's planner)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = checkpoint_state(run, optimizer, named, 0)
+    dcp.load(state, checkpoint_id=path)
+    with torch.no_grad():
+        live = run.module.state_dict()
+        for n, holder in state["model"].items():
+            if _local(holder).data_ptr() != _local(live[n]).data_ptr():
+                _local(live[n]).copy_(_local(holder))
+        for n, p in named:
+            st = optimizer.state[p]
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                if _local(state["optim"][n][key]).data_ptr() != _local(st[key]).data_ptr():
+                    _local(st[key]).copy_(_local(state["optim"][n][key]))
+    return int(state["step"])
+
+
+def build_optimizer(run: ParallelRun, cfg):
+    """The trainer's AdamW over this rank's parameters; per-tensor updates when some are DTensors (tp > 1):
+    foreach kernels refuse lists that mix DTensors and plain tensors."""
+    from sigma.train.trainer import build_optimizer as trainer_optimizer
+
+    optimizer, named, fused = trainer_optimizer(run.module, cfg, torch.device("cpu") if run.mesh is None
+                                                else next(run.module.parameters()).device)
+    if any(hasattr(p, "placements") for _, p in named):
+        for group in optimizer.param_groups:
+            group["foreach"], group["fused"] = False, None
+    return optimizer, named, fused
