@@ -69,9 +69,25 @@ class OptimConfig:
 
 
 @dataclass
+class RecomputeConfig:
+    moe_layers: list[int] = field(default_factory=list)  # recompute these MoE layers' activations in backward
+    policy: Literal["none", "balanced"] = "none"  # balanced: the `count` MoE layers with the most even routing
+    count: int = 0  # layers the balanced policy picks
+
+
+@dataclass
 class ParallelConfig:
     ep: int = 1  # expert-parallel degree: experts are sharded over groups of this many ranks
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
+    # Layout beyond dp x ep (sigma/train/dims.py, docs/train-parallel.md): dp = world / (tp x pp).
+    tp: int = 1  # tensor-parallel degree: attention heads, FFN and expert hidden widths split over tp ranks
+    pp: int = 1  # pipeline-parallel degree: the layers split into pp (x vpp) stages
+    vpp: int = 1  # virtual stages per pipeline rank (interleaved 1F1B)
+    pp_schedule: Literal["auto", "1f1b", "gpipe", "interleaved_1f1b"] = "auto"  # auto: interleaved when vpp > 1
+    pp_layers: list[int] = field(default_factory=list)  # layers per stage (pp x vpp entries); empty: even split
+    microbatches: int = 0  # per step and data-parallel rank; 0: pp
+    shard_optimizer: bool = False  # ZeRO-1: AdamW states sharded over the data-parallel ranks
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
     def __post_init__(self):
         if self.ep < 1:
@@ -202,19 +218,23 @@ def train_config_from_dict(data: dict) -> TrainConfig:
     return from_dict(TrainConfig, data, _Source("<train config>", ""))
 
 
-def check_layout(cfg: TrainConfig, world_size: int, num_experts: int | None = None) -> None:
-    """World size, expert-parallel and batch divisibility; raise ConfigError naming the keys."""
+def check_layout(cfg: TrainConfig, world_size: int, num_experts: int | None = None):
+    """World size, parallel degrees, stage splits and batch divisibility; raise ConfigError naming the keys.
+
+    Returns the validated ParallelDims (sigma/train/dims.py) when the model config can be loaded."""
+    from sigma.train.config import load_model_config
+    from sigma.train.dims import dims_from_config
+
     ep = cfg.parallel.ep
     if world_size % ep:
         raise ConfigError("[parallel.ep]", f"world size {world_size} (launch.nodes x launch.gpus_per_node) "
                                            f"is not divisible by parallel.ep={ep}")
-    if cfg.data.global_batch % world_size:
-        raise ConfigError("[data.global_batch]", f"global_batch {cfg.data.global_batch} is not divisible by "
-                                                 f"the {world_size} data-parallel ranks")
-    local = cfg.data.global_batch // world_size
-    if cfg.data.micro_batch and local % cfg.data.micro_batch:
-        raise ConfigError("[data.micro_batch]", f"micro_batch {cfg.data.micro_batch} does not divide the "
-                                                f"{local} sequences per rank (global_batch / world size)")
     if num_experts is not None and num_experts % ep:
         raise ConfigError("[parallel.ep]", f"the model's {num_experts} routed experts cannot be split over "
                                            f"parallel.ep={ep} ranks")
+    dims = dims_from_config(cfg, world_size, load_model_config(cfg.model, cfg.model_overrides))
+    local = cfg.data.global_batch // dims.dp
+    if cfg.data.micro_batch and local % cfg.data.micro_batch:
+        raise ConfigError("[data.micro_batch]", f"micro_batch {cfg.data.micro_batch} does not divide the "
+                                                f"{local} sequences per data-parallel rank (global_batch / dp)")
+    return dims
