@@ -47,6 +47,9 @@ class Controller:
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
+        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit)
+        self._rules_path = None if rules is not None else resolve(cfg.rules, root)
+        self._rules_stamp = rules_stamp(self._rules_path)
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
@@ -78,6 +81,7 @@ class Controller:
     def tick(self) -> list[Finding]:
         t0 = time.monotonic()
         now = self.clock()
+        self._reload_rules()
         nodes = {n.name: n for n in self.slurm.nodes()}
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
@@ -131,22 +135,45 @@ class Controller:
                                evidence={"state": n.state, "flags": list(n.flags), "reason": n.reason}))
         return out
 
+    def _reload_rules(self) -> None:
+        stamp = rules_stamp(self._rules_path)
+        if stamp == self._rules_stamp:
+            return
+        self._rules_stamp = stamp
+        try:
+            rules = load_rules(self._rules_path)
+        except (ValueError, OSError) as exc:  # a broken edit keeps the rules we have
+            self.log.event("rules", f"RULES not reloaded, keeping {len(self.rules)}: {exc}", error=str(exc))
+            return
+        self.rules = rules
+        self.log.event("rules", f"RULES reloaded: {len(rules)} rules", rules=len(rules))
+
     def _events(self, now: float) -> list[dict]:
         windows = [r.window_s for r in self.rules if r.enabled and (r.log or r.health)]
+        windows += [r.composite.needs()["events"] for r in self.rules if r.enabled and r.composite]
+        windows = [w for w in windows if w > 0]
         if not windows:
             return []
         return [normalise(r) for r in self.conn.execute("SELECT * FROM events WHERE ts >= ?", (now - max(windows),))]
 
     def _samples(self, now: float) -> list[dict]:
-        metric_rules = [r for r in self.rules if r.enabled and r.metric]
-        if not metric_rules:
+        wanted = {}
+        for r in self.rules:
+            if r.enabled and r.metric:
+                wanted[r.metric.metric] = max(wanted.get(r.metric.metric, 0.0), r.metric.window_s)
+            elif r.enabled and r.composite:
+                for name, w in r.composite.needs()["metrics"].items():
+                    wanted[name] = max(wanted.get(name, 0.0), w)
+        if not wanted:
             return []
-        names = sorted({r.metric.metric for r in metric_rules})
-        window = max(r.metric.window_s for r in metric_rules)
+        names = sorted(wanted)
+        window = max(wanted.values())
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
         windows = [r.kpi.window_s for r in self.rules if r.enabled and r.kpi]
+        windows += [r.composite.needs()["kpis"] for r in self.rules if r.enabled and r.composite]
+        windows = [w for w in windows if w > 0]
         if not windows:
             return []
         return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
@@ -377,6 +404,21 @@ class Controller:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
                               (key, json.dumps(value), self.clock()))
+
+
+def rules_stamp(path: Path | None) -> tuple:
+    """What changes when a rule file is written, added or removed (cheap enough to check every tick)."""
+    if path is None:
+        return ()
+    files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:

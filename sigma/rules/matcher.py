@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from sigma.findings import Finding, clean
+from sigma.rules.composite import evaluate_composite
 from sigma.rules.schema import OPS, HealthMatch, KpiMatch, LogMatch, MetricMatch, Rule
 
 MAX_EVIDENCE_ROWS = 20
@@ -48,6 +49,9 @@ def evaluate(rules: Iterable[Rule], *, now: float, events: Iterable[Mapping] = (
         elif rule.kpi is not None:
             findings += _kpi(rule, rule.kpi, [k for k in kpis if lo <= k["ts"] <= now
                                               and k["ts"] > since_job.get(int(k["job_id"]), 0.0)])
+        elif rule.composite is not None:  # each leaf applies its own window
+            findings += evaluate_composite(rule, now=now, events=events, samples=samples, kpis=kpis, since=since,
+                                           jobs_on_node=jobs_on_node, since_job=since_job)
     return findings
 
 

@@ -1,7 +1,7 @@
 """The failure-signature rule schema: one rule = one known fault, how to recognise it and what to do.
 
 A rule file (`configs/rules/*.yaml`) holds `version:` and `rules:`, a list of Rule mappings. Exactly one of
-the match kinds (log, metric, health, kpi) is set per rule.
+the match kinds (log, metric, health, kpi, composite) is set per rule.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ Op = Literal["<", "<=", ">", ">=", "==", "!="]
 Agg = Literal["last", "min", "max", "mean", "count", "delta", "range"]
 
 DRAIN_ACTIONS = ("drain", "drain+reboot", "drain+ticket")
+MATCH_KINDS = ("log", "metric", "health", "kpi", "composite")
 OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
@@ -107,6 +108,7 @@ class Rule:
     metric: MetricMatch | None = None  # match on samples
     health: HealthMatch | None = None  # match on health-check results
     kpi: KpiMatch | None = None  # match on job KPIs
+    composite: Composite | None = None  # all/any of conditions on one node (sigma/rules/composite.py)
     evidence: list[str] = field(default_factory=lambda: ["events"])  # what to keep: events samples kpis health
     requeue_jobs: bool = True  # drain actions: requeue the jobs running on the node
     shadow: bool = False  # log what would happen, do nothing
@@ -115,9 +117,11 @@ class Rule:
     def __post_init__(self):
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", self.id):
             raise ValueError(f"rule id {self.id!r} must be lower-case letters, digits, '.', '-'")
-        kinds = [k for k in ("log", "metric", "health", "kpi") if getattr(self, k) is not None]
+        kinds = [k for k in MATCH_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"rule {self.id}: set exactly one of log, metric, health, kpi (got {kinds or 'none'})")
+            raise ValueError(f"rule {self.id}: set exactly one of {', '.join(MATCH_KINDS)} (got {kinds or 'none'})")
+        if self.composite is not None and self.scope != "node":
+            raise ValueError(f"rule {self.id}: a composite match needs scope: node")
         if self.kpi is not None and self.scope != "job":
             raise ValueError(f"rule {self.id}: a kpi match needs scope: job")
         if self.scope == "job" and self.action in DRAIN_ACTIONS:
@@ -128,7 +132,7 @@ class Rule:
 
     @property
     def match_kind(self) -> str:
-        return next(k for k in ("log", "metric", "health", "kpi") if getattr(self, k) is not None)
+        return next(k for k in MATCH_KINDS if getattr(self, k) is not None)
 
     @property
     def window_s(self) -> float:
@@ -159,3 +163,7 @@ def _check_regex(pattern: str, name: str) -> None:
 def _check_count(count: int, window_s: float) -> None:
     if count < 1 or not math.isfinite(window_s) or window_s <= 0:
         raise ValueError("count must be >= 1 and window_s > 0")
+
+
+# Registration of composite conditions (they build on the match kinds above, so they are imported last).
+from sigma.rules.composite import Composite  # noqa: E402
