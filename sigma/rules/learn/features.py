@@ -64,17 +64,22 @@ class Templates:
         return next(c.get_template() for c in self.miner.drain.clusters if c.cluster_id == cluster_id)
 
 
+def log_lines(ex: Example) -> list[dict]:
+    """The node's log-line events (source 'log'), which is what a learned log condition matches."""
+    return [e for e in ex.own_events() if e.get("source") == "log"]
+
+
 def contrastive_templates(train: list[Example]) -> list[Template]:
     """Templates of the training windows' lines, the most fault-specific first."""
     miner = Templates()
     for ex in train:
-        for e in ex.own_events():
+        for e in log_lines(ex):
             miner.add(e.get("message", ""))
     per_window: dict[int, list[set]] = {True: [], False: []}
     lines: dict[int, list[str]] = defaultdict(list)
     for ex in train:
         seen = set()
-        for e in ex.own_events():
+        for e in log_lines(ex):
             cid = miner.match(e.get("message", ""))
             if cid is not None:
                 seen.add(cid)
