@@ -111,6 +111,10 @@ def log_set(name: str, split: float, extra_rules: list | None = None) -> dict:
     truth = [x["label"] != "-" for x in future]
     learned = [hits(rules, line_example(x, False)) for x in future] if rules else [False] * len(future)
     keywords = [bool(KEYWORDS.search(x["message"])) for x in future]
+    seen = {x["label"] for x in past} - {"-"}
+    coming = {x["label"] for x in future} - {"-"}
+    notes.append(f"alert categories in the scored part: {len(coming)}, of which seen in the learning part: "
+                 f"{len(coming & seen)} ({', '.join(sorted(coming & seen)) or 'none'})")
     out = {"set": name, "lines": len(lines), "scored": len(future), "alerts": sum(truth), "problems": problems,
            "proposed": proposed, "accepted": accepted, "rules": [r.id for r in rules],
            "learn_wall_s": round(wall, 2), "notes": notes, "_rules": rules}
@@ -250,6 +254,8 @@ def main() -> int:
     print(f"rule learning, learn on the oldest {args.split:.0%}, score on the rest (deterministic proposer, "
           f"fp_budget {DEFAULTS.fp_budget}, max_iterations {DEFAULTS.max_iterations})\n")
     bgl = None
+    if "thunderbird" in args.sets and "bgl" not in args.sets:
+        bgl = log_set("BGL", args.split)  # its rules are tried on Thunderbird's healthy lines
     print(f"{'data set':<12} {'detector':<9} {'precision':>9} {'recall':>7} {'F1':>6}   details")
     for name in [s for s in args.sets if s != "nab"]:
         loghub = {"bgl": "BGL", "hpc": "HPC", "thunderbird": "Thunderbird"}[name]

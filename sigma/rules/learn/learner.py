@@ -80,7 +80,8 @@ def learn(problem: Problem, proposers: list[Proposer], kb: list[Rule], *, max_it
         # feedback is about the most promising rule of any verdict: an accepted one, else the best-scoring reject
         if best:
             rev, raw = best[0], best[1]
-            feedback = Feedback(round_ + 1, raw, rev.train.summary(), rev.train.wrong, rejected_now)
+            ranked = [a[1] for a in sorted(out.accepted, key=lambda a: _rank(a[0]), reverse=True)]
+            feedback = Feedback(round_ + 1, raw, rev.train.summary(), rev.train.wrong, rejected_now, ranked)
             if rev.train.fp == 0 and rev.train.fn == 0:
                 break  # converged: nothing left to fix on the training data
         else:

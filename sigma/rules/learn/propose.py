@@ -30,6 +30,7 @@ class Feedback:
     best_scores: dict = field(default_factory=dict)
     wrong: list[dict] = field(default_factory=list)
     rejected: list[dict] = field(default_factory=list)  # {"rule": raw, "reasons": [...]} of the last round
+    accepted: list[dict] = field(default_factory=list)  # raw rules accepted so far, best first
 
 
 class Proposer(Protocol):
@@ -97,7 +98,22 @@ class DeterministicProposer:
         if len(logs) > 1 and feedback.best_scores.get("fn", 0):
             out.append(finish(problem, {"composite": {"any": [{"log": m} for m in logs[:3]]}},
                               f"any of {min(3, len(logs))} log templates"))
+        if len(feedback.accepted) > 1 and feedback.best_scores.get("fn", 0):
+            # each accepted rule catches some faults and no healthy window: together they catch more
+            parts = [_condition(raw) for raw in feedback.accepted[:MAX_UNION]]
+            out.append(finish(problem, {"composite": {"any": parts}}, f"any of {len(parts)} accepted rules"))
         return out
+
+
+MAX_UNION = 6  # accepted rules joined into one `any` when each misses some faults
+
+
+def _condition(raw: dict) -> dict:
+    """A rule's match as a condition of a composite."""
+    if "composite" in raw:
+        return dict(raw["composite"])
+    kind = next(k for k in ("log", "metric", "health", "kpi") if k in raw)
+    return {kind: raw[kind]}
 
 
 def _metric(th, window: float) -> dict:
