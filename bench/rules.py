@@ -11,8 +11,9 @@ controller database; learned rules are scored through the real matcher.
   HPC has no alert labels upstream: it is scored against a proxy label named in the output (the line's State field
   says the component failed), not ground truth. Thunderbird's sample has no alert at all: learning on it must say
   so, and the false alarms of the BGL rules and of the keywords on its 2,000 healthy lines are reported.
-- NAB, per series: examples are windows of `--window` samples ending every `--window/2` samples, a fault when the
-  window ends inside a labelled anomaly window; alarms are the windows a rule matches. Event-level: a labelled
+- NAB, per series: examples are windows of `--window` samples. The incidents are the labelled anomaly points of
+  the learning part (each gives the windows that contain it); healthy windows, every `--window/2` samples, touch
+  no labelled anomaly window. Alarms are the scored part's windows (every `--window/2` samples) a rule matches. Event-level: a labelled
   window (in the scored part) is detected when an alarm falls in it; precision = alarms inside windows / alarms.
   Also the NAB score, standard profile (TP 1, FP 0.11, FN 1; earliest detection per window, scaled sigmoid,
   normalised 0 = no detections, 100 = perfect), over the scored part. Baseline: a static threshold at the
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from sigma.rules.learn import LearnError  # noqa: E402
 from sigma.rules.learn.config import LearnConfig  # noqa: E402
-from sigma.rules.learn.examples import Example, Problem  # noqa: E402
+from sigma.rules.learn.examples import Example, Problem, chronological_split  # noqa: E402
 from sigma.rules.learn.learner import learn  # noqa: E402
 from sigma.rules.learn.propose import DeterministicProposer  # noqa: E402
 from sigma.rules.learn.review import hits, repair  # noqa: E402
@@ -161,33 +162,38 @@ def nab_raw(detections: list[float], windows: list[tuple[float, float]], lo: flo
     return score - STANDARD["fn"] * (len(windows) - len(detected))
 
 
-def nab_file(rel: str, windows_all: list, split: float, window: int) -> dict:
+def nab_file(rel: str, windows_all: list, point_labels: list, split: float, window: int) -> dict:
     rows = list(csv.DictReader((DATA / "nab" / "data" / rel).open()))
     ts = [parse_ts(r["timestamp"]) for r in rows]
     vals = [float(r["value"]) for r in rows]
     windows = [(parse_ts(a), parse_ts(b)) for a, b in windows_all]
+    points = {parse_ts(p) for p in point_labels}
     cut = int(len(rows) * split)
     step = max(1, window // 2)
     span = ts[window] - ts[0] if len(ts) > window else 300.0 * window
     samples = [{"node": "series", "ts": t, "metric": "value", "value": v, "labels": {}} for t, v in zip(ts, vals)]
 
-    def example(end_i: int) -> Example:
+    def example(end_i: int, positive) -> Example:
         t_end = ts[end_i]
         rows_ = samples[max(0, end_i - window + 1): end_i + 1]
-        return Example("series", t_end - span, t_end, any(a <= t_end <= b for a, b in windows), f"row {end_i}",
-                       samples=rows_)
+        return Example("series", t_end - span, t_end, bool(positive), f"row {end_i}", samples=rows_)
 
-    ends = list(range(window - 1, len(rows), step))
-    past = [example(i) for i in ends if i < cut]
-    future = [example(i) for i in ends if i >= cut]
+    # incidents are the labelled anomaly points: each gives the windows that contain it (as a fault's window
+    # around its time in the controller); healthy windows are those that touch no labelled anomaly window
+    in_window = [any(a <= t <= b for a, b in windows) for t in ts]
+    point_rows = [i for i, t in enumerate(ts) if t in points and i < cut]
+    pos_ends = sorted({i + j for i in point_rows for j in range(window) if i + j < cut})
+    past_pos = [example(i, True) for i in pos_ends]
+    past_neg = [example(i, False) for i in range(window - 1, cut, step)
+                if not any(in_window[max(0, i - window + 1): i + 1])]
+    future = [example(i, None) for i in range(max(cut, window - 1), len(rows), step)]
     t0 = time.monotonic()
     rules, proposed, accepted, note = [], 0, 0, ""
-    pos = [e for e in past if e.positive]
-    if len(pos) < 3:
-        note = f"{len(pos)} fault windows in the learning part: too few incidents, nothing learned"
+    if not point_rows:
+        note = "no labelled anomaly in the learning part: too few incidents, nothing learned"
     else:
-        k = int(len(past) * 0.7)  # the newest 30 % of the past reviews
-        rules, proposed, accepted, _ = learn_problem(Problem(rel, past[:k], past[k:], {}))
+        train, test, in_sample = chronological_split(past_pos, past_neg, DEFAULTS.test_fraction)
+        rules, proposed, accepted, _ = learn_problem(Problem(rel, train, test, {}, in_sample=in_sample))
     wall = time.monotonic() - t0
     mu, sd = statistics.fmean(vals[:cut]), statistics.pstdev(vals[:cut]) or 1e-9
     static = [repair({"id": "static-high", "description": "static threshold", "severity": "error", "action": "drain",
@@ -215,9 +221,10 @@ def nab_file(rel: str, windows_all: list, split: float, window: int) -> dict:
 
 def nab_set(split: float, window: int, limit: int | None) -> dict:
     labels = json.loads((DATA / "nab" / "labels" / "combined_windows.json").read_text())
+    points = json.loads((DATA / "nab" / "labels" / "combined_labels.json").read_text())
     files = sorted(str(p.relative_to(DATA / "nab" / "data")) for p in (DATA / "nab" / "data").glob("*/*.csv"))
     files = files[:limit] if limit else files
-    per = [nab_file(f, labels.get(f, []), split, window) for f in files]
+    per = [nab_file(f, labels.get(f, []), points.get(f, []), split, window) for f in files]
     out = {"set": "NAB", "files": len(per), "windows": sum(p["windows"] for p in per),
            "proposed": sum(p["proposed"] for p in per), "accepted": sum(p["accepted"] for p in per),
            "learned_files": sum(1 for p in per if p["rules"]), "learn_wall_s": round(sum(p["learn_wall_s"]
@@ -284,7 +291,7 @@ def main() -> int:
               f"rules for {r['learned_files']} series, {r['learn_wall_s']:.2f} s")
         skipped = [p for p in r["per_file"] if p["note"]]
         if skipped:
-            print(f"{'':<12} {len(skipped)} series had fewer than 3 fault windows in the learning part "
+            print(f"{'':<12} {len(skipped)} series had no labelled anomaly in the learning part "
                   f"(nothing learned: too few incidents)")
     return 0
 

@@ -203,3 +203,23 @@ def test_candidate_files_are_plain_yaml_with_rule_and_candidate(tmp_path, kb):
     data = yaml.safe_load(path.read_text())
     assert set(data) == {"candidate", "rule"} and data["candidate"]["status"] == "candidate"
     assert len(load_rules(kb)) == len(load_rules(configs_dir() / "rules"))  # candidates never run
+
+
+def test_recovered_isolation_incidents_are_learned_from_and_one_can_be_picked(tmp_path, kb):
+    """An isolation confirmed by recovery is a label by itself; --incident picks any one incident."""
+    h = FakeHistory(tmp_path / "c.db", hours=2)
+    with h.conn:
+        for node, dt, status in (("node2", 1800, "resolved"), ("node4", 4000, "acted")):
+            h.event(node, T0 + dt, NVME.format(code=5))
+            h.conn.execute("INSERT INTO incidents (key, opened_at, updated_at, rule_id, source, scope, node, severity,"
+                           " action, category, fault_ts, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (f"isolation-outlier|{node}|", T0 + dt + 60, T0 + dt + 60, "isolation-outlier",
+                            "isolation", "node", node, "error", "drain", "isolation", T0 + dt, status))
+    (p,) = problems(h.conn, LearnConfig(), since=T0, now=h.end)
+    assert p.cause == "isolation" and p.provenance["sources"] == ["incident 1"]  # 'acted' is not confirmed yet
+    (p,) = problems(h.conn, LearnConfig(), since=T0, now=h.end, incident=2)
+    assert p.provenance["sources"] == ["incident 2"]
+    with pytest.raises(LearnError, match="no incident 7"):
+        problems(h.conn, LearnConfig(), since=T0, now=h.end, incident=7)
+    learn(h, kb)
+    assert "controller\\s+fatal" in only_candidate(kb)["rule"]["log"]["message"]
