@@ -117,6 +117,7 @@ def _errors(fn):
 
 @_errors
 def _learn(args) -> int:
+    from sigma.rules.learn.history import known_nodes
     from sigma.rules.learn.run import Breaker, run
     from sigma.rules.loader import load_rules
 
@@ -127,7 +128,7 @@ def _learn(args) -> int:
     kb = load_rules(settings["rules"])
     b = settings["breaker"]
     breaker = Breaker(**{k: b[k] for k in ("max_nodes", "max_fraction", "window_s") if k in b})
-    total = conn.execute("SELECT COUNT(DISTINCT node) FROM samples WHERE ts >= ?", (since,)).fetchone()[0]
+    total = len(known_nodes(conn, since))
     result = run(conn, cfg, kb, _store(args, settings), since=since, breaker=breaker, total_nodes=max(1, total),
                  incident=args.incident, only=args.proposer)
     if args.json:

@@ -68,12 +68,12 @@ def problems(conn: sqlite3.Connection, cfg: LearnConfig, *, since: float, now: f
     fault_times = defaultdict(list)
     for f in _faults(conn, since - cfg.window_before_s, None, every=True):
         fault_times[f["node"]].append(f["ts"])
-    out, skipped = [], []
+    out, skipped, cache = [], [], {}  # cache: (node, metric) pairs per node, enumerated once
     for cause, items in sorted(by_cause.items()):
         positives, notes = [], []
         for f in items:
             ex = _example(conn, f["node"], f["ts"] - cfg.window_before_s, f["ts"] + cfg.window_after_s, True,
-                          f["source"])
+                          f["source"], cache)
             if ex.empty or not (ex.own_events() or ex.own_samples()):
                 notes.append(f"{f['source']} ({f['node']}, {_t(ex.start)}..{_t(ex.end)}): no telemetry of the node "
                              f"in the controller database for that window (past retention, or its sidecar was down)")
@@ -83,7 +83,7 @@ def problems(conn: sqlite3.Connection, cfg: LearnConfig, *, since: float, now: f
             skipped.append(f"{cause}: {len(positives)} confirmed incident(s) with data, min_incidents is "
                            f"{cfg.min_incidents}" + ("; " + "; ".join(notes) if notes else ""))
             continue
-        negatives = _healthy(conn, cfg, positives, fault_times, since, now)
+        negatives = _healthy(conn, cfg, positives, fault_times, since, now, cache)
         if len(negatives) < cfg.min_normal_windows:
             skipped.append(f"{cause}: {len(negatives)} healthy window(s) of history, min_normal_windows is "
                            f"{cfg.min_normal_windows} (no false-positive estimate without healthy data)")
@@ -136,13 +136,12 @@ def _faults(conn, since: float, incident: int | None, every: bool = False) -> li
     return out if not every else [f for f in out if f.get("verdict", "fault") == "fault"]
 
 
-def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict, since: float, now: float
-             ) -> list[Example]:
+def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict, since: float, now: float,
+             cache: dict) -> list[Example]:
     """Windows as long as the fault windows: each node, stepping back from every fault window (so peers
     meanwhile come first, then the same and other nodes earlier), none near a fault on that node."""
     span = cfg.window_before_s + cfg.window_after_s
-    nodes = [r[0] for r in conn.execute("SELECT DISTINCT node FROM samples WHERE ts >= ? UNION SELECT DISTINCT node"
-                                        " FROM events WHERE ts >= ?", (since, since))]
+    nodes = known_nodes(conn, since)
     wanted: list[tuple[str, float]] = []
     for step in range(0, 10_000):
         added = False
@@ -165,33 +164,71 @@ def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict
         if (node, end) in seen or end > now + cfg.window_after_s:
             continue
         seen.add((node, end))
-        ex = _example(conn, node, end - span, end, False, "healthy")
+        ex = _example(conn, node, end - span, end, False, "healthy", cache)
         if ex.own_events() or ex.own_samples():
             out.append(ex)
     return out[:cfg.max_normal_windows]
 
 
-def _example(conn, node: str, start: float, end: float, positive: bool, source: str) -> Example:
+# The samples table has one index, (node, metric, ts): a window is read per (node, metric) pair, entered at its
+# start (the pairs are enumerated once per node by index seeks, a skip scan), never by a pass over the table.
+_PAIRS_SQL = """WITH RECURSIVE pairs(node, metric) AS (
+    SELECT j.value, (SELECT min(metric) FROM samples WHERE node = j.value) FROM json_each(?) AS j
+    UNION ALL SELECT node, (SELECT min(metric) FROM samples WHERE node = pairs.node AND metric > pairs.metric)
+        FROM pairs WHERE metric IS NOT NULL) SELECT node, metric FROM pairs WHERE metric IS NOT NULL"""
+_WINDOW_SQL = ("SELECT s.* FROM json_each(?) AS p CROSS JOIN samples AS s ON s.node = json_extract(p.value, '$[0]')"
+               " AND s.metric = json_extract(p.value, '$[1]') AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts")
+_NODES_SQL = """WITH RECURSIVE nodes(node) AS (SELECT min(node) FROM samples
+    UNION ALL SELECT (SELECT min(node) FROM samples WHERE node > nodes.node) FROM nodes WHERE node IS NOT NULL)
+    SELECT node FROM nodes WHERE node IS NOT NULL"""
+
+
+def known_nodes(conn, since: float) -> list[str]:
+    """Nodes with samples (a skip scan of the index) or with events since `since`."""
+    nodes = {r[0] for r in conn.execute(_NODES_SQL)}
+    nodes |= {r[0] for r in conn.execute("SELECT DISTINCT node FROM events WHERE ts >= ?", (since,))}
+    return sorted(nodes)
+
+
+def _pairs(conn, nodes: set[str], cache: dict) -> list[list[str]]:
+    out = []
+    for node in sorted(nodes):
+        if node not in cache:
+            cache[node] = [[r[0], r[1]] for r in conn.execute(_PAIRS_SQL, (json.dumps([node]),))]
+        out += cache[node]
+    return out
+
+
+def _example(conn, node: str, start: float, end: float, positive: bool, source: str, cache: dict) -> Example:
     jobs = _jobs(conn, start, end)
     peers = {n for n, js in jobs.items() if set(js) & set(jobs.get(node, []))} | {node}
     marks = ",".join("?" * len(peers))
-    rows = lambda table: [_decode(r) for r in conn.execute(
-        f"SELECT * FROM {table} WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts",
+    events = [_decode(r) for r in conn.execute(
+        f"SELECT * FROM events WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*sorted(peers), start, end))]
-    return Example(node, start, end, positive, source, events=rows("events"), samples=rows("samples"),
-                   kpis=rows("kpis"), jobs_on_node={n: js for n, js in jobs.items() if n in peers})
+    samples = [_decode(r) for r in conn.execute(_WINDOW_SQL, (json.dumps(_pairs(conn, peers, cache)), start, end))]
+    job_ids = sorted({j for n in peers for j in jobs.get(n, [])})
+    kpis = [_decode(r) for r in conn.execute(
+        f"SELECT * FROM kpis WHERE job_id IN ({','.join('?' * len(job_ids))}) AND ts >= ? AND ts <= ? ORDER BY ts",
+        (*job_ids, start, end))] if job_ids else []
+    return Example(node, start, end, positive, source, events=events, samples=samples, kpis=kpis,
+                   jobs_on_node={n: js for n, js in jobs.items() if n in peers})
 
 
 def _jobs(conn, start: float, end: float) -> dict[str, list[int]]:
-    """Which jobs ran on which node in the window (the job_ids the sidecars stamp on events)."""
+    """Which jobs ran on which node in the window: the job_ids the sidecars stamp on events, and what SLURM said
+    (node snapshots: the one in force at the start and the changes during the window)."""
     out: dict[str, set[int]] = defaultdict(set)
-    for table in ("events", "samples"):
-        for r in conn.execute(f"SELECT DISTINCT node, job_ids FROM {table} WHERE ts >= ? AND ts <= ? AND"
-                              " job_ids != '[]'", (start, end)):
-            out[r["node"]].update(int(j) for j in json.loads(r["job_ids"]))
-    for r in conn.execute("SELECT DISTINCT node, job_id FROM kpis WHERE ts >= ? AND ts <= ?", (start, end)):
-        out[r["node"]].add(int(r["job_id"]))
-    return {n: sorted(js) for n, js in out.items()}
+    for r in conn.execute("SELECT DISTINCT node, job_ids FROM events WHERE ts >= ? AND ts <= ? AND job_ids != '[]'",
+                          (start, end)):
+        out[r["node"]].update(int(j) for j in json.loads(r["job_ids"]))
+    nodes = [r[0] for r in conn.execute("SELECT DISTINCT node FROM node_snapshots")]
+    for node in nodes:
+        for r in conn.execute("SELECT jobs FROM (SELECT ts, jobs FROM node_snapshots WHERE node = ? AND ts <= ?"
+                              " ORDER BY ts DESC LIMIT 1) UNION ALL SELECT jobs FROM node_snapshots WHERE node = ?"
+                              " AND ts > ? AND ts <= ?", (node, start, node, start, end)):
+            out[node].update(int(j) for j in json.loads(r["jobs"]))
+    return {n: sorted(js) for n, js in out.items() if js}
 
 
 def _decode(row) -> dict:
