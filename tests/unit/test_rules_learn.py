@@ -223,3 +223,14 @@ def test_recovered_isolation_incidents_are_learned_from_and_one_can_be_picked(tm
         problems(h.conn, LearnConfig(), since=T0, now=h.end, incident=7)
     learn(h, kb)
     assert "controller\\s+fatal" in only_candidate(kb)["rule"]["log"]["message"]
+
+
+def test_learning_again_keeps_an_admins_rejection(tmp_path, kb):
+    h = FakeHistory(tmp_path / "c.db", hours=1)
+    h.nvme_fault("node2", T0 + 1800)
+    learn(h, kb)
+    cid = only_candidate(kb)["candidate"]["id"]
+    Candidates(kb).set_status(cid, "rejected", reason="known, handled elsewhere")
+    result = learn(h, kb)
+    assert result["candidates"] == [] and any("it was rejected before" in n for n in result["notes"])
+    assert only_candidate(kb)["candidate"]["status"] == "rejected"

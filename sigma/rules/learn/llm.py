@@ -60,7 +60,9 @@ class LlmProposer:
             if isinstance(raw, dict):
                 raw.pop("id", None)
                 raw["id"] = rule_id(problem, {k: v for k, v in raw.items() if k in ("log", "metric", "composite")})
-                raw.setdefault("scope", "node")
+                # what the rule does is the admin's call (the label, the learn config), never the model's
+                raw.update(scope="node", action=problem.action, category=problem.category, shadow=False,
+                           enabled=True)
         return raws
 
 

@@ -66,6 +66,10 @@ def run(conn, cfg: LearnConfig, kb: list[Rule], store: Candidates, *, since: flo
     written = []
     for p, out in outcomes:  # only now, after every cause was learned: a failure above leaves no files
         for rev, raw, proposer, round_ in _best_per_proposer(out):
+            decided = _decided(store, raw["id"])
+            if decided:  # learned again: an admin's promotion or rejection stands
+                notes.append(f"{raw['id']} learned again; it was {decided} before, left as it is")
+                continue
             record = {"candidate": {
                 "id": raw["id"], "status": "candidate", "created_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "cause": p.cause, "proposer": proposer, "round": round_, "rounds": out.rounds,
@@ -76,6 +80,14 @@ def run(conn, cfg: LearnConfig, kb: list[Rule], store: Candidates, *, since: flo
             written.append(str(store.write(record)))
     return {"candidates": written, "notes": notes, "wall_s": round(time.monotonic() - t0, 3),
             "causes": [_summary(p, out) for p, out in outcomes]}
+
+
+def _decided(store: Candidates, cid: str) -> str | None:
+    try:
+        status = store.get(cid)["candidate"].get("status", "candidate")
+    except LearnError:
+        return None
+    return None if status == "candidate" else status
 
 
 def _best_per_proposer(out: Outcome) -> list[tuple]:
