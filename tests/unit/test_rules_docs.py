@@ -25,3 +25,12 @@ def test_every_rules_command_is_documented():
     for name in actions:
         assert f"sigma rules {name}" in DOC
     assert (project_root() / "sbatch" / "learn-rules.sbatch").exists() and "learn-rules.sbatch" in DOC
+
+
+def test_learn_rules_sbatch_is_valid_bash_and_runs_sigma_rules_learn():
+    import subprocess
+
+    script = project_root() / "sbatch" / "learn-rules.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert '"$sigma" rules learn "$@"' in text and "#SBATCH --job-name=sigma-learn-rules" in text

@@ -219,10 +219,16 @@ def test_recovered_isolation_incidents_are_learned_from_and_one_can_be_picked(tm
     assert p.cause == "isolation" and p.provenance["sources"] == ["incident 1"]  # 'acted' is not confirmed yet
     (p,) = problems(h.conn, LearnConfig(), since=T0, now=h.end, incident=2)
     assert p.provenance["sources"] == ["incident 2"]
+    from sigma.rules.learn.history import add_label
+
+    add_label(h.conn, node="node4", fault_ts=T0 + 4000, verdict="fault", cause="nvme reset", incident_id=2)
+    causes = {p.cause: p.provenance["sources"] for p in problems(h.conn, LearnConfig(), since=T0, now=h.end)}
+    assert causes == {"isolation": ["incident 1"], "nvme reset": ["incident 2"]}  # the admin's verdict confirms it
     with pytest.raises(LearnError, match="no incident 7"):
         problems(h.conn, LearnConfig(), since=T0, now=h.end, incident=7)
     learn(h, kb)
-    assert "controller\\s+fatal" in only_candidate(kb)["rule"]["log"]["message"]
+    found = {c["candidate"]["cause"]: c["rule"]["log"]["message"] for c in Candidates(kb).all()}
+    assert set(found) == {"isolation", "nvme reset"} and all("controller\\s+fatal" in m for m in found.values())
 
 
 def test_learning_again_keeps_an_admins_rejection(tmp_path, kb):
