@@ -240,3 +240,14 @@ def test_learning_again_keeps_an_admins_rejection(tmp_path, kb):
     result = learn(h, kb)
     assert result["candidates"] == [] and any("it was rejected before" in n for n in result["notes"])
     assert only_candidate(kb)["candidate"]["status"] == "rejected"
+
+
+def test_review_bound_is_the_controllers_breaker():
+    """sigma.rules does not import the controller; its copy of the breaker must stay the same as the controller's."""
+    from sigma.controller.act.guards import breaker_limit
+    from sigma.controller.config import BreakerConfig
+
+    b, mine = BreakerConfig(), Breaker()
+    assert (mine.max_nodes, mine.max_fraction, mine.window_s) == (b.max_nodes, b.max_fraction, b.window_s)
+    for total in (1, 3, 4, 8, 40, 1000):
+        assert mine.limit(total) == breaker_limit(total, b.max_nodes, b.max_fraction)
