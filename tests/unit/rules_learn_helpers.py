@@ -61,7 +61,12 @@ class FakeHistory:
             add_label(self.conn, node=node, fault_ts=ts, verdict="fault", cause="nvme controller reset",
                       category="disk")
 
-    def edac_job(self, ts: float, job: int, bad: str | None) -> None:
+    def scrub_job(self, ts: float, job: int, node: str) -> None:
+        """A job during which one node's memory patrol scrub counts corrected errors: its counter leads its
+        peers, with no error message, and nothing is wrong with the node."""
+        self.edac_job(ts, job, node, message=False, label=False)
+
+    def edac_job(self, ts: float, job: int, bad: str | None, message: bool = True, label: bool = True) -> None:
         """A job on every node logs the same corrected-error message (user code, all nodes); a bad DIMM also
         makes its node's DRAM error counter climb far above its peers'."""
         level = self.rng.uniform(50, 400)  # how hard this job's code hits memory: the same on every node
@@ -77,6 +82,6 @@ class FakeHistory:
                     self.sample(node, ts - 240 + 40 * k, "gpu.dram.ce", base + rate * k / 5, jobs=[job])
                 self.conn.execute("UPDATE samples SET value = value + ? WHERE node = ? AND metric = 'gpu.dram.ce'"
                                   " AND ts > ?", (rate, node, ts + 400))  # a counter never goes back
-                self.event(node, ts - 5 - i, EDAC.format(n=i), jobs=[job])
-        if bad:
+                self.event(node, ts - 5 - i, EDAC.format(n=i) if message else "usb 1-1: new device", jobs=[job])
+        if bad and label:
             add_label(self.conn, node=bad, fault_ts=ts, verdict="fault", cause="dimm fault", category="memory")

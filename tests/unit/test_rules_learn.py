@@ -63,18 +63,26 @@ def test_new_log_signature_becomes_a_log_rule_with_provenance_scores_and_example
 
 def test_same_message_on_every_node_is_told_apart_by_the_peer_ranking(tmp_path, kb):
     """The paper's case 1: a memory-error message that user code causes on every node of a job, and a bad DIMM
-    whose node's error counter leads its peers. The log template alone is rejected with its evidence."""
-    h = FakeHistory(tmp_path / "c.db")
+    whose node's error counter leads its peers. Neither feature alone separates them (the message appears on
+    healthy nodes; patrol scrubbing makes a healthy node's counter lead too), so the first round's rules are
+    rejected with their evidence and the second round combines the log template with the peer ranking."""
+    h = FakeHistory(tmp_path / "c.db", hours=4.5)
     for i, bad in enumerate(["node2", None, "node3", None, "node1", None, "node4", None, "node2"]):
-        h.edac_job(T0 + 1800 + i * 1000, 100 + i, bad)
+        h.edac_job(T0 + 1800 + i * 1500, 100 + i, bad)
+        if i % 2:  # far enough from the messages that no window holds both
+            h.scrub_job(T0 + 2550 + i * 1500, 200 + i, ["node1", "node3", "node4", "node2"][i % 4])
     result = learn(h, kb)
     c = only_candidate(kb)
     leaves = c["rule"]["composite"]["all"]
+    assert c["candidate"]["round"] == 2
     assert any("peer_rank" in leaf and leaf["peer_rank"]["metric"] == "gpu.dram.ce" for leaf in leaves)
+    assert any("log" in leaf and "EDAC" in leaf["log"]["message"] for leaf in leaves)
     assert c["candidate"]["scores"]["test"] == {**c["candidate"]["scores"]["test"], "tp": 2, "fp": 0, "fn": 0}
-    edac = [r for r in result["causes"][0]["rejected"] if "EDAC" in str(r["evidence"])]
+    rejected = result["causes"][0]["rejected"]
+    edac = [r for r in rejected if "EDAC" in str(r["evidence"])]
     assert edac and any("healthy windows" in reason for reason in edac[0]["reasons"])
     assert edac[0]["evidence"][0]["label"] == "healthy"
+    assert result["causes"][0]["rounds"] == 2 and result["causes"][0]["accepted"] == 1
 
 
 def test_fp_budget_and_breaker_reject_a_rule_matching_healthy_history(tmp_path, kb):
