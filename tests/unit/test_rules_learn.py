@@ -82,7 +82,7 @@ def test_same_message_on_every_node_is_told_apart_by_the_peer_ranking(tmp_path, 
     edac = [r for r in rejected if "EDAC" in str(r["evidence"])]
     assert edac and any("healthy windows" in reason for reason in edac[0]["reasons"])
     assert edac[0]["evidence"][0]["label"] == "healthy"
-    assert result["causes"][0]["rounds"] == 2 and result["causes"][0]["accepted"] == 1
+    assert result["causes"][0]["rounds"] == 2 and result["causes"][0]["accepted"] >= 1
 
 
 def test_fp_budget_and_breaker_reject_a_rule_matching_healthy_history(tmp_path, kb):
