@@ -20,6 +20,8 @@ setup(
         "matplotlib>=3.8,<4",  # the plots of `sigma report --html`
         "nvidia-ml-py>=12.535",
         "sqlglot>=25",
+        "drain3>=0.9.11,<0.10",  # log template mining for rule learning
+        "regex>=2023.0",  # bounded-time probes of rule regexes
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
         "torch==2.13.0",
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus

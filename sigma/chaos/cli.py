@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job", type=int, default=None, help="only this job's processes (hang, straggler, nan)")
     p.add_argument("--xid", type=int, default=None, help="log: an NVIDIA Xid code (79, 48, 74, ...)")
     p.add_argument("--signature", choices=sorted(SIGNATURES), default=None, help="log: a named signature")
+    p.add_argument("--line", default=None, help="log: this text as the kernel message (a new signature)")
     p.add_argument("--percent", type=float, default=50.0, help="straggler: share of time the ranks are stopped")
     p.add_argument("--period", type=float, default=1.0, help="straggler: duty-cycle period in seconds")
     p.add_argument("--all", action="store_true", help="undo: every injection not yet undone")
@@ -66,7 +67,7 @@ def _run(args) -> int:
                 raise CommandError(f"nothing would notice: {' and '.join(missing)} not running; start the platform "
                                    f"with `sigma stack up`, or inject anyway with --force")
         inj = chaos.inject(args.kind, args.node, job_id=args.job, xid=args.xid, signature=args.signature,
-                           percent=args.percent, period_s=args.period)
+                           percent=args.percent, period_s=args.period, line=args.line)
     except ChaosError as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(asdict(inj)) if args.json else f"injected {inj.kind} on {inj.node} as {inj.id} "
@@ -112,7 +113,9 @@ def injection_states(cluster, records) -> dict[str, str]:
 
 def _summary(r) -> str:
     if r.kind == "log":
-        return f"xid {r.params['xid']}" if r.params.get("xid") is not None else r.params.get("signature", "")
+        if r.params.get("xid") is not None:
+            return f"xid {r.params['xid']}"
+        return r.params.get("signature") or repr(r.params.get("text") or "")
     if r.kind == "straggler":
         return f"{r.params['percent']:.0f}% stopped, pids {r.params['pids']}"
     if r.kind == "hang":

@@ -1,7 +1,7 @@
 """Fault injection at the source, on the local cluster's emulated nodes; every injection is journaled and undoable.
 
 Kinds:
-  log        a kernel-log signature line in the node's kern.log (Xid code or a named signature)
+  log        a kernel-log line in the node's kern.log (Xid code, a named signature, or any text)
   hang       SIGSTOP every process of the job on the node (undo: SIGCONT)
   straggler  duty-cycle SIGSTOP/SIGCONT of the job's processes on the node, slowing them by a percentage
   node-death SIGKILL the node's slurmd (undo: start it again)
@@ -168,11 +168,12 @@ class Chaos:
 
     # ---------- inject ----------
     def inject(self, kind: str, node: str, *, job_id: int | None = None, xid: int | None = None,
-               signature: str | None = None, percent: float = 50.0, period_s: float = 1.0) -> Injection:
+               signature: str | None = None, percent: float = 50.0, period_s: float = 1.0,
+               line: str | None = None) -> Injection:
         if node not in self.cluster.node_names():
             raise ChaosError(f"unknown node {node!r}; nodes: {', '.join(self.cluster.node_names())}")
         if kind == "log":
-            return self._inject_log(node, xid, signature, job_id)
+            return self._inject_log(node, xid, signature, job_id, line)
         if kind in ("hang", "straggler", "nan"):
             pids = job_pids(self.cluster, node, job_id)
             if not pids:
@@ -191,14 +192,21 @@ class Chaos:
             return self._record(Injection("node-death", node, params={"slurmd_pid": pid}))
         raise ChaosError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
 
-    def _inject_log(self, node: str, xid: int | None, signature: str | None,
-                    job_id: int | None = None) -> Injection:
-        if (xid is None) == (signature is None):
-            raise ChaosError("a log injection needs exactly one of --xid CODE or --signature NAME "
+    def _inject_log(self, node: str, xid: int | None, signature: str | None, job_id: int | None = None,
+                    text: str | None = None) -> Injection:
+        if sum(x is not None for x in (xid, signature, text)) != 1:
+            raise ChaosError("a log injection needs exactly one of --xid CODE, --signature NAME or --line TEXT "
                              f"(signatures: {', '.join(sorted(SIGNATURES))})")
         if signature is not None and signature not in SIGNATURES:
             raise ChaosError(f"unknown signature {signature!r}; known: {', '.join(sorted(SIGNATURES))}")
-        sig = SIGNATURES[signature] if signature is not None else Signature(f"xid-{xid}", "", xid_line(xid), "kernel")
+        if text is not None and (not text.strip() or "\n" in text):
+            raise ChaosError("--line must be one non-empty line of text")
+        if signature is not None:
+            sig = SIGNATURES[signature]
+        elif xid is not None:
+            sig = Signature(f"xid-{xid}", "", xid_line(xid), "kernel")
+        else:  # any message, e.g. a signature no rule knows yet
+            sig = Signature("line", "", text, "kernel")
         if sig.target == "job":
             job_id = job_id or self._only_job(node)
             path = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}" / f"chaos.{node}.log"
@@ -212,7 +220,7 @@ class Chaos:
         with path.open("a") as f:
             f.write(line)
         return self._record(Injection("log", node, job_id=job_id if sig.target == "job" else None,
-                                      params={"xid": xid, "signature": signature, "rule": sig.rule_id,
+                                      params={"xid": xid, "signature": signature, "text": text, "rule": sig.rule_id,
                                               "path": str(path), "line": line}))
 
     def _only_job(self, node: str) -> int:

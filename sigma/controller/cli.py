@@ -382,6 +382,9 @@ def _report(args) -> int:
     a = rep["automation"]
     c.print(f"automation ratio: {a['ratio'] if a['ratio'] is not None else '-'} "
             f"({a['automatic']} automatic, {a['manual']} needed a person)")
+    for h in rep["shadow_hits"]:
+        c.print(f"shadow hits: {h['rule']} would have acted on {', '.join(h['targets'])} ({h['hits']} hits, "
+                f"last {_ts(h['last'])})", soft_wrap=True)
     t = Table(title="incidents")
     for col in ("rule", "status", "count", "detect latency"):
         t.add_column(col)

@@ -29,7 +29,7 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import EventWindows, evaluate_series, normalise
+from sigma.rules.matcher import EventWindows, evaluate_composites, evaluate_series, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -54,7 +54,11 @@ class Controller:
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
+        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit)
+        self._rules_path = None if rules is not None else resolve(cfg.rules, root)
+        self._rules_stamp = rules_stamp(self._rules_path)
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
+        self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
                                clock=clock,
@@ -106,7 +110,8 @@ class Controller:
         try:
             cfg = load_controller_config(config_path) if config_path else self.cfg
             rules = load_rules(resolve(cfg.rules, self.root))
-            rcfg = load_remediation_config(resolve(cfg.remediation, self.root))
+            rcfg = (load_remediation_config(resolve(cfg.remediation, self.root)) if self._remediation_from_disk
+                    else self.rcfg)
         except (ConfigError, OSError) as exc:
             self._counts["reload", "rejected"] += 1
             self.log.event("reload", f"RELOAD rejected, running rules and policy kept: {exc}", result="rejected",
@@ -120,6 +125,9 @@ class Controller:
         self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
         self.journal.max_attempts = cfg.max_action_attempts
         self.rules, self.disabled = rules, {}
+        if self._rules_path is not None:
+            self._rules_path = resolve(cfg.rules, self.root)
+            self._rules_stamp = rules_stamp(self._rules_path)
         self._save_state("disabled_rules", self.disabled)
         old, self.windows = self.windows, EventWindows(self.rules)
         if self._backfill is not None and self._backfill[2] is None:
@@ -137,6 +145,16 @@ class Controller:
                        result="applied", rules=len(rules), restart_needed=kept)
         return True
 
+    def _reload_rules(self) -> None:
+        """A knowledge base on disk whose files changed (a promoted learned rule, an edit) is reloaded as SIGHUP
+        would: a bad edit keeps the running rules."""
+        if self._rules_path is None:
+            return
+        stamp = rules_stamp(self._rules_path)
+        if stamp != self._rules_stamp:
+            self._rules_stamp = stamp
+            self.reload(None)
+
     # ---------- lifecycle ----------
     def start(self) -> None:
         """After a restart: finish what the journal says was planned but never confirmed done."""
@@ -148,6 +166,7 @@ class Controller:
     def tick(self) -> list[Finding]:
         t0 = time.monotonic()
         now = self.clock()
+        self._reload_rules()
         nodes = {n.name: n for n in self.slurm.nodes()}
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
@@ -180,8 +199,12 @@ class Controller:
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
                                          on_error=self._rule_failed)
-        findings += evaluate_series(self.active_rules, now=now, samples=self._samples(now), kpis=self._rule_kpis(now),
+        samples, kpis = self._samples(now), self._rule_kpis(now)
+        findings += evaluate_series(self.active_rules, now=now, samples=samples, kpis=kpis,
                                     since=since, since_job=since_job, on_error=self._rule_failed)
+        findings += evaluate_composites(self.active_rules, now=now, events=self._composite_events(now),
+                                        samples=samples, kpis=kpis, since=since, jobs_on_node=jobs_on_node,
+                                        since_job=since_job, on_error=self._rule_failed)
         findings += self._not_responding(nodes, now)
         if self.cfg.watchdog.enabled:
             for job in running:
@@ -235,16 +258,35 @@ class Controller:
         low = self.conn.execute("SELECT MIN(id) FROM events WHERE ts >= ?", (lo,)).fetchone()[0]
         self._backfill = None if low is None or low > top else (low, top, only)
 
-    def _samples(self, now: float) -> list[dict]:
-        metric_rules = [r for r in self.active_rules if r.metric]
-        if not metric_rules:
+    def _composite_events(self, now: float) -> list[dict]:
+        """Composite rules (learned ones) judge their whole event window each tick: the newest
+        MAX_NEW_EVENTS_PER_TICK rows of it at most, so a flood cannot make the read unbounded."""
+        windows = [r.composite.needs()["events"] for r in self.active_rules if r.composite]
+        windows = [w for w in windows if w > 0]
+        if not windows:
             return []
-        names = sorted({r.metric.metric for r in metric_rules})
-        window = max(r.metric.window_s for r in metric_rules)
+        rows = self.conn.execute("SELECT * FROM events WHERE ts >= ? ORDER BY id DESC LIMIT ?",
+                                 (now - max(windows), MAX_NEW_EVENTS_PER_TICK)).fetchall()
+        return [normalise(r) for r in reversed(rows)]
+
+    def _samples(self, now: float) -> list[dict]:
+        wanted = {}
+        for r in self.active_rules:
+            if r.metric:
+                wanted[r.metric.metric] = max(wanted.get(r.metric.metric, 0.0), r.metric.window_s)
+            elif r.composite:
+                for name, w in r.composite.needs()["metrics"].items():
+                    wanted[name] = max(wanted.get(name, 0.0), w)
+        if not wanted:
+            return []
+        names = sorted(wanted)
+        window = max(wanted.values())
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
         windows = [r.kpi.window_s for r in self.active_rules if r.kpi]
+        windows += [r.composite.needs()["kpis"] for r in self.active_rules if r.composite]
+        windows = [w for w in windows if w > 0]
         if not windows:
             return []
         return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
@@ -498,6 +540,21 @@ def recovered_after_move(verify: dict, rows: list[dict], min_points: int, fracti
     if not baseline:
         return verify.get("kind") == "watchdog-hang"
     return bool(tps and tps >= fraction * baseline)
+
+
+def rules_stamp(path: Path | None) -> tuple:
+    """What changes when a rule file is written, added or removed (cheap enough to check every tick)."""
+    if path is None:
+        return ()
+    files = sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:

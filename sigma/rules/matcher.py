@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sigma.findings import Finding, clean
+from sigma.rules.composite import evaluate_composite
 from sigma.rules.schema import OPS, HealthMatch, KpiMatch, LogMatch, MetricMatch, Rule
 
 MAX_EVIDENCE_ROWS = 20
@@ -37,12 +38,14 @@ def evaluate(rules: Iterable[Rule], *, now: float, events: Iterable[Mapping] = (
 
     on_error: called with (rule, exception) for a rule that raises, the other rules still evaluated; without it
     the exception propagates."""
-    rules = [r for r in rules if r.enabled]
+    rules, events = [r for r in rules if r.enabled], list(events)
     windows = EventWindows(rules)
     windows.add(events, on_error=on_error)
     findings = windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job, on_error=on_error)
-    return findings + evaluate_series(rules, now=now, samples=samples, kpis=kpis, since=since, since_job=since_job,
-                                      on_error=on_error)
+    findings += evaluate_series(rules, now=now, samples=samples, kpis=kpis, since=since, since_job=since_job,
+                                on_error=on_error)
+    return findings + evaluate_composites(rules, now=now, events=events, samples=samples, kpis=kpis, since=since,
+                                          jobs_on_node=jobs_on_node, since_job=since_job, on_error=on_error)
 
 
 def evaluate_series(rules: Iterable[Rule], *, now: float, samples: Iterable[Mapping] = (),
@@ -64,6 +67,29 @@ def evaluate_series(rules: Iterable[Rule], *, now: float, samples: Iterable[Mapp
             else:
                 rows = [k for k in kpis if lo <= k["ts"] <= now and k["ts"] > since_job.get(int(k["job_id"]), 0.0)]
             findings += EVALUATORS[rule.match_kind](rule, getattr(rule, rule.match_kind), rows)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
+            if on_error is None:
+                raise
+            on_error(rule, exc)
+    return findings
+
+
+def evaluate_composites(rules: Iterable[Rule], *, now: float, events: Iterable[Mapping] = (),
+                        samples: Iterable[Mapping] = (), kpis: Iterable[Mapping] = (),
+                        since: Mapping[str, float] | None = None, jobs_on_node: Mapping[str, list[int]] | None = None,
+                        since_job: Mapping[int, float] | None = None, on_error: OnError | None = None
+                        ) -> list[Finding]:
+    """Composite rules (sigma.rules.composite): each leaf judged on its own window of the rows given."""
+    rules = [r for r in rules if r.enabled and r.composite is not None]
+    if not rules:
+        return []
+    data = dict(events=[normalise(e) for e in events], samples=[normalise(s) for s in samples],
+                kpis=[normalise(k) for k in kpis], since=since or {}, jobs_on_node=jobs_on_node or {},
+                since_job=since_job or {})
+    findings: list[Finding] = []
+    for rule in rules:
+        try:
+            findings += evaluate_composite(rule, now=now, **data)
         except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
             if on_error is None:
                 raise

@@ -1,7 +1,7 @@
 """The failure-signature rule schema: one rule = one known fault, how to recognise it and what to do.
 
 A rule file (`configs/rules/*.yaml` or `*.yml`) holds `version:` and `rules:`, a list of Rule mappings. Exactly
-one of the match kinds (log, metric, health, kpi) is set per rule.
+one of the match kinds (log, metric, health, kpi, composite) is set per rule.
 
 Adding a condition kind: a dataclass for its settings (validated in __post_init__), a field of that name on Rule
 (default None), an entry in MATCH_KINDS below, and its evaluator in sigma.rules.matcher.EVALUATORS.
@@ -113,6 +113,7 @@ class Rule:
     metric: MetricMatch | None = None  # match on samples
     health: HealthMatch | None = None  # match on health-check results
     kpi: KpiMatch | None = None  # match on job KPIs
+    composite: Composite | None = None  # all/any of conditions on one node (sigma/rules/composite.py)
     evidence: list[str] = field(default_factory=lambda: ["events"])  # what to keep: events samples kpis health
     requeue_jobs: bool = True  # drain actions: requeue the jobs running on the node
     shadow: bool = False  # log what would happen, do nothing
@@ -127,6 +128,8 @@ class Rule:
         kinds = [k for k in MATCH_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError(f"rule {self.id}: set exactly one of {', '.join(MATCH_KINDS)} (got {kinds or 'none'})")
+        if self.composite is not None and self.scope != "node":
+            raise ValueError(f"rule {self.id}: a composite match needs scope: node")
         if self.kpi is not None and self.scope != "job":
             raise ValueError(f"rule {self.id}: a kpi match needs scope: job")
         if self.scope == "job" and self.action in DRAIN_ACTIONS:
@@ -174,3 +177,9 @@ def _check_regex(pattern: str, name: str) -> None:
 def _check_count(count: int, window_s: float) -> None:
     if count < 1 or not math.isfinite(window_s) or window_s <= 0:
         raise ValueError("count must be >= 1 and window_s > 0")
+
+
+# Registration of composite conditions (they build on the match kinds above, so they are imported last).
+from sigma.rules.composite import Composite  # noqa: E402
+
+MATCH_KINDS["composite"] = Composite

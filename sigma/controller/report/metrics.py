@@ -169,10 +169,20 @@ def report(conn: sqlite3.Connection, since: float | None = None, now: float | No
                       **{k: _stats([c[k] for c in cycles if k in c])
                          for k in ("detect_s", "triage_s", "repair_s", "validate_s", "total_s")}},
         "automation": automation(conn, since),
+        "shadow_hits": shadow_hits(conn, since),
         "incidents": [{"rule": r["rule_id"], "status": r["status"], "count": r["n"],
                        "detect_latency_s": round(r["latency"], 2) if r["latency"] is not None else None}
                       for r in incidents],
     }
+
+
+def shadow_hits(conn: sqlite3.Connection, since: float) -> list[dict]:
+    """Per rule in shadow mode (a newly promoted learned rule, say): what it would have acted on."""
+    rows = conn.execute("SELECT rule_id, COUNT(*) AS n, GROUP_CONCAT(DISTINCT COALESCE(node, job_id)) AS targets,"
+                        " MAX(opened_at) AS last FROM incidents WHERE status = 'shadow' AND opened_at >= ?"
+                        " GROUP BY rule_id ORDER BY rule_id", (since,)).fetchall()
+    return [{"rule": r["rule_id"], "hits": r["n"], "targets": sorted(str(r["targets"] or "").split(",")),
+             "last": r["last"]} for r in rows]
 
 
 def _job_seconds(conn: sqlite3.Connection, since: float, until: float, max_gap_s: float = 60.0) -> float:

@@ -126,7 +126,7 @@ def test_sighup_reloads_the_running_daemon_and_a_bad_set_is_refused(tmp_path):
     (kb / "a.yaml").write_text(good)
     policy = tmp_path / "controller.yaml"
     policy.write_text(f"db: {tmp_path / 'c.db'}\nlog_dir: {tmp_path / 'log'}\nrules: {kb}\nremediation: "
-                      f"{configs_dir() / 'remediation.yaml'}\nlisten: 127.0.0.1:0\ningest_secret_file: ''\n"
+                      f"{configs_dir() / 'remediation.yaml'}\nlisten: 127.0.0.1:0\ningest_secret_file: ''\ningest_keys_file: ''\n"
                       f"slurm_conf: {tmp_path / 'slurm.conf'}\npoll_s: 0.2\n")
     (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
                                          "MessageTimeout=1\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
