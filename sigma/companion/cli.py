@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--show-sql", action="store_true", help="print the query that produced the answer")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-llm", action="store_true", help="catalogue only, even when a language model is configured")
+    p.add_argument("--url", help="ask a controller over HTTP (POST URL/v1/ask) instead of reading its database")
+    p.add_argument("--key-file", default="/etc/sigma/keys/companion.key",
+                   help="with --url: the key to sign with (`sigma keys issue companion`)")
     p.set_defaults(func=_ask)
 
 
@@ -31,9 +34,19 @@ def _ask(args) -> int:
     from sigma.companion.safe_sql import open_readonly
     from sigma.controller.cli import _config
 
-    conn = open_readonly(_config(args).db)
-    cfg = None if args.no_llm else LLMConfig.from_env()
-    answer = ask(conn, " ".join(args.question), llm=LLMTier(cfg) if cfg else None)
+    question = " ".join(args.question)
+    if args.url:
+        from dataclasses import fields
+
+        from sigma.companion.answer import Answer
+        from sigma.companion.http import ask_remote
+
+        reply = ask_remote(args.url, args.key_file, question, llm=not args.no_llm)
+        answer = Answer(**{f.name: reply[f.name] for f in fields(Answer) if f.name in reply})
+    else:
+        conn = open_readonly(_config(args).db)
+        cfg = None if args.no_llm else LLMConfig.from_env()
+        answer = ask(conn, question, llm=LLMTier(cfg) if cfg else None)
     if args.json:
         print(json.dumps(answer.to_json(), indent=2, default=str))
         return 0

@@ -106,6 +106,9 @@ def start_http(cfg: ControllerConfig, metrics_body, reg=None):
                               header_timeout_s=limits.header_timeout_s, idle_timeout_s=limits.idle_timeout_s,
                               body_timeout_s=limits.body_timeout_s)
     server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics_body()))
+    from sigma.companion.http import ask_route
+
+    server.add_route("POST", "/v1/ask", ask_route(cfg.db, server.ingest), before_body=server._authenticate)
     if reg is not None:
         reg.register(IngestCollector(server))
     server.start()

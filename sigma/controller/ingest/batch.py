@@ -115,6 +115,14 @@ class Ingest:
         except Rejected as exc:
             return self._refuse(exc, caller.node, peer)
 
+    def verify(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict] | None:
+        """For routes other than ingest that share its authentication: None when the body is the signed one."""
+        try:
+            self._verify_body(caller, body)
+            return None
+        except Rejected as exc:
+            return self._refuse(exc, caller.node, peer)
+
     def count(self, reason: str) -> None:
         """A refusal decided outside (the HTTP server: size, timeouts, connection limits)."""
         self.stats["rejected"] += 1
