@@ -40,7 +40,7 @@ HISTORY_BUCKETS = 12  # each node's history before the window, in this many buck
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
-BACKFILL_EVENTS_PER_TICK = 20_000  # at start and after a reload, older events of the rule windows read per tick
+BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -84,6 +84,11 @@ class Controller:
         """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
         capped = Counter({("evidence_capped", rule): n for rule, n in self.windows.capped.items()})
         return self._counts + self.decider.counts + capped
+
+    @property
+    def windows_read(self) -> bool:
+        """False while the rule windows' older events are still being read (after a start or a reload)."""
+        return self._last_event_id is not None and self._backfill is None
 
     @property
     def active_rules(self) -> list[Rule]:
