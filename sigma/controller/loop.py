@@ -29,7 +29,7 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import EventWindows, evaluate_series, normalise
+from sigma.rules.matcher import MAX_EVIDENCE_ROWS, EventWindows, evaluate_series, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -185,6 +185,11 @@ class Controller:
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
                                          on_error=self._rule_failed)
+        for rule_id, node, count in self.windows.newly_capped:
+            self.log.event("evidence_capped", f"NOISY {node} ({rule_id}): {count} matching events in the window; "
+                           f"evidence keeps the newest {MAX_EVIDENCE_ROWS}, the count stays exact",
+                           node=node, rule=rule_id, count=count)
+        self.windows.newly_capped.clear()
         findings += evaluate_series(self.active_rules, now=now, samples=self._samples(now), kpis=self._rule_kpis(now),
                                     since=since, since_job=since_job, on_error=self._rule_failed)
         findings += self._not_responding(nodes, now)

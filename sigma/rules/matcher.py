@@ -125,6 +125,7 @@ class EventWindows:
         for r in self.rules:
             self._compiled.append((r, EVENT_MATCHERS[r.match_kind](getattr(r, r.match_kind)), self.groups[r.id]))
         self.capped: Counter = Counter()  # rule id -> (rule, node) groups whose evidence was capped
+        self.newly_capped: list[tuple[str, str, int]] = []  # (rule id, node, count) since the caller last looked
         self._seq = 0
         self._by_kind: dict[tuple, list] = {}  # (source, kind) -> the rules that can match such an event
 
@@ -224,10 +225,11 @@ class EventWindows:
                 continue
             rows = sorted((ev for _, g, after in parts for ev in g.evidence(lo, now, after)), key=lambda r: r["ts"])
             rows = rows[-MAX_EVIDENCE_ROWS:]
-            for _, g, st in stats:
+            for n, g, st in stats:
                 if st[0] > MAX_EVIDENCE_ROWS and not g.capped:
                     g.capped = True
                     self.capped[rule.id] += 1
+                    self.newly_capped.append((rule.id, n, st[0]))
             hit = [(n, st) for n, _, st in stats if st[0]]
             out.append(_finding(rule, node, job, min(st[1] for _, st in hit), max(st[2] for _, st in hit),
                                 {"events": rows, "count": total, "nodes": sorted({n for n, _ in hit}),

@@ -36,6 +36,8 @@ def test_a_noisy_node_does_not_stop_another_nodes_rule_and_its_evidence_is_cappe
     assert found[0].evidence["events"][-1]["message"].endswith("pid=2999")  # the newest rows are kept
     assert len(noisy.evidence["events"]) <= MAX_EVIDENCE_ROWS
     assert ctl.counts()["evidence_capped", "gpu-xid-record"] == 1
+    assert "NOISY node1 (gpu-xid-record): 3000 matching events in the window" in \
+        (tmp_path / "log" / "decisions.log").read_text()
 
 
 def test_events_age_out_of_the_window_and_counts_stay_exact(tmp_path):
