@@ -15,7 +15,7 @@ from pathlib import Path
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
-                                     load_remediation_config, resolve)
+                                     load_remediation_config, resolve, unknown_rule_ids)
 from sigma.controller.db import open_db
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
@@ -104,6 +104,11 @@ class Controller:
         self.log.event("rule_error", f"RULE_ERROR {rule.id} ({rule.origin or 'no file'}) disabled: {error}",
                        rule=rule.id, origin=rule.origin, error=error)
 
+    def _warn_unknown_rule_ids(self, config_path: str | None) -> None:
+        for problem in unknown_rule_ids(self.cfg, self.rcfg, {r.id for r in self.rules}, config_path):
+            self._counts["config_warning", "unknown_rule_id"] += 1
+            self.log.event("config_warning", f"WARNING {problem}", error=str(problem))
+
     # ---------- reload (SIGHUP) ----------
     def reload(self, config_path: str | None = None) -> bool:
         """Load the policy (config_path; None: keep the running one), its rules and remediation playbooks again and
@@ -136,6 +141,7 @@ class Controller:
         for rule_id, n in old.capped.items():  # a counter never goes back
             if self.windows.capped.get(rule_id) != n:
                 self._counts["evidence_capped", rule_id] += n
+        self._warn_unknown_rule_ids(config_path)
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
                        + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
@@ -145,6 +151,7 @@ class Controller:
     # ---------- lifecycle ----------
     def start(self) -> None:
         """After a restart: finish what the journal says was planned but never confirmed done."""
+        self._warn_unknown_rule_ids(None)
         pending = self.journal.pending()
         self.log.event("start", f"START controller: {len(self.rules)} rules, {len(pending)} pending actions to replay",
                        rules=len(self.rules), pending=[p.key for p in pending])

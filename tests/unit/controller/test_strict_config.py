@@ -100,3 +100,30 @@ def test_the_shipped_knowledge_base_and_policy_pass_the_strict_loader(capsys):
     assert " 0 problem(s)" in capsys.readouterr().out
     cfg = load_controller_config(configs_dir() / "controller.yaml")
     assert cfg.breaker.wave_max_nodes >= cfg.breaker.max_nodes
+
+
+def test_rules_check_finds_rule_ids_the_policy_or_playbooks_name_but_no_rule_has(tmp_path, capsys):
+    kb = rules_file(tmp_path / "kb.yaml", {"id": "gpu-xid-79", "xid": [79]})
+    (tmp_path / "remediation.yaml").write_text(
+        "playbooks:\n  - name: manual\n    kind: manual\n  - name: reboot\n    kind: reboot\n"
+        "    rules: [gpu-xid-79, gpu-xid-97]\n")
+    policy = tmp_path / "controller.yaml"
+    policy.write_text(f"rules: {kb}\nremediation: {tmp_path / 'remediation.yaml'}\nshadow_rules:\n  - ib-flap\n")
+    assert main(["controller", "rules", "--check", "--config", str(policy)]) == 1
+    out = capsys.readouterr().out
+    assert "controller.yaml:4 [shadow_rules.0]: no rule 'ib-flap' in the knowledge base" in out
+    assert "remediation.yaml:6 [playbooks.1.rules.1]: playbook 'reboot' names no rule of the knowledge base: " \
+           "'gpu-xid-97'" in out
+
+
+def test_the_controller_warns_at_start_about_unknown_rule_ids(tmp_path):
+    from sigma.controller.config import ControllerConfig
+
+    from tests.unit.controller.helpers import make_controller
+
+    cfg = ControllerConfig(db=str(tmp_path / "c.db"), log_dir=str(tmp_path / "log"), shadow_rules=["ib-flap"])
+    ctl, _, _ = make_controller(tmp_path, cfg=cfg)
+    ctl.start()
+    assert "WARNING controller config [shadow_rules.0]: no rule 'ib-flap' in the knowledge base" in \
+        (tmp_path / "log" / "decisions.log").read_text()
+    assert ctl.counts()["config_warning", "unknown_rule_id"] == 1
