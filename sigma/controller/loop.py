@@ -261,10 +261,14 @@ class Controller:
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
-        windows = [r.kpi.window_s for r in self.active_rules if r.kpi]
-        if not windows:
+        """The KPI rows the KPI rules can use, filtered by SQLite: for a non-finite rule only the rows whose value
+        is NaN/Inf (a large job's healthy steps never reach Python), for the others the rows with the field."""
+        rules = [r for r in self.active_rules if r.kpi]
+        if not rules:
             return []
-        return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
+        wanted = sorted({_kpi_filter(r.kpi.field, r.kpi.nonfinite) for r in rules})
+        return [normalise(r) for r in self.conn.execute(
+            f"SELECT * FROM kpis WHERE ts >= ? AND ({' OR '.join(wanted)})", (now - max(r.window_s for r in rules),))]
 
     def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
         w = self.cfg.watchdog
@@ -492,6 +496,16 @@ class Controller:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
                               (key, json.dumps(value), self.clock()))
+
+
+def _kpi_filter(field: str, nonfinite: bool) -> str:
+    """SQL condition for the kpis rows a KPI rule on `field` (a kpis column, from the schema's fixed list) can use.
+    NaN/Inf never reach the REAL column: ingest stores NULL there and the value in payload.nonfinite."""
+    in_payload = (f"(CASE WHEN json_valid(payload) THEN COALESCE(json_extract(payload, '$.nonfinite.{field}'),"
+                  f" json_extract(payload, '$.{field}')) END IS NOT NULL)")
+    if nonfinite:
+        return f"(({field} IS NULL AND {in_payload}) OR abs({field}) > 1.7976931348623157e308)"
+    return f"({field} IS NOT NULL OR {in_payload})"
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:

@@ -198,3 +198,23 @@ def test_at_start_the_windows_are_read_newest_first_a_slice_per_tick(tmp_path, m
     for _ in range(12):
         ctl.tick()
     assert count() == [1000] and ctl._backfill is None  # every event counted once
+
+
+def test_kpi_rules_read_only_the_rows_they_can_use(tmp_path):
+    """A large job's healthy steps stay in SQLite; the one NaN loss still restarts the job."""
+    from tests.unit.controller.helpers import add_kpi
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(9, ["node1", "node2"], start=clock() - 100)
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, loss, payload) VALUES (?,?,?,?,?,?,?)",
+                             [("node1", clock() - 60 + i / 100, 9, i % 64, i // 64, 2.0, "{}") for i in range(5000)])
+    add_kpi(ctl.conn, "node2", clock() - 1, 9, 3, 78, loss=None, payload={"nonfinite": {"loss": "nan"}})
+    add_kpi(ctl.conn, "node2", clock() - 1, 9, 4, 78, loss=None, payload={"note": "no loss this step"})
+    rows = ctl._rule_kpis(clock())
+    assert len(rows) == 1 and rows[0]["payload"]["nonfinite"] == {"loss": "nan"}
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "kpi-nonfinite-loss"]
+    assert inc.job_id == 9 and inc.evidence["kpis"] == [{"ts": clock() - 1, "rank": 3, "node": "node2", "step": 78,
+                                                          "loss": "nan"}]
