@@ -135,7 +135,8 @@ class Controller:
         if self._backfill is not None and self._backfill[2] is None:
             self._last_event_id = self._backfill = None  # the windows were still being read: start over
         else:
-            fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+            # unchanged rules keep their windows; new or changed ones (or ones still being read) read theirs
+            fresh = self.windows.adopt(old, incomplete=self._backfill[2] if self._backfill else ())
             if fresh and self._last_event_id is not None:
                 self._start_backfill(self._last_event_id, [r.id for r in fresh])
         for rule_id, n in old.capped.items():  # a counter never goes back

@@ -143,13 +143,14 @@ class EventWindows:
                                           if getattr(c[1], "prefilter", None) is None or c[1].prefilter(*key)]
         return found
 
-    def adopt(self, old: "EventWindows") -> list[Rule]:
+    def adopt(self, old: "EventWindows", incomplete: Iterable[str] = ()) -> list[Rule]:
         """Keep what `old` counted for every rule that did not change (a reload); the rules that are new or changed,
-        whose windows must be read again, are returned."""
+        or whose windows `old` had not finished reading (incomplete), must be read again and are returned."""
         before = {r.id: r for r in old.rules}
+        incomplete = set(incomplete)
         fresh = []
         for r in self.rules:
-            if before.get(r.id) == r:
+            if before.get(r.id) == r and r.id not in incomplete:
                 self.groups[r.id].update(old.groups[r.id])
                 self.capped[r.id] = old.capped.get(r.id, 0)
             else:

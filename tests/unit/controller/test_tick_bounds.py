@@ -218,3 +218,32 @@ def test_kpi_rules_read_only_the_rows_they_can_use(tmp_path):
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "kpi-nonfinite-loss"]
     assert inc.job_id == 9 and inc.evidence["kpis"] == [{"ts": clock() - 1, "rank": 3, "node": "node2", "step": 78,
                                                           "loss": "nan"}]
+
+
+def test_reloads_while_a_window_is_still_being_read_count_every_event_once(tmp_path, monkeypatch):
+    from sigma.controller import loop
+
+    monkeypatch.setattr(loop, "BACKFILL_EVENTS_PER_TICK", 100)
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    rule = ("version: 1\nrules:\n  - id: {id}\n    description: d\n    severity: info\n    action: record\n"
+            "    log: {{source: log, kinds: [xid], fields: {{xid: [63]}}}}\n")
+    (kb / "a.yaml").write_text(rule.format(id="a"))
+    policy = tmp_path / "controller.yaml"
+    policy.write_text(f"db: {tmp_path / 'c.db'}\nlog_dir: {tmp_path / 'log'}\nrules: {kb}\nremediation: "
+                      f"{configs_dir() / 'remediation.yaml'}\n")
+    ctl, slurm, clock = make_controller(tmp_path, rules=load_rules(kb))
+    noise(ctl.conn, "node1", clock() - 60, 1000)
+    ctl.tick()
+    assert ctl.reload(str(policy))  # the start-up read was not finished: it starts over
+    for _ in range(12):
+        ctl.tick()
+    (kb / "b.yaml").write_text(rule.format(id="b"))
+    assert ctl.reload(str(policy)) and not ctl.windows_read  # b's window is being read
+    ctl.tick()
+    (kb / "c.yaml").write_text(rule.format(id="c"))
+    assert ctl.reload(str(policy))  # b was half read: read again, with c
+    for _ in range(12):
+        ctl.tick()
+    counts = {f.rule_id: f.evidence["count"] for f in ctl.detect(clock(), {n.name: n for n in slurm.nodes()}, [])}
+    assert counts == {"a": 1000, "b": 1000, "c": 1000}
