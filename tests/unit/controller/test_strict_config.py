@@ -127,3 +127,30 @@ def test_the_controller_warns_at_start_about_unknown_rule_ids(tmp_path):
     assert "WARNING controller config [shadow_rules.0]: no rule 'ib-flap' in the knowledge base" in \
         (tmp_path / "log" / "decisions.log").read_text()
     assert ctl.counts()["config_warning", "unknown_rule_id"] == 1
+
+
+def _with_duplicate(shipped, tmp_path, key_line):
+    """The shipped file with one top-level line repeated at its end: (path, line of the repeat, key)."""
+    text = shipped.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(key_line))
+    path = tmp_path / shipped.name
+    path.write_text(text.rstrip("\n") + "\n" + line + "\n")
+    return path, len(path.read_text().splitlines()), key_line.rstrip(":")
+
+
+@pytest.mark.parametrize("loader, shipped, key", [
+    ("sigma.controller.config:load_controller_config", "controller.yaml", "poll_s:"),
+    ("sigma.controller.config:load_remediation_config", "remediation.yaml", "max_failures:"),
+    ("sigma.health.config:load_health_config", "health.yaml", "root:"),
+    ("sigma.train.train_config:load_train_config", "train/debug.yaml", "steps:"),
+    ("sigma.train.config:load_model_config", "train/models/debug.yaml", "vocab_size:"),
+    ("sigma.telemetry.config:load", "telemetry.yaml", "store:"),
+])
+def test_every_yaml_the_project_loads_rejects_a_duplicate_key_with_file_and_line(tmp_path, loader, shipped, key):
+    import importlib
+
+    module, name = loader.split(":")
+    load = getattr(importlib.import_module(module), name)
+    path, line, key = _with_duplicate(configs_dir() / shipped, tmp_path, key)
+    with pytest.raises(ConfigError, match=rf"{path.name}:{line} \[{key}\]: duplicate key '{key}'"):
+        load(path)
