@@ -4,7 +4,8 @@ One node emits `--rate` matching kernel-log events per second (Xid 63 lines, a r
 own pid so no two lines are the same) for `--minutes` minutes: the controller database (real SQLite, the
 controller's own tables, rows as ingest writes them) holds the whole window before the first timed tick. Then
 `--ticks` real `Controller.tick()` calls run on a simulated clock, one second apart, each after another second of
-the flood has been inserted; every tenth tick another node logs an Xid 79, which must be drained in that tick.
+the flood has been inserted; every tenth tick another node logs an Xid 79, which must be drained in that tick. Before them, the ticks right
+after the controller starts (it reads the rule windows' older events a slice per tick) are timed too.
 
 Side by side, on databases of the same shape:
 - unloaded: the same controller and ticks without the flood;
@@ -81,7 +82,8 @@ class Clock:
 def controller(workdir: Path, clock: Clock) -> tuple[Controller, FakeSlurm]:
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = ControllerConfig(db=str(workdir / "controller.db"), log_dir=str(workdir / "log"),
-                           breaker=BreakerConfig(max_nodes=8, max_fraction=0.5))
+                           breaker=BreakerConfig(max_nodes=16, max_fraction=1.0, wave_max_nodes=16,
+                                                         wave_max_fraction=1.0))  # every fault drains
     script = workdir / "validate.sbatch"
     script.write_text("#!/bin/sh\nexit 0\n")
     rcfg = RemediationConfig(after_repair=[], validation=ValidationConfig(script=str(script)),
@@ -92,16 +94,18 @@ def controller(workdir: Path, clock: Clock) -> tuple[Controller, FakeSlurm]:
     return ctl, slurm
 
 
-def run_ticks(ctl: Controller, slurm: FakeSlurm, clock: Clock, ticks: int, rate: int, pid: int) -> dict:
-    """Time `ticks` ticks; before each, one more second of the flood (rate 0: none); every tenth tick an Xid 79 on
-    a quiet node, which must be drained by that same tick."""
+def run_ticks(ctl: Controller, slurm: FakeSlurm, clock: Clock, ticks: int, rate: int, pid: int,
+              until_read: bool = False) -> dict:
+    """Time `ticks` ticks (until_read: at least, and until the rule windows are read); before each, one more second
+    of the flood (rate 0: none); every tenth tick an Xid 79 on a quiet node, which must be drained by that tick."""
     times, cpu, caught, faults = [], [], 0, 0
-    victims = iter(NODES[1:])
-    for i in range(ticks):
+    victims = iter(NODES[1:] if not until_read else ["node16", "node15", "node14", "node13", "node12"] * 100)
+    i = 0
+    while i < ticks or (until_read and not ctl.windows_read):
         if rate:
             pid = flood(ctl.conn, clock.t, 1, rate, pid)
         clock.t += 1.0
-        victim = next(victims) if i % 10 == 9 else None
+        victim = next(victims) if i % 10 == 9 or (until_read and i == 0) else None
         if victim:
             xid79(ctl.conn, victim, clock.t - 0.5)
             faults += 1
@@ -111,7 +115,8 @@ def run_ticks(ctl: Controller, slurm: FakeSlurm, clock: Clock, ticks: int, rate:
         cpu.append(time.process_time() - c0)
         if victim and slurm.node(victim).drained:
             caught += 1
-    return {"times": times, "cpu": cpu, "caught": caught, "faults": faults}
+        i += 1
+    return {"times": times, "cpu": cpu, "caught": caught, "faults": faults, "pid": pid}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -144,9 +149,8 @@ def main() -> int:
         print(f"flood: {NOISY} at {args.rate} matching events/s for {seconds} s = {rows} rows in the controller "
               f"database ({fill_s:.1f} s to insert); {len(NODES)} nodes, {len(ctl.rules)} rules")
 
-        t, c = time.perf_counter(), time.process_time()
-        ctl.tick()  # at start: the rule windows are read once
-        first_s, first_cpu = time.perf_counter() - t, time.process_time() - c
+        start = run_ticks(ctl, slurm, clock, 1, args.rate, pid, until_read=True)  # at start: windows read
+        pid = start["pid"]
         loaded = run_ticks(ctl, slurm, clock, args.ticks, args.rate, pid)
         (noisy,) = [f for f in ctl.detect(clock.t, {n.name: n for n in slurm.nodes()}, []) if f.node == NOISY]
 
@@ -169,15 +173,15 @@ def main() -> int:
     print(summary("tick, unloaded", unloaded["times"], unloaded["cpu"]))
     print(summary(f"tick, {NOISY} flooding ({args.rate}/s, window full)", loaded["times"], loaded["cpu"]))
     print(summary("event rules only, re-reading the window", reread, reread_cpu))
-    print(f"{'first tick after start (reads the windows once)':<46} wall {first_s * 1000:.0f} ms | "
-          f"CPU {first_cpu * 1000:.0f} ms")
+    print(summary(f"ticks at start, reading the windows ({len(start['times'])})", start["times"], start["cpu"]))
     print()
     p99_loaded, p99_quiet = pct(loaded["times"], 0.99), pct(unloaded["times"], 0.99)
     print(f"wall p99 flooding / unloaded: {p99_loaded / p99_quiet:.1f}x; re-reading the window (the previous "
           f"controller's way, same matcher) / flooding tick, median CPU: "
           f"{statistics.median(reread_cpu) / statistics.median(loaded['cpu']):.0f}x")
     print(f"Xid 79 on a quiet node drained in the same tick: {loaded['caught']}/{loaded['faults']} while flooding, "
-          f"{unloaded['caught']}/{unloaded['faults']} unloaded")
+          f"{unloaded['caught']}/{unloaded['faults']} unloaded, {start['caught']}/{start['faults']} while the "
+          f"windows were still being read at start")
     print(f"{NOISY}: one finding, count {noisy.evidence['count']}, {len(noisy.evidence['events'])} evidence rows"
           f" (capped: {bool(noisy.evidence.get('evidence_capped'))})")
     print(f"goal: p99 tick < 1 s while flooding -> {'met' if p99_loaded < 1.0 else 'NOT met'}")

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
     rules.add_argument("--check", action="store_true",
-                       help="only validate: report every problem, exit 1 on any (or on an empty knowledge base)")
+                       help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
+                            "report every problem, exit 1 on any (or on an empty knowledge base)")
     rules.set_defaults(func=_rules)
 
     nodes = common(sub.add_parser(
@@ -167,6 +168,16 @@ def _rules(args) -> int:
             rules = load_rules(location, errors)
         except ConfigError as exc:  # no files at all: nothing else to report
             rules, errors = [], [exc]
+        if rules:  # the policy's and the playbooks' references to rule ids
+            from sigma.controller.config import load_remediation_config, unknown_rule_ids
+            from sigma.paths import configs_dir
+
+            try:
+                rcfg = load_remediation_config(resolve(cfg.remediation))
+                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules},
+                                           args.config or configs_dir() / "controller.yaml")
+            except ConfigError as exc:
+                errors.append(exc)
         for exc in errors:
             print(f"error: {exc}")
         print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sigma.config import load_config
+from sigma.config import ConfigError, _Source, load_config, load_yaml
 from sigma.paths import project_root
 
 
@@ -142,3 +142,26 @@ def load_controller_config(path: str | Path) -> ControllerConfig:
 
 def load_remediation_config(path: str | Path) -> RemediationConfig:
     return load_config(RemediationConfig, path)
+
+
+def unknown_rule_ids(cfg: ControllerConfig, rcfg: RemediationConfig, rule_ids: set[str],
+                     controller_path: str | Path | None = None) -> list[ConfigError]:
+    """Rule ids the policy (shadow_rules) or the playbooks (rules) name but the knowledge base lacks: a typo there
+    would silently never match. Each error names the file, line and key."""
+    def source(path: str | Path | None, fallback: str) -> _Source:
+        if path and Path(path).exists():
+            return load_yaml(path)[1]
+        return _Source(fallback, "")
+
+    out = []
+    ctl_src = source(controller_path, "controller config")
+    for i, rule_id in enumerate(cfg.shadow_rules):
+        if rule_id not in rule_ids:
+            out.append(ConfigError(ctl_src.where(("shadow_rules", i)), f"no rule {rule_id!r} in the knowledge base"))
+    rem_src = source(resolve(cfg.remediation) if cfg.remediation else None, cfg.remediation or "remediation")
+    for i, playbook in enumerate(rcfg.playbooks):
+        for j, rule_id in enumerate(playbook.rules):
+            if rule_id not in rule_ids:
+                out.append(ConfigError(rem_src.where(("playbooks", i, "rules", j)),
+                                       f"playbook {playbook.name!r} names no rule of the knowledge base: {rule_id!r}"))
+    return out

@@ -26,6 +26,8 @@ COUNTERS = {
     "rule_error": ("sigma_controller_rule_errors", "Rules that raised at run time and were disabled", "rule"),
     "reload": ("sigma_controller_reloads", "SIGHUP reloads of rules and policy, by result", "result"),
     "evidence_capped": ("sigma_controller_evidence_capped", "Findings whose evidence rows were capped", "rule"),
+    "config_warning": ("sigma_controller_config_warnings", "Config problems that do not stop the controller",
+                       "kind"),
 }
 
 

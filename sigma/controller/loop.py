@@ -15,7 +15,7 @@ from pathlib import Path
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
-                                     load_remediation_config, resolve)
+                                     load_remediation_config, resolve, unknown_rule_ids)
 from sigma.controller.db import open_db
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
@@ -29,7 +29,7 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import EventWindows, evaluate_composites, evaluate_series, normalise
+from sigma.rules.matcher import MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -40,7 +40,7 @@ HISTORY_BUCKETS = 12  # each node's history before the window, in this many buck
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
-BACKFILL_EVENTS_PER_TICK = 20_000  # at start and after a reload, older events of the rule windows read per tick
+BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -90,6 +90,11 @@ class Controller:
         return self._counts + self.decider.counts + capped
 
     @property
+    def windows_read(self) -> bool:
+        """False while the rule windows' older events are still being read (after a start or a reload)."""
+        return self._last_event_id is not None and self._backfill is None
+
+    @property
     def active_rules(self) -> list[Rule]:
         return [r for r in self.rules if r.enabled and r.id not in self.disabled]
 
@@ -102,6 +107,11 @@ class Controller:
         self._save_state("disabled_rules", self.disabled)
         self.log.event("rule_error", f"RULE_ERROR {rule.id} ({rule.origin or 'no file'}) disabled: {error}",
                        rule=rule.id, origin=rule.origin, error=error)
+
+    def _warn_unknown_rule_ids(self, config_path: str | None) -> None:
+        for problem in unknown_rule_ids(self.cfg, self.rcfg, {r.id for r in self.rules}, config_path):
+            self._counts["config_warning", "unknown_rule_id"] += 1
+            self.log.event("config_warning", f"WARNING {problem}", error=str(problem))
 
     # ---------- reload (SIGHUP) ----------
     def reload(self, config_path: str | None = None) -> bool:
@@ -133,12 +143,14 @@ class Controller:
         if self._backfill is not None and self._backfill[2] is None:
             self._last_event_id = self._backfill = None  # the windows were still being read: start over
         else:
-            fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+            # unchanged rules keep their windows; new or changed ones (or ones still being read) read theirs
+            fresh = self.windows.adopt(old, incomplete=self._backfill[2] if self._backfill else ())
             if fresh and self._last_event_id is not None:
                 self._start_backfill(self._last_event_id, [r.id for r in fresh])
         for rule_id, n in old.capped.items():  # a counter never goes back
             if self.windows.capped.get(rule_id) != n:
                 self._counts["evidence_capped", rule_id] += n
+        self._warn_unknown_rule_ids(config_path)
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
                        + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
@@ -158,6 +170,7 @@ class Controller:
     # ---------- lifecycle ----------
     def start(self) -> None:
         """After a restart: finish what the journal says was planned but never confirmed done."""
+        self._warn_unknown_rule_ids(None)
         pending = self.journal.pending()
         self.log.event("start", f"START controller: {len(self.rules)} rules, {len(pending)} pending actions to replay",
                        rules=len(self.rules), pending=[p.key for p in pending])
@@ -199,6 +212,11 @@ class Controller:
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
                                          on_error=self._rule_failed)
+        for rule_id, node, count in self.windows.newly_capped:
+            self.log.event("evidence_capped", f"NOISY {node} ({rule_id}): {count} matching events in the window; "
+                           f"evidence keeps the newest {MAX_EVIDENCE_ROWS}, the count stays exact",
+                           node=node, rule=rule_id, count=count)
+        self.windows.newly_capped.clear()
         samples, kpis = self._samples(now), self._rule_kpis(now)
         findings += evaluate_series(self.active_rules, now=now, samples=samples, kpis=kpis,
                                     since=since, since_job=since_job, on_error=self._rule_failed)
@@ -284,12 +302,16 @@ class Controller:
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
-        windows = [r.kpi.window_s for r in self.active_rules if r.kpi]
-        windows += [r.composite.needs()["kpis"] for r in self.active_rules if r.composite]
-        windows = [w for w in windows if w > 0]
-        if not windows:
+        """The KPI rows the KPI rules can use, filtered by SQLite: for a non-finite rule only the rows whose value
+        is NaN/Inf (a large job's healthy steps never reach Python), for the others the rows with the field."""
+        rules = [r for r in self.active_rules if r.kpi]
+        composite = [w for w in (r.composite.needs()["kpis"] for r in self.active_rules if r.composite) if w > 0]
+        if not rules and not composite:
             return []
-        return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
+        wanted = {_kpi_filter(r.kpi.field, r.kpi.nonfinite) for r in rules} | ({"1"} if composite else set())
+        window = max([r.window_s for r in rules] + composite)  # composite (learned) rules judge every row
+        return [normalise(r) for r in self.conn.execute(
+            f"SELECT * FROM kpis WHERE ts >= ? AND ({' OR '.join(sorted(wanted))})", (now - window,))]
 
     def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
         w = self.cfg.watchdog
@@ -555,6 +577,16 @@ def rules_stamp(path: Path | None) -> tuple:
             continue
         out.append((f.name, st.st_mtime_ns, st.st_size))
     return tuple(out)
+
+
+def _kpi_filter(field: str, nonfinite: bool) -> str:
+    """SQL condition for the kpis rows a KPI rule on `field` (a kpis column, from the schema's fixed list) can use.
+    NaN/Inf never reach the REAL column: ingest stores NULL there and the value in payload.nonfinite."""
+    in_payload = (f"(CASE WHEN json_valid(payload) THEN COALESCE(json_extract(payload, '$.nonfinite.{field}'),"
+                  f" json_extract(payload, '$.{field}')) END IS NOT NULL)")
+    if nonfinite:
+        return f"(({field} IS NULL AND {in_payload}) OR abs({field}) > 1.7976931348623157e308)"
+    return f"({field} IS NOT NULL OR {in_payload})"
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:

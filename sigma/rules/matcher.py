@@ -151,6 +151,7 @@ class EventWindows:
         for r in self.rules:
             self._compiled.append((r, EVENT_MATCHERS[r.match_kind](getattr(r, r.match_kind)), self.groups[r.id]))
         self.capped: Counter = Counter()  # rule id -> (rule, node) groups whose evidence was capped
+        self.newly_capped: list[tuple[str, str, int]] = []  # (rule id, node, count) since the caller last looked
         self._seq = 0
         self._by_kind: dict[tuple, list] = {}  # (source, kind) -> the rules that can match such an event
 
@@ -168,13 +169,14 @@ class EventWindows:
                                           if getattr(c[1], "prefilter", None) is None or c[1].prefilter(*key)]
         return found
 
-    def adopt(self, old: "EventWindows") -> list[Rule]:
+    def adopt(self, old: "EventWindows", incomplete: Iterable[str] = ()) -> list[Rule]:
         """Keep what `old` counted for every rule that did not change (a reload); the rules that are new or changed,
-        whose windows must be read again, are returned."""
+        or whose windows `old` had not finished reading (incomplete), must be read again and are returned."""
         before = {r.id: r for r in old.rules}
+        incomplete = set(incomplete)
         fresh = []
         for r in self.rules:
-            if before.get(r.id) == r:
+            if before.get(r.id) == r and r.id not in incomplete:
                 self.groups[r.id].update(old.groups[r.id])
                 self.capped[r.id] = old.capped.get(r.id, 0)
             else:
@@ -250,10 +252,11 @@ class EventWindows:
                 continue
             rows = sorted((ev for _, g, after in parts for ev in g.evidence(lo, now, after)), key=lambda r: r["ts"])
             rows = rows[-MAX_EVIDENCE_ROWS:]
-            for _, g, st in stats:
+            for n, g, st in stats:
                 if st[0] > MAX_EVIDENCE_ROWS and not g.capped:
                     g.capped = True
                     self.capped[rule.id] += 1
+                    self.newly_capped.append((rule.id, n, st[0]))
             hit = [(n, st) for n, _, st in stats if st[0]]
             out.append(_finding(rule, node, job, min(st[1] for _, st in hit), max(st[2] for _, st in hit),
                                 {"events": rows, "count": total, "nodes": sorted({n for n, _ in hit}),

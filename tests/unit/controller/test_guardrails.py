@@ -100,3 +100,24 @@ def test_the_per_rule_breaker_still_holds_under_a_high_global_limit(tmp_path):
     ctl.tick()
     assert sum(n.drained for n in slurm.nodes()) == 1
     assert ctl.counts()["guard", "rule"] == 1
+
+
+def test_an_escalation_is_visible_in_explain_and_on_metrics(tmp_path, capsys, monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sigma.cli import main
+    from sigma.controller.daemon import CountsCollector
+
+    monkeypatch.setenv("COLUMNS", "400")
+    ctl, slurm, clock = make_controller(tmp_path, cfg=wave_cfg(tmp_path, wave_max_nodes=1))
+    xid79(ctl.conn, "node1", clock() - 2)
+    add_event(ctl.conn, "node2", clock() - 1, kind="xid", fields={"xid": 48}, message="NVRM: Xid 48")
+    ctl.tick()
+    (escalated,) = [i for i in ctl.incidents.query() if i.status == "escalated"]
+    capsys.readouterr()
+    assert main(["explain", str(escalated.id), "--db", ctl.cfg.db]) == 0
+    out = capsys.readouterr().out
+    assert "escalated global limit: 2 nodes out of service" in out and "NVRM: Xid 48" in out
+    reg = CollectorRegistry()
+    reg.register(CountsCollector(ctl))
+    assert 'sigma_controller_guard_total{guard="wave"} 1.0' in generate_latest(reg).decode()

@@ -100,3 +100,57 @@ def test_the_shipped_knowledge_base_and_policy_pass_the_strict_loader(capsys):
     assert " 0 problem(s)" in capsys.readouterr().out
     cfg = load_controller_config(configs_dir() / "controller.yaml")
     assert cfg.breaker.wave_max_nodes >= cfg.breaker.max_nodes
+
+
+def test_rules_check_finds_rule_ids_the_policy_or_playbooks_name_but_no_rule_has(tmp_path, capsys):
+    kb = rules_file(tmp_path / "kb.yaml", {"id": "gpu-xid-79", "xid": [79]})
+    (tmp_path / "remediation.yaml").write_text(
+        "playbooks:\n  - name: manual\n    kind: manual\n  - name: reboot\n    kind: reboot\n"
+        "    rules: [gpu-xid-79, gpu-xid-97]\n")
+    policy = tmp_path / "controller.yaml"
+    policy.write_text(f"rules: {kb}\nremediation: {tmp_path / 'remediation.yaml'}\nshadow_rules:\n  - ib-flap\n")
+    assert main(["controller", "rules", "--check", "--config", str(policy)]) == 1
+    out = capsys.readouterr().out
+    assert "controller.yaml:4 [shadow_rules.0]: no rule 'ib-flap' in the knowledge base" in out
+    assert "remediation.yaml:6 [playbooks.1.rules.1]: playbook 'reboot' names no rule of the knowledge base: " \
+           "'gpu-xid-97'" in out
+
+
+def test_the_controller_warns_at_start_about_unknown_rule_ids(tmp_path):
+    from sigma.controller.config import ControllerConfig
+
+    from tests.unit.controller.helpers import make_controller
+
+    cfg = ControllerConfig(db=str(tmp_path / "c.db"), log_dir=str(tmp_path / "log"), shadow_rules=["ib-flap"])
+    ctl, _, _ = make_controller(tmp_path, cfg=cfg)
+    ctl.start()
+    assert "WARNING controller config [shadow_rules.0]: no rule 'ib-flap' in the knowledge base" in \
+        (tmp_path / "log" / "decisions.log").read_text()
+    assert ctl.counts()["config_warning", "unknown_rule_id"] == 1
+
+
+def _with_duplicate(shipped, tmp_path, key_line):
+    """The shipped file with one top-level line repeated at its end: (path, line of the repeat, key)."""
+    text = shipped.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(key_line))
+    path = tmp_path / shipped.name
+    path.write_text(text.rstrip("\n") + "\n" + line + "\n")
+    return path, len(path.read_text().splitlines()), key_line.rstrip(":")
+
+
+@pytest.mark.parametrize("loader, shipped, key", [
+    ("sigma.controller.config:load_controller_config", "controller.yaml", "poll_s:"),
+    ("sigma.controller.config:load_remediation_config", "remediation.yaml", "max_failures:"),
+    ("sigma.health.config:load_health_config", "health.yaml", "root:"),
+    ("sigma.train.train_config:load_train_config", "train/debug.yaml", "steps:"),
+    ("sigma.train.config:load_model_config", "train/models/debug.yaml", "vocab_size:"),
+    ("sigma.telemetry.config:load", "telemetry.yaml", "store:"),
+])
+def test_every_yaml_the_project_loads_rejects_a_duplicate_key_with_file_and_line(tmp_path, loader, shipped, key):
+    import importlib
+
+    module, name = loader.split(":")
+    load = getattr(importlib.import_module(module), name)
+    path, line, key = _with_duplicate(configs_dir() / shipped, tmp_path, key)
+    with pytest.raises(ConfigError, match=rf"{path.name}:{line} \[{key}\]: duplicate key '{key}'"):
+        load(path)

@@ -36,6 +36,8 @@ def test_a_noisy_node_does_not_stop_another_nodes_rule_and_its_evidence_is_cappe
     assert found[0].evidence["events"][-1]["message"].endswith("pid=2999")  # the newest rows are kept
     assert len(noisy.evidence["events"]) <= MAX_EVIDENCE_ROWS
     assert ctl.counts()["evidence_capped", "gpu-xid-record"] == 1
+    assert "NOISY node1 (gpu-xid-record): 3000 matching events in the window" in \
+        (tmp_path / "log" / "decisions.log").read_text()
 
 
 def test_events_age_out_of_the_window_and_counts_stay_exact(tmp_path):
@@ -196,3 +198,52 @@ def test_at_start_the_windows_are_read_newest_first_a_slice_per_tick(tmp_path, m
     for _ in range(12):
         ctl.tick()
     assert count() == [1000] and ctl._backfill is None  # every event counted once
+
+
+def test_kpi_rules_read_only_the_rows_they_can_use(tmp_path):
+    """A large job's healthy steps stay in SQLite; the one NaN loss still restarts the job."""
+    from tests.unit.controller.helpers import add_kpi
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(9, ["node1", "node2"], start=clock() - 100)
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, loss, payload) VALUES (?,?,?,?,?,?,?)",
+                             [("node1", clock() - 60 + i / 100, 9, i % 64, i // 64, 2.0, "{}") for i in range(5000)])
+    add_kpi(ctl.conn, "node2", clock() - 1, 9, 3, 78, loss=None, payload={"nonfinite": {"loss": "nan"}})
+    add_kpi(ctl.conn, "node2", clock() - 1, 9, 4, 78, loss=None, payload={"note": "no loss this step"})
+    rows = ctl._rule_kpis(clock())
+    assert len(rows) == 1 and rows[0]["payload"]["nonfinite"] == {"loss": "nan"}
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "kpi-nonfinite-loss"]
+    assert inc.job_id == 9 and inc.evidence["kpis"] == [{"ts": clock() - 1, "rank": 3, "node": "node2", "step": 78,
+                                                          "loss": "nan"}]
+
+
+def test_reloads_while_a_window_is_still_being_read_count_every_event_once(tmp_path, monkeypatch):
+    from sigma.controller import loop
+
+    monkeypatch.setattr(loop, "BACKFILL_EVENTS_PER_TICK", 100)
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    rule = ("version: 1\nrules:\n  - id: {id}\n    description: d\n    severity: info\n    action: record\n"
+            "    log: {{source: log, kinds: [xid], fields: {{xid: [63]}}}}\n")
+    (kb / "a.yaml").write_text(rule.format(id="a"))
+    policy = tmp_path / "controller.yaml"
+    policy.write_text(f"db: {tmp_path / 'c.db'}\nlog_dir: {tmp_path / 'log'}\nrules: {kb}\nremediation: "
+                      f"{configs_dir() / 'remediation.yaml'}\n")
+    ctl, slurm, clock = make_controller(tmp_path, rules=load_rules(kb))
+    noise(ctl.conn, "node1", clock() - 60, 1000)
+    ctl.tick()
+    assert ctl.reload(str(policy))  # the start-up read was not finished: it starts over
+    for _ in range(12):
+        ctl.tick()
+    (kb / "b.yaml").write_text(rule.format(id="b"))
+    assert ctl.reload(str(policy)) and not ctl.windows_read  # b's window is being read
+    ctl.tick()
+    (kb / "c.yaml").write_text(rule.format(id="c"))
+    assert ctl.reload(str(policy))  # b was half read: read again, with c
+    for _ in range(12):
+        ctl.tick()
+    counts = {f.rule_id: f.evidence["count"] for f in ctl.detect(clock(), {n.name: n for n in slurm.nodes()}, [])}
+    assert counts == {"a": 1000, "b": 1000, "c": 1000}
