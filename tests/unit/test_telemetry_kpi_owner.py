@@ -72,6 +72,15 @@ def test_world_writable_file_is_refused(tmp_path):
     assert [e[2] for e in out.events] == ["kpi_refused"] and "writable by every user" in out.events[0][4]
 
 
+def test_a_symlink_is_refused_even_to_a_file_of_the_jobs_user(tmp_path):
+    (tmp_path / "job-42").mkdir()
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text(nan_line(42))
+    (tmp_path / "job-42" / "rank-0.node1.jsonl").symlink_to(target)
+    out = run(collector(tmp_path, {42: os.geteuid()}))
+    assert [e[2] for e in out.events] == ["kpi_refused"] and "not a regular file" in out.events[0][4]
+
+
 @pytest.mark.parametrize("ts", ["NaN", "Infinity", "-1", "1e18"])
 def test_implausible_line_times_are_malformed(tmp_path, ts):
     (tmp_path / "job-42").mkdir()
