@@ -16,10 +16,11 @@ figure is about the network side, not the disk.
 
 Printed: valid batches/s and samples/s per phase and their ratio (goal >= 90 %), the server's CPU per valid batch
 in each phase and what the attack cost it (a figure that does not depend on how busy the rest of the machine is),
-the server's peak and final RSS (goal < 200 MB), its refusal counters from /metrics, and what the attackers did. Loopback only;
-every loop stops by itself at the phase's end.
+the server's peak and final RSS (goal < 200 MB), its refusal counters from /metrics, and what the attackers did.
+Loopback only; every loop stops by itself at the phase's end.
 
-    .venv/bin/python bench/ingest_abuse.py [--duration 20] [--sidecars 8] [--samples 2000] [--attackers 200]
+    .venv/bin/python bench/ingest_abuse.py [--duration 15] [--rounds 3] [--sidecars 8] [--samples 2000] \
+                                           [--attackers 200]
 """
 
 from __future__ import annotations
@@ -106,9 +107,7 @@ def sidecar(port: int, node: str, key_id: str, secret: bytes, body0: bytes, unti
     out.append((ok - dup, failed))
 
 
-def sidecars_process(port: int, keys: list, samples: int, duration: float, seq0: int, queue, cpus) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def sidecars_process(port: int, keys: list, samples: int, duration: float, seq0: int, queue) -> None:
     bodies = {node: template(node, samples) for node, _, _ in keys}
     until = time.time() + duration
     results: list = []
@@ -171,9 +170,7 @@ def attacker(kind: str, port: int, until: float, stats: dict, lock: threading.Lo
             stats[f"{kind}_cycles"] += 1
 
 
-def attackers_process(port: int, n: int, duration: float, queue, cpus) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def attackers_process(port: int, n: int, duration: float, queue) -> None:
     os.nice(19)  # their own CPU is not the server's cost: on a real network they run elsewhere
     until = time.time() + duration
     stats = {"connections": 0, "bytes_sent": 0}
@@ -195,10 +192,10 @@ def phase(port: int, server: psutil.Process, keys: list, args, attackers: int, s
     ctx = mp.get_context("fork")
     q_valid, q_att = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=sidecars_process,
-                         args=(port, keys, args.samples, args.duration, seq0, q_valid, args.client_cpus))]
+                         args=(port, keys, args.samples, args.duration, seq0, q_valid))]
     if attackers:
         procs.append(ctx.Process(target=attackers_process,
-                                 args=(port, attackers, args.duration + 1, q_att, args.client_cpus)))
+                                 args=(port, attackers, args.duration + 1, q_att)))
         procs[-1].start()
         time.sleep(1.0)  # the flood is on before the measured window starts
     procs[0].start()
@@ -242,7 +239,6 @@ def main() -> int:
         table.save()
         keys = [(k.node, k.id, k.secret.encode()) for k in issued]
         proc, port = start_server(tmp, table.path)
-        args.client_cpus = None
         try:
             server = psutil.Process(proc.pid)
             idle_rss = server.memory_info().rss / 2 ** 20
@@ -281,7 +277,8 @@ def main() -> int:
     loaded = runs["loaded"][-1]
     att = loaded["attack"]
     print(f"attackers (last round): {att.get('connections', 0)} connections, "
-          f"{att.get('bytes_sent', 0) / 2 ** 20:.1f} MB sent, cycles " + ", ".join(f"{k[:-7]} {v}" for k, v in att.items() if k.endswith("_cycles")))
+          f"{att.get('bytes_sent', 0) / 2 ** 20:.1f} MB sent, cycles "
+          + ", ".join(f"{k[:-7]} {v}" for k, v in att.items() if k.endswith("_cycles")))
     print("server refusals: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(refused.items())))
     return 0
 

@@ -7,9 +7,9 @@ newline; rotated or truncated files are followed (see tail.py); malformed lines 
 events, never fatal. Files of finished jobs are forgotten once idle for `forget_after_s`.
 
 Who may speak for a job: a file is read only once it is admitted, i.e. SLURM runs its job on this node and the file
-belongs to the job's user (same uid), is a regular file and not world-writable; until the job shows up the file waits unread (no
-line is lost), a file of another user is refused and reported once (`kpi_refused`). Every line's job_id must be
-the job of its directory. So nobody can make the controller requeue someone else's job with a KPI line.
+belongs to the job's user (same uid), is a regular file and is not world-writable. Until the job shows up the
+file waits unread (no line is lost); a file of another user is refused and reported once (`kpi_refused`). Every
+line's job_id must be the job of its directory. So nobody can make the controller requeue someone else's job.
 """
 
 
