@@ -89,13 +89,6 @@ class Ingest:
             self.conn.close()
 
     # ---------- entry points ----------
-    def handle(self, headers, body: bytes, peer: str = "?") -> tuple[int, dict]:
-        """Authenticate and store one request whose body is already read."""
-        caller = self.authenticate(headers, len(body), peer)
-        if not isinstance(caller, Caller):
-            return caller
-        return self.receive(caller, body, peer)
-
     def authenticate(self, headers, length: int, peer: str = "?") -> Caller | tuple[int, dict]:
         """Check the headers before the body is read: a Caller, or (status, reply) for a refusal."""
         try:
