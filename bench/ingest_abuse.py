@@ -16,10 +16,16 @@ figure is about the network side, not the disk.
 
 Printed: valid batches/s and samples/s per phase and their ratio (goal >= 90 %), the server's CPU per valid batch
 in each phase and what the attack cost it (a figure that does not depend on how busy the rest of the machine is),
-the server's peak and final RSS (goal < 200 MB), its refusal counters from /metrics, and what the attackers did. Loopback only;
-every loop stops by itself at the phase's end.
+the server's peak and final RSS (goal < 200 MB), its refusal counters from /metrics, and what the attackers did.
+Loopback only; every loop stops by itself at the phase's end.
 
-    .venv/bin/python bench/ingest_abuse.py [--duration 20] [--sidecars 8] [--samples 2000] [--attackers 200]
+--baseline REV adds a side-by-side check against the ingest server as it was at git REV: --big-clients
+unauthenticated requests with --big-mb bodies (forged signature), then 100 clients trickling a request head for
+15 s; printed: the server's RSS before and at its peak, its threads at the peak and after the 15 s, and how many
+slow clients it closed.
+
+    .venv/bin/python bench/ingest_abuse.py [--duration 15] [--rounds 3] [--sidecars 8] [--samples 2000] \
+                                           [--attackers 200]
 """
 
 from __future__ import annotations
@@ -61,15 +67,8 @@ def start_server(tmp: Path, table: Path) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([sys.executable, "-m", "sigma.controller.ingest.server", "--db", str(tmp / "c.db"),
                              "--keys-file", str(table), "--host", HOST, "--port", str(port),
                              "--log-level", "ERROR"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=1).read()
-            return proc, port
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("ingest server did not start")
+    wait_healthz(proc, port)
+    return proc, port
 
 
 # ---------- valid sidecars ----------
@@ -106,9 +105,7 @@ def sidecar(port: int, node: str, key_id: str, secret: bytes, body0: bytes, unti
     out.append((ok - dup, failed))
 
 
-def sidecars_process(port: int, keys: list, samples: int, duration: float, seq0: int, queue, cpus) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def sidecars_process(port: int, keys: list, samples: int, duration: float, seq0: int, queue) -> None:
     bodies = {node: template(node, samples) for node, _, _ in keys}
     until = time.time() + duration
     results: list = []
@@ -171,9 +168,7 @@ def attacker(kind: str, port: int, until: float, stats: dict, lock: threading.Lo
             stats[f"{kind}_cycles"] += 1
 
 
-def attackers_process(port: int, n: int, duration: float, queue, cpus) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def attackers_process(port: int, n: int, duration: float, queue) -> None:
     os.nice(19)  # their own CPU is not the server's cost: on a real network they run elsewhere
     until = time.time() + duration
     stats = {"connections": 0, "bytes_sent": 0}
@@ -195,10 +190,10 @@ def phase(port: int, server: psutil.Process, keys: list, args, attackers: int, s
     ctx = mp.get_context("fork")
     q_valid, q_att = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=sidecars_process,
-                         args=(port, keys, args.samples, args.duration, seq0, q_valid, args.client_cpus))]
+                         args=(port, keys, args.samples, args.duration, seq0, q_valid))]
     if attackers:
         procs.append(ctx.Process(target=attackers_process,
-                                 args=(port, attackers, args.duration + 1, q_att, args.client_cpus)))
+                                 args=(port, attackers, args.duration + 1, q_att)))
         procs[-1].start()
         time.sleep(1.0)  # the flood is on before the measured window starts
     procs[0].start()
@@ -215,6 +210,106 @@ def phase(port: int, server: psutil.Process, keys: list, args, attackers: int, s
             "peak_rss_mb": peak / 2 ** 20, "attack": att, "server_cpu": server_cpu}
 
 
+# ---------- side by side with an earlier server (--baseline REV) ----------
+def start_baseline(tmp: Path, rev: str) -> tuple[subprocess.Popen, int]:
+    """The ingest server and batch module as they were at REV (shared secret, signature over the body), run
+    beside the current package."""
+    pkg = tmp / "baseline_ingest"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("server", "batch"):
+        text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:sigma/controller/ingest/{name}.py"],
+                              check=True, capture_output=True, text=True).stdout
+        text = text.replace("from sigma.controller.ingest.batch", "from baseline_ingest.batch")
+        (pkg / f"{name}.py").write_text(text)
+    secret = tmp / "baseline.secret"
+    wire.write_secret(secret)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{REPO}"}
+    proc = subprocess.Popen([sys.executable, "-m", "baseline_ingest.server", "--db", str(tmp / "baseline.db"),
+                             "--secret-file", str(secret), "--host", HOST, "--port", str(port), "--log-level",
+                             "ERROR"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_healthz(proc, port)
+    return proc, port
+
+
+def wait_healthz(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("ingest server did not start")
+
+
+def oversized_then_slow(port: int, server: psutil.Process, clients: int, body_mb: int, slow: int,
+                        slow_s: float) -> dict:
+    """`clients` unauthenticated requests (forged signature, no digest header) each sending a body_mb body at
+    full speed, then `slow` connections trickling a request head for slow_s: the server's peak RSS and threads."""
+    rss0 = server.memory_info().rss
+    peak = [rss0, server.num_threads()]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], server.memory_info().rss)
+                peak[1] = max(peak[1], server.num_threads())
+            except psutil.Error:
+                return
+            time.sleep(0.05)
+
+    def big():
+        head = (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nContent-Length: {body_mb << 20}\r\n"
+                f"X-Sigma-Node: node1\r\nX-Sigma-Timestamp: {time.time():.3f}\r\nX-Sigma-Signature: {'0' * 64}"
+                f"\r\n\r\n").encode()
+        try:
+            with socket.create_connection((HOST, port), timeout=30) as s:
+                s.sendall(head)
+                chunk = b"\0" * (1 << 20)
+                for _ in range(body_mb):
+                    s.sendall(chunk)
+                s.recv(100)
+        except OSError:
+            pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    senders = [threading.Thread(target=big) for _ in range(clients)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(timeout=60)
+    big_peak = peak[0]
+    socks, closed = [], 0
+    for _ in range(slow):
+        try:
+            socks.append(socket.create_connection((HOST, port), timeout=2))
+        except OSError:
+            closed += 1
+    head = b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\n"
+    until, i = time.time() + slow_s, 0
+    while time.time() < until:  # one byte per connection every 0.5 s
+        for s in list(socks):
+            try:
+                s.sendall(head[i:i + 1] if i < len(head) else b"a")
+            except OSError:
+                socks.remove(s)
+                closed += 1
+        i += 1
+        time.sleep(0.5)
+    threads_end = server.num_threads()
+    for s in socks:
+        s.close()
+    stop.set()
+    watcher.join()
+    return {"rss0_mb": rss0 / 2 ** 20, "big_peak_mb": big_peak / 2 ** 20, "peak_threads": peak[1],
+            "threads_end": threads_end, "slow_closed": closed, "slow": slow}
+
+
 def counters(port: int) -> dict:
     text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
     found = {}
@@ -227,14 +322,28 @@ def counters(port: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="unloaded/loaded pairs, alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="unloaded/loaded pairs, alternated (0: skip)")
     parser.add_argument("--sidecars", type=int, default=8, help="valid sidecars (threads, one key each)")
     parser.add_argument("--samples", type=int, default=2000, help="samples per valid batch")
     parser.add_argument("--attackers", type=int, default=200, help="hostile clients in the loaded phase")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="also run the memory/slow-client check against the ingest server at git REV, side by "
+                             "side with the current one")
+    parser.add_argument("--big-clients", type=int, default=8, help="--baseline check: oversized clients")
+    parser.add_argument("--big-mb", type=int, default=32, help="--baseline check: body size of each, MB")
     parser.add_argument("--tmp-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                         help="where the controller database goes (default /dev/shm: the figure is about the "
                              "network side, not the disk, which other work on a shared machine also uses)")
     args = parser.parse_args()
+    if args.rounds > 0:
+        measure(args)
+    if args.baseline:
+        compare(args)
+    return 0
+
+
+def measure(args) -> None:
+    """Valid ingest unloaded and under attack, alternated for --rounds rounds."""
     with tempfile.TemporaryDirectory(prefix="sigma-abuse-", dir=args.tmp_dir) as tmp:
         tmp = Path(tmp)
         table = KeyTable(tmp / "keys.json")
@@ -242,7 +351,6 @@ def main() -> int:
         table.save()
         keys = [(k.node, k.id, k.secret.encode()) for k in issued]
         proc, port = start_server(tmp, table.path)
-        args.client_cpus = None
         try:
             server = psutil.Process(proc.pid)
             idle_rss = server.memory_info().rss / 2 ** 20
@@ -281,9 +389,35 @@ def main() -> int:
     loaded = runs["loaded"][-1]
     att = loaded["attack"]
     print(f"attackers (last round): {att.get('connections', 0)} connections, "
-          f"{att.get('bytes_sent', 0) / 2 ** 20:.1f} MB sent, cycles " + ", ".join(f"{k[:-7]} {v}" for k, v in att.items() if k.endswith("_cycles")))
+          f"{att.get('bytes_sent', 0) / 2 ** 20:.1f} MB sent, cycles "
+          + ", ".join(f"{k[:-7]} {v}" for k, v in att.items() if k.endswith("_cycles")))
     print("server refusals: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(refused.items())))
-    return 0
+
+
+def compare(args) -> None:
+    """The same unauthenticated flood against the server at --baseline and the current one."""
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="sigma-abuse-base-", dir=args.tmp_dir) as tmp:
+        tmp = Path(tmp)
+        table = KeyTable(tmp / "keys.json")
+        table.issue("node1")
+        table.save()
+        for name, start in ((f"at {args.baseline}", lambda: start_baseline(tmp, args.baseline)),
+                            ("current", lambda: start_server(tmp, table.path))):
+            proc, port = start()
+            try:
+                rows[name] = oversized_then_slow(port, psutil.Process(proc.pid), args.big_clients, args.big_mb,
+                                                 slow=100, slow_s=15.0)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+    print(f"\nside by side: {args.big_clients} unauthenticated clients sending {args.big_mb} MB bodies each, then "
+          f"100 clients trickling a request head for 15 s")
+    print(f"{'server':16} {'RSS before':>10} {'RSS peak (bodies)':>18} {'peak threads':>13} "
+          f"{'threads after 15 s':>19} {'slow clients closed':>20}")
+    for name, r in rows.items():
+        print(f"{name:16} {r['rss0_mb']:9.1f}M {r['big_peak_mb']:17.1f}M {r['peak_threads']:13d} "
+              f"{r['threads_end']:19d} {r['slow_closed']:>14d} of {r['slow']}")
 
 
 if __name__ == "__main__":

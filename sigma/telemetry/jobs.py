@@ -118,6 +118,7 @@ class JobTracker:
         self.owner_lookup = owner_lookup or _slurm_job_uid  # job_id -> uid or None
         self._owners: dict[int, int] = {}
         self._owner_failed_at: dict[int, float] = {}
+        self._recheck_at = 0.0
 
     def refresh(self) -> list[int]:
         found: set[int] = set()
@@ -134,7 +135,7 @@ class JobTracker:
 
     def owner(self, job_id: int) -> int | None:
         """The uid job_id runs as, if SLURM runs it on this node now; None if it does not (or not known yet)."""
-        if job_id not in self.slurm_jobs:
+        if job_id not in self.slurm_jobs and not self._recheck(job_id):
             return None
         uid = self._owners.get(job_id)
         if uid is None:
@@ -150,6 +151,19 @@ class JobTracker:
                 return None
             self._owners[job_id] = uid
         return uid
+
+    def _recheck(self, job_id: int) -> bool:
+        """A job's first KPI file may appear before the next refresh: look at slurmd's spool again now (one listdir,
+        at most once a second), so its first lines wait ~1 s, not refresh_s."""
+        now = time.monotonic()
+        if "proc" not in self.sources or not self.spool_dir or now - self._recheck_at < 1.0:
+            return False
+        self._recheck_at = now
+        jobs = spool_jobs(self.node, self.spool_dir)
+        if jobs is None or job_id not in jobs:
+            return False
+        self.slurm_jobs = self.slurm_jobs | jobs
+        return True
 
     def _proc(self) -> set[int]:
         if self.spool_dir and (jobs := spool_jobs(self.node, self.spool_dir)) is not None:

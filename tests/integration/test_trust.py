@@ -1,7 +1,7 @@
 """Trust boundaries end to end on the local cluster (`sigma stack up`: a key per node, the real sidecars).
 
-Another user's KPI line cannot requeue a job (the job's own line still can), and a node's key cannot post as
-another node. Faults enter at their source: a file written by uid 65534 in the job's KPI directory, an HTTP
+Another user's KPI line cannot requeue a job (the job's own line still can), a node's key cannot post as another
+node, and a key rotated with `sigma keys rotate` is picked up by the running sidecar before the old one expires. Faults enter at their source: a file written by uid 65534 in the job's KPI directory, an HTTP
 request signed with node1's key file.
 """
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.integration
 
 NOBODY = 65534
+SIGMA = str(Path(sys.executable).parent / "sigma")
 
 
 def query(stack: Stack, sql: str, args=()) -> list[dict]:
@@ -66,6 +68,16 @@ def test_another_users_kpi_line_cannot_requeue_and_a_key_cannot_post_as_another_
         assert 'sigma_ingest_rejected_total{reason="wrong_node"} 1.0' in metrics
         assert "sigma_ingest_shared_key 0.0" in metrics
         assert not query(stack, "SELECT 1 FROM events WHERE message = 'forged Xid 79'")
+
+        # rotation without downtime: node3's sidecar picks the new key file up by itself before the old key expires
+        rotated_at = time.time()
+        subprocess.run([SIGMA, "keys", "rotate", "node3", "--table", str(stack.keys_table), "--out",
+                        str(stack.keys_dir), "--grace", "5"], check=True, capture_output=True)
+        assert read_node_key(stack.node_key("node3")).key_id != keys["node3"].key_id
+        wait_for(lambda: query(stack, "SELECT 1 FROM batches WHERE node = 'node3' AND received_at > ?",
+                               (rotated_at + 6,)), timeout=30, what="node3 pushing after its old key expired")
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        assert 'reason="expired_key"' not in metrics and 'reason="bad_signature"' not in metrics
 
         # a job of root on node2, writing its own KPIs
         job_id = slurm.submit(None, "-w", "node2", "--requeue", f"--output={tmp_path}/job-%j.out",

@@ -107,8 +107,8 @@ def test_rotation_accepts_old_and_new_key_during_the_grace_period_then_only_the_
 
 
 def test_refused_before_the_body_is_read(server, keys):
-    """A request that claims 50 MB (under the size limit) and has a bad signature is answered without the server waiting for a byte of
-    its body (the client sends none)."""
+    """A request that claims 50 MB (under the size limit) and has a bad signature is answered without the server
+    waiting for a byte of its body (the client sends none)."""
     _, k = keys
     forged = NodeKey(k["node1"].key_id, b"0" * 64)
     h = wire.auth_headers(forged.key_id, forged.secret, "node1", b"x")

@@ -72,6 +72,15 @@ def test_world_writable_file_is_refused(tmp_path):
     assert [e[2] for e in out.events] == ["kpi_refused"] and "writable by every user" in out.events[0][4]
 
 
+def test_a_symlink_is_refused_even_to_a_file_of_the_jobs_user(tmp_path):
+    (tmp_path / "job-42").mkdir()
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text(nan_line(42))
+    (tmp_path / "job-42" / "rank-0.node1.jsonl").symlink_to(target)
+    out = run(collector(tmp_path, {42: os.geteuid()}))
+    assert [e[2] for e in out.events] == ["kpi_refused"] and "not a regular file" in out.events[0][4]
+
+
 @pytest.mark.parametrize("ts", ["NaN", "Infinity", "-1", "1e18"])
 def test_implausible_line_times_are_malformed(tmp_path, ts):
     (tmp_path / "job-42").mkdir()
@@ -90,3 +99,16 @@ def test_owner_comes_from_slurm_only_for_jobs_slurm_runs_here():
     assert tracker.jobs == [7] and tracker.owner(7) is None and calls == []  # a KPI file is no evidence
     tracker.slurm_jobs = {7}
     assert tracker.owner(7) == 1000 and tracker.owner(7) == 1000 and calls == [7]  # looked up once
+
+
+def test_a_new_job_in_slurmds_spool_is_seen_before_the_next_refresh(tmp_path):
+    from sigma.telemetry.jobs import JobTracker
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    tracker = JobTracker("node1", ["proc"], spool_dir=str(spool), owner_lookup=lambda j: 1000)
+    tracker.refresh()
+    assert tracker.owner(8) is None
+    (spool / "node1_8.0").touch()  # slurmd starts a step of job 8 here
+    tracker._recheck_at = 0.0
+    assert tracker.owner(8) == 1000

@@ -5,8 +5,9 @@ covers a digest of the body), so the server reads a body only from a node that p
 `Ingest.receive(caller, body)` checks the digest, validates and stores. Both return (http_status, reply dict) for
 a refusal: a 4xx with a reason, logged with the node and peer, counted by reason (/metrics), never an exception.
 Rows with a non-finite or absurd timestamp (older than max_row_age_s, or further in the future than the clock skew
-allows) are dropped and counted; the rest of their batch is stored. One transaction per batch: the `batches` row and the data rows commit together, so a
-controller killed mid-batch either has all of it or none, and the sidecar's retry fills the gap.
+allows) are dropped and counted; the rest of their batch is stored. One transaction per batch: the `batches` row
+and the data rows commit together, so a controller killed mid-batch either has all of it or none, and the
+sidecar's retry fills the gap.
 """
 
 from __future__ import annotations
@@ -88,13 +89,6 @@ class Ingest:
             self.conn.close()
 
     # ---------- entry points ----------
-    def handle(self, headers, body: bytes, peer: str = "?") -> tuple[int, dict]:
-        """Authenticate and store one request whose body is already read."""
-        caller = self.authenticate(headers, len(body), peer)
-        if not isinstance(caller, Caller):
-            return caller
-        return self.receive(caller, body, peer)
-
     def authenticate(self, headers, length: int, peer: str = "?") -> Caller | tuple[int, dict]:
         """Check the headers before the body is read: a Caller, or (status, reply) for a refusal."""
         try:

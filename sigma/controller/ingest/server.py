@@ -358,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     from sigma.security.keys import KeyFileError, KeyRing, read_node_key
 
     parser = argparse.ArgumentParser(prog="python -m sigma.controller.ingest.server",
-                                     description="Serve POST /v1/ingest, GET /healthz and GET /metrics (ingest counters) "
-                                                 "into a controller DB.")
+                                     description="Serve POST /v1/ingest, GET /healthz and GET /metrics (ingest "
+                                                 "counters) into a controller DB.")
     parser.add_argument("--db", required=True, help="controller SQLite database (created if missing)")
     parser.add_argument("--keys-file", default=None, help="per-node key table (mode 0600; `sigma keys issue`)")
     parser.add_argument("--secret-file", default=None, help="shared HMAC secret (mode 0600); flagged as shared")

@@ -7,9 +7,9 @@ newline; rotated or truncated files are followed (see tail.py); malformed lines 
 events, never fatal. Files of finished jobs are forgotten once idle for `forget_after_s`.
 
 Who may speak for a job: a file is read only once it is admitted, i.e. SLURM runs its job on this node and the file
-belongs to the job's user (same uid) and is not world-writable; until the job shows up the file waits unread (no
-line is lost), a file of another user is refused and reported once (`kpi_refused`). Every line's job_id must be
-the job of its directory. So nobody can make the controller requeue someone else's job with a KPI line.
+belongs to the job's user (same uid), is a regular file and is not world-writable. Until the job shows up the
+file waits unread (no line is lost); a file of another user is refused and reported once (`kpi_refused`). Every
+line's job_id must be the job of its directory. So nobody can make the controller requeue someone else's job.
 """
 
 
@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -105,10 +106,10 @@ class KpiCollector(Collector):
         """Read this file? Only when SLURM runs its job here and the file belongs to the job's user."""
         owner_of = self.ctx.job_owner
         try:
-            st = os.stat(path)
+            st = os.lstat(path)  # a symlink's target could be any file of the job's user (or root's)
         except OSError:
             return False
-        if self.admitted.get(path) == st.st_ino:
+        if self.admitted.get(path) == st.st_ino and stat.S_ISREG(st.st_mode):
             return True
         if owner_of is None:  # no SLURM view at all (the collector used outside a sidecar): nothing to check
             self.admitted[path] = st.st_ino
@@ -117,7 +118,9 @@ class KpiCollector(Collector):
         if uid is None:  # the job does not run here (yet): the file waits unread
             self.pending += 1
             return False
-        if st.st_uid != uid:
+        if not stat.S_ISREG(st.st_mode):
+            reason = "is not a regular file (a symlink?)"
+        elif st.st_uid != uid:
             reason = f"belongs to uid {st.st_uid}, but job {job_id} runs as uid {uid}"
         elif st.st_mode & 0o002:
             reason = "is writable by every user"
