@@ -223,7 +223,7 @@ def _explain(args) -> int:
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
                 + ", ".join(f"{n}={s}" for n, s in iso.get("ranked", [])))
-    for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs"):
+    for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs", "conditions"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
     if acts:
