@@ -325,7 +325,7 @@ def _explain(args) -> int:
         if a["kind"] == "drain" and json.loads(a["params"] or "{}").get("reason"):
             c.print(f"  drain reason (`sinfo -R` shows its first 20 characters): "
                     f"{sigma_reason(json.loads(a['params'])['reason'])}", highlight=False)
-    for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs"):
+    for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs", "conditions"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
     if acts:

@@ -200,34 +200,43 @@ def _pairs(conn, nodes: set[str], cache: dict) -> list[list[str]]:
 
 
 def _example(conn, node: str, start: float, end: float, positive: bool, source: str, cache: dict) -> Example:
-    jobs = _jobs(conn, start, end)
-    peers = {n for n, js in jobs.items() if set(js) & set(jobs.get(node, []))} | {node}
+    jobs = _jobs(conn, node, start, end)
+    peers = set(jobs) | {node}
     marks = ",".join("?" * len(peers))
     events = [_decode(r) for r in conn.execute(
         f"SELECT * FROM events WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*sorted(peers), start, end))]
     samples = [_decode(r) for r in conn.execute(_WINDOW_SQL, (json.dumps(_pairs(conn, peers, cache)), start, end))]
-    job_ids = sorted({j for n in peers for j in jobs.get(n, [])})
+    job_ids = sorted({j for js in jobs.values() for j in js})
     kpis = [_decode(r) for r in conn.execute(
         f"SELECT * FROM kpis WHERE job_id IN ({','.join('?' * len(job_ids))}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*job_ids, start, end))] if job_ids else []
-    return Example(node, start, end, positive, source, events=events, samples=samples, kpis=kpis,
-                   jobs_on_node={n: js for n, js in jobs.items() if n in peers})
+    return Example(node, start, end, positive, source, events=events, samples=samples, kpis=kpis, jobs_on_node=jobs)
 
 
-def _jobs(conn, start: float, end: float) -> dict[str, list[int]]:
-    """Which jobs ran on which node in the window: the job_ids the sidecars stamp on events, and what SLURM said
-    (node snapshots: the one in force at the start and the changes during the window)."""
+def _jobs(conn, node: str, start: float, end: float) -> dict[str, list[int]]:
+    """The jobs the node ran in the window and the other nodes of those jobs, through indexed reads only: what
+    SLURM said (the node's snapshot in force at the start and its changes during the window), the job ids the
+    sidecars stamp on the node's events; peers are the nodes that reported KPIs or events for those jobs."""
+    mine: set[int] = set()
+    for r in conn.execute("SELECT jobs FROM (SELECT jobs FROM node_snapshots WHERE node = ? AND ts <= ? ORDER BY ts"
+                          " DESC LIMIT 1) UNION ALL SELECT jobs FROM node_snapshots WHERE node = ? AND ts > ? AND"
+                          " ts <= ?", (node, start, node, start, end)):
+        mine.update(int(j) for j in json.loads(r["jobs"]))
+    for r in conn.execute("SELECT DISTINCT job_ids FROM events WHERE node = ? AND ts >= ? AND ts <= ? AND"
+                          " job_ids != '[]'", (node, start, end)):
+        mine.update(int(j) for j in json.loads(r["job_ids"]))
+    if not mine:
+        return {}
     out: dict[str, set[int]] = defaultdict(set)
+    out[node] = set(mine)
+    marks = ",".join("?" * len(mine))
+    for r in conn.execute(f"SELECT DISTINCT node, job_id FROM kpis WHERE job_id IN ({marks}) AND ts >= ? AND ts <= ?",
+                          (*sorted(mine), start, end)):
+        out[r["node"]].add(int(r["job_id"]))
     for r in conn.execute("SELECT DISTINCT node, job_ids FROM events WHERE ts >= ? AND ts <= ? AND job_ids != '[]'",
                           (start, end)):
-        out[r["node"]].update(int(j) for j in json.loads(r["job_ids"]))
-    nodes = [r[0] for r in conn.execute("SELECT DISTINCT node FROM node_snapshots")]
-    for node in nodes:
-        for r in conn.execute("SELECT jobs FROM (SELECT ts, jobs FROM node_snapshots WHERE node = ? AND ts <= ?"
-                              " ORDER BY ts DESC LIMIT 1) UNION ALL SELECT jobs FROM node_snapshots WHERE node = ?"
-                              " AND ts > ? AND ts <= ?", (node, start, node, start, end)):
-            out[node].update(int(j) for j in json.loads(r["jobs"]))
+        out[r["node"]].update(int(j) for j in json.loads(r["job_ids"]) if int(j) in mine)
     return {n: sorted(js) for n, js in out.items() if js}
 
 

@@ -58,7 +58,7 @@ def learn(problem: Problem, proposers: list[Proposer], kb: list[Rule], *, max_it
                 fresh += 1
                 out.proposed += 1
                 try:
-                    rule = repair(raw)
+                    rule = repair(raw, problem.positives()[:1] + problem.negatives()[:2])
                 except RepairError as exc:
                     out.messages.append(f"{proposer.name}: proposal not runnable: {exc}")
                     rejected_now.append({"rule": raw, "reasons": [str(exc)]})

@@ -31,8 +31,10 @@ class LlmProposer:
     def __init__(self, cfg: LlmConfig):
         if not cfg.base_url or not cfg.model:
             raise ProposalError("the LLM proposer needs llm.base_url and llm.model in the learn config")
-        from openai import OpenAI
-
+        try:
+            from openai import OpenAI
+        except ImportError:
+            raise ProposalError("the LLM proposer needs the openai package: pip install 'sigma-slurm[llm]'") from None
         self.cfg = cfg
         self.name = f"llm:{cfg.model}"
         self.client = OpenAI(base_url=cfg.base_url, api_key=os.environ.get(cfg.api_key_env) or "none",

@@ -28,7 +28,13 @@ class RepairError(ValueError):
     """A proposal that is not a runnable rule; the message says what to fix."""
 
 
-def repair(raw) -> Rule:
+DRY_RUN_ROWS = {"events": [{"node": "n", "ts": 0.0, "source": "log", "kind": "k", "message": "m"}],
+                "samples": [{"node": "n", "ts": 0.0, "metric": "m", "value": 1.0}]}
+
+
+def repair(raw, examples=()) -> Rule:
+    """The rule, or RepairError saying what to fix. The dry run uses the given examples (real data), else a
+    minimal row of each kind."""
     if not isinstance(raw, dict):
         raise RepairError(f"a rule must be a mapping, got {type(raw).__name__}")
     try:
@@ -41,8 +47,12 @@ def repair(raw) -> Rule:
         except UnsafeRegex as exc:
             raise RepairError(str(exc)) from None
     try:  # dry run: a rule that raises on real rows never reaches the controller
-        evaluate([rule], now=0.0, events=[{"node": "n", "ts": 0.0, "source": "log", "kind": "k", "message": "m"}],
-                 samples=[{"node": "n", "ts": 0.0, "metric": "m", "value": 1.0}])
+        for ex in list(examples)[:3] or [None]:
+            if ex is None:
+                evaluate([rule], now=0.0, **DRY_RUN_ROWS)
+            else:
+                evaluate([rule], now=ex.end, events=ex.events, samples=ex.samples, kpis=ex.kpis,
+                         jobs_on_node=ex.jobs_on_node)
     except Exception as exc:  # noqa: BLE001 - any failure is the proposal's fault, reported back
         raise RepairError(f"dry run failed: {type(exc).__name__}: {exc}") from None
     return rule
