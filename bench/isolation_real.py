@@ -16,8 +16,8 @@ InterFusion code's IPS) and the same for a random ranking.
 
 Methods: `engine` (sigma.controller.detect.isolation: own history + peers), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
-excursion beyond 3 sigma), `today` (the scorer as of main: `git show main:sigma/controller/detect/isolation.py`,
-loaded into a module here; skipped with a note where git or that revision is missing).
+excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
+isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24]
 """
@@ -134,23 +134,24 @@ class ThreeSigma:
         return names[i] if scores[i] > 3.0 and np.sum(scores == scores[i]) == 1 else None
 
 
+TODAY_REV = "d06369c"  # the last commit with the scorer before noise floors and the per-node score
+
+
 def load_today() -> types.ModuleType | None:
-    """The scorer as of main, for the side-by-side comparison."""
+    """The scorer before this one (TODAY_REV), for the side-by-side comparison."""
     try:
-        src = subprocess.run(["git", "show", "main:sigma/controller/detect/isolation.py"], cwd=REPO,
+        src = subprocess.run(["git", "show", f"{TODAY_REV}:sigma/controller/detect/isolation.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    if "def history_stats" not in src:
-        return None  # main has the new scorer already: nothing older to compare with
     mod = types.ModuleType("isolation_today")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up there
-    exec(compile(src, "main:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{TODAY_REV}:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
     return mod
 
 
 class Today:
-    """main's scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
+    """The earlier scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
     name = "today"
 
     def __init__(self, mod, history: np.ndarray):
@@ -338,7 +339,7 @@ def main() -> int:
     today = load_today()
     print(f"controller defaults: min_score {ISO.min_score}, dominance {ISO.dominance}, rounds {ISO.rounds}, "
           f"window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows)"
-          + ("" if today else "; `today` skipped: main's scorer not available"))
+          + ("" if today else "; `today` skipped: the earlier scorer is not available"))
     asd(args.data, args.servers, today)
     nab(args.data, args.nab_files)
     return 0
