@@ -19,7 +19,7 @@ per-node detector), `3-sigma` (per metric, mean/std of the entity's own history;
 excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
 isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
 
-usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24]
+usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24] [--only asd|nab]
 """
 
 from __future__ import annotations
@@ -335,13 +335,16 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--servers", type=int, default=12, help="ASD servers (omi-1..omi-N)")
     ap.add_argument("--nab-files", type=int, default=24)
+    ap.add_argument("--only", choices=("asd", "nab"), default=None, help="one data set only")
     args = ap.parse_args()
     today = load_today()
     print(f"controller defaults: min_score {ISO.min_score}, dominance {ISO.dominance}, rounds {ISO.rounds}, "
           f"window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows)"
           + ("" if today else "; `today` skipped: the earlier scorer is not available"))
-    asd(args.data, args.servers, today)
-    nab(args.data, args.nab_files)
+    if args.only != "nab":
+        asd(args.data, args.servers, today)
+    if args.only != "asd":
+        nab(args.data, args.nab_files)
     return 0
 
 
