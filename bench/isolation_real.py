@@ -249,13 +249,14 @@ def random_hit_rate(segments: list[Segment], metrics: int, rng: np.random.Genera
 def print_row(name: str, r: dict) -> None:
     solo = f"{r['solo'][0]}/{r['solo'][1]}" if r["solo"][1] else "n/a"
     wrong = "n/a" if r.get("single") else f"{100 * r['wrong']:5.1f}%"
-    hit = "   n/a     n/a" if np.isnan(r["hit100"]) else f"  {r['hit100']:.2f}    {r['hit150']:.2f}"
+    hit = ("   n/a     n/a" if np.isnan(r["hit100"]) else
+           f"  {r['hit100']:.2f}    {r['hit150']:.2f} ({r['detected_segments']} seg)")
     print(f"  {name:11s} {100 * r['top1']:5.1f}%  {wrong:>6s}  {100 * r['missed']:5.1f}%  {solo:>7s}  "
           f"{100 * r['false_per_window']:6.2f}%  {r['false_per_window'] * DAY_WINDOWS:7.1f}  {hit}   "
           f"{r['round_ms']:.2f}")
 
 
-HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150  ms/round")
+HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150 (over)  ms/round")
 
 
 def asd(root: Path, servers: int, today_mod) -> None:
@@ -309,7 +310,7 @@ def nab(root: Path, files: int) -> None:
         n = max(1, t["segments"])
         print_row(name, {"top1": t["top1"] / n, "wrong": 0.0, "missed": t["missed"] / n, "solo": [0, 0],
                          "single": True, "false_per_window": t["false"] / max(1, t["normal"]),
-                         "hit100": float("nan"), "hit150": float("nan"), "round_ms": float(np.mean(t["ms"]))})
+                         "hit100": float("nan"), "hit150": float("nan"), "detected_segments": 0, "round_ms": float(np.mean(t["ms"]))})
     print(f"  ({sum(len(s) for _, _, s in series)} anomaly windows; wrong node and HitRate do not apply to one "
           f"series of one metric)")
 
