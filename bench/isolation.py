@@ -1,5 +1,5 @@
 """Isolation at scale: sensitivity to small injected faults, false isolations on healthy runs, and the time of one
-isolation round over 256 nodes x 8 accelerators x 200 metrics; the scorer as of main side by side.
+isolation round over 256 nodes x 8 accelerators x 200 metrics; the scorer before it side by side.
 
 Signals: synchronous training makes every accelerator follow the same workload shape. Each metric follows one
 of the NAB series (../shared/data/nab, realAWSCloudwatch + realKnownCause, normalised) as the common shape, plus a
@@ -9,7 +9,7 @@ sigmas, on 1-8 metrics of one accelerator (or of all 8 accelerators of a node: h
 that is still growing, the shape of a real NAB anomaly window, an intermittent fault (present in a random 30-70 %
 of each window's samples) or a single metric. The controller acts on the same scoring
 (sigma.controller.detect.isolation) with its defaults (IsolationConfig: min_score, dominance, rounds); `today` is
-main's scorer (git show main:sigma/controller/detect/isolation.py) on the same data.
+the scorer before it (isolation_real.TODAY_REV) on the same data.
 
 usage: python bench/isolation.py [--trials 100] [--nodes 256] [--gpus 8] [--metrics 200] [--history 30]
 """
@@ -129,8 +129,8 @@ class World:
         return data, node
 
     def isolate(self, data: np.ndarray, today=None) -> tuple[str | None, list[float]]:
-        """Two rounds; act on a dominant outlier seen in both (as the controller does). today: main's scorer
-        module, run instead of the current one."""
+        """Two rounds; act on a dominant outlier seen in both (as the controller does). today: the earlier
+        scorer's module, run instead of the current one."""
         streaks = Streaks()
         t0 = time.perf_counter()
         history = data[:, : self.history, :]
@@ -197,7 +197,7 @@ def main() -> int:
     print(f"isolation over {args.nodes} nodes x {args.gpus} accelerators x {args.metrics} metrics "
           f"(history {args.history} rounds, NAB shapes: {len(world.healthy_shapes)} healthy / "
           f"{len(world.anomaly_shapes)} anomalous windows; {args.trials} faults of {SIZE[0]:.0f}-{SIZE[1]:.0f} "
-          f"sigma and {args.trials} healthy runs)" + ("" if today else "; `today` skipped: main's scorer not available"))
+          f"sigma and {args.trials} healthy runs)" + ("" if today else "; `today` skipped: the earlier scorer is not available"))
     names = list(engines)
     print("  " + " " * 22 + "".join(f"{n:>12s}" for n in names))
     for kind in KINDS:

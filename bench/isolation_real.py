@@ -16,10 +16,10 @@ InterFusion code's IPS) and the same for a random ranking.
 
 Methods: `engine` (sigma.controller.detect.isolation: own history + peers), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
-excursion beyond 3 sigma), `today` (the scorer as of main: `git show main:sigma/controller/detect/isolation.py`,
-loaded into a module here; skipped with a note where git or that revision is missing).
+excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
+isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
 
-usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24]
+usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24] [--only asd|nab]
 """
 
 from __future__ import annotations
@@ -134,23 +134,24 @@ class ThreeSigma:
         return names[i] if scores[i] > 3.0 and np.sum(scores == scores[i]) == 1 else None
 
 
+TODAY_REV = "d06369c"  # the last commit with the scorer before noise floors and the per-node score
+
+
 def load_today() -> types.ModuleType | None:
-    """The scorer as of main, for the side-by-side comparison."""
+    """The scorer before this one (TODAY_REV), for the side-by-side comparison."""
     try:
-        src = subprocess.run(["git", "show", "main:sigma/controller/detect/isolation.py"], cwd=REPO,
+        src = subprocess.run(["git", "show", f"{TODAY_REV}:sigma/controller/detect/isolation.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    if "def history_stats" not in src:
-        return None  # main has the new scorer already: nothing older to compare with
     mod = types.ModuleType("isolation_today")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up there
-    exec(compile(src, "main:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{TODAY_REV}:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
     return mod
 
 
 class Today:
-    """main's scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
+    """The earlier scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
     name = "today"
 
     def __init__(self, mod, history: np.ndarray):
@@ -248,13 +249,14 @@ def random_hit_rate(segments: list[Segment], metrics: int, rng: np.random.Genera
 def print_row(name: str, r: dict) -> None:
     solo = f"{r['solo'][0]}/{r['solo'][1]}" if r["solo"][1] else "n/a"
     wrong = "n/a" if r.get("single") else f"{100 * r['wrong']:5.1f}%"
-    hit = "   n/a     n/a" if np.isnan(r["hit100"]) else f"  {r['hit100']:.2f}    {r['hit150']:.2f}"
+    hit = ("   n/a     n/a" if np.isnan(r["hit100"]) else
+           f"  {r['hit100']:.2f}    {r['hit150']:.2f} ({r['detected_segments']} seg)")
     print(f"  {name:11s} {100 * r['top1']:5.1f}%  {wrong:>6s}  {100 * r['missed']:5.1f}%  {solo:>7s}  "
           f"{100 * r['false_per_window']:6.2f}%  {r['false_per_window'] * DAY_WINDOWS:7.1f}  {hit}   "
           f"{r['round_ms']:.2f}")
 
 
-HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150  ms/round")
+HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150 (over)  ms/round")
 
 
 def asd(root: Path, servers: int, today_mod) -> None:
@@ -308,7 +310,7 @@ def nab(root: Path, files: int) -> None:
         n = max(1, t["segments"])
         print_row(name, {"top1": t["top1"] / n, "wrong": 0.0, "missed": t["missed"] / n, "solo": [0, 0],
                          "single": True, "false_per_window": t["false"] / max(1, t["normal"]),
-                         "hit100": float("nan"), "hit150": float("nan"), "round_ms": float(np.mean(t["ms"]))})
+                         "hit100": float("nan"), "hit150": float("nan"), "detected_segments": 0, "round_ms": float(np.mean(t["ms"]))})
     print(f"  ({sum(len(s) for _, _, s in series)} anomaly windows; wrong node and HitRate do not apply to one "
           f"series of one metric)")
 
@@ -334,13 +336,16 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--servers", type=int, default=12, help="ASD servers (omi-1..omi-N)")
     ap.add_argument("--nab-files", type=int, default=24)
+    ap.add_argument("--only", choices=("asd", "nab"), default=None, help="one data set only")
     args = ap.parse_args()
     today = load_today()
     print(f"controller defaults: min_score {ISO.min_score}, dominance {ISO.dominance}, rounds {ISO.rounds}, "
           f"window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows)"
-          + ("" if today else "; `today` skipped: main's scorer not available"))
-    asd(args.data, args.servers, today)
-    nab(args.data, args.nab_files)
+          + ("" if today else "; `today` skipped: the earlier scorer is not available"))
+    if args.only != "nab":
+        asd(args.data, args.servers, today)
+    if args.only != "asd":
+        nab(args.data, args.nab_files)
     return 0
 
 

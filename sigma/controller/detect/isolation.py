@@ -26,6 +26,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -37,15 +38,20 @@ CALIBRATION_Z = 3.0  # ... this score
 REL_FLOOR = 1e-3  # the scale is at least this fraction of the level (a float's last digits are not a signal)
 ABS_FLOOR = 1e-9
 QUANTUM_SAMPLE = 4096  # values per metric looked at to find its resolution
+STATS_SAMPLE = 20_000  # values per metric behind a typical change or a healthy percentile
 
 
 def _median(a: np.ndarray, axis: int) -> np.ndarray:
     return np.nanmedian(a, axis=axis) if np.isnan(a).any() else np.median(a, axis=axis)
 
 
-def _rows(a: np.ndarray) -> np.ndarray:
-    """[..., metrics] -> [rows, metrics] (also with no metrics at all)."""
-    return a.reshape(int(np.prod(a.shape[:-1])), a.shape[-1])
+def _rows(a: np.ndarray, most: int | None = None) -> np.ndarray:
+    """[..., metrics] -> [rows, metrics] (also with no metrics at all); with `most`, an evenly strided sample of
+    at most that many rows (a percentile of 20,000 values per metric is as good as one of millions, and cheaper)."""
+    flat = a.reshape(int(np.prod(a.shape[:-1])), a.shape[-1])
+    if most is not None and flat.shape[0] > most:
+        flat = flat[:: -(-flat.shape[0] // most)]
+    return flat
 
 
 def top_k_mean(z: np.ndarray, k: int) -> np.ndarray:
@@ -75,40 +81,56 @@ def quantum(history: np.ndarray, rng_seed: int = 0) -> np.ndarray:
 @dataclass
 class Baseline:
     """What the healthy history says about each entity and metric; computed once per history window."""
-    center: np.ndarray  # [entities, metrics] own median
-    scale: np.ndarray  # [entities, metrics] own robust spread, at least the noise floor
-    peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
-    peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least the noise floor
+    history: np.ndarray  # [entities, time, metrics] (kept, not copied: the own-history statistics need it)
     floor: np.ndarray  # [metrics] noise floor: resolution and typical change between samples
-    peer_floor: np.ndarray  # [metrics] the same for the deviation from the peers (the common workload removed)
     flat: np.ndarray  # [metrics] True where the metric never moved in the history
-    weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (at most 1)
-    peer_weight: np.ndarray  # [metrics] the same for the spatial score
+    peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
+    peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least peer_floor
+    peer_floor: np.ndarray  # [metrics] the noise floor of the deviation from the peers (common workload removed)
+    peer_weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (<= 1)
 
-    def known(self) -> np.ndarray:
-        """[entities, metrics] where an entity has a history for the metric."""
-        return np.isfinite(self.center)
+    @cached_property
+    def own(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(center, scale, weight) of each entity against its own history alone: [entities, metrics] twice and
+        [metrics]; computed when first needed (jobs without peers)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            center = _median(self.history, axis=1)
+            scale = np.maximum(_median(np.abs(self.history - center[:, None, :]), axis=1) * MAD_TO_SIGMA,
+                               self.floor)
+            return center, scale, _calibration(self.history, center, scale, self.flat)
 
 
 def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.ndarray:
     """[metrics] max(resolution, median absolute change between consecutive samples of `moving` (default: the
     history itself), REL_FLOOR x level)."""
     q = quantum(history)
-    step = np.abs(np.diff(history if moving is None else moving, axis=1))
-    step[step == 0] = np.nan  # a metric that mostly holds still moves by its resolution when it moves
+    step = _rows(np.abs(np.diff(history if moving is None else moving, axis=1)), STATS_SAMPLE)
+    # a metric that mostly holds still moves by its resolution when it moves: the median of the nonzero changes
+    moved = np.where(step > 0, step, np.inf)
+    moved.sort(axis=0)
+    count = (step > 0).sum(axis=0)
+    change = np.where(count > 0, moved[np.maximum(count - 1, 0) // 2, np.arange(step.shape[1])], 0.0) \
+        if step.shape[0] else np.zeros_like(q)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        change = np.nan_to_num(np.nanmedian(_rows(step), axis=0)) if step.size else 0 * q
-        level = np.nan_to_num(np.nanmedian(_rows(np.abs(history)), axis=0))
+        level = np.nan_to_num(_median(np.abs(_rows(history, STATS_SAMPLE)), axis=0))
     return np.maximum.reduce([q, change, REL_FLOOR * level, np.full_like(q, ABS_FLOOR)])
 
 
-def _calibration(z: np.ndarray) -> np.ndarray:
-    """[metrics] weight that maps a metric's healthy CALIBRATION_Q percentile score to CALIBRATION_Z."""
-    flat = _rows(z)
+def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """[metrics] weight that maps a metric's healthy CALIBRATION_Q percentile score (values [entities, time,
+    metrics] against center and scale [entities, metrics]) to CALIBRATION_Z; on a sample of the rows."""
+    E, T, M = values.shape
+    rows = np.arange(0, E * T, max(1, -(-E * T // STATS_SAMPLE)))
+    z = _z(values.reshape(E * T, M)[rows], center[rows // T], scale[rows // T], flat)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        q = np.nanpercentile(flat, CALIBRATION_Q, axis=0) if flat.shape[0] else np.zeros(z.shape[-1])
+        if not z.shape[0]:
+            q = np.zeros(M)
+        else:
+            q = np.nanpercentile(z, CALIBRATION_Q, axis=0) if np.isnan(z).any() else np.percentile(
+                z, CALIBRATION_Q, axis=0)
     q = np.nan_to_num(q, nan=0.0)
     return np.minimum(1.0, CALIBRATION_Z / np.maximum(q, 1e-9))
 
@@ -119,8 +141,6 @@ def baseline(history: np.ndarray) -> Baseline:
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a metric an entity never reported
         floor = noise_floor(history)
         flat = np.nan_to_num(np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1)), nan=0.0) == 0
-        center = _median(history, axis=1)
-        scale = np.maximum(_median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA, floor)
         # the deviation from the peers at the same time: the common workload (and its phases) cancels out
         residual = history - _median(history, axis=0)[None, :, :]
         peer_floor = noise_floor(history, residual) if history.shape[0] >= 3 else floor
@@ -128,9 +148,8 @@ def baseline(history: np.ndarray) -> Baseline:
         peer_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
         # a quiet history gives a small scale by chance: at least the peers' typical one
         peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), peer_floor)
-        weight = _calibration(_z(history, center[:, None, :], scale[:, None, :], flat))
-        peer_weight = _calibration(_z(residual, peer_center[:, None, :], peer_scale[:, None, :], flat))
-    return Baseline(center, scale, peer_center, peer_scale, floor, peer_floor, flat, weight, peer_weight)
+        peer_weight = _calibration(residual, peer_center, peer_scale, flat)
+    return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight)
 
 
 def _z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
@@ -168,7 +187,8 @@ def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.
         if not peers:  # each entity against its own history alone
             if base is None:
                 return np.zeros(current.shape)
-            return np.nan_to_num(_z(current, base.center, base.scale, base.flat) * base.weight, nan=0.0)
+            center, scale, weight = base.own
+            return np.nan_to_num(_z(current, center, scale, base.flat) * weight, nan=0.0)
         med = _median(current, axis=0)
         residual = current - med[None, :]
         # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
