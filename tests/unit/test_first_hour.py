@@ -123,3 +123,22 @@ def test_health_refuses_a_node_the_local_cluster_does_not_have(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "unknown node 'node9' on the local cluster" in err and "node1, node2, node3, node4" in err
     assert not (tmp_path / "nodes").exists()
+
+
+def test_train_refuses_local_processes_when_the_local_cluster_is_down(tmp_path, monkeypatch, capsys):
+    import os
+
+    from sigma.paths import configs_dir
+
+    if os.path.exists("/etc/slurm/slurm.conf"):
+        pytest.skip("this machine has a site SLURM config: sigma train submits there")
+    (tmp_path / "cluster.json").write_text("{}")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "slurm.conf").write_text("# a local cluster that is not running\n")
+    monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(configs_dir() / "train" / "debug.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"the local SLURM cluster under {tmp_path} is not running" in err and "sigma cluster up" in err
+    assert not (tmp_path / "runs").exists()
