@@ -19,11 +19,13 @@ setup(
         "prometheus-client>=0.20,<1",
         "matplotlib>=3.8,<4",  # the plots of `sigma report --html`
         "nvidia-ml-py>=12.535",
+        "sqlglot>=25",
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
         "torch==2.13.0",
+        "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45"],
+        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40"],
         "llm": ["openai>=1.40"],
     },
     entry_points={"console_scripts": ["sigma=sigma.cli:main"]},

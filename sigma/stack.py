@@ -2,7 +2,7 @@
 
 The controller and the sidecars run as background processes with pid files and logs under the cluster's state
 directory, configured exactly as an admin would configure them (a generated controller.yaml, the shipped
-telemetry.yaml with per-node placeholders, one shared ingest secret).
+telemetry.yaml with per-node placeholders, a key per node from the same code as `sigma keys issue`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Stack:
     def __init__(self, cluster: LocalCluster):
         self.cluster = cluster
         self.state = cluster.state_dir
-        self.secret = self.state / "etc" / "ingest.secret"
+        self.keys_table = self.state / "etc" / "ingest-keys.json"
+        self.keys_dir = self.state / "etc" / "keys"
         self.controller_config = self.state / "etc" / "controller.yaml"
 
     @property
@@ -47,10 +48,7 @@ class Stack:
            timeout: float = 60.0) -> None:
         """settings: controller config overrides, "section.key" -> value (e.g. "watchdog.recent_window_s": 30)."""
         self.cluster.up()
-        from sigma.telemetry.wire import write_secret
-
-        if not self.secret.exists():
-            write_secret(str(self.secret))
+        self.provision_keys()
         overrides = dict(settings or {})
         if hang_timeout_s is not None:
             overrides["watchdog.hang_timeout_s"] = hang_timeout_s
@@ -64,7 +62,27 @@ class Stack:
             self._start(f"sidecar-{node}", [
                 sys.executable, "-m", "sigma.cli", "sidecar", "--config", str(configs_dir() / "telemetry.yaml"),
                 "--node", node, "--controller", f"{self.controller_url}/v1/ingest",
-                "--secret-file", str(self.secret)], env)
+                "--secret-file", str(self.node_key(node))], env)
+
+    def node_key(self, node: str) -> Path:
+        return self.keys_dir / f"{node}.key"
+
+    def provision_keys(self) -> None:
+        """A key per node (kept across `up`), as an admin would with `sigma keys issue`."""
+        from sigma.security.keys import KeyTable, node_key_text, write_private
+
+        table = KeyTable(self.keys_table).load(missing_ok=True)
+        new = []
+        for node in self.cluster.node_names():
+            if table.for_node(node) and self.node_key(node).exists():
+                continue
+            if table.for_node(node):  # its key file is gone: a fresh key, the old one revoked
+                table.revoke(node)
+            new.append(table.issue(node))
+        if new:
+            table.save()
+            for key in new:
+                write_private(self.node_key(key.node), node_key_text(key))
 
     def down(self) -> list[str]:
         stopped = [name for name in reversed(self.processes())
@@ -83,7 +101,8 @@ class Stack:
         root = project_root()
         config.update(
             db=str(self.db), listen=f"127.0.0.1:{spec.port_base + CONTROLLER_PORT_OFFSET}",
-            ingest_secret_file=str(self.secret), log_dir=str(self.state / "log"), slurm_conf=str(self.cluster.conf),
+            ingest_keys_file=str(self.keys_table), ingest_secret_file="", log_dir=str(self.state / "log"),
+            slurm_conf=str(self.cluster.conf),
             rules=str(root / config.get("rules", "configs/rules")),
             remediation=str(self._write_remediation_config(root / config.get("remediation",
                                                                               "configs/remediation.yaml"))),

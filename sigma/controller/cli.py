@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run)
     rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
+    rules.add_argument("--check", action="store_true",
+                       help="only validate: report every problem, exit 1 on any (or on an empty knowledge base)")
     rules.set_defaults(func=_rules)
 
     nodes = common(sub.add_parser(
@@ -144,26 +146,61 @@ def _console():
 
 def _run(args) -> int:
     from sigma.controller.daemon import run
+    from sigma.paths import configs_dir
 
-    return run(_config(args), once=args.once)
+    path = Path(args.config or configs_dir() / "controller.yaml")
+    return run(_config(args), once=args.once, config_path=str(path) if path.exists() else None)
 
 
 def _rules(args) -> int:
     from rich.table import Table
 
+    from sigma.config import ConfigError
     from sigma.controller.config import resolve
     from sigma.rules.loader import load_rules
 
     cfg = _config(args)
-    rules = load_rules(resolve(args.rules or cfg.rules))
+    location = resolve(args.rules or cfg.rules)
+    if args.check:
+        errors: list[ConfigError] = []
+        try:
+            rules = load_rules(location, errors)
+        except ConfigError as exc:  # no files at all: nothing else to report
+            rules, errors = [], [exc]
+        for exc in errors:
+            print(f"error: {exc}")
+        print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")
+        return 1 if errors else 0
+    rules = load_rules(location)
+    disabled = _disabled_rules(cfg.db)
     table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description"):
+    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
         table.add_column(col)
     for r in rules:
         shadow = " (shadow)" if r.shadow or r.id in cfg.shadow_rules else ""
-        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description)
+        off = disabled.get(r.id)
+        status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
+                  else "disabled" if not r.enabled else "ok")
+        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description,
+                      status)
     _console().print(table)
     return 0
+
+
+def _disabled_rules(db: str) -> dict:
+    """Rules the running controller disabled because they raised (kept in its database for this listing)."""
+    from sigma.controller.db import open_db
+
+    if not Path(db).exists():
+        return {}
+    conn = open_db(db, readonly=True)
+    try:
+        row = conn.execute("SELECT value FROM detector_state WHERE key = 'disabled_rules'").fetchone()
+    except Exception:  # a database from before this table: nothing disabled
+        return {}
+    finally:
+        conn.close()
+    return json.loads(row[0]) if row else {}
 
 
 def _nodes(args) -> int:
@@ -304,6 +341,8 @@ def _report(args) -> int:
 
     conn = _conn(args)
     rep = report(conn, since=parse_since(args.since))
+    auth = conn.execute("SELECT value FROM detector_state WHERE key = 'ingest.auth'").fetchone()
+    rep["ingest_auth"] = json.loads(auth[0]) if auth else None
     if args.html:
         from sigma.controller.report.html import render
 
@@ -314,6 +353,9 @@ def _report(args) -> int:
         print(json.dumps(rep, indent=2, default=str))
         return 0
     c = _console()
+    if rep["ingest_auth"] and rep["ingest_auth"]["shared_key"]:
+        c.print("[bold yellow]ingest: a shared secret is accepted: any node holding it can post as any other node "
+                "(issue per-node keys: sigma keys issue; docs/security.md)[/]")
     u = rep["utilisation"]
     t = Table(title=f"utilisation {_ts(rep['since'])} .. {_ts(rep['until'])}")
     for col in ("available", "allocated", "effective", "node-hours"):

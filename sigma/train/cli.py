@@ -1,7 +1,9 @@
 """`sigma train`: submit a training run, or prepare its data.
 
     sigma train --config configs/train/debug.yaml [--nodes N] [--gpus-per-node G] [key=value ...]
-    sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N]
+    sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N] [--tokenizer bpe|byte]
+                        [--vocab-size V] [--eval-fraction F]
+    sigma train calibrate [--threads 1,2] [--dtypes float32,bfloat16] [--runs N] [--seconds S] [--out FILE]
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import argparse
 import sys
 
 USAGE = """sigma train --config CONFIG [--nodes N] [--gpus-per-node G] [--resume RUN] [--wait|--no-wait] [key=value ...]
-       sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N]"""
+       sigma train prepare [--out DIR] [--source DIR] [--max-mb MB] [--shard-tokens N] [--tokenizer bpe|byte]
+                           [--vocab-size V] [--eval-fraction F]
+       sigma train calibrate [--threads 1,2] [--dtypes float32,bfloat16] [--runs N] [--seconds S] [--out FILE]"""
 
 
 def register(subparsers) -> None:
@@ -45,12 +49,19 @@ def prepare_parser() -> argparse.ArgumentParser:
     from sigma.train.train_config import DataConfig
 
     p = argparse.ArgumentParser(prog="sigma train prepare",
-                                description="Tokenize a corpus (default: this Python's standard library sources) "
-                                            "into memory-mapped token shards. No downloads.")
-    p.add_argument("--out", default=DataConfig.path, help="output directory (default: %(default)s)")
+                                description="Train a BPE tokenizer on a corpus (default: this Python's standard "
+                                            "library sources) and tokenize it into memory-mapped train and held-out "
+                                            "shards. No downloads.")
+    p.add_argument("--out", default=DataConfig.path.format(tokenizer="bpe", vocab_size=8192),
+                   help="output directory (default: %(default)s)")
     p.add_argument("--source", help="directory of .py files (default: the Python standard library)")
     p.add_argument("--max-mb", type=float, default=16.0, help="corpus bytes to use, in MB (default: %(default)s)")
     p.add_argument("--shard-tokens", type=int, default=4_000_000, help="tokens per shard (default: %(default)s)")
+    p.add_argument("--tokenizer", choices=("bpe", "byte"), default="bpe", help="default: %(default)s")
+    p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary, the model's vocab_size "
+                                                                "(default: %(default)s)")
+    p.add_argument("--eval-fraction", type=float, default=0.05, help="documents held out for evaluation "
+                                                                     "(default: %(default)s)")
     return p
 
 
@@ -58,16 +69,73 @@ def run(args) -> int:
     argv = list(args.argv)
     if argv and argv[0] == "prepare":
         return run_prepare(prepare_parser().parse_args(argv[1:]))
+    if argv and argv[0] == "calibrate":
+        return run_calibrate(calibrate_parser().parse_args(argv[1:]))
     return run_submit(submit_parser().parse_args(argv))
 
 
 def run_prepare(args) -> int:
     from sigma.train.data import prepare
 
-    meta = prepare(args.out, args.source, max_mb=args.max_mb, shard_tokens=args.shard_tokens)
-    print(f"prepared {meta['tokens']:,} tokens from {meta['documents']} files of {meta['source']} into "
-          f"{len(meta['shards'])} shard(s) under {args.out} (tokenizer {meta['tokenizer']}, "
-          f"vocab {meta['vocab_size']})")
+    meta = prepare(args.out, args.source, max_mb=args.max_mb, shard_tokens=args.shard_tokens,
+                   tokenizer=args.tokenizer, vocab_size=args.vocab_size, eval_fraction=args.eval_fraction)
+    print(f"prepared {meta['train_tokens']:,} training tokens ({meta['train_documents']} files) and "
+          f"{meta['eval_tokens']:,} held-out tokens ({meta['eval_documents']} files) from {meta['bytes']:,} bytes of "
+          f"{meta['source']} into {args.out} (tokenizer {meta['tokenizer']}, vocab {meta['vocab_size']})")
+    return 0
+
+
+# ---------------------------------------------------------------- `sigma train calibrate`
+
+def calibrate_parser() -> argparse.ArgumentParser:
+    import os
+
+    p = argparse.ArgumentParser(prog="sigma train calibrate",
+                                description="Measure this CPU's GEMM peak once, on an idle machine, and record it "
+                                            "with the CPU model: the fixed denominator of MFU on CPUs.")
+    p.add_argument("--threads", default=",".join(sorted({"1", str(os.cpu_count() or 1)}, key=int)),
+                   help="comma-separated torch thread counts (default: %(default)s)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="default: %(default)s")
+    p.add_argument("--runs", type=int, default=5, help="runs per setting; the best is recorded (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=1.0, help="GEMMs per run, in seconds (default: %(default)s)")
+    p.add_argument("--out", help="calibration file (default: $SIGMA_PEAK_FILE or ~/.cache/sigma/peak-flops.json)")
+    return p
+
+
+def run_calibrate(args) -> int:
+    import datetime
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from sigma.cli import CommandError
+    from sigma.train.flops import cpu_model, measure_gemm_peak, peak_file, record_calibration
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+        chosen = [dtypes[d] for d in args.dtypes.split(",")]
+    except (ValueError, KeyError):
+        raise CommandError(f"--threads takes integers and --dtypes {', '.join(dtypes)}: got "
+                           f"{args.threads!r}, {args.dtypes!r}") from None
+    load = os.getloadavg()[0]
+    busy = load > 0.25 * (os.cpu_count() or 1)
+    model = cpu_model()
+    print(f"calibrating {model}: load average {load:.2f} on {os.cpu_count()} CPUs"
+          + (" -- NOT idle: other work lowers the peak and raises every MFU measured against it" if busy else ""))
+    entries = []
+    for n in threads:
+        for dtype in chosen:
+            rates = measure_gemm_peak(dtype, n, runs=args.runs, seconds=args.seconds)
+            name = str(dtype).removeprefix("torch.")
+            entries.append({"cpu": model, "threads": n, "dtype": name, "flops": max(rates), "runs": rates,
+                            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            "load_average": round(load, 2), "torch": torch.__version__})
+            print(f"  {n} thread(s) {name:9} best {max(rates) / 1e9:8.1f} GFLOP/s "
+                  f"(runs: {', '.join(f'{r / 1e9:.1f}' for r in rates)})")
+    path = record_calibration(entries, Path(args.out).expanduser() if args.out else peak_file())
+    print(f"recorded in {path}")
     return 0
 
 

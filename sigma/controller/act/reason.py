@@ -29,15 +29,46 @@ SHORT_IDS = {
     "kpi-nan-loss-event": "nan-loss",
     "gpu-xid-record": "xid-record",
     "gpu-xid-repair": "xid-repair",
+    "gpu-xid-mechanicals": "xid-mechanic",
+    "gpu-fallen-off-bus": "off-the-bus",
+    "nvswitch-sxid-fatal": "sxid-fatal",
+    "nvswitch-sxid-nonfatal": "sxid-nonfatal",
+    "dcgm-inforom-pages": "dcgm-inforom",
+    "dcgm-pcie-thermal-power": "dcgm-thermal",
+    "nccl-watchdog-timeout": "nccl-timeout",
+    "nccl-system-error": "nccl-sys-err",
+    "memory-uncorrectable": "mem-uncorr",
+    "memory-corrected-storm": "mem-ce-storm",
+    "cpu-machine-check": "machine-check",
+    "filesystem-error": "fs-error",
+    "oom-kill-cgroup": "oom-cgroup",
+    "ib-link-downed": "ib-link-down",
+    "ib-symbol-errors": "ib-sym-errors",
+    "ib-port-not-active": "ib-inactive",
+    "pcie-aer-fatal": "aer-fatal",
+    "pcie-aer-nonfatal": "aer-nonfatal",
+    "pcie-aer-corrected-storm": "aer-storm",
 }
 
 
+GENERIC_PREFIXES = ("gpu-", "kernel-", "health-", "watchdog-", "kpi-")  # dropped first: the rest names the fault
+
+
 def short_rule(rule_id: str) -> str:
-    """The rule as `sinfo -R` can show it: the id itself when it fits, else its alias (or its first characters)."""
+    """The rule as `sinfo -R` can show it: the id itself when it fits, else its alias, else the id without a generic
+    prefix and with its longest words shortened until it fits (`gpu-xid-restart-app` -> `xid-resta-app`)."""
     room = SINFO_REASON_WIDTH - len(PREFIX)
     if len(rule_id) <= room:
         return rule_id
-    return SHORT_IDS.get(rule_id, rule_id[:room])
+    if rule_id in SHORT_IDS:
+        return SHORT_IDS[rule_id]
+    words = rule_id.split("-")
+    if any(rule_id.startswith(p) for p in GENERIC_PREFIXES) and len(words) > 1:
+        words = words[1:]
+    while len("-".join(words)) > room and max(map(len, words)) > 3:
+        longest = max(range(len(words)), key=lambda k: len(words[k]))
+        words[longest] = words[longest][:-1]
+    return "-".join(words)[:room]
 
 
 def drain_reason(rule_id: str, summary: str) -> str:
