@@ -42,7 +42,8 @@ def readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = re.search(r"<!-- first-hour:[^\n]*-->\n```\n(.*?)```", text, re.S)
     assert block, "README.md has no first-hour block"
-    return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
+    return [c for c in commands if c and not c.startswith("#")]  # comment-only lines continue a comment
 
 
 def expected_for(command: str) -> list[str]:
