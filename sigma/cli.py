@@ -37,7 +37,10 @@ def console():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sigma", description="Keep GPU training clusters on SLURM productive.")
+    parser = argparse.ArgumentParser(
+        prog="sigma", description="Keep GPU training clusters on SLURM productive.",
+        epilog="New here? `make demo`, then `sigma nodes`, `sigma incidents`, `sigma explain 1`, "
+               "`sigma report --html report.html` (README: After the demo). `sigma COMMAND --help` for each command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         package = name.rpartition(".")[0]

@@ -132,10 +132,11 @@ def xid_line(code: int) -> str:
 
 
 def kernel_log_line(node: str, message: str, now: float | None = None) -> str:
-    """A syslog (RFC 3164) kernel line with dmesg's uptime stamp, as rsyslog writes /var/log/kern.log."""
+    """A kernel line as Debian 12's rsyslog writes /var/log/kern.log: an RFC 3339 stamp to the microsecond, so the
+    platform's fault time is the injection's own (a whole-second RFC 3164 stamp would be up to 1 s off)."""
     from sigma.telemetry.logformats import render
 
-    return render(message, "rfc3164", ts=time.time() if now is None else now, host=node,
+    return render(message, "rfc3339", ts=time.time() if now is None else now, host=node,
                   uptime=time.monotonic()) + "\n"
 
 

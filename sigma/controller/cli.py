@@ -147,9 +147,8 @@ def _console():
 
 def _run(args) -> int:
     from sigma.controller.daemon import run
-    from sigma.paths import configs_dir
 
-    path = Path(args.config or configs_dir() / "controller.yaml")
+    path = config_path(args.config)  # the file SIGHUP re-reads: the one the other commands read too
     return run(_config(args), once=args.once, config_path=str(path) if path.exists() else None)
 
 

@@ -149,6 +149,8 @@ def check_partition(cfg: TrainConfig, slurm=None) -> None:
     except SlurmError as exc:
         conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
         said = (exc.stderr.splitlines() or [""])[-1][:100]
+        if said.startswith("SLURM reported errors"):  # sinfo --json's way of saying slurmctld did not answer
+            said = "no answer from slurmctld"
         raise LaunchError(f"SLURM does not answer (SLURM_CONF={conf}: {said}): is the cluster up? The local one "
                           f"starts with `sigma cluster up`") from None
     launch = cfg.launch

@@ -42,7 +42,8 @@ def readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = re.search(r"<!-- first-hour:[^\n]*-->\n```\n(.*?)```", text, re.S)
     assert block, "README.md has no first-hour block"
-    return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
+    return [c for c in commands if c and not c.startswith("#")]  # comment-only lines continue a comment
 
 
 def expected_for(command: str) -> list[str]:
@@ -92,6 +93,27 @@ def test_readme_first_hour_commands_work_as_written(slurm, cluster, tmp_path):
                 assert expected in out, f"`{command}` did not print {expected!r}:\n{out}"
         page = (tmp_path / "report.html").read_text()
         assert page.count("<img alt=") == 4 and "gpu-xid-79" in page
-        assert sigma("explain", "99999", check=False).stderr.startswith("sigma: error: no incident 99999")
+
+        # the bad input of the README's table: one line saying what to do, exit 2, nothing created or submitted
+        train = ["train", "--config", "configs/train/debug.yaml"]
+        down_conf = tmp_path / "down" / "etc" / "slurm.conf"  # this cluster's config, slurmctld on a dead port
+        down_conf.parent.mkdir(parents=True)
+        down_conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", cluster.conf.read_text()))
+        jobs_before = len(slurm.jobs())
+        for args, extra_env, expected in [
+            ((*train, "--nodes", "8"), {}, "--nodes 8 can never run: partition debug has 4 node(s)"),
+            ((*train, "steps=abc"), {}, "command line `steps=abc`: expected int"),
+            ((*train, "--resume", "debug", "steps=40"), {}, "run 'debug' is finished: it reached step 40 of steps=40"),
+            ((*train,), {"SLURM_CONF": str(down_conf)}, "SLURM does not answer"),
+            (("health", "run", "--node", "node9"), {}, "unknown node 'node9' on the local cluster"),
+            (("incidents", "--node", "node9"), {}, "no node 'node9' known to the controller"),
+            (("explain", "99999"), {}, "no incident 99999"),
+        ]:
+            bad = subprocess.run([str(bin_dir / "sigma"), *args], env={**env, **extra_env}, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=120)
+            assert bad.returncode == 2 and bad.stderr.startswith("sigma: error: ") and expected in bad.stderr, \
+                (args, bad.returncode, bad.stderr)
+            assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert not (cluster.state_dir / "nodes" / "node9").exists() and len(slurm.jobs()) == jobs_before
     finally:
         sigma("stack", "down", check=False)

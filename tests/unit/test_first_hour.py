@@ -1,5 +1,5 @@
 """What a new user meets first: which controller config the commands read, per-checkout clusters, short drain
-reasons, kernel-line times, and a description behind every `--help`."""
+reasons, injected kernel-line times, and a description behind every `--help`."""
 
 import argparse
 import socket
@@ -103,6 +103,17 @@ def test_drain_reasons_name_the_rule_within_sinfo_width():
     assert len(set(map(short_rule, ids))) >= len(ids) - 2  # aliases stay distinct (two nan-loss, two ecc rules)
 
 
+def test_injected_kernel_line_carries_its_exact_time():
+    """The fault time the platform records for an injected Xid is the injection's own, to the microsecond, so the
+    demo's table, `sigma explain` and `sigma report` measure detection from the same moment."""
+    from sigma.chaos.inject import kernel_log_line, xid_line
+    from sigma.telemetry.logformats import parse
+
+    now = 1_795_000_000.123456
+    parsed = parse(kernel_log_line("node2", xid_line(79), now=now), now=now + 0.5)
+    assert parsed.ts == pytest.approx(now, abs=1e-5) and parsed.message.startswith("NVRM: Xid")
+
+
 def test_health_refuses_a_node_the_local_cluster_does_not_have(tmp_path, monkeypatch, capsys):
     (tmp_path / "cluster.json").write_text("{}")  # a local cluster of the default 4 nodes
     monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
@@ -111,3 +122,22 @@ def test_health_refuses_a_node_the_local_cluster_does_not_have(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "unknown node 'node9' on the local cluster" in err and "node1, node2, node3, node4" in err
     assert not (tmp_path / "nodes").exists()
+
+
+def test_train_refuses_local_processes_when_the_local_cluster_is_down(tmp_path, monkeypatch, capsys):
+    import os
+
+    from sigma.paths import configs_dir
+
+    if os.path.exists("/etc/slurm/slurm.conf"):
+        pytest.skip("this machine has a site SLURM config: sigma train submits there")
+    (tmp_path / "cluster.json").write_text("{}")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "slurm.conf").write_text("# a local cluster that is not running\n")
+    monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(configs_dir() / "train" / "debug.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"the local SLURM cluster under {tmp_path} is not running" in err and "sigma cluster up" in err
+    assert not (tmp_path / "runs").exists()

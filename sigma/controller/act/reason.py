@@ -60,12 +60,24 @@ SHORT_IDS = {
 }
 
 
+GENERIC_PREFIXES = ("gpu-", "kernel-", "health-", "watchdog-", "kpi-")  # dropped first: the rest names the fault
+
+
 def short_rule(rule_id: str) -> str:
-    """The rule as `sinfo -R` can show it: the id itself when it fits, else its alias (or its first characters)."""
+    """The rule as `sinfo -R` can show it: the id itself when it fits, else its alias, else the id without a generic
+    prefix and with its longest words shortened until it fits (`gpu-xid-restart-app` -> `xid-resta-app`)."""
     room = SINFO_REASON_WIDTH - len(PREFIX)
     if len(rule_id) <= room:
         return rule_id
-    return SHORT_IDS.get(rule_id, rule_id[:room])
+    if rule_id in SHORT_IDS:
+        return SHORT_IDS[rule_id]
+    words = rule_id.split("-")
+    if any(rule_id.startswith(p) for p in GENERIC_PREFIXES) and len(words) > 1:
+        words = words[1:]
+    while len("-".join(words)) > room and max(map(len, words)) > 3:
+        longest = max(range(len(words)), key=lambda k: len(words[k]))
+        words[longest] = words[longest][:-1]
+    return "-".join(words)[:room]
 
 
 def drain_reason(rule_id: str, summary: str) -> str:
