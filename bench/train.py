@@ -47,6 +47,7 @@ LAYER_SHAPES = {
 CPU_MODEL_RUNS = {"debug": (8, 128), "tiny": (4, 512)}  # preset: (batch, seq_len)
 GPU_MODEL_RUNS = {"tiny": (16, 512), "moe-1b": (8, 2048)}
 HF_IMPLS = ("eager", "batched_mm", "grouped_mm")
+DEFAULT_HF_IMPLS = "batched_mm,grouped_mm"  # eager (a per-expert Python loop) is HF's slowest: opt in with --hf-impls
 
 
 def titan_style(layer: MoELayer, compute_dtype: torch.dtype):
@@ -124,7 +125,7 @@ def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> di
     fp32, half = torch.float32, torch.bfloat16
     amp = half if bf16 else None
     variants = {"ours": (ours, fp32, amp), "titan-style": (titan_style(ours, half if bf16 else fp32), fp32, amp)}
-    for impl in HF_IMPLS:
+    for impl in args.hf_impls.split(","):
         setups = [("", fp32, fp32, amp)] + ([(" bf16 weights", half, half, None)] if bf16 else [])
         for suffix, weight_dtype, input_dtype, autocast in setups:
             need = batched_mm_bytes(args.tokens, ours.top_k, ex.dim, ex.hidden, 2 if weight_dtype == half else 4)
@@ -221,6 +222,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant (default 5)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-model", action="store_true", help="only the MoE layer table")
+    parser.add_argument("--hf-impls", default=DEFAULT_HF_IMPLS, help=f"of {', '.join(HF_IMPLS)} (default: "
+                                                                     "%(default)s)")
     parser.add_argument("--shapes", default="sigma,coarse", help=f"layer shapes: {', '.join(LAYER_SHAPES)}")
     parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak FLOP/s of one device (default: "
                                                                        "datasheet or `sigma train calibrate`)")
