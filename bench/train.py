@@ -1,7 +1,8 @@
 """Figures for the MoE model on one process: expert-layer speed against the strongest baseline, and model MFU/HFU.
 
 Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--device cpu|cuda] [--skip-model]
-                             [--shapes sigma,coarse] [--peak-flops F]
+                             [--shapes sigma,coarse] [--hf-impls batched_mm,grouped_mm] [--clock wall|cpu]
+                             [--peak-flops F]
 
 1. MoE layer forward+backward tokens/s, fp32 and bf16, in the dtype set-up training uses: fp32, and bf16 autocast
    over fp32 master weights. Interleaved rounds, best of --rounds (on a shared machine other processes only ever
@@ -47,6 +48,7 @@ LAYER_SHAPES = {
 CPU_MODEL_RUNS = {"debug": (8, 128), "tiny": (4, 512)}  # preset: (batch, seq_len)
 GPU_MODEL_RUNS = {"tiny": (16, 512), "moe-1b": (8, 2048)}
 HF_IMPLS = ("eager", "batched_mm", "grouped_mm")
+DEFAULT_HF_IMPLS = "batched_mm,grouped_mm"  # eager (a per-expert Python loop) is HF's slowest: opt in with --hf-impls
 
 
 def titan_style(layer: MoELayer, compute_dtype: torch.dtype):
@@ -107,15 +109,18 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+CLOCK = time.perf_counter  # --clock cpu: time.process_time, this process's CPU seconds (see main)
+
+
 def time_fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor, autocast: torch.dtype | None) -> float:
     sync(x.device)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         y = fn(x)
     y = y[0] if isinstance(y, tuple) else y
     y.backward(grad.to(y.dtype))
     sync(x.device)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> dict:
@@ -124,7 +129,7 @@ def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> di
     fp32, half = torch.float32, torch.bfloat16
     amp = half if bf16 else None
     variants = {"ours": (ours, fp32, amp), "titan-style": (titan_style(ours, half if bf16 else fp32), fp32, amp)}
-    for impl in HF_IMPLS:
+    for impl in args.hf_impls.split(","):
         setups = [("", fp32, fp32, amp)] + ([(" bf16 weights", half, half, None)] if bf16 else [])
         for suffix, weight_dtype, input_dtype, autocast in setups:
             need = batched_mm_bytes(args.tokens, ours.top_k, ex.dim, ex.hidden, 2 if weight_dtype == half else 4)
@@ -138,7 +143,8 @@ def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> di
 
 def bench_layers(args, device: torch.device) -> None:
     print(f"\nMoE layer forward+backward, {args.tokens} tokens, {torch.get_num_threads()} threads, device {device}, "
-          f"best of {args.rounds} interleaved rounds; bf16 = autocast over fp32 master weights, as training runs")
+          f"best of {args.rounds} interleaved rounds ({args.clock} clock); bf16 = autocast over fp32 master weights, "
+          "as training runs")
     print(f"{'shape':34} {'dtype':5} {'variant':26} {'tokens/s':>10} {'ours vs it':>10}")
     for shape_name in args.shapes.split(","):
         dim, n_experts, top_k, hidden = LAYER_SHAPES[shape_name]
@@ -221,12 +227,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant (default 5)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-model", action="store_true", help="only the MoE layer table")
+    parser.add_argument("--hf-impls", default=DEFAULT_HF_IMPLS, help=f"of {', '.join(HF_IMPLS)} (default: "
+                                                                     "%(default)s)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="layer table timer: wall, or this process's CPU time (with --threads 1 on a CPU shared "
+                             "with other work: what the layer costs, without the time it waits for a core)")
     parser.add_argument("--shapes", default="sigma,coarse", help=f"layer shapes: {', '.join(LAYER_SHAPES)}")
     parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak FLOP/s of one device (default: "
                                                                        "datasheet or `sigma train calibrate`)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    global CLOCK
+    if args.clock == "cpu":
+        if device.type != "cpu":
+            parser.error("--clock cpu times CPU work only")
+        CLOCK = time.process_time
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work "
           "slows single rounds; best-of rounds filter it)")
     bench_layers(args, device)

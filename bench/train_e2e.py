@@ -1,11 +1,14 @@
-"""End-to-end training throughput on this CPU: tokens/s and MFU of the debug and tiny presets, 1 and 2 processes.
+"""End-to-end training throughput on this CPU: tokens/s, MFU and HFU of the debug and tiny presets, 1 and 2 processes.
 
-Usage: python bench/train_e2e.py [--steps N] [--presets debug,tiny] [--cores C]
+Usage: python bench/train_e2e.py [--steps N] [--presets debug,tiny] [--cores C] [--dtypes float32,bfloat16]
+                                 [--peak-flops F]
 Runs the real trainer entry point (one process, or torchrun with 2 processes over gloo: data parallel, and
 data + expert parallel with ep=2) on a small prepared slice of the standard library, and reads the figures
 back from the KPI files the runs write. The first two steps (warm-up) are left out of the means. C cores are
 split evenly between the processes, so 1- and 2-process rows compare the same hardware. MFU is against the
-measured GEMM peak of the threads each process has (sigma.train.flops.peak_flops).
+fixed peak the trainer states (the `sigma train calibrate` record for this CPU, thread count and dtype, or
+--peak-flops); without one the trainer reports no MFU and neither does this table. Each preset trains on BPE data
+prepared to its own vocabulary.
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ from sigma.train.kpi import read_kpis
 SKIP = 2
 
 
-def run(preset: str, procs: int, ep: int, steps: int, cores: int, data: Path, work: Path) -> dict:
+def run(preset: str, procs: int, ep: int, steps: int, cores: int, data: Path, work: Path, dtype: str,
+        peak: float) -> dict:
     threads = max(1, cores // procs)
-    kpi = work / f"kpi-{preset}-{procs}-{ep}"
+    kpi = work / f"kpi-{preset}-{procs}-{ep}-{dtype}"
     args = ["--config", str(configs_dir() / "train" / f"{preset}.yaml"), f"steps={steps}",
             f"data.path={data}", "data.prepare_if_missing=false", f"threads={threads}", "kpi.progress_every=0",
-            f"parallel.ep={ep}", "checkpoint.every=0", f"checkpoint.dir={work / f'ckpt-{preset}-{procs}-{ep}'}",
-            f"optim.warmup_steps={min(5, steps)}", "device=cpu"]
+            f"parallel.ep={ep}", "checkpoint.every=0", f"checkpoint.dir={work / f'ckpt-{preset}-{procs}-{ep}-{dtype}'}",
+            f"optim.warmup_steps={min(5, steps)}", "device=cpu", f"dtype={dtype}", f"peak_flops={peak}",
+            "eval.every=0", "checkpoint.background=false"]
     env = {**os.environ, "SIGMA_KPI_DIR": str(kpi), "SIGMA_JOB_ID": "1", "OMP_NUM_THREADS": str(threads)}
     env.pop("SLURM_JOB_ID", None)
     if procs == 1:
@@ -47,7 +52,9 @@ def run(preset: str, procs: int, ep: int, steps: int, cores: int, data: Path, wo
     metrics = [r for r in records if "event" not in r][SKIP:]
     start = next(r for r in records if r.get("event") == "start")
     return {"tokens_per_s": statistics.mean(r["tokens_per_s"] for r in metrics),
-            "mfu": statistics.mean(r["mfu"] for r in metrics),
+            "mfu": statistics.mean(r["mfu"] for r in metrics) if metrics[0].get("mfu") is not None else None,
+            "hfu": statistics.mean(r["hfu"] for r in metrics) if metrics[0].get("hfu") is not None else None,
+            "peak": start.get("peak_source"),
             "step_ms": 1000 * statistics.median(r["step_time_s"] for r in metrics),
             "loss": metrics[-1]["loss"], "params": start["params"], "threads": threads}
 
@@ -57,21 +64,36 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--presets", default="debug,tiny")
     parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak per process (default: the "
+                                                                       "trainer's: `sigma train calibrate`)")
     args = parser.parse_args()
+    from sigma.train.config import load_model_config
+
     with tempfile.TemporaryDirectory(prefix="sigma-bench-train-") as tmp:
         work = Path(tmp)
-        prepare(work / "data", max_mb=2.0)
-        print(f"end-to-end training on CPU ({args.cores} core(s), {args.steps} steps, first {SKIP} left out)")
-        print(f"{'preset':<7} {'layout':<18} {'params/rank':>11} {'threads':>7} {'step ms':>8} {'tokens/s':>10} "
-              f"{'vs 1 proc':>9} {'MFU':>7}")
+        print(f"end-to-end training on CPU ({args.cores} core(s), {args.steps} steps, first {SKIP} left out; "
+              f"fp32 master weights, bf16 = autocast)")
+        print(f"{'preset':<7} {'dtype':<9} {'layout':<18} {'params/rank':>11} {'threads':>7} {'step ms':>8} "
+              f"{'tokens/s':>10} {'vs 1 proc':>9} {'MFU':>7} {'HFU':>7}")
+        peaks = set()
         for preset in args.presets.split(","):
-            base = None
-            for procs, ep, label in ((1, 1, "1 process"), (2, 1, "2 procs DP"), (2, 2, "2 procs DP+EP=2")):
-                r = run(preset, procs, ep, args.steps, args.cores, work / "data", work)
-                base = base or r["tokens_per_s"]
-                print(f"{preset:<7} {label:<18} {r['params']:>11,} {r['threads']:>7} {r['step_ms']:>8.1f} "
-                      f"{r['tokens_per_s']:>10,.0f} {r['tokens_per_s'] / base:>8.2f}x {100 * r['mfu']:>6.2f}%",
-                      flush=True)
+            vocab = load_model_config(preset).vocab_size
+            data = work / f"data-{vocab}"
+            if not data.exists():
+                prepare(data, max_mb=2.0, vocab_size=vocab)
+            for dtype in args.dtypes.split(","):
+                base = None
+                for procs, ep, label in ((1, 1, "1 process"), (2, 1, "2 procs DP"), (2, 2, "2 procs DP+EP=2")):
+                    r = run(preset, procs, ep, args.steps, args.cores, data, work, dtype, args.peak_flops)
+                    base = base or r["tokens_per_s"]
+                    pct = lambda v: f"{100 * v:6.2f}%" if v is not None else "    n/a"  # noqa: E731
+                    print(f"{preset:<7} {dtype:<9} {label:<18} {r['params']:>11,} {r['threads']:>7} "
+                          f"{r['step_ms']:>8.1f} {r['tokens_per_s']:>10,.0f} {r['tokens_per_s'] / base:>8.2f}x "
+                          f"{pct(r['mfu'])} {pct(r['hfu'])}", flush=True)
+                    peaks.add(r["peak"])
+        for peak in sorted(p for p in peaks if p):
+            print(f"peak: {peak}")
     return 0
 
 

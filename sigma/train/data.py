@@ -150,17 +150,25 @@ def prepare(out: str | Path, source: str | Path | None = None, max_mb: float = 1
         raise ValueError(f"eval_fraction must be in [0, 0.5), got {eval_fraction}")
     budget = int(max_mb * 1e6)
     docs: dict[str, list[bytes]] = {split: [] for split in SPLITS}
-    used_bytes = 0
+    used_bytes = files_read = 0
     for index, path in enumerate(corpus_files(source)):
         if used_bytes >= budget:
             break
+        files_read += 1
         data = path.read_bytes()[: budget - used_bytes]
         used_bytes += len(data)
         docs["eval" if is_eval_document(index, eval_fraction) else "train"].append(data)
     if not docs["train"]:
         raise ValueError(f"no Python sources found under {source}")
-    if eval_fraction > 0 and not docs["eval"] and len(docs["train"]) > 1:
-        docs["eval"].append(docs["train"].pop())  # a corpus of fewer than k documents still gets a held-out one
+    if eval_fraction > 0 and not docs["eval"]:
+        # Fewer than k documents: hold out the tail of the last one, eval_fraction of all bytes.
+        need = max(1, int(used_bytes * eval_fraction))
+        last = docs["train"][-1]
+        if len(last) > need:
+            docs["train"][-1], tail = last[:-need], last[-need:]
+            docs["eval"].append(tail)
+        elif len(docs["train"]) > 1:
+            docs["eval"].append(docs["train"].pop())
     out.mkdir(parents=True, exist_ok=True)
     (out / META_NAME).unlink(missing_ok=True)  # the directory is incomplete until the new meta lands
     tok = BpeTokenizer.train(docs["train"], vocab_size) if tokenizer == "bpe" else ByteTokenizer()
@@ -172,7 +180,7 @@ def prepare(out: str | Path, source: str | Path | None = None, max_mb: float = 1
         key = "shards" if split == "train" else "eval_shards"
         meta.update({key: shards, f"{split}_documents": len(docs[split]),
                      f"{split}_tokens": sum(s["tokens"] for s in shards)})
-    meta["documents"] = len(docs["train"]) + len(docs["eval"])
+    meta["documents"] = files_read
     meta["tokens"] = meta["train_tokens"]
     meta["bytes"] = used_bytes
     _write_atomic(out / META_NAME, (json.dumps(meta, indent=2) + "\n").encode())

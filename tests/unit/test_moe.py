@@ -175,3 +175,45 @@ def test_shared_expert_is_added_to_every_token():
     shared, layer.shared = layer.shared, None
     routed, _ = layer(x)
     torch.testing.assert_close(out, routed + shared(x))
+
+
+def test_router_z_loss_is_added_to_aux():
+    torch.manual_seed(0)
+    plain = MoELayer(cfg(balance="none"))
+    z = MoELayer(cfg(balance="none", router_z_loss_coef=0.01))
+    z.load_state_dict(plain.state_dict())
+    x = torch.randn(40, 32)
+    (_, aux0), (out, aux) = plain(x), z(x)
+    logits = z.router.gate(x).float()
+    assert float(aux0) == 0.0
+    assert float(aux) == pytest.approx(0.01 * float(torch.logsumexp(logits, -1).square().mean()), rel=1e-6)
+    aux.backward()
+    assert z.router.gate.weight.grad.abs().sum() > 0  # the z-loss trains the router
+
+
+def test_router_jitter_only_in_training_and_from_the_torch_rng():
+    layer = MoELayer(cfg(router_jitter=0.5))
+    x = torch.randn(64, 32)
+    layer.eval()
+    assert torch.equal(layer(x)[0], layer(x)[0])
+    layer.train()
+    torch.manual_seed(1)
+    a = layer(x)[0]
+    torch.manual_seed(1)
+    b = layer(x)[0]
+    c = layer(x)[0]
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_global_batch_scope_uses_the_summed_counts():
+    torch.manual_seed(0)
+    layer = MoELayer(cfg(balance="aux_loss", balance_scope="global_batch"))
+    x = torch.randn(50, 32)
+    _, local = layer(x)
+    seen = []
+    layer.sum_over_ranks = lambda counts: seen.append(counts.clone()) or counts * 0 + 1.0  # every expert equal
+    _, balanced = layer(x)
+    assert len(seen) == 1 and seen[0].sum() == 50 * 2
+    scores = layer.router.gate(x).float().softmax(-1)
+    assert float(balanced) == pytest.approx(0.01 * 8 * float((scores.mean(0) / 8).sum()), rel=1e-5)
+    assert float(balanced) != pytest.approx(float(local), rel=1e-4)

@@ -32,7 +32,7 @@ def overrides(train_data, tmp_path, dtype, steps):
     return [f"data.path={train_data}", "data.prepare_if_missing=false", "data.seq_len=32", "data.global_batch=8",
             "threads=1", "kpi.progress_every=0", f"checkpoint.dir={tmp_path / dtype}", "checkpoint.every=0",
             f"steps={steps}", "optim.warmup_steps=2", f"dtype={dtype}", "device=cpu", "kpi.heartbeat_s=0",
-            "model_overrides.expert_impl=grouped_mm"]
+            "model_overrides.expert_impl=grouped_mm", "eval.every=0"]
 
 
 def test_moe_layer_under_autocast_feeds_bf16_to_the_grouped_gemm():
@@ -67,5 +67,32 @@ def test_bf16_training_runs_the_experts_in_bf16_and_tracks_fp32_loss(train_data,
     for step in range(1, steps + 1):
         # bf16 keeps 8 mantissa bits: a relative error of a few 1e-3 per op, compounded over the run
         assert bf16.losses[step] == pytest.approx(fp32.losses[step], rel=2e-2), step
-    assert bf16.losses[steps] < bf16.losses[1] - 0.5  # and it learns like the fp32 run
+    assert bf16.losses[steps] < bf16.losses[1] - 0.3  # and it learns like the fp32 run
     assert fp32.losses != bf16.losses  # the two runs really took different arithmetic
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_autocast_takes_the_grouped_path_without_host_sync():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, dim=256, n_layers=1, n_heads=4, n_kv_heads=4, n_dense_layers=0, n_experts=16,
+                      top_k=4, expert_hidden=128)
+    layer = MoELayer(cfg).cuda()
+    x = torch.randn(4, 128, 256, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert layer.experts.resolved_impl(x) == "grouped_mm"
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any device-to-host synchronisation raises
+        try:
+            with GemmDtypes() as seen:
+                y, aux = layer(x)
+                (y.float().square().mean() + aux).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    grouped = [d for name, d in seen.calls if name == "_grouped_mm"]
+    assert len(grouped) == 9 and set(grouped) == {(torch.bfloat16, torch.bfloat16)}
+    loop = MoELayer(cfg).cuda()
+    loop.load_state_dict(layer.state_dict())
+    loop.experts.impl = "loop"
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref, _ = loop(x.detach())
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)

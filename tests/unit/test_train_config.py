@@ -82,5 +82,6 @@ def test_docs_cover_every_config_key_and_command():
             keys.append(f.name)
     missing = [k for k in keys if f"`{k}`" not in docs]
     assert not missing, f"docs/train.md does not describe {missing}"
-    for command in ("sigma train --config", "sigma train prepare", "sbatch/train.sbatch", "python -m sigma.train.trainer"):
+    for command in ("sigma train --config", "sigma train prepare", "sigma train calibrate", "sbatch/train.sbatch",
+                    "python -m sigma.train.trainer"):
         assert command in docs
