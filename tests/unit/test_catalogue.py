@@ -99,3 +99,12 @@ def test_public_loghub_samples_act_only_where_they_should(sample, expected):
         pytest.skip(f"{path} not available")
     events, findings = act_on_file(RULES, SECTIONS, path)
     assert {f.rule_id: f.evidence["count"] for f in findings} == expected
+
+
+def test_every_xid_chaos_can_inject_is_acted_on_by_its_bucket():
+    from sigma.chaos.inject import xid_line
+
+    rule_of = {int(c): r for r in RULES if r.log is not None and "xid" in r.log.kinds for c in r.log.fields["xid"]}
+    missed = [code for code in range(1, 163)
+              if not try_line(RULES, rule_of[code], xid_line(code), "rfc3164", SECTIONS).correct]
+    assert missed == []
