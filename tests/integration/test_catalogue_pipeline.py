@@ -27,7 +27,9 @@ def kernel_logs_restored(cluster):
 def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, cluster, tmp_path, kernel_logs_restored):
     with Pipeline(cluster, tmp_path, controller={"shadow": True}) as p:
         wait_for(lambda: p.pushed_nodes() >= set(cluster.node_names()), timeout=60, what="every sidecar pushing")
-        job_id = p.submit_kpi_job(slurm, nodes=1)
+        # a plain batch job on node4, the node that only gets a forged line: its real prolog/epilog kernel-log check
+        # must not reject the node for it (the other nodes get real faults, which those checks do act on)
+        job_id = slurm.submit(None, "-N1", "-w", "node4", wrap="sleep 300")
         wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING", timeout=60, what="job running")
         now = time.time()
         # the misses, each in another envelope: lost carrier (syslog), an older-driver Xid needing a GPU
@@ -46,19 +48,20 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, clu
             rows = p.query("SELECT rule_id, node, action, status FROM incidents WHERE node IS NOT NULL ORDER BY node")
             return rows if len(rows) >= 3 else None
 
-        # an NCCL watchdog timeout in the job's output restarts that job, not a node
-        job_node = slurm.job(job_id).nodes[0]
-        Chaos(cluster).inject("log", job_node, signature="nccl-watchdog-timeout", job_id=job_id)
-        job_inc = wait_for(lambda: p.query("SELECT rule_id, job_id, action, status FROM incidents WHERE job_id = ?",
-                                           (job_id,)), timeout=60, what="the job's incident")
-        assert [tuple(r.values()) for r in job_inc] == [("nccl-watchdog-timeout", job_id, "requeue", "shadow")]
-
         rows = wait_for(decided, timeout=60, what="three incidents")
         rows = [r for r in rows if r["node"] is not None]
         assert [(r["rule_id"], r["node"], r["action"], r["status"]) for r in rows] == [
             ("memory-uncorrectable", "node1", "drain+ticket", "shadow"),
             ("nic-lost-carrier", "node2", "drain+ticket", "shadow"),
             ("gpu-xid-reset", "node3", "drain+reboot", "shadow")]
+        # an NCCL watchdog timeout in the job's output restarts that job, not a node (the controller has seen the
+        # job running for as long as the incidents above took)
+        assert slurm.job(job_id).state == "RUNNING"
+        Chaos(cluster).inject("log", "node4", signature="nccl-watchdog-timeout", job_id=job_id)
+        job_inc = wait_for(lambda: p.query("SELECT rule_id, job_id, action, status FROM incidents WHERE job_id = ?",
+                                           (job_id,)), timeout=60, what="the job's incident")
+        assert [tuple(r.values()) for r in job_inc] == [("nccl-watchdog-timeout", job_id, "requeue", "shadow")]
+
         events = p.query("SELECT node, ts, message FROM events WHERE source = 'log' AND kind != 'nccl_timeout' "
                          "ORDER BY node")
         assert [e["node"] for e in events] == ["node1", "node2", "node3"]  # nothing from node4
