@@ -6,6 +6,8 @@ sidecar's own log sections (configs/telemetry.yaml) and the rules (configs/rules
 Prints lines tried / lines acted on correctly (the expected rule fired with its action, and no other rule drained a
 node the expected rule leaves in service), per class (rules file) and per format, then the lines that were not.
 --lines FILE adds lines of your own, one `RULE-ID<TAB>LINE` per line (e.g. from your nodes' logs).
+Then every *.log under --samples (default: the shared loghub samples, read in place) goes through the kernel
+section and the rules as a whole file: the rules each sample sets off, and how many lines they acted on.
 --baseline REV runs the same lines side by side through the rules and telemetry config of git revision REV (its
 rule ids may differ, so there a line counts when some rule decided the expected action).
 """
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry", type=Path, default=ROOT / "configs" / "telemetry.yaml")
     p.add_argument("--lines", type=Path, default=None, help="extra RULE-ID<TAB>LINE lines to try in every format")
     p.add_argument("--baseline", default=None, help="git revision whose rules and telemetry config to compare with")
+    p.add_argument("--samples", type=Path, default=ROOT.parent / "shared" / "data" / "loghub",
+                   help="directory of public log samples (*.log) to run through the kernel section")
     args = p.parse_args(argv)
 
     rules = load_rules(args.rules)
@@ -106,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         fired = ", ".join(f"{f.rule_id}={f.action}" for f in o.findings) or "nothing"
         kinds = ", ".join(e["kind"] for e in o.events) or "no event"
         print(f"NOT ACTED ON  {rule_id} [{fmt}] {o.line[:120]!r}: event {kinds}; fired {fired}")
+    if args.samples.is_dir():
+        from sigma.rules.catalogue import act_on_file
+
+        print(f"\npublic samples ({args.samples}): lines / events / what the rules decide (lines acted on)")
+        for path in sorted(args.samples.rglob("*.log")):
+            events, findings = act_on_file(rules, sections, path)
+            decided = ", ".join(f"{f.rule_id}={f.action} ({f.evidence.get('count', 1)})" for f in findings) or "nothing"
+            n = sum(1 for _ in path.open("rb"))
+            print(f"  {path.relative_to(args.samples)}: {n} lines / {len(events)} events / {decided}")
     return 0 if not failures else 1
 
 

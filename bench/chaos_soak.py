@@ -408,8 +408,8 @@ class Soak:
         pending = list(self.signatures) if "log" in kinds else []  # signatures not run yet
         self.rng.shuffle(pending)
 
-        def done() -> bool:
-            return bool(rows) and time.monotonic() >= end and not pending
+        def done() -> bool:  # sampling (per_round) ends with the time; the full set runs every signature first
+            return bool(rows) and time.monotonic() >= end and (not pending or self.per_round is not None)
 
         while True:
             if not schedule:

@@ -40,6 +40,7 @@ XID_TEXT = {
     94: "Contained: CE User Channel (0x9). RST: No, D-RST: No",
     95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
     119: "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL)",
+    154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
 }
 # Short names kept for scripts written before signatures were rule ids.
 ALIASES = {"ecc": "gpu-xid-repair", "hung-task": "kernel-hung-task", "ib-down": "ib-port-down",

@@ -122,3 +122,31 @@ def cases(rules: list[Rule]) -> list[tuple[Rule, str, str]]:
             for fmt in FORMATS_BY_TARGET[target_of(rule)]:
                 out.append((rule, example, fmt))
     return out
+
+
+def act_on_file(rules: list[Rule], sections: dict[str, object], path: str | Path, *, section: str = "kernel",
+                now: float | None = None) -> tuple[list[dict], list[Finding]]:
+    """Every line of a whole log file (a real node's, or a public sample) through one sidecar section and the rules.
+
+    Lines are judged as if read now, with their own time stamps ignored (a sample from years ago must still be
+    classified), so what a rule would decide about each line shows."""
+    import time
+    from dataclasses import replace
+
+    from sigma.telemetry.base import Context, Output
+    from sigma.telemetry.collectors.logtail import LogTailCollector
+
+    now = time.time() if now is None else now
+    params = replace(sections[section], files=[str(path)], kmsg=False, journal=False, start_at="start",
+                     max_events_per_run=1_000_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        collector = LogTailCollector(section, params, Context(node="node1", node_dir=tmp, host_root=tmp))
+        out = Output(ts=now)
+        try:
+            collector.collect(out)
+        finally:
+            collector.close()
+    events = [{"id": i, "node": "node1", "ts": now, "source": e[1], "kind": e[2], "severity": e[3],
+               "message": e[4], "fields": json.loads(e[5]), "job_ids": [JOB_ID]}
+              for i, e in enumerate(out.events) if e[1] == "log"]
+    return events, evaluate(rules, now=now + 1, events=events)

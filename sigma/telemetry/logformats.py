@@ -21,6 +21,7 @@ Uptime stamps (dmesg, kmsg) need the boot time (/proc/stat btime).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -160,6 +161,12 @@ def _iso(text: str) -> float | None:
 
 
 def _month_day(mon: str, day: str, hms: str, year: int | None, now: float) -> float | None:
+    # lines of one second share their stamp: cached per stamp and hour of reading (the year guess moves no faster)
+    return _month_day_cached(mon, day, hms, year, int(now // 3600) * 3600.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _month_day_cached(mon: str, day: str, hms: str, year: int | None, now: float) -> float | None:
     month = _MONTHS.get(mon)
     if month is None:
         return None
@@ -171,7 +178,7 @@ def _month_day(mon: str, day: str, hms: str, year: int | None, now: float) -> fl
             ts = time.mktime((y, month, int(day), hh, mm, ss, 0, 0, -1))
         except (OverflowError, ValueError):
             continue
-        if year is None and ts > now + 86400:
+        if year is None and ts > now + 3600 + 86400:
             continue  # "Dec 31" read on Jan 1 is last year's
         if best is None or abs(ts - now) < abs(best - now):
             best = ts

@@ -1,5 +1,6 @@
 """Catalogue lines in different log formats through the real sidecars into the controller (shadow mode: the decision
-is recorded, nothing is drained), a forged line that must not count, and rewritten logs that must not replay."""
+is recorded, nothing is drained), an NCCL timeout in a job's output, a forged line that must not count, and
+rewritten logs that must not replay."""
 
 import json
 import time
@@ -23,9 +24,13 @@ def kernel_logs_restored(cluster):
         cluster.kernel_log(node).write_text(text)
 
 
-def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(cluster, tmp_path, kernel_logs_restored):
+def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, cluster, tmp_path, kernel_logs_restored):
     with Pipeline(cluster, tmp_path, controller={"shadow": True}) as p:
         wait_for(lambda: p.pushed_nodes() >= set(cluster.node_names()), timeout=60, what="every sidecar pushing")
+        # a plain batch job on node4, the node that only gets a forged line: its real prolog/epilog kernel-log check
+        # must not reject the node for it (the other nodes get real faults, which those checks do act on)
+        job_id = slurm.submit(None, "-N1", "-w", "node4", wrap="sleep 300")
+        wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING", timeout=60, what="job running")
         now = time.time()
         # the issue's misses, each in another envelope: lost carrier (syslog), an older-driver Xid needing a GPU
         # reset (journal JSON), an EDAC uncorrectable error (dmesg -T)
@@ -40,15 +45,25 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(cluster, t
                                "(PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.")
 
         def decided():
-            rows = p.query("SELECT rule_id, node, action, status FROM incidents ORDER BY node")
+            rows = p.query("SELECT rule_id, node, action, status FROM incidents WHERE node IS NOT NULL ORDER BY node")
             return rows if len(rows) >= 3 else None
 
         rows = wait_for(decided, timeout=60, what="three incidents")
+        rows = [r for r in rows if r["node"] is not None]
         assert [(r["rule_id"], r["node"], r["action"], r["status"]) for r in rows] == [
             ("memory-uncorrectable", "node1", "drain+ticket", "shadow"),
             ("nic-lost-carrier", "node2", "drain+ticket", "shadow"),
             ("gpu-xid-reset", "node3", "drain+reboot", "shadow")]
-        events = p.query("SELECT node, ts, message FROM events WHERE source = 'log' ORDER BY node")
+        # an NCCL watchdog timeout in the job's output restarts that job, not a node (the controller has seen the
+        # job running for as long as the incidents above took)
+        assert slurm.job(job_id).state == "RUNNING"
+        Chaos(cluster).inject("log", "node4", signature="nccl-watchdog-timeout", job_id=job_id)
+        job_inc = wait_for(lambda: p.query("SELECT rule_id, job_id, action, status FROM incidents WHERE job_id = ?",
+                                           (job_id,)), timeout=60, what="the job's incident")
+        assert [tuple(r.values()) for r in job_inc] == [("nccl-watchdog-timeout", job_id, "requeue", "shadow")]
+
+        events = p.query("SELECT node, ts, message FROM events WHERE source = 'log' AND kind != 'nccl_timeout' "
+                         "ORDER BY node")
         assert [e["node"] for e in events] == ["node1", "node2", "node3"]  # nothing from node4
         node3 = next(e for e in events if e["node"] == "node3")
         assert abs(node3["ts"] - now) < 1e-3  # the journal entry's own time
@@ -63,8 +78,12 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(cluster, t
                  what="the lines written after the rewrites")
         time.sleep(2)
         counts = {(e["node"], e["message"][:20]): 0 for e in events}
-        for e in p.query("SELECT node, message FROM events WHERE source = 'log' AND message NOT LIKE '%eth9%'"):
+        for e in p.query("SELECT node, message FROM events WHERE source = 'log' AND message NOT LIKE '%eth9%' "
+                         "AND kind != 'nccl_timeout'"):
             counts[(e["node"], e["message"][:20])] += 1
         assert set(counts.values()) == {1}, counts  # no old line came back
         assert sorted(json.loads(r["fields"]).get("untrusted", False)
-                      for r in p.query("SELECT fields FROM events WHERE source = 'log'")) == [False] * 5
+                      for r in p.query("SELECT fields FROM events WHERE source = 'log' AND kind != 'nccl_timeout'")) \
+            == [False] * 5
+        (nccl,) = p.query("SELECT job_ids FROM events WHERE kind = 'nccl_timeout'")
+        assert json.loads(nccl["job_ids"]) == [job_id]  # the job named by its output's path

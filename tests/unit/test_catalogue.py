@@ -81,3 +81,30 @@ def test_chaos_can_inject_every_log_class():
             assert SIGNATURES[rule.id].rule_id == rule.id
     for alias, rule_id in ALIASES.items():  # the soak's and scripts' short names act too
         assert SIGNATURES[alias].rule_id == rule_id and BY_ID[rule_id].action != "record"
+
+
+@pytest.mark.parametrize("sample,expected", [
+    ("BGL/BGL_2k.log", {"filesystem-error": 11}),  # "Lustre mount FAILED": the node cannot reach its filesystem
+    ("HPC/HPC_2k.log", {}),
+    ("Thunderbird/Thunderbird_2k.log", {}),  # one "NIC Link is Up": an event, no action
+])
+def test_public_loghub_samples_act_only_where_they_should(sample, expected):
+    """Thousands of real cluster log lines (loghub): the catalogue acts on the failures it names and on nothing else
+    (BGL's register dumps around machine checks are not an uncorrectable memory error)."""
+    from sigma.rules.catalogue import act_on_file
+    from tests.conftest import SHARED_DATA
+
+    path = SHARED_DATA / "loghub" / sample
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    events, findings = act_on_file(RULES, SECTIONS, path)
+    assert {f.rule_id: f.evidence["count"] for f in findings} == expected
+
+
+def test_every_xid_chaos_can_inject_is_acted_on_by_its_bucket():
+    from sigma.chaos.inject import xid_line
+
+    rule_of = {int(c): r for r in RULES if r.log is not None and "xid" in r.log.kinds for c in r.log.fields["xid"]}
+    missed = [code for code in range(1, 163)
+              if not try_line(RULES, rule_of[code], xid_line(code), "rfc3164", SECTIONS).correct]
+    assert missed == []
