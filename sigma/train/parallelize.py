@@ -251,9 +251,14 @@ def _count_load(run: ParallelRun, layer_id: int):
     def hook(module, args, output):
         if torch._C._current_graph_task_id() != -1:
             return  # a recompute inside backward routes the same tokens again: count them once
-        load = module.last_load.detach().clone()
-        run.load_sum[layer_id] = run.load_sum[layer_id] + load if layer_id in run.load_sum else load
+        run.load_sum.setdefault(layer_id, []).append(module.last_load.detach().clone())
     return hook
+
+
+def step_loads(run: ParallelRun) -> dict[int, torch.Tensor]:
+    """Tokens per expert of this step's micro-batches per held MoE layer: the last `microbatches` forwards (the
+    pipeline's first step runs one more, to infer the shapes it sends between stages)."""
+    return {i: torch.stack(loads[-run.dims.microbatches:]).sum(0) for i, loads in run.load_sum.items()}
 
 
 # ---------------------------------------------------------------- one optimiser step
@@ -351,7 +356,7 @@ def global_loads(run: ParallelRun) -> torch.Tensor | None:
     if cfg.n_moe_layers == 0:
         return None
     loads = torch.zeros(cfg.n_moe_layers, cfg.n_experts, dtype=torch.float64)
-    for layer_id, load in run.load_sum.items():
+    for layer_id, load in step_loads(run).items():
         loads[layer_id - cfg.n_dense_layers] = load.double()
     for name, size in (("dp", run.dims.dp), ("pp", run.dims.pp)):
         if size > 1:
@@ -444,3 +449,14 @@ def build_optimizer(run: ParallelRun, cfg):
         for group in optimizer.param_groups:
             group["foreach"], group["fused"] = False, None
     return optimizer, named, fused
+
+
+def check_trainer_layout(dims: ParallelDims) -> None:
+    """`sigma train`'s loop drives dp x ep (and recompute); tp, pp and micro-batches run through this module's
+    train_step (tests, bench/parallel.py) until the loop calls it."""
+    if dims.tp > 1 or dims.pp > 1 or dims.microbatches > 1:
+        from sigma.config import ConfigError
+
+        raise ConfigError("[parallel]", f"layout {dims.describe()}: the sigma train loop runs dp x ep only; "
+                                        "tp, pp and micro-batches are driven by sigma.train.parallelize.train_step "
+                                        "(docs/train-parallel.md)")
