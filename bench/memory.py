@@ -32,6 +32,7 @@ LAYOUTS = [
     ("tiny mb4 T256", "tiny", {}, {}, 4, 1, 256, ()),
     ("tiny mb4 T256 recompute all MoE", "tiny", {}, {}, 4, 1, 256, (1, 2, 3)),
     ("tiny top8 mb4 T256", "tiny", {"top_k": 8}, {}, 4, 1, 256, ()),
+    ("tiny 8 layers mb2 T256", "tiny", {"n_layers": 8}, {}, 2, 1, 256, ()),
     ("tiny 8 layers mb2 T256 recompute 2", "tiny", {"n_layers": 8}, {}, 2, 1, 256, (6, 7)),
     ("tiny 8 layers pp2 1f1b mb2x4", "tiny", {"n_layers": 8}, {"pp": 2}, 2, 4, 128, ()),
     ("tiny 8 layers pp2 gpipe mb2x4", "tiny", {"n_layers": 8}, {"pp": 2, "schedule": "gpipe"}, 2, 4, 128, ()),

@@ -4,7 +4,7 @@
 
 Every layout trains the same global batch with sigma.train.parallelize.train_step, one process per rank, one
 torch thread each. The first two steps are warm-up (shape inference, optimiser state); the rest are timed.
-MFU = tokens/s per rank x FLOPs per token / the measured one-thread CPU GEMM peak (sigma.train.flops). The bubble
+MFU = tokens/s per rank x FLOPs per token / the one-thread CPU GEMM peak (sigma.train.flops), measured once. The bubble
 column is the pipeline schedule's idle share in theory, (p - 1) / (v m + p - 1); `wait` is the largest share of
 a step one rank spent inside all-reduces and all-to-alls (pipeline sends and receives are not included).
 """
@@ -36,12 +36,12 @@ LAYOUTS = [
 WORLD = 4
 
 
-def worker(rank, port, layout, args, queue):
+def worker(rank, port, layout, args, peak, queue):
     import torch.distributed as dist
 
     from sigma.train.config import load_model_config
     from sigma.train.dims import ParallelDims
-    from sigma.train.flops import flops_per_token, peak_flops
+    from sigma.train.flops import flops_per_token
     from sigma.train.parallel import collective_wait_s
     from sigma.train.parallelize import build_optimizer, build_parallel, train_step
     from sigma.train.train_config import OptimConfig
@@ -66,7 +66,7 @@ def worker(rank, port, layout, args, queue):
             busy.append((collective_wait_s() - w0) / dt)
     step_s = torch.tensor(times).median().item()
     tps = args.batch * args.seq_len / step_s
-    mfu = tps / WORLD * flops_per_token(cfg, args.seq_len) / peak_flops(torch.device("cpu"), torch.float32)
+    mfu = tps / WORLD * flops_per_token(cfg, args.seq_len) / peak
     queue.put((rank, step_s, tps, mfu, max(busy), dims))
     dist.barrier()
     dist.destroy_process_group()
@@ -75,13 +75,13 @@ def worker(rank, port, layout, args, queue):
     os._exit(0)
 
 
-def run_layout(layout, args):
+def run_layout(layout, args, peak):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, layout, args, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=worker, args=(r, port, layout, args, peak, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()
     results = sorted((queue.get(timeout=900) for _ in procs), key=lambda r: r[0])
@@ -97,14 +97,18 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--only", default="", help="layouts whose name contains this text (the baseline always runs)")
     args = parser.parse_args(argv)
+    from sigma.train.flops import measured_cpu_peak
+
+    torch.set_num_threads(1)
+    peak = measured_cpu_peak(torch.float32, 1)  # once, so every layout's MFU has the same denominator
     print(f"tiny (8 layers), {WORLD} gloo ranks x 1 thread, global batch {args.batch} x {args.seq_len} tokens, "
-          f"median of {args.steps - 2} steps; torch {torch.__version__}, {os.cpu_count()} CPUs")
+          f"median of {args.steps - 2} steps; CPU peak {peak / 1e9:.1f} GFLOP/s per thread; torch {torch.__version__}, {os.cpu_count()} CPUs")
     print(f"{'layout':16} {'step ms':>9} {'tokens/s':>10} {'vs dp4':>7} {'MFU':>7} {'bubble':>7} {'wait':>6}")
     base = None
     for name, layout in LAYOUTS:
         if base is not None and args.only not in name:
             continue
-        results = run_layout(layout, args)
+        results = run_layout(layout, args, peak)
         step_s = max(r[1] for r in results)
         tps = min(r[2] for r in results)
         mfu = min(r[3] for r in results)

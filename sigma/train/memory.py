@@ -5,7 +5,7 @@
 
 Prediction = parameters + optimizer states + the larger of two moments:
   backward peak  : the saved activations of every in-flight micro-batch, the output head's transients
-                   (logits, log-probabilities and their gradients: 4 x tokens x vocab) or one recomputed
+                   (logits, log-probabilities and their gradient: 3 x tokens x vocab) or one recomputed
                    layer, whichever is larger, and the gradients; a last pipeline stage also holds the
                    logits of every micro-batch (torch.distributed.pipelining keeps outputs to merge them)
   optimizer step : all gradients plus AdamW's temporaries (about one parameter-sized buffer)
@@ -132,7 +132,7 @@ def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch
     flight = in_flight_microbatches(dims, pp_rank)
     activations = int(per_mb * flight)
     # The head's transients are gone before backward reaches a recomputed layer: the larger of the two counts.
-    transient = max(4 * tokens * cfg.vocab_size * 4 if last else 0, biggest if recompute_layers else 0)
+    transient = max(3 * tokens * cfg.vocab_size * 4 if last else 0, biggest if recompute_layers else 0)
     if last and dims.pp > 1:
         activations += (dims.microbatches - 1) * tokens * cfg.vocab_size * 4  # the schedule keeps every output
     step_temp = params  # foreach AdamW's intermediate of one parameter-sized buffer

@@ -410,6 +410,8 @@ def checkpoint_state(run: ParallelRun, optimizer, named, step: int) -> dict:
                 for n, t in run.module.state_dict().items()}
     optim_sd = {}
     for n, p in params.items():
+        if p not in optimizer.state:
+            continue  # a sharded optimiser: another rank owns this state and saves it
         st = optimizer.state[p]
         optim_sd[n] = {"step": st["step"]}
         for key in ("exp_avg", "exp_avg_sq"):
@@ -431,6 +433,8 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
             if _local(holder).data_ptr() != _local(live[n]).data_ptr():
                 _local(live[n]).copy_(_local(holder))
         for n, p in named:
+            if n not in state["optim"]:
+                continue
             st = optimizer.state[p]
             for key in ("step", "exp_avg", "exp_avg_sq"):
                 if _local(state["optim"][n][key]).data_ptr() != _local(st[key]).data_ptr():
@@ -438,25 +442,33 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
     return int(state["step"])
 
 
-def build_optimizer(run: ParallelRun, cfg):
+def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
     """The trainer's AdamW over this rank's parameters; per-tensor updates when some are DTensors (tp > 1):
-    foreach kernels refuse lists that mix DTensors and plain tensors."""
+    foreach kernels refuse lists that mix DTensors and plain tensors. shard: ZeRO-1 (sigma.train.zero)."""
     from sigma.train.trainer import build_optimizer as trainer_optimizer
 
-    optimizer, named, fused = trainer_optimizer(run.module, cfg, torch.device("cpu") if run.mesh is None
-                                                else next(run.module.parameters()).device)
+    device = next(run.module.parameters()).device
+    if shard and run.dims.dp > 1:
+        from sigma.train.zero import ShardedAdamW
+
+        named = [(n, p) for n, p in run.module.named_parameters() if p.requires_grad]
+        optimizer = ShardedAdamW(run, named, cfg)
+        fused = False
+    else:
+        optimizer, named, fused = trainer_optimizer(run.module, cfg, device)
     if any(hasattr(p, "placements") for _, p in named):
         for group in optimizer.param_groups:
             group["foreach"], group["fused"] = False, None
     return optimizer, named, fused
 
 
-def check_trainer_layout(dims: ParallelDims) -> None:
-    """`sigma train`'s loop drives dp x ep (and recompute); tp, pp and micro-batches run through this module's
-    train_step (tests, bench/parallel.py) until the loop calls it."""
-    if dims.tp > 1 or dims.pp > 1 or dims.microbatches > 1:
+def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False) -> None:
+    """`sigma train`'s loop drives dp x ep (and recompute); tp, pp, micro-batches and ZeRO-1 run through this
+    module's train_step (tests, bench/parallel.py) until the loop calls it."""
+    if dims.tp > 1 or dims.pp > 1 or dims.microbatches > 1 or shard_optimizer:
         from sigma.config import ConfigError
 
-        raise ConfigError("[parallel]", f"layout {dims.describe()}: the sigma train loop runs dp x ep only; "
-                                        "tp, pp and micro-batches are driven by sigma.train.parallelize.train_step "
-                                        "(docs/train-parallel.md)")
+        layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
+        raise ConfigError("[parallel]", f"layout {layout}: the sigma train loop runs dp x ep only; tp, pp, "
+                                        "micro-batches and shard_optimizer are driven by "
+                                        "sigma.train.parallelize.train_step (docs/train-parallel.md)")

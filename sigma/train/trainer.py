@@ -71,7 +71,7 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
     dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
     from sigma.train.parallelize import check_trainer_layout
-    check_trainer_layout(dims)
+    check_trainer_layout(dims, cfg.parallel.shard_optimizer)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
     if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":

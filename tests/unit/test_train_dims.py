@@ -64,3 +64,13 @@ def test_check_layout_uses_the_model_preset():
     cfg = load_train_config(configs_dir() / "train" / "debug.yaml", ["parallel.pp=2", "parallel.pp_layers=[2, 1]"])
     with pytest.raises(ConfigError, match="sum to 3, but the model has n_layers=2"):
         check_layout(cfg, 2, 4)
+
+
+def test_sigma_train_refuses_layouts_its_loop_does_not_drive():
+    from sigma.train.parallelize import check_trainer_layout
+
+    check_trainer_layout(ParallelDims.build(4, ep=2, n_experts=4, global_batch=8))
+    with pytest.raises(ConfigError, match=r"\[parallel\]: layout dp1 tp1 pp2 .* runs dp x ep only"):
+        check_trainer_layout(ParallelDims.build(2, pp=2, n_layers=2, global_batch=4))
+    with pytest.raises(ConfigError, match="dp2 tp1 pp1 ep1 shard_optimizer"):
+        check_trainer_layout(ParallelDims.build(2, global_batch=4), shard_optimizer=True)

@@ -23,6 +23,9 @@ LAYOUTS = {
     "pp2-ep2": dict(pp=2, ep=2),
     "pp4": dict(pp=4, microbatches=4),
     "tp2-pp2": dict(tp=2, pp=2),
+    "dp4-zero1": dict(shard_optimizer=True),
+    "dp4-ep2-zero1": dict(ep=2, shard_optimizer=True),
+    "pp2-dp2-zero1": dict(pp=2, shard_optimizer=True),
 }
 
 
@@ -31,6 +34,7 @@ def make_dims(layout, model_cfg):
 
     layout = dict(layout)
     world = layout.pop("world", WORLD)
+    layout.pop("shard_optimizer", None)
     return ParallelDims.build(world, n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts,
                               n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
                               hidden_sizes={"expert_hidden": model_cfg.expert_hidden,
@@ -54,7 +58,8 @@ def run_steps(layout, rank, steps, ckpt_save=None, ckpt_load=None):
     model_cfg = load_model_config("debug", OVERRIDES)
     dims = make_dims(layout, model_cfg)
     run = build_parallel(model_cfg, dims, rank, seed=0)
-    optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0))
+    optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0),
+                                          shard=layout.get("shard_optimizer", False))
     data = batches()
     start = 0
     if ckpt_load:
@@ -97,7 +102,7 @@ def layouts(tmp_path_factory):
     """All layouts in one 4-rank process group (one start-up); then pp2 x dp2 saves, tp2 x ep2 resumes."""
     ckpt = str(tmp_path_factory.mktemp("ckpt") / "step-2")
     jobs = [(name, layout, STEPS, None, None) for name, layout in LAYOUTS.items()]
-    jobs += [("save pp2-dp2", LAYOUTS["pp2-dp2-1f1b"], 2, ckpt, None),
+    jobs += [("save pp2-dp2", LAYOUTS["pp2-dp2-zero1"], 2, ckpt, None),
              ("resume tp2-ep2", LAYOUTS["tp2-ep2"], 1, None, ckpt)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,7 +136,7 @@ def test_layout_matches_one_process(layouts, single, name):
 
 
 def test_checkpoint_reshards_across_layouts(layouts, single):
-    """Two steps under pp2 x dp2, saved; the third step under tp2 x ep2 matches the one-process run's third."""
+    """Two steps under pp2 x dp2 with ZeRO-1, saved; the third step under tp2 x ep2 matches the one-process run's third."""
     for rank in range(WORLD):
         saved = layouts[rank]["save pp2-dp2"]
         assert [x for pair in saved for x in pair] == pytest.approx([x for pair in single[:2] for x in pair], rel=1e-4)
