@@ -75,3 +75,19 @@ def test_recompute_keeps_gradients_and_picks_balanced_layers():
         Recompute(MoETransformer(cfg), [0])
     with pytest.raises(ConfigError, match="count"):
         Recompute(MoETransformer(cfg), policy="balanced", count=5)
+
+
+def test_sigma_train_with_balanced_recompute_trains_the_same_losses(train_data, tmp_path, monkeypatch):
+    from sigma.paths import configs_dir
+    from sigma.train.train_config import load_train_config
+    from sigma.train.trainer import train
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
+    base = [f"data.path={train_data}", "data.prepare_if_missing=false", "data.seq_len=32", "data.global_batch=4",
+            "threads=1", "kpi.progress_every=0", "steps=4", "model_overrides.n_layers=3"]
+    debug = configs_dir() / "train" / "debug.yaml"
+    plain = train(load_train_config(debug, base + [f"checkpoint.dir={tmp_path / 'a'}"]))
+    recomputed = train(load_train_config(debug, base + [f"checkpoint.dir={tmp_path / 'b'}",
+                                                        "parallel.recompute.policy=balanced",
+                                                        "parallel.recompute.count=1"]))
+    assert recomputed.losses == pytest.approx(plain.losses, abs=1e-6)
