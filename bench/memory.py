@@ -3,8 +3,8 @@
     python bench/memory.py [--only TEXT]      # every layout (or those whose name contains TEXT)
 
 Measured: live tensor bytes under sigma.train.memory.PeakTracker during the second step (the first creates the
-optimiser states, as in a long run), plus parameters and optimiser states already alive; on CUDA also
-torch.cuda.max_memory_allocated. Layouts of several ranks run on gloo, one process per rank, and report each rank's figure.
+optimiser states, as in a long run), plus parameters and optimiser states already alive. Layouts of several ranks
+run on gloo, one process per rank, and report each rank's figure. CPU only (float32); CUDA is not measured here.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     peak = measured_cpu_peak(torch.float32, 1)  # once, so every layout's MFU has the same denominator
     print(f"tiny (8 layers), {WORLD} gloo ranks x 1 thread, global batch {args.batch} x {args.seq_len} tokens, "
-          f"median of {args.steps - 2} steps; CPU peak {peak / 1e9:.1f} GFLOP/s per thread; torch {torch.__version__}, {os.cpu_count()} CPUs")
+          f"median of {args.steps - 2} steps; CPU peak {peak / 1e9:.1f} GFLOP/s per thread; "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
     print(f"{'layout':16} {'step ms':>9} {'tokens/s':>10} {'vs dp4':>7} {'MFU':>7} {'bubble':>7} {'wait':>6}")
     base = None
     for name, layout in LAYOUTS:

@@ -65,17 +65,17 @@ class _ReduceFromTp(torch.autograd.Function):
 
 
 class _AuxLoss(torch.autograd.Function):
-    """x unchanged; backward also seeds the aux loss with gradient `scale` (a loss that is no stage output)."""
+    """x unchanged; backward also seeds the aux loss with gradient 1 (a loss that is no stage output; the schedule
+    divides every gradient by the micro-batch count afterwards, as it does for the CE loss)."""
 
     @staticmethod
-    def forward(ctx, x, aux, scale):
-        ctx.scale = scale
+    def forward(ctx, x, aux):
         ctx.aux_shape = aux.shape
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, grad.new_full(ctx.aux_shape, ctx.scale), None
+        return grad, grad.new_ones(ctx.aux_shape)
 
 
 # ---------------------------------------------------------------- stage module
@@ -83,7 +83,7 @@ class _AuxLoss(torch.autograd.Function):
 class Stage(nn.Module):
     """The layers of one pipeline stage (first: + embedding, last: + final norm and head), full-model names."""
 
-    def __init__(self, model, layer_ids: list[int], first: bool, last: bool, aux_scale: float):
+    def __init__(self, model, layer_ids: list[int], first: bool, last: bool):
         super().__init__()
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
@@ -91,7 +91,6 @@ class Stage(nn.Module):
         self.output = model.output if last else None
         self.register_buffer("rope_cos", model.rope_cos, persistent=False)
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
-        self.aux_scale = aux_scale
         self.aux_values: list[float] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +102,7 @@ class Stage(nn.Module):
             x, aux = layer(x, cos, sin)
             if aux is not None and aux.requires_grad:
                 self.aux_values.append(float(aux.detach()))
-                x = _AuxLoss.apply(x, aux, self.aux_scale)
+                x = _AuxLoss.apply(x, aux)
         if self.output is not None:
             x = self.output(self.norm(x))
         return x
@@ -229,7 +228,7 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
 
     stage_ids = dims.stages_of(c["pp"])
     for s in stage_ids:
-        module = Stage(model, dims.layers_of_stage(s), s == 0, s == dims.n_stages - 1, 1.0)
+        module = Stage(model, dims.layers_of_stage(s), s == 0, s == dims.n_stages - 1)
         run.stage_modules.append(module)
         run.stages.append(PipelineStage(module, s, dims.n_stages, device, group=run.group("pp")))
     run.module = StageHolder(model, run.stage_modules)
@@ -242,8 +241,6 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
     else:
         cls = ScheduleGPipe if dims.schedule == "gpipe" else Schedule1F1B
         run.schedule = cls(run.stages[0], dims.microbatches, loss_fn=loss_fn)
-    for module in run.stage_modules:
-        module.aux_scale = 1.0  # the schedule divides every gradient by the micro-batch count afterwards
     return run
 
 

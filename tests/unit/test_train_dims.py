@@ -28,7 +28,8 @@ def test_valid_layouts_and_rank_coordinates():
 
 
 @pytest.mark.parametrize("kw, key, text", [
-    (dict(world=6, tp=2, pp=2), "parallel.tp", "world size 6 .* not divisible by parallel.tp x parallel.pp = 2 x 2 = 4"),
+    (dict(world=6, tp=2, pp=2), "parallel.tp",
+     "world size 6 .* not divisible by parallel.tp x parallel.pp = 2 x 2 = 4"),
     (dict(world=8, tp=2, pp=2, ep=4), "parallel.ep", "parallel.ep=4 must divide the data-parallel degree dp = "
                                                      "world size 8 / \\(tp 2 x pp 2\\) = 2"),
     (dict(world=3, ep=3), "parallel.ep", "8 routed experts cannot be split over parallel.ep=3"),

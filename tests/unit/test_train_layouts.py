@@ -27,6 +27,12 @@ LAYOUTS = {
     "dp4-ep2-zero1": dict(ep=2, shard_optimizer=True),
     "pp2-dp2-zero1": dict(pp=2, shard_optimizer=True),
 }
+# the Switch aux loss is per micro-batch: compared with one process running the same 4 micro-batches of 2 rows
+AUX_LOSS = {"balance": "aux_loss", "aux_loss_coef": 0.1}
+AUX_LAYOUTS = {
+    "pp2-dp2-aux-loss": dict(pp=2, model=AUX_LOSS),
+    "tp2-ep2-mb2-aux-loss": dict(tp=2, ep=2, microbatches=2, model=AUX_LOSS),
+}
 
 
 def make_dims(layout, model_cfg):
@@ -35,6 +41,7 @@ def make_dims(layout, model_cfg):
     layout = dict(layout)
     world = layout.pop("world", WORLD)
     layout.pop("shard_optimizer", None)
+    layout.pop("model", None)
     return ParallelDims.build(world, n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts,
                               n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
                               hidden_sizes={"expert_hidden": model_cfg.expert_hidden,
@@ -55,7 +62,7 @@ def run_steps(layout, rank, steps, ckpt_save=None, ckpt_load=None):
     from sigma.train.parallelize import build_optimizer, build_parallel, checkpoint_state, load_checkpoint, train_step
     from sigma.train.train_config import OptimConfig
 
-    model_cfg = load_model_config("debug", OVERRIDES)
+    model_cfg = load_model_config("debug", {**OVERRIDES, **layout.get("model", {})})
     dims = make_dims(layout, model_cfg)
     run = build_parallel(model_cfg, dims, rank, seed=0)
     optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0),
@@ -101,7 +108,7 @@ def worker(rank, port, queue, jobs):
 def layouts(tmp_path_factory):
     """All layouts in one 4-rank process group (one start-up); then pp2 x dp2 saves, tp2 x ep2 resumes."""
     ckpt = str(tmp_path_factory.mktemp("ckpt") / "step-2")
-    jobs = [(name, layout, STEPS, None, None) for name, layout in LAYOUTS.items()]
+    jobs = [(name, layout, STEPS, None, None) for name, layout in {**LAYOUTS, **AUX_LAYOUTS}.items()]
     jobs += [("save pp2-dp2", LAYOUTS["pp2-dp2-zero1"], 2, ckpt, None),
              ("resume tp2-ep2", LAYOUTS["tp2-ep2"], 1, None, ckpt)]
     with socket.socket() as s:
@@ -136,10 +143,22 @@ def test_layout_matches_one_process(layouts, single, name):
 
 
 def test_checkpoint_reshards_across_layouts(layouts, single):
-    """Two steps under pp2 x dp2 with ZeRO-1, saved; the third step under tp2 x ep2 matches the one-process run's third."""
+    """Two steps under pp2 x dp2 with ZeRO-1, saved; the third under tp2 x ep2 matches the one-process third."""
     for rank in range(WORLD):
         saved = layouts[rank]["save pp2-dp2"]
         assert [x for pair in saved for x in pair] == pytest.approx([x for pair in single[:2] for x in pair], rel=1e-4)
         (loss, gnorm), = layouts[rank]["resume tp2-ep2"]
         assert loss == pytest.approx(single[2][0], abs=2e-5), rank
         assert gnorm == pytest.approx(single[2][1], rel=1e-4), rank
+
+
+@pytest.mark.parametrize("name", list(AUX_LAYOUTS))
+def test_aux_loss_reaches_backward_under_every_layout(layouts, name):
+    torch.set_num_threads(1)
+    reference = run_steps({"world": 1, "microbatches": 4, "model": AUX_LOSS}, 0, STEPS)
+    for rank in range(WORLD):
+        steps = layouts[rank][name]
+        assert not isinstance(steps, str), f"rank {rank}: {steps}"
+        for step, ((loss, gnorm), (ref_loss, ref_gnorm)) in enumerate(zip(steps, reference)):
+            assert loss == pytest.approx(ref_loss, abs=2e-5), (rank, step)
+            assert gnorm == pytest.approx(ref_gnorm, rel=1e-4), (rank, step)
