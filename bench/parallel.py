@@ -5,8 +5,9 @@
 Every layout trains the same global batch with sigma.train.parallelize.train_step, one process per rank, one
 torch thread each. The first two steps are warm-up (shape inference, optimiser state); the rest are timed.
 MFU = tokens/s per rank x FLOPs per token / the one-thread CPU GEMM peak (sigma.train.flops), measured once. The bubble
-column is the pipeline schedule's idle share in theory, (p - 1) / (v m + p - 1); `wait` is the largest share of
-a step one rank spent inside all-reduces and all-to-alls (pipeline sends and receives are not included).
+column is the pipeline schedule's idle share in theory, (p - 1) / (v m + p - 1), `measured` the mean over ranks of
+the share of the schedule's run a rank's stages did not compute (ParallelRun.kpi["bubble"]); `wait` is the largest
+share of a step one rank spent inside all-reduces and all-to-alls (pipeline sends and receives are not included).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def worker(rank, port, layout, args, peak, queue):
     optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False))
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g) for _ in range(args.steps)]
-    times, busy = [], []
+    times, busy, bubbles = [], [], []
     for step, batch in enumerate(data):
         dist.barrier()
         t0, w0 = time.perf_counter(), collective_wait_s()
@@ -64,10 +65,11 @@ def worker(rank, port, layout, args, peak, queue):
         if step >= 2:
             times.append(dt)
             busy.append((collective_wait_s() - w0) / dt)
+            bubbles.append(run.kpi.get("bubble", 0.0))
     step_s = torch.tensor(times).median().item()
     tps = args.batch * args.seq_len / step_s
     mfu = tps / WORLD * flops_per_token(cfg, args.seq_len) / peak
-    queue.put((rank, step_s, tps, mfu, max(busy), dims))
+    queue.put((rank, step_s, tps, mfu, max(busy), dims, sum(bubbles) / len(bubbles)))
     dist.barrier()
     dist.destroy_process_group()
     queue.close()
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
     print(f"tiny (8 layers), {WORLD} gloo ranks x 1 thread, global batch {args.batch} x {args.seq_len} tokens, "
           f"median of {args.steps - 2} steps; CPU peak {peak / 1e9:.1f} GFLOP/s per thread; "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-    print(f"{'layout':16} {'step ms':>9} {'tokens/s':>10} {'vs dp4':>7} {'MFU':>7} {'bubble':>7} {'wait':>6}")
+    print(f"{'layout':16} {'step ms':>9} {'tokens/s':>10} {'vs dp4':>7} {'MFU':>7} {'bubble':>7} {'measured':>8} {'wait':>6}")
     base = None
     for name, layout in LAYOUTS:
         if base is not None and args.only not in name:
@@ -116,9 +118,10 @@ def main(argv=None) -> int:
         busy = max(r[4] for r in results)
         dims = results[0][5]
         bubble = (dims.pp - 1) / (dims.vpp * dims.microbatches + dims.pp - 1) if dims.pp > 1 else 0.0
+        measured = sum(r[6] for r in results) / len(results)
         base = base or tps
         print(f"{name:16} {1000 * step_s:9.1f} {tps:10,.0f} {tps / base:6.2f}x {100 * mfu:6.2f}% "
-              f"{100 * bubble:6.1f}% {100 * busy:5.1f}%", flush=True)
+              f"{100 * bubble:6.1f}% {100 * measured:7.1f}% {100 * busy:5.1f}%", flush=True)
     return 0
 
 

@@ -19,6 +19,7 @@ Mesh ("pp", "edp", "ep", "tp") from ParallelDims; dp = edp x ep.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -78,6 +79,37 @@ class _AuxLoss(torch.autograd.Function):
         return grad, grad.new_ones(ctx.aux_shape)
 
 
+class _BackwardClock(torch.autograd.Function):
+    """Identity that notes when its gradient passes: at a stage's output (its backward starts) and at its first
+    hidden input (its backward ends), so a rank knows how long its own stages computed."""
+
+    @staticmethod
+    def forward(ctx, x, clock, start):
+        ctx.clock, ctx.start = clock, start
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock.mark(ctx.start)
+        return grad, None, None
+
+
+class StageClock:
+    """Seconds this rank spent computing its stages (forward + backward) in the current step."""
+
+    def __init__(self):
+        self.busy_s = 0.0
+        self._t0 = None
+
+    def mark(self, start: bool) -> None:
+        now = time.perf_counter()
+        if start:
+            self._t0 = now
+        elif self._t0 is not None:
+            self.busy_s += now - self._t0
+            self._t0 = None
+
+
 # ---------------------------------------------------------------- stage module
 
 class Stage(nn.Module):
@@ -92,10 +124,14 @@ class Stage(nn.Module):
         self.register_buffer("rope_cos", model.rope_cos, persistent=False)
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
         self.aux_values: list[float] = []
+        self.clock = StageClock()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         if self.tok_embeddings is not None:
             x = self.tok_embeddings(x)
+        if torch.is_grad_enabled():
+            x = _BackwardClock.apply(x, self.clock, False)
         t = x.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         for layer in self.layers.values():
@@ -105,7 +141,8 @@ class Stage(nn.Module):
                 x = _AuxLoss.apply(x, aux)
         if self.output is not None:
             x = self.output(self.norm(x))
-        return x
+        self.clock.busy_s += time.perf_counter() - t0
+        return _BackwardClock.apply(x, self.clock, True) if torch.is_grad_enabled() else x
 
 
 class StageHolder(nn.Module):
@@ -139,6 +176,7 @@ class ParallelRun:
     load_sum: dict = field(default_factory=dict)  # layer id -> tokens per expert summed over this step's forwards
     stage_modules: list = field(default_factory=list)
     recompute: object = None
+    kpi: dict = field(default_factory=dict)  # last step: step_s, and with pp: stage_busy_s, bubble (measured)
 
     def group(self, name: str):
         return None if self.mesh is None else self.mesh.get_group(name)
@@ -329,6 +367,7 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
         return sum(ces) / len(ces), sum(auxes) / len(auxes)
     for module in run.stage_modules:
         module.aux_values.clear()
+        module.clock.busy_s = 0.0
     c = run.coords
     losses: list[torch.Tensor] = []
     first = c["pp"] == 0
@@ -366,10 +405,13 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
                ) -> tuple[float, float, float]:
     """One optimiser step on the global batch [B, T+1] (each dp rank takes its rows): (loss, aux, grad norm)."""
     dims, c = run.dims, run.coords
+    t0 = time.perf_counter()
     rows = batch.shape[0] // dims.dp
     local = batch[c["dp"] * rows:(c["dp"] + 1) * rows]
     optimizer.zero_grad(set_to_none=True)
+    t_fb = time.perf_counter()
     ce, aux = forward_backward(run, local)
+    fb_s = time.perf_counter() - t_fb
     values = torch.tensor([ce, aux], dtype=torch.float64)
     if dims.dp > 1:
         with _collective():
@@ -377,6 +419,11 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
         values /= dims.dp
     gnorm = sync_and_clip(run, named, max_norm)
     optimizer.step()
+    run.kpi = {"step_s": time.perf_counter() - t0}
+    if dims.pp > 1:
+        busy = sum(m.clock.busy_s for m in run.stage_modules)
+        # the share of the schedule's run this rank's stages did not compute: waits for its neighbours
+        run.kpi.update(pipeline_s=fb_s, stage_busy_s=busy, bubble=max(0.0, 1 - busy / fb_s))
     loads = global_loads(run)
     if loads is not None:
         for layer_id, layer in run.moe_by_id.items():
