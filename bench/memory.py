@@ -73,8 +73,8 @@ def measure_rank(rank, port, preset, overrides, layout, mb, n_mb, seq_len, recom
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, model_cfg.vocab_size, (mb * n_mb * dims.dp, seq_len + 1), generator=g)
     train_step(run, optimizer, named, batch, max_norm=1.0)  # states exist from here on, as in a long run
-    static = list(run.module.parameters()) + [s for st in optimizer.state.values() for s in st.values()
-                                                if torch.is_tensor(s)]
+    static = [p.detach() for p in run.module.parameters()] + [s for st in optimizer.state.values()
+                                                              for s in st.values() if torch.is_tensor(s)]
     tracker = PeakTracker(baseline=tensor_bytes(static)).ignore(static)
     with tracker:
         train_step(run, optimizer, named, batch, max_norm=1.0)
