@@ -75,3 +75,12 @@ def test_sigma_train_refuses_layouts_its_loop_does_not_drive():
         check_trainer_layout(ParallelDims.build(2, pp=2, n_layers=2, global_batch=4))
     with pytest.raises(ConfigError, match="dp2 tp1 pp1 ep1 shard_optimizer"):
         check_trainer_layout(ParallelDims.build(2, global_batch=4), shard_optimizer=True)
+
+
+def test_sigma_train_cli_refuses_a_pipeline_layout_before_submitting(capsys):
+    from sigma.cli import main
+
+    code = main(["train", "--config", str(configs_dir() / "train" / "debug.yaml"), "--gpus-per-node", "2",
+                 "parallel.pp=2"])
+    assert code == 2
+    assert "[parallel]: layout dp1 tp1 pp2" in capsys.readouterr().err
