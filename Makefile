@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
+TEST_PACKAGES := chromium  # headless browser the HTML report test renders the page in
+BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system-packages test soak unit integration demo bench clean cluster-down
@@ -9,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 install: system-packages $(VENV)/.installed
 
 system-packages:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(SYSTEM_PACKAGES) $(EXTRA_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:" $$missing; \
@@ -22,6 +24,9 @@ $(VENV)/.installed: setup.py
 	$(VENV)/bin/pip install -q --upgrade pip setuptools wheel
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
+
+test unit: EXTRA_PACKAGES = $(TEST_PACKAGES)
+bench: EXTRA_PACKAGES = $(BENCH_PACKAGES)
 
 test: install
 	$(VENV)/bin/python -m pytest -q tests

@@ -17,12 +17,17 @@ setup(
         "rich>=13,<16",
         "submitit==1.5.4",
         "prometheus-client>=0.20,<1",
+        "matplotlib>=3.8,<4",  # the plots of `sigma report --html`
         "nvidia-ml-py>=12.535",
+        "sqlglot>=25",
+        "drain3>=0.9.11,<0.10",  # log template mining for rule learning
+        "regex>=2023.0",  # bounded-time probes of rule regexes
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
         "torch==2.13.0",
+        "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45"],
+        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40"],
         "llm": ["openai>=1.40"],
     },
     entry_points={"console_scripts": ["sigma=sigma.cli:main"]},

@@ -1,6 +1,7 @@
 """Chaos soak: train on the local cluster while a seeded schedule injects faults of every kind, one at a time.
 
     python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
+                               [--signatures all|N|NAME ...]
 
 Uses only what a user or an admin could do: `sigma stack up`, `sigma train`, `sigma chaos` (its Python API),
 `sbatch`, `sigma nodes --repaired`, `sigma report`; the controller database is read (read-only) for measurements.
@@ -13,9 +14,14 @@ Fault kinds (each injected at its source by `sigma chaos`, on a node of the runn
   hang        SIGSTOP of the job's processes on the node
   straggler   the node's ranks stopped 70 % of every second
   node-death  SIGKILL of the node's slurmd
-  prolog      an Xid 119 line in an idle node's kernel log (no rule acts on it), then a job placed there: the prolog's
-              kernel-log check rejects the node before the job runs
+  prolog      an Xid 119 line in an idle node's kernel log, then a job placed there: the node is out before the job
+              runs (the catalogue's gpu-xid-reset rule or the prolog's kernel-log check, whichever is first)
   nan         the trainer's testing-only hook makes the next loss NaN
+  log         a line of the fault catalogue (`sigma chaos log --signature RULE-ID`, as many lines as the rule needs)
+              where it appears: the node's kernel log, its DCGM log or the job's output. It counts when that rule
+              decided its action: a drain takes out that node only, a job restart or a record / notification
+              takes out none. --signatures says which: all (default: the run lasts until every one ran), N per
+              round (sampled), or names.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("xid", "hang", "straggler", "node-death", "prolog", "nan")
+KINDS = ("xid", "hang", "straggler", "node-death", "prolog", "nan", "log")
 NODE_KINDS = ("xid", "hang", "straggler", "node-death", "prolog")  # the node itself is at fault
+DRAINS = ("drain", "drain+reboot", "drain+ticket")
 CHECKPOINT_EVERY = 20
 TRAINING_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED")
 
@@ -54,6 +61,16 @@ class FaultRow:
     node_back_ts: float | None = None
     caught_up_ts: float | None = None  # first step beyond the pre-fault progress
     note: str = ""
+    signature: str = ""  # log: the catalogue rule injected ...
+    expected_action: str = ""  # ... and the action it must decide
+
+    @property
+    def label(self) -> str:
+        return f"log:{self.signature}" if self.kind == "log" else self.kind
+
+    @property
+    def node_fault(self) -> bool:
+        return self.kind in NODE_KINDS or (self.kind == "log" and self.expected_action in DRAINS)
 
     @property
     def detected(self) -> bool:
@@ -65,12 +82,14 @@ class FaultRow:
 
     @property
     def right_node(self) -> bool:
-        if self.kind in NODE_KINDS:
+        if self.node_fault:
             return self.acted_nodes == [self.node]
-        return self.acted_nodes == []  # a job fault: no node may be taken out
+        return self.acted_nodes == []  # a job fault (or a record / notification): no node may be taken out
 
     @property
     def job_affected(self) -> bool:
+        if self.kind == "log":
+            return self.expected_action in DRAINS + ("requeue",)
         return self.kind != "prolog"
 
     @property
@@ -116,7 +135,10 @@ def _sigma(env: dict, *args: str, check: bool = True) -> str:
 
 class Soak:
     def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
-                 fault_timeout: float, throughput_window: float = 30.0, say=print):
+                 fault_timeout: float, throughput_window: float = 30.0, say=print,
+                 signatures: list[str] | None = None, per_round: int | None = None):
+        """signatures: the catalogue rules the log kind injects (default: every one that can run here);
+        per_round: how many of them each round samples (default: all that have not run yet)."""
         from sigma.chaos.inject import Chaos
         from sigma.slurm.client import Slurm
         from sigma.slurm.cluster import LocalCluster
@@ -135,8 +157,8 @@ class Soak:
         self.baseline_s = 2 * throughput_window
         # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
         # so a crash loop is counted over 5 minutes here (a round takes longer)
-        self.up_args = ["--hang-timeout", str(hang_timeout),
-                        "--set", f"watchdog.recent_window_s={throughput_window}",
+        # detection runs at the shipped defaults (configs/controller.yaml); --hang-timeout only where given
+        self.up_args = [*(["--hang-timeout", str(hang_timeout)] if hang_timeout else []),
                         "--set", "watchdog.crash_loop_window_s=300", *self.state_args]
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
@@ -145,6 +167,12 @@ class Soak:
         self.lost_jobs = 0
         self.run_dir = self.cluster.state_dir / "soak"
         self.db = None
+        self.signatures = signatures if signatures is not None else runnable_signatures(say)
+        self.per_round = per_round
+        self.rules = {r.id: r for r in _load_rules()}
+        unknown = [s for s in self.signatures if s not in self.rules or not self.rules[s].examples]
+        if unknown:
+            raise ValueError(f"not catalogue signatures: {', '.join(unknown)}; see `sigma chaos log --help`")
 
     # ---------- platform and training ----------
     def up(self, port_base: int | None) -> None:
@@ -224,6 +252,17 @@ class Soak:
             probe = self.slurm.submit(None, "-w", node, "-J", "soak-probe", "-o", "/dev/null",
                                       wrap="sleep 1")
             self.say(f"  job {probe} placed on {node}")
+        elif kind.startswith("log:"):
+            signature = kind.split(":", 1)[1]
+            rule = self.rules[signature]
+            node = self.rng.choice(sorted(job.nodes))
+            lines = rule.log.count if rule.log is not None else 1
+            injections = [self.chaos.inject("log", node, signature=signature, job_id=self.job_id)
+                          for _ in range(lines)]
+            inj = injections[0]
+            inj.params["all"] = [i.id for i in injections]
+            row = FaultRow("log", node, inj.ts, self.job_id, signature=signature, expected_action=rule.action)
+            return row, inj, None
         else:
             node = self.rng.choice(sorted(job.nodes))
             if kind == "xid":
@@ -239,10 +278,11 @@ class Soak:
 
     def observe(self, row: FaultRow) -> None:
         since = row.ts - 1.0
+        only = "AND rule_id = ?" if row.kind == "log" else "AND rule_id != 'watchdog-crash-loop'"
         inc = self.db.execute(
-            "SELECT opened_at, rule_id, source, node FROM incidents WHERE opened_at >= ? AND rule_id != "
-            "'watchdog-crash-loop' AND (node = ? OR job_id = ?) ORDER BY opened_at LIMIT 1",
-            (since, row.node, row.job_id or -1)).fetchone()
+            f"SELECT opened_at, rule_id, source, node FROM incidents WHERE opened_at >= ? {only} "
+            "AND (node = ? OR job_id = ?) ORDER BY opened_at LIMIT 1",
+            (since, *([row.signature] if row.kind == "log" else []), row.node, row.job_id or -1)).fetchone()
         if inc:
             row.detected_ts = inc[0]
             row.detected_by = f"{inc[1]} ({inc[2]})"
@@ -275,7 +315,7 @@ class Soak:
         self.observe(row)
         if not row.detected:
             return False
-        if row.kind in NODE_KINDS and row.node not in row.acted_nodes:
+        if row.node_fault and row.node not in row.acted_nodes:
             return False
         return row.recovered
 
@@ -294,7 +334,7 @@ class Soak:
     def fault(self, kind: str) -> FaultRow:
         self.wait_steady(self.fault_timeout)
         row, inj, probe = self.inject(kind)
-        self.say(f"fault {kind} on {row.node} (job {row.job_id or probe}) at step "
+        self.say(f"fault {row.label} on {row.node} (job {row.job_id or probe}) at step "
                  f"{(self.last_step(self.job_id) or (0, '?'))[1]}")
         deadline = time.monotonic() + self.fault_timeout
         while time.monotonic() < deadline and not self.handled(row):
@@ -303,8 +343,9 @@ class Soak:
                  f"drained {row.acted_nodes or '-'}, job {'recovered' if row.recovered else 'not recovered'}")
         if probe is not None:
             self.slurm.cancel(probe)
-        self.chaos.undo(inj.id)
-        self.say(f"  undone: `sigma chaos undo {inj.id}`")
+        for inj_id in inj.params.get("all", [inj.id]):
+            self.chaos.undo(inj_id)
+        self.say(f"  undone: `sigma chaos undo {' '.join(inj.params.get('all', [inj.id]))}`")
         deadline = time.monotonic() + self.fault_timeout
         while time.monotonic() < deadline and not self.node_back(row.node):
             self.repair(row.node)
@@ -364,14 +405,27 @@ class Soak:
         rows: list[FaultRow] = []
         end = time.monotonic() + minutes * 60
         schedule: list[str] = []
+        pending = list(self.signatures) if "log" in kinds else []  # signatures not run yet
+        self.rng.shuffle(pending)
+
+        def done() -> bool:
+            return bool(rows) and time.monotonic() >= end and not pending
+
         while True:
             if not schedule:
-                if rows and time.monotonic() >= end:
+                if done():
                     break
-                schedule = list(kinds)
+                schedule = [k for k in kinds if k != "log"]
+                if "log" in kinds:
+                    take = len(pending) if self.per_round is None else self.per_round
+                    if not pending:  # every signature ran: sample again
+                        pending = list(self.signatures)
+                        self.rng.shuffle(pending)
+                    schedule += [f"log:{sig}" for sig in pending[:take]]
+                    del pending[:take]
                 self.rng.shuffle(schedule)
             rows.append(self.fault(schedule.pop(0)))
-            if not schedule and time.monotonic() >= end:
+            if not schedule and done():
                 break
         self.wait_steady(self.fault_timeout)
         t1 = time.time()
@@ -390,13 +444,46 @@ class Soak:
                check=False)
 
 
+def _load_rules():
+    from sigma.paths import project_root
+    from sigma.rules.loader import load_rules
+
+    return load_rules(project_root() / "configs" / "rules")
+
+
+def runnable_signatures(say=print) -> list[str]:
+    """Every catalogue rule `sigma chaos log --signature` can inject, less those whose repair cannot run on the local
+    cluster (a command playbook whose program is not installed here: the node would stay out for good)."""
+    import shutil as _shutil
+
+    from sigma.chaos.inject import ALIASES, SIGNATURES
+    from sigma.controller.config import load_remediation_config
+    from sigma.paths import project_root
+
+    rules = {r.id: r for r in _load_rules()}
+    remediation = load_remediation_config(project_root() / "configs" / "remediation.yaml")
+    out = []
+    for name in sorted(SIGNATURES):
+        if name in ALIASES:
+            continue
+        rule = rules[name]
+        if rule.action in DRAINS:
+            playbook = remediation.playbook_for(rule.id, rule.category, rule.action)
+            if playbook.kind == "command" and not _shutil.which(playbook.command[0]):
+                say(f"signature {name} skipped: its playbook {playbook.name} runs {playbook.command[0]}, "
+                    f"not installed here")
+                continue
+        out.append(name)
+    return out
+
+
 def _fmt(v, spec: str = ".1f", unit: str = " s") -> str:
     return "-" if v is None else f"{v:{spec}}{unit}"
 
 
 def print_result(res: SoakResult) -> None:
     head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost")
-    table = [head] + [(r.kind, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
+    table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
                        "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
                        ("n/a (idle node)" if not r.job_affected else "yes" if r.recovered else "NO"),
                        _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost)) for r in res.rows]
@@ -408,6 +495,10 @@ def print_result(res: SoakResult) -> None:
     print()
     print(f"faults: {len(res.rows)}; detected {sum(r.detected for r in res.rows)}; right node "
           f"{sum(r.right_node for r in res.rows)}; job recovered {sum(r.recovered for r in res.rows)}")
+    logs = [r for r in res.rows if r.kind == "log"]
+    if logs:
+        print(f"catalogue signatures: {len({r.signature for r in logs})} injected; decided as the catalogue says "
+              f"{sum(r.detected and r.right_node and r.recovered for r in logs)} of {len(logs)}")
     print(f"false drains: {len(res.false_drains)} {res.false_drains or ''}")
     print(f"lost jobs: {res.lost_jobs}")
     print(f"effective training time: {100 * res.effective:.1f} % of {res.wall_s / 60:.1f} min overall, "
@@ -423,17 +514,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
     p.add_argument("--port-base", type=int, default=None, help="cluster ports (default: derived from the state dir)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to inject")
-    p.add_argument("--hang-timeout", type=float, default=20.0, help="controller watchdog hang timeout (s)")
+    p.add_argument("--signatures", nargs="+", default=["all"],
+                   help="log kind: 'all' (every catalogue signature, the run lasts until each ran), a number to "
+                        "sample per round, or rule ids")
+    p.add_argument("--hang-timeout", type=float, default=None,
+                   help="controller watchdog hang timeout (s; default: the shipped one)")
     p.add_argument("--throughput-window", type=float, default=30.0,
-                   help="controller watchdog: recent throughput window judged against the job's earlier throughput (s)")
+                   help="the controller's shipped watchdog.recent_window_s: the first fault waits twice this (s)")
     p.add_argument("--settle", type=float, default=15.0, help="healthy training seconds before each fault")
     p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
     p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
     p.add_argument("--json", type=Path, default=None, help="also write the rows and totals here")
     args = p.parse_args(argv)
     t = time.monotonic()
+    say = lambda s: print(f"[{time.monotonic() - t:6.1f}s] {s}", flush=True)  # noqa: E731
+    signatures, per_round = None, None
+    if args.signatures != ["all"]:
+        if len(args.signatures) == 1 and args.signatures[0].isdigit():
+            per_round = int(args.signatures[0])
+        else:
+            signatures = args.signatures
     soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout, args.throughput_window,
-                say=lambda s: print(f"[{time.monotonic() - t:6.1f}s] {s}", flush=True))
+                say=say, signatures=signatures, per_round=per_round)
     try:
         res = soak.run(args.minutes, args.kinds, args.port_base)
     finally:
@@ -447,8 +549,12 @@ def main(argv: list[str] | None = None) -> int:
                                          "false_drains": res.false_drains, "lost_jobs": res.lost_jobs,
                                          "effective": res.effective, "effective_outside": res.effective_outside},
                                         indent=2))
+    ran = {r.signature for r in res.rows if r.kind == "log"}
+    missing = set(soak.signatures) - ran if "log" in args.kinds and soak.per_round is None else set()
+    if missing:
+        print(f"signatures never injected: {', '.join(sorted(missing))}")
     ok = (all(r.detected and r.right_node and r.recovered for r in res.rows) and not res.false_drains
-          and not res.lost_jobs)
+          and not res.lost_jobs and not missing)
     return 0 if ok else 1
 
 

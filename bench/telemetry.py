@@ -202,10 +202,8 @@ def http_ingest(tmp: Path, secret_path: Path, batches, clients: int, server_cpu:
                     break
                 i = queue.pop()
             node, body = bodies[i]
-            ts = f"{time.time():.3f}"
             conn.request("POST", "/v1/ingest", body=body, headers={
-                "Content-Length": str(len(body)), wire.HEADER_NODE: node, wire.HEADER_TS: ts,
-                wire.HEADER_SIG: wire.sign(secret, node, ts, body)})
+                "Content-Length": str(len(body)), **wire.auth_headers(None, secret, node, body)})
             resp = conn.getresponse()
             reply = resp.read()
             if resp.status != 200:

@@ -1,18 +1,23 @@
-"""Figures for the MoE model on one process: expert-layer throughput against baselines, and model MFU.
+"""Figures for the MoE model on one process: expert-layer speed against the strongest baseline, and model MFU/HFU.
 
 Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--device cpu|cuda] [--skip-model]
+                             [--shapes sigma,coarse] [--peak-flops F]
 
-1. MoE layer forward+backward tokens/s, fp32 and bf16, same run and interleaved rounds (best of --rounds: on a
-   shared machine other processes only ever add time, so the fastest round is the least disturbed one):
-   - ours:        MoELayer with expert_impl=auto (tokens sorted by expert, torch._grouped_mm where supported)
-   - ours-loop:   MoELayer with expert_impl=loop (our fallback: per-expert GEMMs on contiguous slices)
-   - naive-loop:  our router and weights, dispatch by a boolean mask per expert and index_add (textbook loop)
-   - hf-mixtral:  transformers' MixtralSparseMoeBlock (eager experts), same weights
-   for a fine-grained shape (many small experts, as in the paper's models) and a coarse Mixtral-like shape.
-   Ratios are against hf-mixtral (goal: ours >= 1.3x).
-2. Model forward+backward (cross-entropy on logits + aux loss) tokens/s and MFU (sigma.train.flops):
-   on CPU debug and tiny in fp32 and bf16 against the measured GEMM peak in the same dtype; on a GPU tiny and
-   moe-1b (~1B total) in bf16 against the datasheet bf16 peak.
+1. MoE layer forward+backward tokens/s, fp32 and bf16, in the dtype set-up training uses: fp32, and bf16 autocast
+   over fp32 master weights. Interleaved rounds, best of --rounds (on a shared machine other processes only ever
+   add time). Variants on the same router and expert weights:
+   - ours:              MoELayer (expert-sorted tokens, torch._grouped_mm where supported)
+   - titan-style:       torchtitan 0.3.0's GroupedExperts + local token dispatcher (argsort, gather, three
+                        torch._grouped_mm calls, scatter_add combine), re-implemented here: the torchtitan package
+                        needs spmd_types and its own distributed stack to import
+   - hf-<impl>:         transformers' MixtralSparseMoeBlock with each experts implementation it offers (eager,
+                        batched_mm, grouped_mm; one that would not fit in memory is skipped and says so); in bf16
+                        also with bf16 weights (HF's grouped_mm casts activations to the weight dtype, so under
+                        autocast with fp32 weights it computes in fp32)
+   The strongest baseline is the fastest of the others in each row group; it is named, and ours is divided by it.
+2. Model forward+backward (cross-entropy on logits + aux loss) tokens/s, MFU and HFU against a fixed stated peak
+   (sigma.train.flops.peak_flops: the datasheet on GPUs, the `sigma train calibrate` record on CPUs, or
+   --peak-flops); on CPU debug and tiny in fp32 and bf16 autocast, on a GPU tiny and moe-1b in bf16 autocast.
 """
 
 from __future__ import annotations
@@ -29,48 +34,53 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sigma.train.config import ModelConfig, load_model_config  # noqa: E402
-from sigma.train.flops import flops_per_token, peak_flops  # noqa: E402
+from sigma.train.flops import PeakUnknown, flops_per_token, hardware_flops_per_token, peak_flops  # noqa: E402
 from sigma.train.model import MoETransformer  # noqa: E402
 from sigma.train.moe import MoELayer  # noqa: E402
 
 LAYER_SHAPES = {
-    # name: (dim, n_experts, top_k, expert_hidden)
-    "fine (64 experts top-8)": (512, 64, 8, 128),
-    "coarse (8 experts top-2)": (512, 8, 2, 1024),
+    # name: (dim, n_experts, top_k, expert_hidden). sigma: the Sigma-MoE 200B-A20B proportions (96 experts top-8,
+    # expert_hidden / dim = 2688 / 4096) at dim 512; coarse: Mixtral-like 8 experts top-2.
+    "sigma": (512, 96, 8, 336),
+    "coarse": (512, 8, 2, 1024),
 }
 CPU_MODEL_RUNS = {"debug": (8, 128), "tiny": (4, 512)}  # preset: (batch, seq_len)
 GPU_MODEL_RUNS = {"tiny": (16, 512), "moe-1b": (8, 2048)}
+HF_IMPLS = ("eager", "batched_mm", "grouped_mm")
 
 
-def naive_loop(layer: MoELayer):
-    """The textbook MoE loop on the same router and weights: mask, gather, FFN, weight, index_add per expert."""
+def titan_style(layer: MoELayer, compute_dtype: torch.dtype):
+    """torchtitan's routed experts on our router and weights: sort, gather, grouped GEMMs, weight, scatter_add."""
+    ex = layer.experts
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        ids, weights, _ = layer.router(x)
-        out = torch.zeros_like(x)
-        ex = layer.experts
-        for e in range(ex.n_experts):
-            token, slot = (ids == e).nonzero(as_tuple=True)
-            if token.numel() == 0:
-                continue
-            h = x[token]
-            y = (F.silu(h @ ex.w1[e].T) * (h @ ex.w3[e].T)) @ ex.w2[e].T
-            out.index_add_(0, token, y * weights[token, slot, None].to(y.dtype))
+        ids, weights, _, _ = layer.router(x)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(ex.n_experts, dtype=torch.int64, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        token = order // layer.top_k
+        xs = x[token].to(compute_dtype)
+        w1, w2, w3 = (w.to(compute_dtype).transpose(-2, -1) for w in (ex.w1, ex.w2, ex.w3))
+        h = F.silu(torch._grouped_mm(xs, w1, offs=offs)) * torch._grouped_mm(xs, w3, offs=offs)
+        y = torch._grouped_mm(h, w2, offs=offs).to(x.dtype) * weights.reshape(-1)[order, None].to(x.dtype)
+        out = torch.zeros_like(x).scatter_add_(0, token[:, None].expand(-1, x.shape[-1]), y)
         return out.reshape(shape)
 
     return forward
 
 
-def hf_block(layer: MoELayer, dtype: torch.dtype):
+def hf_block(layer: MoELayer, dtype: torch.dtype, impl: str):
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     ex = layer.experts
     cfg = MixtralConfig(hidden_size=ex.dim, intermediate_size=ex.hidden, num_local_experts=ex.n_experts,
                         num_experts_per_tok=layer.top_k, router_jitter_noise=0.0)
-    cfg._experts_implementation = "eager"
+    cfg._experts_implementation = impl
     block = MixtralSparseMoeBlock(cfg).to(device=ex.w1.device, dtype=dtype)
     with torch.no_grad():
         block.gate.weight.copy_(layer.router.gate.weight)
@@ -79,73 +89,108 @@ def hf_block(layer: MoELayer, dtype: torch.dtype):
     return block
 
 
+def batched_mm_bytes(tokens: int, top_k: int, dim: int, hidden: int, element: int) -> int:
+    """HF batched_mm gathers each routed token's expert weights: gate_up and down, kept for the backward."""
+    return tokens * top_k * 3 * dim * hidden * element
+
+
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def time_fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor) -> float:
+def time_fwd_bwd(fn, x: torch.Tensor, grad: torch.Tensor, autocast: torch.dtype | None) -> float:
     sync(x.device)
     t0 = time.perf_counter()
-    y = fn(x)
+    with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        y = fn(x)
     y = y[0] if isinstance(y, tuple) else y
-    y.backward(grad)
+    y.backward(grad.to(y.dtype))
     sync(x.device)
     return time.perf_counter() - t0
 
 
+def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> dict:
+    """name -> (callable, input dtype, autocast dtype or None)."""
+    ex = ours.experts
+    fp32, half = torch.float32, torch.bfloat16
+    amp = half if bf16 else None
+    variants = {"ours": (ours, fp32, amp), "titan-style": (titan_style(ours, half if bf16 else fp32), fp32, amp)}
+    for impl in HF_IMPLS:
+        setups = [("", fp32, fp32, amp)] + ([(" bf16 weights", half, half, None)] if bf16 else [])
+        for suffix, weight_dtype, input_dtype, autocast in setups:
+            need = batched_mm_bytes(args.tokens, ours.top_k, ex.dim, ex.hidden, 2 if weight_dtype == half else 4)
+            if impl == "batched_mm" and need > available_bytes(device) // 4:
+                print(f"  (hf-batched_mm{suffix} skipped: it would hold ~{need / 2**30:.0f} GiB of gathered "
+                      f"weights, over a quarter of the {available_bytes(device) / 2**30:.0f} GiB available)")
+                continue
+            variants[f"hf-{impl}{suffix}"] = (hf_block(ours, weight_dtype, impl), input_dtype, autocast)
+    return variants
+
+
 def bench_layers(args, device: torch.device) -> None:
     print(f"\nMoE layer forward+backward, {args.tokens} tokens, {torch.get_num_threads()} threads, device {device}, "
-          f"best of {args.rounds} interleaved rounds")
-    print(f"{'shape':26} {'dtype':9} {'variant':18} {'tokens/s':>10} {'vs hf':>7}")
-    for shape_name, (dim, n_experts, top_k, hidden) in LAYER_SHAPES.items():
-        for dtype in (torch.float32, torch.bfloat16):
+          f"best of {args.rounds} interleaved rounds; bf16 = autocast over fp32 master weights, as training runs")
+    print(f"{'shape':34} {'dtype':5} {'variant':26} {'tokens/s':>10} {'ours vs it':>10}")
+    for shape_name in args.shapes.split(","):
+        dim, n_experts, top_k, hidden = LAYER_SHAPES[shape_name]
+        label = f"{shape_name} ({n_experts} experts top-{top_k}, d{dim} h{hidden})"
+        for bf16 in (False, True):
             torch.manual_seed(0)
             cfg = ModelConfig(vocab_size=64, dim=dim, n_layers=1, n_heads=4, n_kv_heads=4, n_dense_layers=0,
                               n_experts=n_experts, top_k=top_k, expert_hidden=hidden, balance="none")
-            ours = MoELayer(cfg).to(device=device, dtype=dtype)
+            ours = MoELayer(cfg).to(device=device)
             for p in ours.parameters():
                 torch.nn.init.normal_(p, 0.0, 0.02)
-            loop = MoELayer(cfg).to(device=device, dtype=dtype)
-            loop.load_state_dict(ours.state_dict())
-            loop.experts.impl = "loop"
-            variants = {"ours": ours, "ours-loop": loop, "naive-loop": naive_loop(ours),
-                        "hf-mixtral": hf_block(ours, dtype)}
-            impl = ours.experts.resolved_impl(torch.empty(0, device=device, dtype=dtype))
-            x = torch.randn(1, args.tokens, dim, device=device, dtype=dtype, requires_grad=True)
-            grad = torch.randn_like(x)
+            variants = layer_variants(args, ours, device, bf16)
+            x32 = torch.randn(1, args.tokens, dim, device=device)
+            inputs = {dt: x32.to(dt).requires_grad_() for dt in (torch.float32, torch.bfloat16)}
+            grad = torch.randn_like(x32)
             times: dict[str, list[float]] = {name: [] for name in variants}
-            for name, fn in variants.items():  # warm-up
-                time_fwd_bwd(fn, x, grad)
+            for name, (fn, dt, amp) in variants.items():  # warm-up
+                time_fwd_bwd(fn, inputs[dt], grad, amp)
             for _ in range(args.rounds):
-                for name, fn in variants.items():
-                    times[name].append(time_fwd_bwd(fn, x, grad))
+                for name, (fn, dt, amp) in variants.items():
+                    times[name].append(time_fwd_bwd(fn, inputs[dt], grad, amp))
             rate = {name: args.tokens / min(ts) for name, ts in times.items()}
+            strongest = max((n for n in rate if n != "ours"), key=rate.get)
+            dtype = "bf16" if bf16 else "fp32"
             for name in variants:
-                label = f"{name} ({impl})" if name == "ours" else name
-                print(f"{shape_name:26} {str(dtype).removeprefix('torch.'):9} {label:18} {rate[name]:10.0f} "
-                      f"{rate[name] / rate['hf-mixtral']:6.2f}x")
+                ratio = f"{rate['ours'] / rate[name]:9.2f}x" if name != "ours" else ""
+                print(f"{label:34} {dtype:5} {name:26} {rate[name]:10.0f} {ratio:>10}")
+            print(f"{label:34} {dtype:5} -> strongest baseline {strongest}: ours is "
+                  f"{rate['ours'] / rate[strongest]:.2f}x", flush=True)
 
 
 def bench_models(args, device: torch.device) -> None:
-    print(f"\nModel forward+backward (CE + aux loss), {torch.get_num_threads()} threads, device {device}, "
-          f"best of {args.rounds} steps")
-    print(f"{'preset':8} {'dtype':9} {'batch x seq':>11} {'expert impl':>11} {'tokens/s':>10} {'TFLOP/s':>8} "
-          f"{'peak TFLOP/s':>12} {'MFU':>6}")
+    print(f"\nModel forward+backward (CE + aux loss), {torch.get_num_threads()} threads, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+          + f", best of {args.rounds} steps; fp32 master weights, bf16 = autocast")
+    print(f"{'preset':8} {'dtype':5} {'batch x seq':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'peak TFLOP/s':>12} "
+          f"{'MFU':>6} {'HFU':>6}  peak source")
     runs = GPU_MODEL_RUNS if device.type == "cuda" else CPU_MODEL_RUNS
     dtypes = (torch.bfloat16,) if device.type == "cuda" else (torch.float32, torch.bfloat16)
     for preset, (batch, seq) in runs.items():
         for dtype in dtypes:
             torch.manual_seed(0)
             cfg = load_model_config(preset)
-            model = MoETransformer(cfg).to(device=device, dtype=dtype)
+            model = MoETransformer(cfg).to(device=device)
             tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
             def step() -> float:
                 sync(device)
                 t0 = time.perf_counter()
-                logits, aux = model(inputs)
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    logits, aux = model(inputs)
                 loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size).float(), targets.reshape(-1))
                 (loss + aux).backward()
                 model.zero_grad(set_to_none=True)
@@ -156,10 +201,17 @@ def bench_models(args, device: torch.device) -> None:
             elapsed = min(step() for _ in range(args.rounds))
             tps = batch * seq / elapsed
             achieved = tps * flops_per_token(cfg, seq)
-            peak = peak_flops(device, dtype)
-            impl = model.moe_layers()[0].experts.resolved_impl(torch.empty(0, device=device, dtype=dtype))
-            print(f"{preset:8} {str(dtype).removeprefix('torch.'):9} {f'{batch} x {seq}':>11} {impl:>11} {tps:10.0f} "
-                  f"{achieved / 1e12:8.3f} {peak / 1e12:12.3f} {achieved / peak:6.1%}")
+            name = str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
+            try:
+                peak = peak_flops(device, dtype, args.peak_flops)
+            except PeakUnknown as exc:
+                print(f"{preset:8} {name:5} {f'{batch} x {seq}':>11} {tps:10.0f} {achieved / 1e12:8.3f} "
+                      f"{'-':>12} {'-':>6} {'-':>6}  no stated peak: {exc}")
+                continue
+            hw = tps * hardware_flops_per_token(cfg, seq)
+            print(f"{preset:8} {name:5} {f'{batch} x {seq}':>11} {tps:10.0f} {achieved / 1e12:8.3f} "
+                  f"{peak.flops / 1e12:12.3f} {achieved / peak.flops:6.1%} {hw / peak.flops:6.1%}  {peak.source}",
+                  flush=True)
 
 
 def main() -> int:
@@ -169,6 +221,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant (default 5)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-model", action="store_true", help="only the MoE layer table")
+    parser.add_argument("--shapes", default="sigma,coarse", help=f"layer shapes: {', '.join(LAYER_SHAPES)}")
+    parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak FLOP/s of one device (default: "
+                                                                       "datasheet or `sigma train calibrate`)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -13,11 +13,27 @@ import sys
 
 # Modules with register(subparsers), in the order of `sigma --help`; ones not present yet are skipped.
 COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
-    "slurm", "health", "telemetry", "controller", "rules", "train", "chaos")) + ("sigma.stack", "sigma.demo")
+    "slurm", "health", "telemetry", "controller", "companion", "rules", "train", "chaos", "security")) + ("sigma.stack", "sigma.demo")
+
+
+# What SLURM commands print when slurmctld cannot be reached (down, wrong SLURM_CONF).
+UNREACHABLE = ("Unable to contact slurm controller", "Connection refused", "configuration source",
+               "Socket timed out", "Zero Bytes were transmitted")
 
 
 class CommandError(RuntimeError):
     """A user-facing failure: printed as `sigma: error: ...` with exit code 2, no traceback."""
+
+
+def console():
+    """A rich console for tables: the terminal's width on a terminal; piped to a file or a pager, as wide as the
+    content (rich would otherwise cut every table at 80 columns)."""
+    import os
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(width=100_000 if wide else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
         package = name.rpartition(".")[0]
         if importlib.util.find_spec(package) and importlib.util.find_spec(name):
             importlib.import_module(name).register(sub)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """`sigma X --help` opens with what X does: a command registered without a description gets its help line."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    sub.description = helps[name][0].upper() + helps[name][1:] + "."
+                _describe(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CommandError, ClusterError, SlurmError, FileNotFoundError, ValueError) as exc:
+    except SlurmError as exc:  # the last line SLURM printed, and where to look when it is unreachable
+        said = exc.stderr.splitlines()[-1] if exc.stderr else str(exc)
+        unreachable = exc.timed_out or any(s in exc.stderr for s in UNREACHABLE)
+        print(f"sigma: error: {' '.join(exc.argv[:2])}: {said}" + (
+            "; SLURM is not reachable: is it up? (`sigma cluster status`; the local cluster starts with "
+            "`sigma cluster up`)" if unreachable else ""), file=sys.stderr)
+        return 2
+    except (CommandError, ClusterError, FileNotFoundError, ValueError) as exc:
         print(f"sigma: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -45,4 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m sigma.cli` runs this file as __main__: use the importable module, whose CommandError the
+    # handlers raise, or every user-facing error would surface as a traceback
+    from sigma.cli import main as _main
+
+    sys.exit(_main())

@@ -7,13 +7,16 @@
     policy = load_config(Policy, "configs/controller.yaml")            # whole file
     policy = load_config(Policy, "configs/controller.yaml", "watchdog")  # one top-level section
 
-Unknown keys are errors that list the valid ones; values are checked against the field types (int, float, str,
-bool, lists, dicts, Optional, nested dataclasses, lists of dataclasses).
+Strict: unknown keys are errors that list the valid ones; a key given twice in one mapping is an error (YAML
+itself would keep the last one silently); values are checked against the field types (int, float, str, bool,
+lists, dicts, Optional, nested dataclasses, lists of dataclasses), so a scalar where a list belongs fails at load
+time, not later at run time; numbers must be finite. Every error names the file, the line and the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -22,6 +25,13 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+
+YAML_SUFFIXES = (".yaml", ".yml")  # both spellings are YAML files wherever a directory of configs is read
+
+
+def yaml_files(directory: str | Path) -> list[Path]:
+    """The YAML files of a directory, sorted by name, whichever extension they use."""
+    return sorted(p for p in Path(directory).iterdir() if p.suffix in YAML_SUFFIXES and p.is_file())
 
 
 class ConfigError(ValueError):
@@ -50,8 +60,15 @@ class _Source:
     def _index(self, node, key: tuple) -> None:
         self.lines.setdefault(key, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
             for k, v in node.value:
-                self.lines[key + (k.value,)] = k.start_mark.line + 1
+                line = k.start_mark.line + 1
+                if k.value in seen and k.tag != "tag:yaml.org,2002:merge":
+                    dotted = ".".join(str(x) for x in key + (k.value,))
+                    raise ConfigError(f"{self.path}:{line} [{dotted}]",
+                                      f"duplicate key {k.value!r} (first given at line {seen[k.value]})")
+                seen[k.value] = line
+                self.lines[key + (k.value,)] = line
                 self._index(v, key + (k.value,))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
@@ -119,13 +136,18 @@ def _convert(tp, value, source: _Source, key: tuple):
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own error, located where it happened
+            return _convert(options[0], value, source, key)
         errors = []
-        for option in (a for a in args if a is not type(None)):
+        for option in options:
             try:
                 return _convert(option, value, source, key)
             except ConfigError as exc:
                 errors.append(str(exc).split(": ", 1)[-1])
         raise ConfigError(source.where(key), " or ".join(errors))
+    if origin is None and tp in (list, tuple, dict):  # a bare `list` / `dict` annotation: still a list / a mapping
+        return _convert(tp[Any] if tp is not dict else dict[Any, Any], value, source, key)
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise ConfigError(source.where(key), f"expected a list, got {_kind(value)}")
@@ -144,6 +166,8 @@ def _convert(tp, value, source: _Source, key: tuple):
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(source.where(key), f"expected a number, got {_kind(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(source.where(key), f"expected a finite number, got {value!r}")
         return float(value)
     if tp in (int, str, bool):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):

@@ -37,19 +37,19 @@ def _sigma(*args: str, env: dict, check: bool = True) -> str:
 
 
 def run_demo(args) -> int:
-    from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
     from sigma.chaos.inject import Chaos
     from sigma.chaos.timeline import observe
     from sigma.cli import CommandError
+    from sigma.cli import console as wide_console
     from sigma.controller.db import open_db
     from sigma.slurm.client import Slurm
     from sigma.slurm.cluster import LocalCluster
     from sigma.stack import Stack
 
-    console = Console()
+    console = wide_console()
     start = time.monotonic()
 
     def say(text: str) -> None:
@@ -64,14 +64,15 @@ def run_demo(args) -> int:
     slurm = Slurm(cluster.conf)
     say(f"platform up: controller {stack.controller_url}, decisions in {cluster.state_dir / 'log' / 'decisions.log'}")
 
-    run_dir = cluster.state_dir / "demo"
+    runs = cluster.state_dir / "runs"  # each demo trains a new run: demo, demo-2, ...
     out = _sigma("train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait", "name=demo",
-                 "parallel.ep=2", "steps=100000", "checkpoint.every=20", f"checkpoint.dir={run_dir}/checkpoints",
-                 f"launch.folder={run_dir}/submitit", "fault.step_delay_s=0.05", "kpi.progress_every=0", env=env)
-    match = re.search(r"job (\d+)", out)
+                 "parallel.ep=2", "steps=100000", "checkpoint.every=20", f"checkpoint.dir={runs}/{{name}}/checkpoints",
+                 f"launch.folder={runs}/{{name}}/submitit", "fault.step_delay_s=0.05", "kpi.progress_every=0", env=env)
+    match = re.search(r"run (\S+) as slurm job (\d+)", out)
     if not match:
         raise CommandError(f"could not find the job id in `sigma train` output: {out!r}")
-    job_id = int(match.group(1))
+    run_name, job_id = match.group(1), int(match.group(2))
+    run_dir = runs / run_name
     say(f"sigma train: MoE `debug` preset on 2 nodes x 1 rank, expert parallel 2, checkpoint every 20 steps: "
         f"SLURM job {job_id}")
 
@@ -118,8 +119,11 @@ def run_demo(args) -> int:
         say("platform and cluster stopped")
     else:
         hint = f" --state-dir {args.state_dir}" if args.state_dir else ""
-        say(f"the platform keeps running: try `sigma incidents`, `sigma explain {timeline.incident_id}` "
-            f"(with --config {stack.controller_config}); stop it with `sigma stack down --with-cluster{hint}`")
+        env_hint = (f" (after `export SIGMA_CONTROLLER_CONFIG={stack.controller_config}`)"
+                    if args.state_dir else "")
+        say(f"the platform keeps running: try `sigma nodes`, `sigma incidents`, `sigma explain "
+            f"{timeline.incident_id}`, `sigma report --html report.html`{env_hint}; stop it with "
+            f"`sigma stack down --with-cluster{hint}`")
     if not complete:
         raise CommandError(f"recovery did not complete within {args.timeout:.0f}s; see "
                            f"{cluster.state_dir / 'log' / 'decisions.log'}")

@@ -2,7 +2,7 @@
 
 The controller and the sidecars run as background processes with pid files and logs under the cluster's state
 directory, configured exactly as an admin would configure them (a generated controller.yaml, the shipped
-telemetry.yaml with per-node placeholders, one shared ingest secret).
+telemetry.yaml with per-node placeholders, a key per node from the same code as `sigma keys issue`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Stack:
     def __init__(self, cluster: LocalCluster):
         self.cluster = cluster
         self.state = cluster.state_dir
-        self.secret = self.state / "etc" / "ingest.secret"
+        self.keys_table = self.state / "etc" / "ingest-keys.json"
+        self.keys_dir = self.state / "etc" / "keys"
         self.controller_config = self.state / "etc" / "controller.yaml"
 
     @property
@@ -47,14 +48,12 @@ class Stack:
            timeout: float = 60.0) -> None:
         """settings: controller config overrides, "section.key" -> value (e.g. "watchdog.recent_window_s": 30)."""
         self.cluster.up()
-        from sigma.telemetry.wire import write_secret
-
-        if not self.secret.exists():
-            write_secret(str(self.secret))
+        self.provision_keys()
         overrides = dict(settings or {})
         if hang_timeout_s is not None:
             overrides["watchdog.hang_timeout_s"] = hang_timeout_s
         self._write_controller_config(overrides)
+        self._check_controller_port()
         env = {**os.environ, **self.cluster.env}
         self._start("controller", [sys.executable, "-m", "sigma.cli", "controller", "run",
                                    "--config", str(self.controller_config)], env)
@@ -63,7 +62,27 @@ class Stack:
             self._start(f"sidecar-{node}", [
                 sys.executable, "-m", "sigma.cli", "sidecar", "--config", str(configs_dir() / "telemetry.yaml"),
                 "--node", node, "--controller", f"{self.controller_url}/v1/ingest",
-                "--secret-file", str(self.secret)], env)
+                "--secret-file", str(self.node_key(node))], env)
+
+    def node_key(self, node: str) -> Path:
+        return self.keys_dir / f"{node}.key"
+
+    def provision_keys(self) -> None:
+        """A key per node (kept across `up`), as an admin would with `sigma keys issue`."""
+        from sigma.security.keys import KeyTable, node_key_text, write_private
+
+        table = KeyTable(self.keys_table).load(missing_ok=True)
+        new = []
+        for node in self.cluster.node_names():
+            if table.for_node(node) and self.node_key(node).exists():
+                continue
+            if table.for_node(node):  # its key file is gone: a fresh key, the old one revoked
+                table.revoke(node)
+            new.append(table.issue(node))
+        if new:
+            table.save()
+            for key in new:
+                write_private(self.node_key(key.node), node_key_text(key))
 
     def down(self) -> list[str]:
         stopped = [name for name in reversed(self.processes())
@@ -82,7 +101,8 @@ class Stack:
         root = project_root()
         config.update(
             db=str(self.db), listen=f"127.0.0.1:{spec.port_base + CONTROLLER_PORT_OFFSET}",
-            ingest_secret_file=str(self.secret), log_dir=str(self.state / "log"), slurm_conf=str(self.cluster.conf),
+            ingest_keys_file=str(self.keys_table), ingest_secret_file="", log_dir=str(self.state / "log"),
+            slurm_conf=str(self.cluster.conf),
             rules=str(root / config.get("rules", "configs/rules")),
             remediation=str(self._write_remediation_config(root / config.get("remediation",
                                                                               "configs/remediation.yaml"))),
@@ -101,6 +121,18 @@ class Stack:
         from sigma.controller.config import load_controller_config
 
         load_controller_config(self.controller_config)  # a misspelt --set key fails here, named, not at start-up
+
+    def _check_controller_port(self) -> None:
+        """Refuse to start when another checkout's controller holds our port: its /healthz would answer for ours."""
+        from sigma.slurm.cluster import _port_free, port_owner
+
+        port = self.cluster.load_spec().port_base + CONTROLLER_PORT_OFFSET
+        if not _pid_alive(_read_pid(self._pid_file("controller")), "sigma") and not _port_free(port):
+            owner = port_owner(port)
+            raise ClusterError(f"controller port {port} is in use"
+                               + (f" by the stack under {owner} (`sigma stack down --state-dir {owner}`)"
+                                  if owner else " by another program")
+                               + "; or bring the cluster up on other ports with `sigma cluster up --port-base N`")
 
     def _write_remediation_config(self, shipped: Path) -> Path:
         """The shipped playbooks, with validation job logs kept in the state directory."""

@@ -82,9 +82,9 @@ def reset_cluster(client, cluster, timeout: float = 60.0) -> None:
 
 @pytest.fixture(scope="session")
 def train_data(tmp_path_factory):
-    """Token shards of a small slice of the Python standard library (byte tokenizer), prepared once."""
+    """Token shards of a small slice of the Python standard library (BPE with the debug preset's 512 tokens)."""
     from sigma.train.data import prepare
 
     out = tmp_path_factory.mktemp("train-data")
-    prepare(out, max_mb=0.5, shard_tokens=100_000)
+    prepare(out, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
     return out

@@ -20,10 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job", type=int, default=None, help="only this job's processes (hang, straggler, nan)")
     p.add_argument("--xid", type=int, default=None, help="log: an NVIDIA Xid code (79, 48, 74, ...)")
     p.add_argument("--signature", choices=sorted(SIGNATURES), default=None, help="log: a named signature")
+    p.add_argument("--line", default=None, help="log: this text as the kernel message (a new signature)")
     p.add_argument("--percent", type=float, default=50.0, help="straggler: share of time the ranks are stopped")
     p.add_argument("--period", type=float, default=1.0, help="straggler: duty-cycle period in seconds")
     p.add_argument("--all", action="store_true", help="undo: every injection not yet undone")
-    p.add_argument("--json", action="store_true", help="print the journal record as JSON")
+    p.add_argument("--force", action="store_true",
+                   help="inject even when no sidecar or controller watches the node (nothing will react)")
+    p.add_argument("--json", action="store_true", help="print the journal record (list: the journal) as JSON")
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
     p.set_defaults(func=_run)
 
@@ -39,12 +42,12 @@ def _run(args) -> int:
     try:
         if args.kind == "list":
             records = chaos.injections()
+            states = injection_states(chaos.cluster, records)
             if args.json:
-                print(json.dumps([asdict(r) for r in records], indent=2))
+                print(json.dumps([{**asdict(r), "state": states[r.id]} for r in records], indent=2))
             for r in records if not args.json else ():
-                state = "undone" if r.undone_ts else "active"
                 print(f"{r.id}  {time.strftime('%H:%M:%S', time.localtime(r.ts))}  {r.kind:10} {r.node:8} "
-                      f"job={r.job_id or '-'}  {state}  {_summary(r)}")
+                      f"job={r.job_id or '-'}  {states[r.id]}  {_summary(r)}")
             return 0
         if args.kind == "undo":
             if args.all:
@@ -58,8 +61,13 @@ def _run(args) -> int:
             return 0
         if not args.node:
             raise CommandError(f"{args.kind} needs --node")
+        if args.node in chaos.cluster.node_names() and not args.force:
+            missing = unwatched(chaos.cluster, args.node)
+            if missing:
+                raise CommandError(f"nothing would notice: {' and '.join(missing)} not running; start the platform "
+                                   f"with `sigma stack up`, or inject anyway with --force")
         inj = chaos.inject(args.kind, args.node, job_id=args.job, xid=args.xid, signature=args.signature,
-                           percent=args.percent, period_s=args.period)
+                           percent=args.percent, period_s=args.period, line=args.line)
     except ChaosError as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(asdict(inj)) if args.json else f"injected {inj.kind} on {inj.node} as {inj.id} "
@@ -67,9 +75,47 @@ def _run(args) -> int:
     return 0
 
 
+def unwatched(cluster, node: str) -> list[str]:
+    """What of the platform that reacts to a fault on node is not running (its sidecar, the controller)."""
+    from sigma.stack import Stack
+
+    alive = Stack(cluster).status()
+    return [f"{'the ' if name == 'controller' else ''}{name}" for name in ("controller", f"sidecar-{node}")
+            if not alive.get(name)]
+
+
+def injection_states(cluster, records) -> dict[str, str]:
+    """undone, or what the platform made of it so far (from the local stack's controller database): a fault
+    whose node is back in service is handled, not active, even while its log line stays in kern.log."""
+    from sigma.chaos.timeline import observe
+    from sigma.stack import Stack
+
+    db_path = Stack(cluster).db
+    conn = None
+    if db_path.exists():
+        from sigma.controller.db import open_db
+
+        conn = open_db(db_path, readonly=True)
+    states = {}
+    for r in records:
+        if r.undone_ts:
+            states[r.id] = "undone"
+            continue
+        t = observe(conn, r.node, r.job_id, r.ts) if conn is not None else None
+        if t is not None and t.node_back_ts:
+            states[r.id] = f"handled (incident {t.incident_id}; {t.node} back in service)"
+        elif t is not None and t.detected_ts:
+            states[r.id] = f"active, detected (incident {t.incident_id})"
+        else:
+            states[r.id] = "active"
+    return states
+
+
 def _summary(r) -> str:
     if r.kind == "log":
-        return f"xid {r.params['xid']}" if r.params.get("xid") is not None else r.params.get("signature", "")
+        if r.params.get("xid") is not None:
+            return f"xid {r.params['xid']}"
+        return r.params.get("signature") or repr(r.params.get("text") or "")
     if r.kind == "straggler":
         return f"{r.params['percent']:.0f}% stopped, pids {r.params['pids']}"
     if r.kind == "hang":

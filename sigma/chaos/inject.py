@@ -1,7 +1,7 @@
 """Fault injection at the source, on the local cluster's emulated nodes; every injection is journaled and undoable.
 
 Kinds:
-  log        a kernel-log signature line in the node's kern.log (Xid code or a named signature)
+  log        a kernel-log line in the node's kern.log (Xid code, a named signature, or any text)
   hang       SIGSTOP every process of the job on the node (undo: SIGCONT)
   straggler  duty-cycle SIGSTOP/SIGCONT of the job's processes on the node, slowing them by a percentage
   node-death SIGKILL the node's slurmd (undo: start it again)
@@ -26,27 +26,90 @@ from sigma.slurm.cluster import LocalCluster
 
 KINDS = ("log", "hang", "straggler", "node-death", "nan")
 
-# Kernel-log lines as NVIDIA's driver and the kernel print them (the text after "kernel: ").
+# Xid texts as NVIDIA's driver prints them after the code (the rest of the catalogue's codes get a generic text).
 XID_TEXT = {
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2d_2c000000",
+    43: "Ch 00000010",
     48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6",
-    63: "Row remapping event: pending row remap",
-    64: "Row remapper failure: failed to record row remap",
-    74: "NVLink: fatal error detected on link 3",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap a row",
+    74: "NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
     79: "GPU has fallen off the bus.",
     92: "High single-bit ECC error rate",
-    94: "Contained ECC error occurred",
-    95: "Uncontained ECC error occurred",
+    94: "Contained: CE User Channel (0x9). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL)",
 }
-SIGNATURES = {
-    "ecc": "NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python, An uncorrectable double bit error (DBE) "
-           "has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
-    "hung-task": "INFO: task python:4242 blocked for more than 120 seconds.",
-    "ib-down": "mlx5_core 0000:5e:00.0: mlx5_port_module_event:1144: Port 1 link is down",
-    "lost-carrier": "ib0: lost carrier",
-}
+# Short names kept for scripts written before signatures were rule ids.
+ALIASES = {"ecc": "gpu-xid-repair", "hung-task": "kernel-hung-task", "ib-down": "ib-port-down",
+           "lost-carrier": "nic-lost-carrier"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str  # the rule id (or an alias)
+    rule_id: str
+    line: str  # the message, without an envelope
+    target: str  # kernel, dcgm or job
+
+
+def catalogue_signatures(rules_dir: str | Path | None = None) -> dict[str, Signature]:
+    """Every enabled log rule of the catalogue with an example line, by rule id (plus the short aliases).
+
+    Read with libyaml, without the loader's validation: every `sigma` command lists these names, and the
+    controller (`sigma controller rules --check`) is where the catalogue is validated."""
+    import yaml
+
+    from sigma.paths import project_root
+    from sigma.rules.catalogue import TARGET_BY_KIND
+    from sigma.telemetry.logformats import parse
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    out: dict[str, Signature] = {}
+    for path in sorted(Path(rules_dir or project_root() / "configs" / "rules").glob("*.y*ml")):
+        for rule in (yaml.load(path.read_text(), Loader=loader) or {}).get("rules") or []:
+            log, examples = rule.get("log"), rule.get("examples")
+            if not isinstance(log, dict) or not examples or rule.get("enabled") is False:
+                continue
+            kinds = log.get("kinds") or []
+            target = next((TARGET_BY_KIND[k] for k in kinds if k in TARGET_BY_KIND), "kernel")
+            out[rule["id"]] = Signature(rule["id"], rule["id"], parse(examples[0]).message, target)
+    for alias, rule_id in ALIASES.items():
+        if rule_id in out:
+            out[alias] = Signature(alias, rule_id, out[rule_id].line, out[rule_id].target)
+    return out
+
+
+class _Signatures(dict):
+    """SIGNATURES, read from the catalogue the first time it is used."""
+
+    def _load(self):
+        if not super().__len__():
+            self.update(catalogue_signatures())
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __len__(self):
+        self._load()
+        return super().__len__()
+
+    def __contains__(self, key):
+        self._load()
+        return super().__contains__(key)
+
+    def __getitem__(self, key):
+        self._load()
+        return super().__getitem__(key)
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+
+SIGNATURES: dict[str, Signature] = _Signatures()
 
 
 class ChaosError(RuntimeError):
@@ -69,9 +132,11 @@ def xid_line(code: int) -> str:
 
 
 def kernel_log_line(node: str, message: str, now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    uptime = time.monotonic()
-    return f"{time.strftime('%b %d %H:%M:%S', time.localtime(now))} {node} kernel: [{uptime:12.6f}] {message}\n"
+    """A syslog (RFC 3164) kernel line with dmesg's uptime stamp, as rsyslog writes /var/log/kern.log."""
+    from sigma.telemetry.logformats import render
+
+    return render(message, "rfc3164", ts=time.time() if now is None else now, host=node,
+                  uptime=time.monotonic()) + "\n"
 
 
 class Chaos:
@@ -103,11 +168,12 @@ class Chaos:
 
     # ---------- inject ----------
     def inject(self, kind: str, node: str, *, job_id: int | None = None, xid: int | None = None,
-               signature: str | None = None, percent: float = 50.0, period_s: float = 1.0) -> Injection:
+               signature: str | None = None, percent: float = 50.0, period_s: float = 1.0,
+               line: str | None = None) -> Injection:
         if node not in self.cluster.node_names():
             raise ChaosError(f"unknown node {node!r}; nodes: {', '.join(self.cluster.node_names())}")
         if kind == "log":
-            return self._inject_log(node, xid, signature)
+            return self._inject_log(node, xid, signature, job_id, line)
         if kind in ("hang", "straggler", "nan"):
             pids = job_pids(self.cluster, node, job_id)
             if not pids:
@@ -126,17 +192,42 @@ class Chaos:
             return self._record(Injection("node-death", node, params={"slurmd_pid": pid}))
         raise ChaosError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
 
-    def _inject_log(self, node: str, xid: int | None, signature: str | None) -> Injection:
-        if (xid is None) == (signature is None):
-            raise ChaosError("a log injection needs exactly one of --xid CODE or --signature NAME "
-                             f"(signatures: {', '.join(SIGNATURES)})")
+    def _inject_log(self, node: str, xid: int | None, signature: str | None, job_id: int | None = None,
+                    text: str | None = None) -> Injection:
+        if sum(x is not None for x in (xid, signature, text)) != 1:
+            raise ChaosError("a log injection needs exactly one of --xid CODE, --signature NAME or --line TEXT "
+                             f"(signatures: {', '.join(sorted(SIGNATURES))})")
         if signature is not None and signature not in SIGNATURES:
-            raise ChaosError(f"unknown signature {signature!r}; known: {', '.join(SIGNATURES)}")
-        message = xid_line(xid) if xid is not None else SIGNATURES[signature]
-        line = kernel_log_line(node, message)
-        with self.cluster.kernel_log(node).open("a") as f:
+            raise ChaosError(f"unknown signature {signature!r}; known: {', '.join(sorted(SIGNATURES))}")
+        if text is not None and (not text.strip() or "\n" in text):
+            raise ChaosError("--line must be one non-empty line of text")
+        if signature is not None:
+            sig = SIGNATURES[signature]
+        elif xid is not None:
+            sig = Signature(f"xid-{xid}", "", xid_line(xid), "kernel")
+        else:  # any message, e.g. a signature no rule knows yet
+            sig = Signature("line", "", text, "kernel")
+        if sig.target == "job":
+            job_id = job_id or self._only_job(node)
+            path = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}" / f"chaos.{node}.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            line = sig.line + "\n"  # job output has no syslog envelope
+        else:
+            path = self.cluster.kernel_log(node) if sig.target == "kernel" else \
+                self.cluster.node_dir(node) / "dcgm-health.log"
+            line = kernel_log_line(node, sig.line) if sig.target == "kernel" else \
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR {sig.line}\n"
+        with path.open("a") as f:
             f.write(line)
-        return self._record(Injection("log", node, params={"xid": xid, "signature": signature, "line": line}))
+        return self._record(Injection("log", node, job_id=job_id if sig.target == "job" else None,
+                                      params={"xid": xid, "signature": signature, "text": text, "rule": sig.rule_id,
+                                              "path": str(path), "line": line}))
+
+    def _only_job(self, node: str) -> int:
+        jobs = {_environ(pid).get("SLURM_JOB_ID") for pid in job_pids(self.cluster, node)} - {None}
+        if len(jobs) != 1:
+            raise ChaosError(f"a job-output signature needs one job on {node}; found {sorted(jobs)}: pass --job")
+        return int(jobs.pop())
 
     def _inject_nan(self, node: str, job_id: int | None, pids: list[int]) -> Injection:
         jobs = {_environ(pid).get("SLURM_JOB_ID") for pid in pids} - {None}
@@ -164,10 +255,10 @@ class Chaos:
         inj = self.get(injection_id)
         if inj.undone_ts is not None:
             return inj
-        if inj.kind == "log":
-            log = self.cluster.kernel_log(inj.node)
-            text = log.read_text()
-            log.write_text(text.replace(inj.params["line"], "", 1))
+        if inj.kind == "log":  # the file is rewritten without the line: the sidecar never ships the others again
+            log = Path(inj.params.get("path") or self.cluster.kernel_log(inj.node))
+            if log.exists():
+                log.write_text(log.read_text().replace(inj.params["line"], "", 1))
         elif inj.kind == "hang":
             _signal_all(inj.params["pids"], signal.SIGCONT)
         elif inj.kind == "straggler":

@@ -6,6 +6,7 @@ KPI line written by the trainer, lifecycle transition), so latencies are measure
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ class Timeline:
     incident_id: int | None = None
     incident_node: str | None = None  # the node the platform blamed
     drained_ts: float | None = None
+    drain_reason: str = ""  # as SLURM keeps it; `sinfo -R` shows its first 20 characters
     requeued_ts: float | None = None
     resumed_ts: float | None = None  # first training step after the requeue
     last_step_before: int | None = None
@@ -44,7 +46,7 @@ class Timeline:
             ("fault injected", 0.0, f"on {self.node}"),
             ("detected", self.since_fault(self.detected_ts),
              f"{self.detected_by} (incident {self.incident_id}, node {self.incident_node})" if self.detected_by else ""),
-            ("node drained", self.since_fault(self.drained_ts), f"sinfo -R: sigma: {self.detected_by}"
+            ("node drained", self.since_fault(self.drained_ts), f"sinfo -R: {self.drain_reason[:20]}"
              if self.drained_ts else ""),
             ("job requeued", self.since_fault(self.requeued_ts), f"job {self.job_id}" if self.requeued_ts else ""),
             ("first step after resume", self.since_fault(self.resumed_ts),
@@ -68,6 +70,11 @@ def observe(conn: sqlite3.Connection, node: str, job_id: int | None, fault_ts: f
     if row:
         t.incident_id, t.detected_ts, t.detected_by, t.incident_node = row[0], row[1], row[2], row[3]
     t.drained_ts = _action_done(conn, "drain", node, since)
+    if t.drained_ts is not None:
+        params = conn.execute("SELECT params FROM actions WHERE kind = 'drain' AND target = ? AND state = 'done' "
+                              "AND created_at >= ? ORDER BY done_at LIMIT 1", (node, since)).fetchone()
+        reason = json.loads(params[0]).get("reason", "") if params else ""
+        t.drain_reason = reason if reason.startswith("sigma:") else f"sigma: {reason}"
     if job_id is not None:
         t.requeued_ts = _action_done(conn, "requeue", str(job_id), since)
         if t.requeued_ts is not None:

@@ -9,13 +9,14 @@ import re
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = os.environ.get("SIGMA_CONTROLLER_CONFIG", "")
+SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", default=DEFAULT_CONFIG or None,
-                       help="controller config (default $SIGMA_CONTROLLER_CONFIG or configs/controller.yaml)")
+        p.add_argument("--config", default=None,
+                       help="controller config (default: $SIGMA_CONTROLLER_CONFIG, else this checkout's local "
+                            f"stack, else {SITE_CONFIG}, else configs/controller.yaml)")
         p.add_argument("--db", default=None, help="controller database (overrides the config's db)")
         return p
 
@@ -27,14 +28,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run)
     rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
+    rules.add_argument("--check", action="store_true",
+                       help="only validate: report every problem, exit 1 on any (or on an empty knowledge base)")
     rules.set_defaults(func=_rules)
 
-    nodes = common(sub.add_parser("nodes", help="nodes the controller manages and their remediation state"))
+    nodes = common(sub.add_parser(
+        "nodes", help="nodes the controller manages and their remediation state",
+        description="Every node the controller took out of service and where it is in remediation (drained, "
+                    "rebooting, validating, waiting for a person, resumed); --repaired tells it a person fixed one."))
     nodes.add_argument("--repaired", metavar="NODE", help="mark NODE repaired (manual / ticket playbooks)")
     nodes.add_argument("--json", action="store_true", help="machine-readable output")
     nodes.set_defaults(func=_nodes)
 
-    inc = common(sub.add_parser("incidents", help="incidents: what was detected and what was done"))
+    inc = common(sub.add_parser(
+        "incidents", help="incidents: what was detected and what was done",
+        description="One row per incident: the rule or detector that fired, the node or job, what the controller "
+                    "did (drain, requeue, notify, shadow) and its status. `sigma explain ID` has the evidence."))
     inc.add_argument("--node", help="only this node")
     inc.add_argument("--job", type=int, help="only this job")
     inc.add_argument("--open", action="store_true", help="only open incidents")
@@ -42,25 +51,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     inc.add_argument("--json", action="store_true", help="machine-readable output")
     inc.set_defaults(func=_incidents)
 
-    explain = common(sub.add_parser("explain", help="why an incident happened and every action it caused"))
+    explain = common(sub.add_parser(
+        "explain", help="why an incident happened and every action it caused",
+        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores), the full "
+                    "drain reason, every journaled action and the node's remediation steps, with times."))
     explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
-    rep = common(sub.add_parser("report", help="utilisation, MTBF, recovery and recycling times, automation"))
+    rep = common(sub.add_parser(
+        "report", help="utilisation, MTBF, recovery and recycling times, automation",
+        description="The figures that matter over a window: utilisation, job interruptions and recovery time, "
+                    "node recycle time (detect, triage, repair, validate), automation ratio, incidents per rule. "
+                    "--html FILE writes them as one self-contained page with plots."))
     rep.add_argument("--since", help="window start (e.g. 24h, 7d, 2026-11-21T10:00; default: all data)")
     rep.add_argument("--json", action="store_true", help="machine-readable output")
+    rep.add_argument("--html", metavar="FILE", help="write a self-contained HTML page with plots to FILE")
     rep.set_defaults(func=_report)
 
 
 # ---------- helpers ----------
 
-def _config(args):
-    from sigma.controller.config import ControllerConfig, load_controller_config
-    from sigma.paths import configs_dir
+def config_path(explicit: str | None = None) -> Path:
+    """The controller config a command reads: --config, $SIGMA_CONTROLLER_CONFIG, the config `sigma stack up`
+    recorded in this checkout's local cluster state directory, the site's /etc/sigma, else the packaged one."""
+    from sigma.paths import configs_dir, default_cluster_dir
 
-    path = args.config or configs_dir() / "controller.yaml"
-    cfg = load_controller_config(path) if Path(path).exists() or args.config else ControllerConfig()
+    for candidate in (explicit, os.environ.get("SIGMA_CONTROLLER_CONFIG")):
+        if candidate:
+            return Path(candidate)
+    local = default_cluster_dir() / "etc" / "controller.yaml"
+    for candidate in (local, SITE_CONFIG):
+        if candidate.exists():
+            return candidate
+    return configs_dir() / "controller.yaml"
+
+
+def _config(args):
+    from sigma.cli import CommandError
+    from sigma.controller.config import load_controller_config
+
+    path = config_path(args.config)
+    if not path.exists():
+        raise CommandError(f"no controller config at {path}; start the local platform with `sigma stack up` "
+                           f"(or `make demo`), or pass --config")
+    cfg = load_controller_config(path)
+    cfg.source = path
     if args.db:
         cfg.db = args.db
     return cfg
@@ -72,7 +108,9 @@ def _conn(args, readonly: bool = True):
 
     cfg = _config(args)
     if readonly and not Path(cfg.db).exists():
-        raise CommandError(f"no controller database at {cfg.db} (use --db or --config)")
+        raise CommandError(f"no controller database at {cfg.db} (from {cfg.source}): the controller has not run "
+                           f"yet; start it with `sigma stack up` (local cluster) or `sigma controller run`, "
+                           f"or pass --config / --db")
     return open_db(cfg.db, readonly=readonly)
 
 
@@ -99,35 +137,70 @@ def _ts(t: float | None) -> str:
 
 
 def _console():
-    from rich.console import Console
+    from sigma.cli import console
 
-    return Console()
+    return console()
 
 
 # ---------- handlers ----------
 
 def _run(args) -> int:
     from sigma.controller.daemon import run
+    from sigma.paths import configs_dir
 
-    return run(_config(args), once=args.once)
+    path = Path(args.config or configs_dir() / "controller.yaml")
+    return run(_config(args), once=args.once, config_path=str(path) if path.exists() else None)
 
 
 def _rules(args) -> int:
     from rich.table import Table
 
+    from sigma.config import ConfigError
     from sigma.controller.config import resolve
     from sigma.rules.loader import load_rules
 
     cfg = _config(args)
-    rules = load_rules(resolve(args.rules or cfg.rules))
+    location = resolve(args.rules or cfg.rules)
+    if args.check:
+        errors: list[ConfigError] = []
+        try:
+            rules = load_rules(location, errors)
+        except ConfigError as exc:  # no files at all: nothing else to report
+            rules, errors = [], [exc]
+        for exc in errors:
+            print(f"error: {exc}")
+        print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")
+        return 1 if errors else 0
+    rules = load_rules(location)
+    disabled = _disabled_rules(cfg.db)
     table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description"):
+    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
         table.add_column(col)
     for r in rules:
         shadow = " (shadow)" if r.shadow or r.id in cfg.shadow_rules else ""
-        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description)
+        off = disabled.get(r.id)
+        status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
+                  else "disabled" if not r.enabled else "ok")
+        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description,
+                      status)
     _console().print(table)
     return 0
+
+
+def _disabled_rules(db: str) -> dict:
+    """Rules the running controller disabled because they raised (kept in its database for this listing)."""
+    from sigma.controller.db import open_db
+
+    if not Path(db).exists():
+        return {}
+    conn = open_db(db, readonly=True)
+    try:
+        row = conn.execute("SELECT value FROM detector_state WHERE key = 'disabled_rules'").fetchone()
+    except Exception:  # a database from before this table: nothing disabled
+        return {}
+    finally:
+        conn.close()
+    return json.loads(row[0]) if row else {}
 
 
 def _nodes(args) -> int:
@@ -175,6 +248,8 @@ def _incidents(args) -> int:
     conn = _conn(args)
     found = Incidents(conn).query(node=args.node, job_id=args.job, since=parse_since(args.since),
                                   open_only=args.open)
+    if not found and args.node:
+        _check_known_node(conn, args.node)
     if args.json:
         print(json.dumps([{**i.__dict__} for i in found], indent=2, default=str))
         return 0
@@ -186,9 +261,20 @@ def _incidents(args) -> int:
         if i.job_id:
             target += f"{' ' if target else ''}job {i.job_id}"
         table.add_row(str(i.id), _ts(i.opened_at), i.rule_id, target, i.severity, i.action, i.status,
-                      (i.status_note or i.summary)[:80])
+                      i.status_note or i.summary)
     _console().print(table)
     return 0
+
+
+def _check_known_node(conn, node: str) -> None:
+    """A node the controller has never seen is a typo, not a node without incidents."""
+    from sigma.cli import CommandError
+
+    known = {r[0] for r in conn.execute(
+        "SELECT DISTINCT node FROM node_snapshots WHERE ts >= (SELECT MAX(ts) - 600 FROM node_snapshots) "
+        "UNION SELECT node FROM node_lifecycle")}
+    if known and node not in known:
+        raise CommandError(f"no node {node!r} known to the controller; its nodes: {', '.join(sorted(known))}")
 
 
 def _explain(args) -> int:
@@ -196,6 +282,7 @@ def _explain(args) -> int:
 
     from sigma.cli import CommandError
     from sigma.controller.act.incidents import Incidents
+    from sigma.slurm.client import sigma_reason
 
     conn = _conn(args)
     inc = Incidents(conn).get(args.incident)
@@ -223,6 +310,10 @@ def _explain(args) -> int:
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
                 + ", ".join(f"{n}={s}" for n, s in iso.get("ranked", [])))
+    for a in acts:
+        if a["kind"] == "drain" and json.loads(a["params"] or "{}").get("reason"):
+            c.print(f"  drain reason (`sinfo -R` shows its first 20 characters): "
+                    f"{sigma_reason(json.loads(a['params'])['reason'])}", highlight=False)
     for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
@@ -231,14 +322,14 @@ def _explain(args) -> int:
         for col in ("planned", "kind", "target", "state", "result"):
             table.add_column(col)
         for a in acts:
-            table.add_row(_ts(a["created_at"]), a["kind"], a["target"], a["state"], a["result"][:80])
+            table.add_row(_ts(a["created_at"]), a["kind"], a["target"], a["state"], a["result"])
         c.print(table)
     if moves:
         table = Table(title="node lifecycle")
         for col in ("at", "from", "to", "note"):
             table.add_column(col)
         for m in moves:
-            table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"][:80])
+            table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
     return 0
 
@@ -248,11 +339,23 @@ def _report(args) -> int:
 
     from sigma.controller.report.metrics import report
 
-    rep = report(_conn(args), since=parse_since(args.since))
+    conn = _conn(args)
+    rep = report(conn, since=parse_since(args.since))
+    auth = conn.execute("SELECT value FROM detector_state WHERE key = 'ingest.auth'").fetchone()
+    rep["ingest_auth"] = json.loads(auth[0]) if auth else None
+    if args.html:
+        from sigma.controller.report.html import render
+
+        Path(args.html).write_text(render(conn, rep))
+        print(f"wrote {args.html}: open it in a browser, or mail it (one self-contained file)")
+        return 0
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
     c = _console()
+    if rep["ingest_auth"] and rep["ingest_auth"]["shared_key"]:
+        c.print("[bold yellow]ingest: a shared secret is accepted: any node holding it can post as any other node "
+                "(issue per-node keys: sigma keys issue; docs/security.md)[/]")
     u = rep["utilisation"]
     t = Table(title=f"utilisation {_ts(rep['since'])} .. {_ts(rep['until'])}")
     for col in ("available", "allocated", "effective", "node-hours"):
@@ -279,6 +382,9 @@ def _report(args) -> int:
     a = rep["automation"]
     c.print(f"automation ratio: {a['ratio'] if a['ratio'] is not None else '-'} "
             f"({a['automatic']} automatic, {a['manual']} needed a person)")
+    for h in rep["shadow_hits"]:
+        c.print(f"shadow hits: {h['rule']} would have acted on {', '.join(h['targets'])} ({h['hits']} hits, "
+                f"last {_ts(h['last'])})", soft_wrap=True)
     t = Table(title="incidents")
     for col in ("rule", "status", "count", "detect latency"):
         t.add_column(col)

@@ -14,7 +14,10 @@ from sigma.paths import project_root
 class BreakerConfig:
     max_nodes: int = 8  # more nodes than this with the same signature in the window: escalate, do not drain
     max_fraction: float = 0.25  # ... or more than this fraction of the cluster (at least one node may drain)
-    window_s: float = 3600.0  # window the breaker counts over
+    window_s: float = 3600.0  # window the breakers count over
+    wave_max_nodes: int = 16  # global limit: more nodes than this out of service in the window, whatever rule,
+    # watchdog or isolation asks, and every further one is escalated to a person instead of drained
+    wave_max_fraction: float = 0.5  # ... or more than this fraction of the cluster (at least one node may drain)
 
 
 @dataclass
@@ -22,9 +25,9 @@ class WatchdogConfig:
     enabled: bool = True  # run the KPI watchdog
     hang_timeout_s: float = 120.0  # no step progress for this long is a hang (NCCL would wait 30 minutes)
     startup_grace_s: float = 300.0  # a job that never reported a step is not hung before this long
-    recent_window_s: float = 120.0  # throughput of the last this many seconds ...
+    recent_window_s: float = 30.0  # throughput of the last this many seconds ...
     baseline_window_s: float = 900.0  # ... against the job's own earlier throughput over this window
-    drop_fraction: float = 0.3  # recent below (1 - this) x baseline is a throughput drop
+    drop_fraction: float = 0.2  # recent below (1 - this) x baseline is a throughput drop (a 30 % straggler is one)
     min_points: int = 5  # KPI rows needed on each side before judging throughput
     history_jobs: int = 20  # finished jobs of the same model config used as historical baseline
     crash_loop_restarts: int = 3  # a job restarted this many times ...
@@ -44,12 +47,23 @@ class IsolationConfig:
 
 
 @dataclass
+class IngestConfig:
+    max_connections: int = 4096  # open HTTP connections in all (one kept-alive per sidecar; size for the cluster)
+    max_unauthenticated: int = 64  # connections that have not sent an authenticated request yet
+    header_timeout_s: float = 10.0  # a new connection's first request must be complete within this
+    idle_timeout_s: float = 75.0  # an authenticated keep-alive connection may idle this long between requests
+    body_timeout_s: float = 30.0  # an authenticated request's body must arrive within this
+    max_body_bytes: int = 64 * 1024 * 1024  # largest batch accepted (a full sidecar batch is under 1 MB)
+
+
+@dataclass
 class ControllerConfig:
     db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
     listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
-    ingest_secret_file: str = "/etc/sigma/ingest.secret"  # HMAC secret shared with the sidecars; "" = no ingest
+    ingest_keys_file: str = "/etc/sigma/ingest-keys.json"  # per-node ingest keys (`sigma keys`); "" = none
+    ingest_secret_file: str = ""  # a secret shared by all sidecars (flagged: any node can post as any other)
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
@@ -62,6 +76,7 @@ class ControllerConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
+    ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
 
 
 @dataclass

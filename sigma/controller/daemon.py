@@ -12,10 +12,37 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sigma.controller.config import ControllerConfig
 from sigma.controller.loop import Controller
 from sigma.controller.report.prometheus import registry
+
+
+# Controller.counts() keys (family, label value) -> exported counter
+COUNTERS = {
+    "guard": ("sigma_controller_guard", "Drains a guard rail stopped (rule, wave, admin_hold)", "guard"),
+    "rule_error": ("sigma_controller_rule_errors", "Rules that raised at run time and were disabled", "rule"),
+    "reload": ("sigma_controller_reloads", "SIGHUP reloads of rules and policy, by result", "result"),
+    "evidence_capped": ("sigma_controller_evidence_capped", "Findings whose evidence rows were capped", "rule"),
+}
+
+
+class CountsCollector(Collector):
+    """The controller's in-process counters (bad input, guard rails) beside the database figures."""
+
+    def __init__(self, ctl: Controller):
+        self.ctl = ctl
+
+    def collect(self):
+        counts = self.ctl.counts()
+        for family, (name, doc, label) in COUNTERS.items():
+            metric = CounterMetricFamily(name, doc, labels=[label])
+            for (fam, value), n in sorted(counts.items()):
+                if fam == family:
+                    metric.add_metric([value], n)
+            yield metric
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -61,39 +88,62 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def start_http(cfg: ControllerConfig, metrics_body):
-    """The ingest server (POST /v1/ingest, GET /healthz) with GET /metrics added; without an ingest secret
+def start_http(cfg: ControllerConfig, metrics_body, reg=None):
+    """The ingest server (POST /v1/ingest, GET /healthz) with GET /metrics added; without ingest keys or secret
     configured, a metrics-only server (nodes cannot push then)."""
-    if not cfg.ingest_secret_file:
+    if not cfg.ingest_keys_file and not cfg.ingest_secret_file:
         server = MetricsServer(cfg.listen, metrics_body)
         server.start()
         return server
     from sigma.controller.ingest.batch import Ingest
+    from sigma.controller.ingest.metrics import IngestCollector, key_ring
     from sigma.controller.ingest.server import ControllerServer
-    from sigma.telemetry.wire import read_secret
 
-    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, read_secret(cfg.ingest_secret_file)))
+    limits = cfg.ingest
+    server = ControllerServer(parse_listen(cfg.listen), Ingest(cfg.db, key_ring(cfg)),
+                              max_body_bytes=limits.max_body_bytes, max_connections=limits.max_connections,
+                              max_unauthenticated=limits.max_unauthenticated,
+                              header_timeout_s=limits.header_timeout_s, idle_timeout_s=limits.idle_timeout_s,
+                              body_timeout_s=limits.body_timeout_s)
     server.add_route("GET", "/metrics", lambda req: (200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics_body()))
+    from sigma.companion.http import ask_route
+
+    server.add_route("POST", "/v1/ask", ask_route(cfg.db, server.ingest), before_body=server._authenticate)
+    if reg is not None:
+        reg.register(IngestCollector(server))
     server.start()
     return server
 
 
-def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None) -> int:
+def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None,
+        config_path: str | None = None) -> int:
+    """config_path: the policy file SIGHUP reloads (with its rules and playbooks); None: rules and playbooks only."""
     ctl = Controller(cfg)
     stop = stop or threading.Event()
+    reload = threading.Event()
     reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
-    http = None if once else start_http(cfg, lambda: generate_latest(reg))
+    reg.register(CountsCollector(ctl))
+    http = None if once else start_http(cfg, lambda: generate_latest(reg), reg)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())  # applied between two ticks
     ctl.start()
     if http is not None:
-        ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if cfg.ingest_secret_file else ''}"
-                      f"/metrics, /healthz", listen=cfg.listen, port=http.port)
+        ingest = cfg.ingest_keys_file or cfg.ingest_secret_file
+        ctl.log.event("listening", f"LISTEN {cfg.listen}: {'/v1/ingest, ' if ingest else ''}/metrics, /healthz",
+                      listen=cfg.listen, port=http.port)
+        if cfg.ingest_secret_file:
+            ctl.log.event("shared_key", f"WARNING ingest accepts the shared secret {cfg.ingest_secret_file}: any "
+                          f"node holding it can post as any other; issue per-node keys (sigma keys issue)",
+                          file=cfg.ingest_secret_file)
         ctl.http_port = http.port
     try:
         while not stop.is_set():
             t0 = time.monotonic()
+            if reload.is_set():
+                reload.clear()
+                ctl.reload(config_path)
             try:
                 ctl.tick()
             except Exception as exc:  # one bad tick (slurmctld restarting, ...) must not stop the controller

@@ -8,25 +8,28 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
-from sigma.controller.config import ControllerConfig, RemediationConfig, load_remediation_config, resolve
+from sigma.config import ConfigError
+from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
+                                     load_remediation_config, resolve)
 from sigma.controller.db import open_db
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
-from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score_nodes
+from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
 from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import evaluate, normalise
+from sigma.rules.matcher import EventWindows, evaluate_composites, evaluate_series, normalise
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -36,6 +39,9 @@ WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's r
 HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
 HISTORY_REFRESH_S = 300.0
+MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
+BACKFILL_EVENTS_PER_TICK = 20_000  # at start and after a reload, older events of the rule windows read per tick
+RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
 class Controller:
@@ -44,10 +50,15 @@ class Controller:
                  log: DecisionLog | None = None, clock: Callable[[], float] = time.time, root: Path | None = None):
         self.cfg = cfg
         self.clock = clock
+        self.root = root
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
+        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit)
+        self._rules_path = None if rules is not None else resolve(cfg.rules, root)
+        self._rules_stamp = rules_stamp(self._rules_path)
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
+        self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
                                clock=clock,
@@ -64,8 +75,85 @@ class Controller:
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
+        self._counts: Counter = Counter()  # bad input and guard-rail outcomes, exported on /metrics
+        self.disabled: dict[str, dict] = {}  # rules that raised at run time: id -> error (until reload/restart)
+        self._save_state("disabled_rules", self.disabled)
+        self.windows = EventWindows(self.rules)
+        self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
+        self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+
+    def counts(self) -> Counter:
+        """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
+        capped = Counter({("evidence_capped", rule): n for rule, n in self.windows.capped.items()})
+        return self._counts + self.decider.counts + capped
+
+    @property
+    def active_rules(self) -> list[Rule]:
+        return [r for r in self.rules if r.enabled and r.id not in self.disabled]
+
+    def _rule_failed(self, rule: Rule, exc: Exception) -> None:
+        """A rule that raises is disabled alone (until the next reload or restart); the others keep working."""
+        error = f"{type(exc).__name__}: {exc}"
+        self.disabled[rule.id] = {"error": error, "version": rule.version, "origin": rule.origin, "ts": self.clock()}
+        self.windows.remove(rule.id)
+        self._counts["rule_error", rule.id] += 1
+        self._save_state("disabled_rules", self.disabled)
+        self.log.event("rule_error", f"RULE_ERROR {rule.id} ({rule.origin or 'no file'}) disabled: {error}",
+                       rule=rule.id, origin=rule.origin, error=error)
+
+    # ---------- reload (SIGHUP) ----------
+    def reload(self, config_path: str | None = None) -> bool:
+        """Load the policy (config_path; None: keep the running one), its rules and remediation playbooks again and
+        swap them in; if any is bad, keep the running set and say why."""
+        try:
+            cfg = load_controller_config(config_path) if config_path else self.cfg
+            rules = load_rules(resolve(cfg.rules, self.root))
+            rcfg = (load_remediation_config(resolve(cfg.remediation, self.root)) if self._remediation_from_disk
+                    else self.rcfg)
+        except (ConfigError, OSError) as exc:
+            self._counts["reload", "rejected"] += 1
+            self.log.event("reload", f"RELOAD rejected, running rules and policy kept: {exc}", result="rejected",
+                           error=str(exc))
+            return False
+        kept = [k for k in RESTART_KEYS if getattr(cfg, k) != getattr(self.cfg, k)]
+        for k in RESTART_KEYS:
+            setattr(cfg, k, getattr(self.cfg, k))
+        self.cfg = self.decider.cfg = cfg
+        self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
+        self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
+        self.journal.max_attempts = cfg.max_action_attempts
+        self.rules, self.disabled = rules, {}
+        if self._rules_path is not None:
+            self._rules_path = resolve(cfg.rules, self.root)
+            self._rules_stamp = rules_stamp(self._rules_path)
+        self._save_state("disabled_rules", self.disabled)
+        old, self.windows = self.windows, EventWindows(self.rules)
+        if self._backfill is not None and self._backfill[2] is None:
+            self._last_event_id = self._backfill = None  # the windows were still being read: start over
+        else:
+            fresh = self.windows.adopt(old)  # unchanged rules keep their windows; new or changed ones read theirs
+            if fresh and self._last_event_id is not None:
+                self._start_backfill(self._last_event_id, [r.id for r in fresh])
+        for rule_id, n in old.capped.items():  # a counter never goes back
+            if self.windows.capped.get(rule_id) != n:
+                self._counts["evidence_capped", rule_id] += n
+        self._counts["reload", "applied"] += 1
+        self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
+                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
+                       result="applied", rules=len(rules), restart_needed=kept)
+        return True
+
+    def _reload_rules(self) -> None:
+        """A knowledge base on disk whose files changed (a promoted learned rule, an edit) is reloaded as SIGHUP
+        would: a bad edit keeps the running rules."""
+        if self._rules_path is None:
+            return
+        stamp = rules_stamp(self._rules_path)
+        if stamp != self._rules_stamp:
+            self._rules_stamp = stamp
+            self.reload(None)
 
     # ---------- lifecycle ----------
     def start(self) -> None:
@@ -78,6 +166,7 @@ class Controller:
     def tick(self) -> list[Finding]:
         t0 = time.monotonic()
         now = self.clock()
+        self._reload_rules()
         nodes = {n.name: n for n in self.slurm.nodes()}
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
@@ -107,8 +196,15 @@ class Controller:
         for j in running:
             for n in j.nodes:
                 jobs_on_node.setdefault(n, []).append(j.job_id)
-        findings = evaluate(self.rules, now=now, events=self._events(now), samples=self._samples(now),
-                            kpis=self._rule_kpis(now), since=since, jobs_on_node=jobs_on_node, since_job=since_job)
+        self._match_new_events(now)
+        findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
+                                         on_error=self._rule_failed)
+        samples, kpis = self._samples(now), self._rule_kpis(now)
+        findings += evaluate_series(self.active_rules, now=now, samples=samples, kpis=kpis,
+                                    since=since, since_job=since_job, on_error=self._rule_failed)
+        findings += evaluate_composites(self.active_rules, now=now, events=self._composite_events(now),
+                                        samples=samples, kpis=kpis, since=since, jobs_on_node=jobs_on_node,
+                                        since_job=since_job, on_error=self._rule_failed)
         findings += self._not_responding(nodes, now)
         if self.cfg.watchdog.enabled:
             for job in running:
@@ -131,22 +227,66 @@ class Controller:
                                evidence={"state": n.state, "flags": list(n.flags), "reason": n.reason}))
         return out
 
-    def _events(self, now: float) -> list[dict]:
-        windows = [r.window_s for r in self.rules if r.enabled and (r.log or r.health)]
+    def _match_new_events(self, now: float) -> None:
+        """Match the events that arrived since the last tick; each event is looked at once, so a tick's cost
+        follows the ingest rate, not the window's size. At start (and for new rules after a reload) the windows'
+        older events are read newest first, BACKFILL_EVENTS_PER_TICK per tick: a window full of one node's
+        flood delays neither the first tick nor another node's fresh fault."""
+        if self._last_event_id is None:
+            top = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            self._last_event_id = top
+            self._start_backfill(top, None)
+        rows = self.conn.execute("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                                 (self._last_event_id, MAX_NEW_EVENTS_PER_TICK)).fetchall()
+        if rows:
+            self._last_event_id = rows[-1]["id"]
+            self.windows.add(rows, on_error=self._rule_failed)
+        if self._backfill is not None:
+            low, high, only = self._backfill
+            rows = self.conn.execute("SELECT * FROM events WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
+                                     (low, high, BACKFILL_EVENTS_PER_TICK)).fetchall()
+            self.windows.add(rows, on_error=self._rule_failed, only=only)
+            done = len(rows) < BACKFILL_EVENTS_PER_TICK or rows[-1]["id"] <= low
+            self._backfill = None if done else (low, rows[-1]["id"] - 1, only)
+
+    def _start_backfill(self, top: int, only: list[str] | None) -> None:
+        rules = [r for r in self.windows.rules if only is None or r.id in only]
+        if not rules or not top:
+            self._backfill = None
+            return
+        lo = self.clock() - max(r.window_s for r in rules)
+        low = self.conn.execute("SELECT MIN(id) FROM events WHERE ts >= ?", (lo,)).fetchone()[0]
+        self._backfill = None if low is None or low > top else (low, top, only)
+
+    def _composite_events(self, now: float) -> list[dict]:
+        """Composite rules (learned ones) judge their whole event window each tick: the newest
+        MAX_NEW_EVENTS_PER_TICK rows of it at most, so a flood cannot make the read unbounded."""
+        windows = [r.composite.needs()["events"] for r in self.active_rules if r.composite]
+        windows = [w for w in windows if w > 0]
         if not windows:
             return []
-        return [normalise(r) for r in self.conn.execute("SELECT * FROM events WHERE ts >= ?", (now - max(windows),))]
+        rows = self.conn.execute("SELECT * FROM events WHERE ts >= ? ORDER BY id DESC LIMIT ?",
+                                 (now - max(windows), MAX_NEW_EVENTS_PER_TICK)).fetchall()
+        return [normalise(r) for r in reversed(rows)]
 
     def _samples(self, now: float) -> list[dict]:
-        metric_rules = [r for r in self.rules if r.enabled and r.metric]
-        if not metric_rules:
+        wanted = {}
+        for r in self.active_rules:
+            if r.metric:
+                wanted[r.metric.metric] = max(wanted.get(r.metric.metric, 0.0), r.metric.window_s)
+            elif r.composite:
+                for name, w in r.composite.needs()["metrics"].items():
+                    wanted[name] = max(wanted.get(name, 0.0), w)
+        if not wanted:
             return []
-        names = sorted({r.metric.metric for r in metric_rules})
-        window = max(r.metric.window_s for r in metric_rules)
+        names = sorted(wanted)
+        window = max(wanted.values())
         return [normalise(r) for r in recent_for_metrics(self.conn, now - window, names)]
 
     def _rule_kpis(self, now: float) -> list[dict]:
-        windows = [r.kpi.window_s for r in self.rules if r.enabled and r.kpi]
+        windows = [r.kpi.window_s for r in self.active_rules if r.kpi]
+        windows += [r.composite.needs()["kpis"] for r in self.active_rules if r.composite]
+        windows = [w for w in windows if w > 0]
         if not windows:
             return []
         return [normalise(r) for r in self.conn.execute("SELECT * FROM kpis WHERE ts >= ?", (now - max(windows),))]
@@ -197,17 +337,17 @@ class Controller:
         current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
                                                 self._history_buckets(job.nodes, now))
-        verdict = pick_outlier(list(job.nodes), score_nodes(list(job.nodes), cur, hist, jitter=jitter),
-                               iso.min_score, iso.dominance)
+        scores = score(list(job.nodes), cur, hist, jitter=jitter)
+        verdict = pick_outlier(list(job.nodes), scores.total, iso.min_score, iso.dominance,
+                               hint=direct[0] if direct else None)
         if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking
             culprit = direct[0]
-            scores = dict(verdict.ranked)
-            ranked = [(culprit, scores.get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
+            ranked = [(culprit, dict(verdict.ranked).get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
             verdict = Verdict(culprit, ranked, direct[1])
         streak = self.streaks.update(str(job.job_id), verdict.culprit)
+        top = {n: scores.top_metrics(i, names) for i, n in enumerate(job.nodes) if scores.total[i] > 0}
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
-                                                "features": names, "streak": streak}}
-        baseline = throughput(rows)
+                                                "top_metrics": top, "features": names, "streak": streak}}
         if verdict.culprit and streak >= iso.rounds:
             self.no_culprit_rounds.pop(job.job_id, None)
             rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
@@ -215,7 +355,14 @@ class Controller:
                            summary=f"{f.summary}; {verdict.culprit} is the culprit"[:100],
                            first_ts=f.first_ts, last_ts=now, node=verdict.culprit, job_id=job.job_id,
                            category="hang" if rule_id == "watchdog-hang" else "isolation",
-                           evidence={**evidence, "verify": {"job_id": job.job_id, "baseline": baseline}})
+                           evidence={**evidence, "verify": {"job_id": job.job_id, "kind": f.rule_id,
+                                                            "baseline": self._baseline(f, rows)}})
+        if verdict.ambiguous and f.rule_id != "watchdog-hang":
+            # several outliers the data cannot tell apart: say so to a person rather than pick one
+            return Finding(rule_id="isolation-ambiguous", source="isolation", scope="job", severity="error",
+                           action="notify", summary=f"{f.summary}; {verdict.reason}: escalated"[:100],
+                           first_ts=f.first_ts, last_ts=now, job_id=job.job_id, category="isolation",
+                           evidence=evidence)
         if f.rule_id == "watchdog-hang":
             # no culprit yet: give isolation its rounds and the heartbeats time to tell, then restart the job alone
             n = self.no_culprit_rounds[job.job_id] = self.no_culprit_rounds.get(job.job_id, 0) + 1
@@ -227,6 +374,13 @@ class Controller:
             return None
         f.evidence = evidence
         return f
+
+    @staticmethod
+    def _baseline(f: Finding, rows: list[dict]) -> float | None:
+        """The job's throughput before the fault (what a recovered job gets back to)."""
+        if f.evidence.get("baseline"):
+            return f.evidence["baseline"]  # the throughput drop measured it
+        return throughput([r for r in rows if r["ts"] < f.first_ts])
 
     def _history_buckets(self, nodes: tuple[str, ...], now: float) -> list[tuple]:
         """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it moves
@@ -320,10 +474,7 @@ class Controller:
             rows = [] if restart is None else [dict(r) for r in self.conn.execute(
                 "SELECT * FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
                 (verify["job_id"], restart))]
-            tps = throughput(rows)
-            baseline = verify.get("baseline")
-            recovered = len(rows) >= self.cfg.watchdog.min_points and (
-                not baseline or not tps or tps >= iso.recover_fraction * baseline)
+            recovered = recovered_after_move(verify, rows, self.cfg.watchdog.min_points, iso.recover_fraction)
             if recovered:
                 note = f"job {verify['job_id']} recovered after the node left ({len(rows)} steps since)"
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})
@@ -377,6 +528,33 @@ class Controller:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
                               (key, json.dumps(value), self.clock()))
+
+
+def recovered_after_move(verify: dict, rows: list[dict], min_points: int, fraction: float) -> bool:
+    """Evidence that the job recovered once the node left: it steps again (min_points steps) at `fraction` of
+    its throughput before the fault. Nothing measured is no evidence: a slowdown without a measured baseline is
+    never confirmed; a hung job that never stepped before confirms by stepping."""
+    if len(rows) < min_points:
+        return False
+    tps, baseline = throughput(rows), verify.get("baseline")
+    if not baseline:
+        return verify.get("kind") == "watchdog-hang"
+    return bool(tps and tps >= fraction * baseline)
+
+
+def rules_stamp(path: Path | None) -> tuple:
+    """What changes when a rule file is written, added or removed (cheap enough to check every tick)."""
+    if path is None:
+        return ()
+    files = sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:

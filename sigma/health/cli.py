@@ -67,6 +67,21 @@ def _config(args):
     return load_health_config(args.config)
 
 
+def _check_node(args) -> None:
+    """On the local cluster a --node must be one of its nodes: never create state for a node that does not exist."""
+    from sigma.cli import CommandError
+    from sigma.health.context import cluster_dir_from_env
+    from sigma.slurm.cluster import LocalCluster
+
+    cluster_dir = cluster_dir_from_env()
+    if not args.node or args.node_dir or cluster_dir is None or not (cluster_dir / "cluster.json").exists():
+        return
+    names = LocalCluster(cluster_dir).node_names()
+    if args.node not in names:
+        raise CommandError(f"unknown node {args.node!r} on the local cluster under {cluster_dir}; "
+                           f"its nodes: {', '.join(names)}")
+
+
 def _job_id(value) -> int | None:
     if value is not None:
         return value
@@ -96,6 +111,7 @@ def _run(args) -> int:
     from sigma.health.hooks import execute
 
     config = _config(args)
+    _check_node(args)
     for name in args.check or ():
         checks.load(name)  # unknown names are a usage error
     hook = config.hook(args.suite)
@@ -161,6 +177,7 @@ def _log_ack(args) -> int:
     from sigma.health.context import Context
 
     config = _config(args)
+    _check_node(args)
     ctx = Context.create(config, args.node, args.root, args.node_dir)
     scan = kernel_log.acknowledge(ctx, dict(config.check("kernel_log").args))
     fatal = [f for f in scan.findings if f.fatal]
@@ -199,6 +216,7 @@ def _baseline_record(args) -> int:
     from sigma.health.runner import run_checks
 
     config = _config(args)
+    _check_node(args)
     ctx = Context.create(config, args.node, args.root, args.node_dir)
     names = args.check or list(PERF_CHECKS)
     samples: dict[str, list[float]] = {}
@@ -229,6 +247,7 @@ def _baseline_show(args) -> int:
     from sigma.health import baselines
     from sigma.health.context import Context
 
+    _check_node(args)
     ctx = Context.create(_config(args), args.node, args.root, args.node_dir)
     path = baselines.baseline_path(ctx)
     data = baselines.load(path)

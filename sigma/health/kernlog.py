@@ -38,8 +38,8 @@ SIGNATURES = (
     ("hung-task", "kernel", "hung task", re.compile(r"INFO: task \S+ blocked for more than \d+ seconds")),
     ("soft-lockup", "kernel", "soft lockup", re.compile(r"watchdog: BUG: soft lockup")),
     ("ib-link-down", "infiniband", "InfiniBand link down",
-     re.compile(r"\b(?:ib\d+|mlx\d+_\d+)\b.*(?:[Ll]ink (?:is )?[Dd]own|lost carrier)|mlx\d+_core.*[Ll]ink down")),
-    ("link-down", "network", "network link down", re.compile(r"NIC Link is Down|\b\w+: lost carrier")),
+     re.compile(r"\b(?:ib\d+|mlx\d+_\d+)\b.*(?:[Ll]ink (?:is )?[Dd]own|[Ll]ost carrier)|mlx\d+_core.*[Ll]ink down")),
+    ("link-down", "network", "network link down", re.compile(r"NIC Link is Down|\b\w+: [Ll]ost carrier")),
 )
 
 
@@ -59,6 +59,20 @@ class Finding:
 
 
 def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Finding | None:
+    """The fault a kernel-log line shows, in any envelope (syslog, dmesg, journal JSON; logformats); a line that
+    names another program than the kernel (a user's `logger` text) is none."""
+    finding = _classify(line, fatal_xids)
+    if finding is None:
+        return None  # most lines: no envelope parsing needed
+    from sigma.telemetry.logformats import parse
+
+    parsed = parse(line)
+    if (parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel"):
+        return None
+    return _classify(parsed.message, fatal_xids)
+
+
+def _classify(line: str, fatal_xids) -> Finding | None:
     m = XID.search(line)
     if m:
         xid = int(m.group(2))

@@ -3,52 +3,262 @@
 Rows are mappings shaped like the controller tables (events, samples, kpis); `fields`, `labels`, `job_ids` and
 `payload` may be JSON text or already decoded. `since` gives, per node, the time it last returned to service:
 evidence older than that was already handled and never matches again.
+
+Event rules (log, health) are matched once per event, when it arrives (EventWindows): a rule keeps, per node
+(job-scope rules: per node and job list), per-second counts of its matching events in its window and the newest
+MAX_EVIDENCE_ROWS of them. A tick then costs the new events times the rules plus one small sum per (rule, node),
+however many events one noisy node keeps in the window; evidence is capped, the count stays exact.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import json
 import math
 import re
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from sigma.findings import Finding, clean
+from sigma.rules.composite import evaluate_composite
 from sigma.rules.schema import OPS, HealthMatch, KpiMatch, LogMatch, MetricMatch, Rule
 
 MAX_EVIDENCE_ROWS = 20
+
+OnError = Callable[[Rule, Exception], None]
 
 
 def evaluate(rules: Iterable[Rule], *, now: float, events: Iterable[Mapping] = (), samples: Iterable[Mapping] = (),
              kpis: Iterable[Mapping] = (), since: Mapping[str, float] | None = None,
              jobs_on_node: Mapping[str, list[int]] | None = None,
-             since_job: Mapping[int, float] | None = None) -> list[Finding]:
-    """since_job: per job, when we last restarted it; job-scope evidence older than that is handled."""
+             since_job: Mapping[int, float] | None = None, on_error: OnError | None = None) -> list[Finding]:
+    """since_job: per job, when we last restarted it; job-scope evidence older than that is handled.
+
+    on_error: called with (rule, exception) for a rule that raises, the other rules still evaluated; without it
+    the exception propagates."""
+    rules, events = [r for r in rules if r.enabled], list(events)
+    windows = EventWindows(rules)
+    windows.add(events, on_error=on_error)
+    findings = windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job, on_error=on_error)
+    findings += evaluate_series(rules, now=now, samples=samples, kpis=kpis, since=since, since_job=since_job,
+                                on_error=on_error)
+    return findings + evaluate_composites(rules, now=now, events=events, samples=samples, kpis=kpis, since=since,
+                                          jobs_on_node=jobs_on_node, since_job=since_job, on_error=on_error)
+
+
+def evaluate_series(rules: Iterable[Rule], *, now: float, samples: Iterable[Mapping] = (),
+                    kpis: Iterable[Mapping] = (), since: Mapping[str, float] | None = None,
+                    since_job: Mapping[int, float] | None = None, on_error: OnError | None = None) -> list[Finding]:
+    """The rules over numeric series (metric, kpi): each judged on its window's rows."""
     since = since or {}
     since_job = since_job or {}
-    jobs_on_node = jobs_on_node or {}
-    events = [normalise(e) for e in events]
     samples = [normalise(s) for s in samples]
     kpis = [normalise(k) for k in kpis]
     findings: list[Finding] = []
     for rule in rules:
-        if not rule.enabled:
+        if not rule.enabled or rule.match_kind not in EVALUATORS:
             continue
         lo = now - rule.window_s
-        fresh = lambda rows: [r for r in rows if lo <= r["ts"] <= now and r["ts"] > since.get(r.get("node"), 0.0)]
-        if rule.log is not None:
-            hits = [e for e in fresh(events) if _log_hit(rule.log, e)]
-            findings += _grouped(rule, hits, rule.log.count, jobs_on_node, since_job)
-        elif rule.health is not None:
-            hits = [e for e in fresh(events) if _health_hit(rule.health, e)]
-            findings += _grouped(rule, hits, rule.health.count, jobs_on_node, since_job)
-        elif rule.metric is not None:
-            findings += _metric(rule, rule.metric, fresh(samples))
-        elif rule.kpi is not None:
-            findings += _kpi(rule, rule.kpi, [k for k in kpis if lo <= k["ts"] <= now
-                                              and k["ts"] > since_job.get(int(k["job_id"]), 0.0)])
+        try:
+            if rule.metric is not None:
+                rows = [r for r in samples if lo <= r["ts"] <= now and r["ts"] > since.get(r.get("node"), 0.0)]
+            else:
+                rows = [k for k in kpis if lo <= k["ts"] <= now and k["ts"] > since_job.get(int(k["job_id"]), 0.0)]
+            findings += EVALUATORS[rule.match_kind](rule, getattr(rule, rule.match_kind), rows)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
+            if on_error is None:
+                raise
+            on_error(rule, exc)
     return findings
+
+
+def evaluate_composites(rules: Iterable[Rule], *, now: float, events: Iterable[Mapping] = (),
+                        samples: Iterable[Mapping] = (), kpis: Iterable[Mapping] = (),
+                        since: Mapping[str, float] | None = None, jobs_on_node: Mapping[str, list[int]] | None = None,
+                        since_job: Mapping[int, float] | None = None, on_error: OnError | None = None
+                        ) -> list[Finding]:
+    """Composite rules (sigma.rules.composite): each leaf judged on its own window of the rows given."""
+    rules = [r for r in rules if r.enabled and r.composite is not None]
+    if not rules:
+        return []
+    data = dict(events=[normalise(e) for e in events], samples=[normalise(s) for s in samples],
+                kpis=[normalise(k) for k in kpis], since=since or {}, jobs_on_node=jobs_on_node or {},
+                since_job=since_job or {})
+    findings: list[Finding] = []
+    for rule in rules:
+        try:
+            findings += evaluate_composite(rule, now=now, **data)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
+            if on_error is None:
+                raise
+            on_error(rule, exc)
+    return findings
+
+
+# ---------- discrete events, matched once on arrival ----------
+
+@dataclass
+class _Group:
+    """One rule's matching events of one node (and job list): per-second [count, first ts, last ts] and the
+    newest rows as evidence."""
+
+    buckets: dict[int, list] = field(default_factory=dict)
+    newest: list = field(default_factory=list)  # min-heap of (ts, seq, evidence), at most MAX_EVIDENCE_ROWS
+    capped: bool = False  # more matching events than evidence rows (counted once on /metrics)
+
+    def add(self, e: dict, seq: int) -> None:
+        ts = float(e["ts"])
+        b = self.buckets.get(int(ts))
+        if b is None:
+            self.buckets[int(ts)] = [1, ts, ts]
+        else:
+            b[0] += 1
+            b[1], b[2] = min(b[1], ts), max(b[2], ts)
+        item = (ts, seq, e)  # turned into evidence only when reported
+        if len(self.newest) < MAX_EVIDENCE_ROWS:
+            heapq.heappush(self.newest, item)
+        elif item > self.newest[0]:
+            heapq.heapreplace(self.newest, item)
+
+    def prune(self, lo: float) -> None:
+        for sec in [s for s in self.buckets if s + 1 <= lo]:
+            del self.buckets[sec]
+
+    def after(self, lo: float, hi: float, after: float) -> tuple[int, float, float]:
+        """(count, first ts, last ts) of the events in [lo, hi] newer than `after`. A second that straddles `after`
+        counts whole (its last event is new); the evidence rows are filtered exactly."""
+        n, first, last = 0, math.inf, -math.inf
+        for count, t0, t1 in self.buckets.values():
+            if t1 <= after or t1 < lo or t0 > hi:
+                continue
+            n += count
+            first, last = min(first, t0 if t0 > after else t1), max(last, min(t1, hi))
+        return n, first, last
+
+    def evidence(self, lo: float, hi: float, after: float) -> list[dict]:
+        return [_event_evidence(e) for ts, _, e in sorted(self.newest) if lo <= ts <= hi and ts > after]
+
+
+class EventWindows:
+    """Event rules' windows, fed incrementally (`add` the new rows each tick, `findings` for the verdicts)."""
+
+    def __init__(self, rules: Iterable[Rule]):
+        self.rules = [r for r in rules if r.enabled and r.match_kind in EVENT_MATCHERS]
+        self.groups: dict[str, dict[tuple, _Group]] = {r.id: {} for r in self.rules}
+        self._compiled: list[tuple[Rule, Callable[[dict], bool], dict]] = []
+        for r in self.rules:
+            self._compiled.append((r, EVENT_MATCHERS[r.match_kind](getattr(r, r.match_kind)), self.groups[r.id]))
+        self.capped: Counter = Counter()  # rule id -> (rule, node) groups whose evidence was capped
+        self._seq = 0
+        self._by_kind: dict[tuple, list] = {}  # (source, kind) -> the rules that can match such an event
+
+    def remove(self, rule_id: str) -> None:
+        self.rules = [r for r in self.rules if r.id != rule_id]
+        self._compiled = [c for c in self._compiled if c[0].id != rule_id]
+        self._by_kind = {}
+        self.groups.pop(rule_id, None)
+
+    def _candidates(self, source, kind) -> list:
+        key = (source, kind)
+        found = self._by_kind.get(key)
+        if found is None:
+            found = self._by_kind[key] = [c for c in self._compiled
+                                          if getattr(c[1], "prefilter", None) is None or c[1].prefilter(*key)]
+        return found
+
+    def adopt(self, old: "EventWindows") -> list[Rule]:
+        """Keep what `old` counted for every rule that did not change (a reload); the rules that are new or changed,
+        whose windows must be read again, are returned."""
+        before = {r.id: r for r in old.rules}
+        fresh = []
+        for r in self.rules:
+            if before.get(r.id) == r:
+                self.groups[r.id].update(old.groups[r.id])
+                self.capped[r.id] = old.capped.get(r.id, 0)
+            else:
+                fresh.append(r)
+        self._seq = old._seq
+        return fresh
+
+    def add(self, events: Iterable[Mapping], on_error: OnError | None = None,
+            only: Iterable[str] | None = None) -> None:
+        """only: rule ids to feed (reading a new rule's window after a reload); default every rule."""
+        only = None if only is None else set(only)
+        for row in events:
+            candidates = self._candidates(row["source"], row["kind"])
+            if only is not None:
+                candidates = [c for c in candidates if c[0].id in only]
+            self._seq += 1
+            if not candidates:
+                continue
+            e = normalise(row)
+            for rule, hit, groups in candidates:
+                try:
+                    if not hit(e):
+                        continue
+                    jobs = () if rule.scope == "node" else tuple(
+                        int(j) for j in (e.get("job_ids") or (e.get("fields") or {}).get("job_ids") or ()))
+                    group = groups.get((e["node"], jobs))
+                    if group is None:
+                        group = groups[(e["node"], jobs)] = _Group()
+                    group.add(e, self._seq)
+                except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
+                    if on_error is None:
+                        raise
+                    self.remove(rule.id)
+                    on_error(rule, exc)
+
+    def findings(self, now: float, *, since: Mapping[str, float] | None = None,
+                 jobs_on_node: Mapping[str, list[int]] | None = None, since_job: Mapping[int, float] | None = None,
+                 on_error: OnError | None = None) -> list[Finding]:
+        since, since_job, jobs_on_node = since or {}, since_job or {}, jobs_on_node or {}
+        out: list[Finding] = []
+        for rule in list(self.rules):
+            try:
+                out += self._rule_findings(rule, now, since, jobs_on_node, since_job)
+            except Exception as exc:  # noqa: BLE001
+                if on_error is None:
+                    raise
+                self.remove(rule.id)
+                on_error(rule, exc)
+        return out
+
+    def _rule_findings(self, rule: Rule, now: float, since, jobs_on_node, since_job) -> list[Finding]:
+        lo = now - rule.window_s
+        count = getattr(rule, rule.match_kind).count
+        groups = self.groups[rule.id]
+        for key, g in list(groups.items()):
+            g.prune(lo)
+            if not g.buckets:
+                del groups[key]
+        # target (node, None) or (None, job) -> parts [(node, group, only events newer than this)]
+        targets: dict[tuple, list[tuple[str, _Group, float]]] = defaultdict(list)
+        for (node, jobs), g in groups.items():
+            after = since.get(node, 0.0)
+            if rule.scope == "node":
+                targets[(node, None)].append((node, g, after))
+            else:
+                for job in jobs or jobs_on_node.get(node, []):  # the job is the target wherever its ranks ran
+                    targets[(None, int(job))].append((node, g, max(after, since_job.get(int(job), 0.0))))
+        out = []
+        for (node, job), parts in targets.items():
+            stats = [(n, g, g.after(lo, now, after)) for n, g, after in parts]
+            total = sum(st[0] for _, _, st in stats)
+            if total < count:
+                continue
+            rows = sorted((ev for _, g, after in parts for ev in g.evidence(lo, now, after)), key=lambda r: r["ts"])
+            rows = rows[-MAX_EVIDENCE_ROWS:]
+            for _, g, st in stats:
+                if st[0] > MAX_EVIDENCE_ROWS and not g.capped:
+                    g.capped = True
+                    self.capped[rule.id] += 1
+            hit = [(n, st) for n, _, st in stats if st[0]]
+            out.append(_finding(rule, node, job, min(st[1] for _, st in hit), max(st[2] for _, st in hit),
+                                {"events": rows, "count": total, "nodes": sorted({n for n, _ in hit}),
+                                 **({"evidence_capped": True} if total > len(rows) else {})}))
+        return out
 
 
 def normalise(row: Mapping) -> dict:
@@ -64,27 +274,48 @@ def normalise(row: Mapping) -> dict:
 
 # ---------- discrete events ----------
 
-def _log_hit(m: LogMatch, e: dict) -> bool:
-    if e.get("source") not in ([m.source] if isinstance(m.source, str) else m.source):
-        return False
-    if m.kinds and not any(fnmatch.fnmatchcase(str(e.get("kind", "")), k) for k in m.kinds):
-        return False
-    fields = e.get("fields") or {}
-    for key, accepted in m.fields.items():
-        if key not in fields or not _value_in(fields[key], accepted):
+def _globs(patterns: list[str]):
+    """One compiled regex for a list of glob patterns (fnmatch semantics, case-sensitive); None = any."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)).match if patterns else None
+
+
+def log_matcher(m: LogMatch) -> Callable[[dict], bool]:
+    """A predicate on one events row, compiled once per rule (it runs for every arriving event)."""
+    sources = frozenset([m.source] if isinstance(m.source, str) else m.source)
+    kind_ok = _globs(m.kinds)
+    fields = list(m.fields.items())
+    message = re.compile(m.message).search if m.message else None
+
+    def hit(e: dict) -> bool:
+        if e.get("source") not in sources:
             return False
-    return not m.message or re.search(m.message, str(e.get("message", ""))) is not None
+        if kind_ok and not kind_ok(str(e.get("kind", ""))):
+            return False
+        if fields:
+            have = e.get("fields") or {}
+            for key, accepted in fields:
+                if key not in have or not _value_in(have[key], accepted):
+                    return False
+        return message is None or message(str(e.get("message", ""))) is not None
+    hit.prefilter = lambda source, kind: source in sources and (kind_ok is None or bool(kind_ok(str(kind))))
+    return hit
 
 
-def _health_hit(m: HealthMatch, e: dict) -> bool:
-    if e.get("source") != "health" or str(e.get("severity")) not in m.statuses:
-        return False
-    if m.checks and not any(fnmatch.fnmatchcase(str(e.get("kind", "")), c) for c in m.checks):
-        return False
-    fields = e.get("fields") or {}
-    if m.categories and fields.get("category") not in m.categories:
-        return False
-    return not m.suites or fields.get("suite") in m.suites
+def health_matcher(m: HealthMatch) -> Callable[[dict], bool]:
+    statuses = frozenset(m.statuses)
+    check_ok = _globs(m.checks)
+
+    def hit(e: dict) -> bool:
+        if e.get("source") != "health" or str(e.get("severity")) not in statuses:
+            return False
+        if check_ok and not check_ok(str(e.get("kind", ""))):
+            return False
+        have = e.get("fields") or {}
+        if m.categories and have.get("category") not in m.categories:
+            return False
+        return not m.suites or have.get("suite") in m.suites
+    hit.prefilter = lambda source, kind: source == "health" and (check_ok is None or bool(check_ok(str(kind))))
+    return hit
 
 
 def _value_in(value, accepted: list) -> bool:
@@ -98,28 +329,6 @@ def _value_in(value, accepted: list) -> bool:
         except (TypeError, ValueError):
             pass
     return False
-
-
-def _grouped(rule: Rule, hits: list[dict], count: int, jobs_on_node: Mapping[str, list[int]],
-             since_job: Mapping[int, float]) -> list[Finding]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for e in hits:
-        if rule.scope == "node":
-            groups[(e["node"], None)].append(e)
-        else:
-            jobs = e.get("job_ids") or (e.get("fields") or {}).get("job_ids") or jobs_on_node.get(e["node"], [])
-            for job in jobs:  # the job is the target wherever its ranks ran
-                if e["ts"] > since_job.get(int(job), 0.0):
-                    groups[(None, int(job))].append(e)
-    out = []
-    for (node, job), rows in groups.items():
-        if len(rows) < count:
-            continue
-        rows.sort(key=lambda r: r["ts"])
-        out.append(_finding(rule, node, job, rows[0]["ts"], rows[-1]["ts"],
-                            {"events": [_event_evidence(r) for r in rows[-MAX_EVIDENCE_ROWS:]], "count": len(rows),
-                             "nodes": sorted({r["node"] for r in rows})}))
-    return out
 
 
 def _event_evidence(e: dict) -> dict:
@@ -209,6 +418,14 @@ def _as_float(v) -> float | None:
         return float(v)  # accepts 'nan', 'inf' strings from JSON payloads
     except (TypeError, ValueError):
         return None
+
+
+# Condition kinds (sigma.rules.schema.MATCH_KINDS): for events, match settings -> a predicate on one events row
+# (compiled once per rule; an optional `prefilter(source, kind)` attribute lets events of other kinds skip it);
+# for numeric series, an evaluator (rule, its match settings, window rows) -> findings.
+EVENT_MATCHERS: dict[str, Callable[[object], Callable[[dict], bool]]] = {"log": log_matcher,
+                                                                          "health": health_matcher}
+EVALUATORS: dict[str, Callable[[Rule, object, list[dict]], list[Finding]]] = {"metric": _metric, "kpi": _kpi}
 
 
 def _finding(rule: Rule, node: str | None, job: int | None, first: float, last: float, evidence: dict) -> Finding:

@@ -1,7 +1,10 @@
 """The failure-signature rule schema: one rule = one known fault, how to recognise it and what to do.
 
-A rule file (`configs/rules/*.yaml`) holds `version:` and `rules:`, a list of Rule mappings. Exactly one of
-the match kinds (log, metric, health, kpi) is set per rule.
+A rule file (`configs/rules/*.yaml` or `*.yml`) holds `version:` and `rules:`, a list of Rule mappings. Exactly
+one of the match kinds (log, metric, health, kpi, composite) is set per rule.
+
+Adding a condition kind: a dataclass for its settings (validated in __post_init__), a field of that name on Rule
+(default None), an entry in MATCH_KINDS below, and its evaluator in sigma.rules.matcher.EVALUATORS.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class LogMatch:
 
     source: str | list[str] = "log"  # events.source (or a list): 'log', 'nvml', 'kpi', 'sidecar'
     kinds: list[str] = field(default_factory=list)  # events.kind values (glob patterns); empty = any
-    fields: dict[str, list] = field(default_factory=dict)  # events.fields key -> accepted values
+    fields: dict[str, list[str | int | float | bool]] = field(default_factory=dict)  # events.fields key ->
+    # accepted values (always a list, even of one value)
     message: str = ""  # regex searched in events.message; empty = any
     count: int = 1  # at least this many matching events ...
     window_s: float = 600.0  # ... within this many seconds
@@ -95,6 +99,8 @@ class KpiMatch:
 
 @dataclass
 class Rule:
+    """One known fault. origin (set by the loader, not a YAML key) is 'file:line [rules.N.id]' for log lines."""
+
     id: str  # stable identifier, used in drain reasons (`sigma: <id> ...`)
     description: str  # what the fault is, in one line
     severity: Severity  # how bad it is
@@ -107,17 +113,23 @@ class Rule:
     metric: MetricMatch | None = None  # match on samples
     health: HealthMatch | None = None  # match on health-check results
     kpi: KpiMatch | None = None  # match on job KPIs
+    composite: Composite | None = None  # all/any of conditions on one node (sigma/rules/composite.py)
     evidence: list[str] = field(default_factory=lambda: ["events"])  # what to keep: events samples kpis health
     requeue_jobs: bool = True  # drain actions: requeue the jobs running on the node
     shadow: bool = False  # log what would happen, do nothing
     enabled: bool = True  # false: not evaluated at all
+    references: list[str] = field(default_factory=list)  # public sources for the signature and the action (URLs)
+    examples: list[str] = field(default_factory=list)  # real log lines this rule acts on (tests, sigma chaos)
+    origin: str = field(default="", init=False, compare=False, repr=False)
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", self.id):
             raise ValueError(f"rule id {self.id!r} must be lower-case letters, digits, '.', '-'")
-        kinds = [k for k in ("log", "metric", "health", "kpi") if getattr(self, k) is not None]
+        kinds = [k for k in MATCH_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"rule {self.id}: set exactly one of log, metric, health, kpi (got {kinds or 'none'})")
+            raise ValueError(f"rule {self.id}: set exactly one of {', '.join(MATCH_KINDS)} (got {kinds or 'none'})")
+        if self.composite is not None and self.scope != "node":
+            raise ValueError(f"rule {self.id}: a composite match needs scope: node")
         if self.kpi is not None and self.scope != "job":
             raise ValueError(f"rule {self.id}: a kpi match needs scope: job")
         if self.scope == "job" and self.action in DRAIN_ACTIONS:
@@ -125,10 +137,12 @@ class Rule:
         bad = [e for e in self.evidence if e not in ("events", "samples", "kpis", "health")]
         if bad:
             raise ValueError(f"rule {self.id}: unknown evidence {bad}; valid: events samples kpis health")
+        if self.examples and self.log is None:
+            raise ValueError(f"rule {self.id}: examples are log lines; only a log rule can have them")
 
     @property
     def match_kind(self) -> str:
-        return next(k for k in ("log", "metric", "health", "kpi") if getattr(self, k) is not None)
+        return next(k for k in MATCH_KINDS if getattr(self, k) is not None)
 
     @property
     def window_s(self) -> float:
@@ -141,6 +155,10 @@ class Rule:
     @property
     def short_text(self) -> str:
         return self.summary or self.description
+
+
+# The condition kinds a rule can use: Rule field name -> its settings dataclass (see the module docstring).
+MATCH_KINDS: dict[str, type] = {"log": LogMatch, "metric": MetricMatch, "health": HealthMatch, "kpi": KpiMatch}
 
 
 @dataclass
@@ -159,3 +177,9 @@ def _check_regex(pattern: str, name: str) -> None:
 def _check_count(count: int, window_s: float) -> None:
     if count < 1 or not math.isfinite(window_s) or window_s <= 0:
         raise ValueError("count must be >= 1 and window_s > 0")
+
+
+# Registration of composite conditions (they build on the match kinds above, so they are imported last).
+from sigma.rules.composite import Composite  # noqa: E402
+
+MATCH_KINDS["composite"] = Composite

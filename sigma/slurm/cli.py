@@ -18,13 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     def add(name: str, func, help: str) -> argparse.ArgumentParser:
         p = csub.add_parser(name, help=help, description=help)
         p.add_argument("--state-dir", type=Path, default=None,
-                       help="state directory (default $SIGMA_CLUSTER_DIR or ~/.local/state/sigma/cluster)")
+                       help="state directory (default $SIGMA_CLUSTER_DIR, else "
+                            "~/.local/state/sigma/cluster-<id of this checkout>)")
         p.set_defaults(func=func)
         return p
 
     up = add("up", _up, "start the cluster (idempotent) and wait until every node is idle")
     up.add_argument("--nodes", type=int, default=None, help="number of emulated nodes (default 4)")
-    up.add_argument("--port-base", type=int, default=None, help="first TCP port used (default 16800)")
+    up.add_argument("--port-base", type=int, default=None, help="first TCP port used (default: derived from this checkout's path, 10000-19975)")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for idle nodes")
     add("down", _down, "stop the daemons `up` started; keep the state directory")
     status = add("status", _status, "show daemons and node states")
@@ -39,7 +40,9 @@ def _cluster(args):
 
 
 def _env_lines(cluster) -> str:
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in cluster.env.items())
+    # The controller config `sigma stack up` writes: `sigma nodes|incidents|explain|report` read it by default.
+    env = {**cluster.env, "SIGMA_CONTROLLER_CONFIG": str(cluster.state_dir / "etc" / "controller.yaml")}
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
 def _up(args) -> int:

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sigma.paths import configs_dir, default_cluster_dir, project_root
+from sigma.paths import configs_dir, default_cluster_dir, default_port_base, project_root
 from sigma.slurm.command import SlurmError, run
 
 DEBIAN_PACKAGES = "slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server"
@@ -41,7 +41,9 @@ class ClusterSpec:
     """What `up` was asked for; saved as cluster.json so later commands reuse the same ports and secrets."""
 
     nodes: int = 4  # emulated compute nodes node1..nodeN
-    port_base: int = 16800  # slurmctld=base, slurmdbd=base+1, mariadb=base+2, slurmd k=base+10+k
+    # slurmctld=base, slurmdbd=base+1, mariadb=base+2, controller=base+5, slurmd k=base+10+k; derived from the
+    # checkout's path so two checkouts on one machine do not collide
+    port_base: int = field(default_factory=default_port_base)
     name: str = "sigma"  # ClusterName in slurm.conf and accounting
     cpus: int = 2  # CPUs each emulated node advertises
     memory_mb: int = 4096  # RealMemory each emulated node advertises
@@ -194,11 +196,13 @@ class LocalCluster:
         """Fail fast, with the fix, when another cluster (or anything else) holds a port a stopped daemon needs."""
         wanted = {"mariadb": spec.port_base + 2, "slurmdbd": spec.port_base + 1, "slurmctld": spec.port_base}
         wanted.update({f"slurmd-{n}": spec.port_base + 10 + k for k, n in enumerate(self.node_names(spec), 1)})
-        busy = [f"{port} ({daemon})" for daemon, port in wanted.items()
-                if not self._alive(daemon) and not _port_free(port)]
+        busy = [(port, daemon) for daemon, port in wanted.items() if not self._alive(daemon) and not _port_free(port)]
         if busy:
-            raise ClusterError(f"ports in use: {', '.join(busy)}; another local cluster may be running "
-                               f"(`sigma cluster status --state-dir ...`), or pick other ports with --port-base")
+            owners = sorted({owner for port, _ in busy if (owner := port_owner(port))} - {str(self.state_dir)})
+            whose = (f"they belong to the local cluster under {', '.join(owners)} (its `sigma cluster down "
+                     f"--state-dir {owners[0]}` frees them)" if owners else "another program holds them")
+            raise ClusterError(f"ports in use: {', '.join(f'{p} ({d})' for p, d in busy)}; {whose}; "
+                               f"or pick other ports with `sigma cluster up --port-base N`")
 
     def _write_configs(self, spec: ClusterSpec) -> None:
         names = self.node_names(spec)
@@ -420,6 +424,30 @@ def _other_slurm_daemons() -> bool:
                     and _pid_alive(int(proc.name), "slurm"):
                 return True
     return False
+
+
+def port_owner(port: int) -> str | None:
+    """The state directory of the local cluster (or stack) whose process listens on port, if one does."""
+    import psutil
+
+    try:
+        pids = {c.pid for c in psutil.net_connections("tcp")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid}
+    except (psutil.Error, OSError):
+        return None
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            conf = proc.environ().get("SLURM_CONF", "")
+            argv = proc.cmdline()
+        except (psutil.Error, OSError):
+            continue
+        for arg in [conf, *argv]:  # <state>/etc/slurm.conf, --datadir=<state>/mysql, <state>/etc/controller.yaml
+            path = Path(arg.partition("=")[2] if arg.startswith("--") else arg)
+            for parent in (path.parent, path.parent.parent):
+                if (parent / "cluster.json").exists():
+                    return str(parent)
+    return None
 
 
 def _port_free(port: int) -> bool:

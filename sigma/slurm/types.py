@@ -61,6 +61,7 @@ class Job:
     nodes: tuple[str, ...] = ()
     restarts: int = 0
     user: str = ""
+    user_id: int = -1  # the uid the job runs as (-1: unknown)
     partition: str = ""
     submit_time: int = 0
     start_time: int = 0
@@ -82,6 +83,7 @@ class Job:
             job_id=int(d["job_id"]), name=d.get("name") or "", state=d.get("job_state") or "",
             reason=d.get("state_reason") or "", nodes=tuple(expand_hostlist(d.get("nodes") or "")),
             restarts=int(d.get("restart_cnt") or 0), user=d.get("user_name") or "",
+            user_id=int(d["user_id"]) if isinstance(d.get("user_id"), int) else -1,
             partition=d.get("partition") or "", submit_time=int(d.get("submit_time") or 0),
             start_time=int(d.get("start_time") or 0), end_time=int(d.get("end_time") or 0),
             requeue=bool(d.get("requeue", True)), batch_host=d.get("batch_host") or "",

@@ -26,7 +26,7 @@ from sigma.telemetry.config import Loaded, load
 from sigma.telemetry.jobs import JobTracker
 from sigma.telemetry.push import Pusher
 from sigma.telemetry.store import NodeStore
-from sigma.telemetry.wire import SecretError, read_secret
+from sigma.security.keys import KeyFileError, read_node_key
 
 log = logging.getLogger("sigma.telemetry.agent")
 
@@ -181,15 +181,17 @@ class Sidecar:
         if not cfg.push.url:
             log.warning("push.url is empty: keeping data in %s only", cfg.store.path)
             return
-        secret = read_secret(cfg.push.secret_file)
-        self.pusher = Pusher(self.store, self.node, cfg.push.url, secret, interval_s=cfg.push.interval_s,
+        key = read_node_key(cfg.push.secret_file)
+        self.pusher = Pusher(self.store, self.node, cfg.push.url, key, key_file=cfg.push.secret_file,
+                             interval_s=cfg.push.interval_s,
                              max_records=cfg.push.max_records, timeout_s=cfg.push.timeout_s,
                              max_backoff_s=cfg.push.max_backoff_s, report=self.report)
 
     def _start_collectors(self) -> None:
         cfg = self.loaded.config
         ctx = Context(node=self.node, node_dir=self.loaded.variables["node_dir"], host_root=cfg.host_root,
-                      positions=self.store.positions())
+                      positions=self.store.positions(),
+                      job_owner=lambda job_id: self.jobs.owner(job_id) if self.jobs else None)
         kpi_collectors = []
         for section, (kind, params) in self.loaded.collectors.items():
             if not params.enabled:
@@ -364,8 +366,8 @@ class Sidecar:
             return False
         if new.config.push != old.push:
             try:
-                read_secret(new.config.push.secret_file)
-            except SecretError as exc:
+                read_node_key(new.config.push.secret_file)
+            except KeyFileError as exc:
                 log.error("config reload failed, keeping the running config: %s", exc)
                 self.report("config_error", f"reload failed, running config kept: {exc}", "error",
                             {"file": self.config_path})
@@ -376,6 +378,8 @@ class Sidecar:
             self._build_pusher(new.config)
             if self.pusher:
                 self.pusher.start()
+        elif self.pusher:
+            self.pusher.reload_key(force=True)  # a rotated key file, also when the config did not change
         self._start_collectors()
         log.info("config reloaded from %s", self.config_path)
         self.report("config_reloaded", f"reloaded {self.config_path}", "info", {"file": self.config_path})

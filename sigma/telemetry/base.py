@@ -50,6 +50,7 @@ class Context:
     host_root: str = "/"  # prefix for /proc and /sys reads (fixture trees in tests)
     positions: dict = field(default_factory=dict)  # persisted tail positions, key -> JSON value
     active_jobs: object = None  # callable -> list[int], the job ids running on the node now
+    job_owner: object = None  # callable(job_id) -> uid if SLURM runs that job on this node now, else None
 
 
 class Collector:

@@ -30,7 +30,7 @@ def _sidecar(args) -> int:
     from sigma.cli import CommandError
     from sigma.config import ConfigError
     from sigma.paths import configs_dir
-    from sigma.telemetry.wire import SecretError
+    from sigma.security.keys import KeyFileError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = args.config or str(configs_dir() / "telemetry.yaml")
@@ -52,6 +52,6 @@ def _sidecar(args) -> int:
         from sigma.telemetry.agent import Sidecar
 
         sidecar = Sidecar(config, node=args.node, node_dir=args.node_dir, overrides=overrides)
-    except (ConfigError, SecretError) as exc:
+    except (ConfigError, KeyFileError) as exc:
         raise CommandError(str(exc)) from None
     return sidecar.run()

@@ -34,7 +34,7 @@ class StoreConfig:
 @dataclass
 class PushConfig:
     url: str = "http://sigma-controller:8470/v1/ingest"  # controller ingest endpoint ("" disables pushing)
-    secret_file: str = "/etc/sigma/ingest.secret"  # shared HMAC secret, mode 0600, owned by the sidecar's user
+    secret_file: str = "/etc/sigma/ingest.secret"  # this node's key (`sigma keys issue`) or a shared secret; 0600
     interval_s: float = 1.0  # push cadence when caught up
     max_records: int = 20000  # records per batch
     timeout_s: float = 10.0  # HTTP timeout per batch

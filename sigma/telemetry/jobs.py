@@ -10,6 +10,9 @@ Sources (configurable, unioned):
 - squeue: a cached `Slurm().jobs()` poll (sigma.slurm) every squeue_refresh_s; one controller RPC per node per
   poll, so keep it slow on large clusters.
 The result is cached and refreshed every refresh_s by the agent; rows are tagged with the cached JSON list.
+
+owner(job_id) says who may write KPIs for a job: the uid the job runs as, when SLURM (the proc and squeue
+sources, never the KPI files themselves) says the job runs on this node; the uid comes from SLURM once per job.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ log = logging.getLogger("sigma.telemetry.jobs")
 
 STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.")
 STEP_SOCKET = re.compile(r"^(.+)_(\d+)\.\d+")  # <node>_<job>.<step>[.<het component>]
+OWNER_RETRY_S = 10.0  # a failed owner lookup is retried after this long
+
+
+def _slurm_job_uid(job_id: int) -> int | None:
+    from sigma.slurm.client import Slurm
+
+    job = Slurm().job(job_id)
+    return job.user_id if job is not None and job.user_id >= 0 else None
 
 
 def spool_jobs(node: str, spool_dir: str) -> set[int] | None:
@@ -87,7 +98,7 @@ def _step_node(proc_root: str, pid: str) -> str | None:
 class JobTracker:
     def __init__(self, node: str, sources: list[str], *, proc_root: str = "/proc", kpi_jobs=None,
                  kpi_active_s: float = 120.0, squeue_refresh_s: float = 30.0, check_node: bool = True,
-                 spool_dir: str = "", proc_rescan_s: float = 60.0):
+                 spool_dir: str = "", proc_rescan_s: float = 60.0, owner_lookup=None):
         self.node = node
         self.sources = list(sources)
         self.proc_root = proc_root
@@ -103,18 +114,42 @@ class JobTracker:
         self._squeue_jobs: set[int] = set()
         self.jobs: list[int] = []
         self.jobs_json = "[]"
+        self.slurm_jobs: set[int] = set()  # what SLURM says runs here (without the KPI source)
+        self.owner_lookup = owner_lookup or _slurm_job_uid  # job_id -> uid or None
+        self._owners: dict[int, int] = {}
+        self._owner_failed_at: dict[int, float] = {}
 
     def refresh(self) -> list[int]:
         found: set[int] = set()
         if "proc" in self.sources:
             found |= self._proc()
-        if "kpi" in self.sources and self.kpi_jobs is not None:
-            found |= self.kpi_jobs(self.kpi_active_s)
         if "squeue" in self.sources:
             found |= self._squeue()
+        self.slurm_jobs = set(found)
+        if "kpi" in self.sources and self.kpi_jobs is not None:
+            found |= self.kpi_jobs(self.kpi_active_s)
         self.jobs = sorted(found)
         self.jobs_json = json.dumps(self.jobs)
         return self.jobs
+
+    def owner(self, job_id: int) -> int | None:
+        """The uid job_id runs as, if SLURM runs it on this node now; None if it does not (or not known yet)."""
+        if job_id not in self.slurm_jobs:
+            return None
+        uid = self._owners.get(job_id)
+        if uid is None:
+            if time.monotonic() - self._owner_failed_at.get(job_id, -1e9) < OWNER_RETRY_S:
+                return None
+            try:
+                uid = self.owner_lookup(job_id)
+            except Exception as exc:  # SLURM busy: the job's KPI files wait, nothing is read unchecked
+                log.warning("cannot look up the owner of job %s: %s", job_id, exc)
+                uid = None
+            if uid is None:
+                self._owner_failed_at[job_id] = time.monotonic()
+                return None
+            self._owners[job_id] = uid
+        return uid
 
     def _proc(self) -> set[int]:
         if self.spool_dir and (jobs := spool_jobs(self.node, self.spool_dir)) is not None:

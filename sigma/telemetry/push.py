@@ -7,17 +7,23 @@ one wake-up of this thread per push. With a backlog, after a failure or on exit 
 While the controller is unreachable the rows stay in the node store (bounded there) and the client backs off up to
 max_backoff_s; once it answers, batches go back to back until the backlog is gone. A 4xx for the batch's content (400/413/422) cannot be fixed by retrying:
 the batch is kept locally as 'rejected', reported as an event, and the stream moves on. Authentication failures
-(401/403) are retried: an admin fixes the secret and nothing is lost.
+(401/403) are retried: an admin fixes the key and nothing is lost.
+
+Requests carry signature version 2 (sigma.telemetry.wire): the node's own key signs the headers and a digest of
+the body. The key file is re-read when it changes (checked before each push) or on reload(): a rotated key is
+picked up without a restart while the controller still accepts the old one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from urllib.parse import urlsplit
 
+from sigma.security.keys import KeyFileError, NodeKey, read_node_key
 from sigma.telemetry import http11, wire
 from sigma.telemetry.store import NodeStore
 
@@ -31,12 +37,15 @@ class PushError(RuntimeError):
 
 
 class Pusher:
-    def __init__(self, store: NodeStore, node: str, url: str, secret: bytes, *, interval_s: float = 1.0,
-                 max_records: int = 20000, timeout_s: float = 10.0, max_backoff_s: float = 10.0, report=None):
+    def __init__(self, store: NodeStore, node: str, url: str, key: NodeKey | bytes, *, key_file: str | None = None,
+                 interval_s: float = 1.0, max_records: int = 20000, timeout_s: float = 10.0,
+                 max_backoff_s: float = 10.0, report=None):
         self.store = store
         self.node = node
         self.url = url
-        self.secret = secret
+        self.key = key if isinstance(key, NodeKey) else NodeKey(None, key)
+        self.key_file = key_file  # re-read when it changes (rotation)
+        self._key_stamp = self._stamp()
         self.interval_s = interval_s
         self.max_records = max_records
         self.timeout_s = timeout_s
@@ -153,11 +162,41 @@ class Pusher:
             return True
         raise PushError(f"controller answered {status}: {reason}")
 
+    # ---------- key ----------
+    def _stamp(self):
+        if not self.key_file:
+            return None
+        try:
+            st = os.stat(self.key_file)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def reload_key(self, force: bool = False) -> bool:
+        """Re-read the key file if it changed (or force); keep the running key when the new file is unusable."""
+        stamp = self._stamp()
+        if not self.key_file or (stamp == self._key_stamp and not force):
+            return False
+        self._key_stamp = stamp
+        try:
+            key = read_node_key(self.key_file)
+        except KeyFileError as exc:
+            log.error("key file changed but cannot be used, still signing with key %s: %s",
+                      self.key.key_id or "(shared)", exc)
+            if self.report:
+                self.report("key_error", f"new key not loaded: {exc}", "error", {"file": self.key_file})
+            return False
+        if key != self.key:
+            log.info("signing with key %s from %s (was %s)", key.key_id or "(shared)", self.key_file,
+                     self.key.key_id or "(shared)")
+            self.key = key
+        return True
+
     def _post(self, body: bytes) -> tuple[int, dict]:
-        ts = f"{time.time():.3f}"
+        self.reload_key()
+        key = self.key
         headers = {"Content-Type": "application/octet-stream",
-                   wire.HEADER_NODE: self.node, wire.HEADER_TS: ts,
-                   wire.HEADER_SIG: wire.sign(self.secret, self.node, ts, body)}
+                   **wire.auth_headers(key.key_id, key.secret, self.node, body)}
         path = self._parts.path or "/v1/ingest"
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._connection()

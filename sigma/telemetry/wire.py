@@ -14,9 +14,17 @@ after the magic b"SGB2\n", followed by the three sample columns as raw little-en
 indexes, n float64 timestamps, n float64 values (NaN = no value, stored as NULL). The controller turns them into
 arrays with one copy each instead of parsing text numbers (the bulk of a batch). Version 1 is still accepted.
 
-Authentication: HMAC-SHA256 over "<timestamp>\\n<node>\\n<body>" with a shared secret, sent as headers
-X-Sigma-Node, X-Sigma-Timestamp and X-Sigma-Signature (hex). The timestamp bounds replays; (node, seq) makes
-a replayed or retried batch a no-op.
+Authentication (signature version 2, what the sidecar sends): the body's SHA-256 travels in a header and the
+HMAC-SHA256 covers the headers only, so the controller checks who is speaking before it reads a byte of the body:
+
+    X-Sigma-Node: node1                  X-Sigma-Timestamp: 1732230001.500
+    X-Sigma-Key: node1-5f0c3a9e          X-Sigma-Content-SHA256: <hex digest of the body>
+    X-Sigma-Signature: hex HMAC(key, "sigma-v2\\n<timestamp>\\n<node>\\n<key id>\\n<Content-Length>\\n<digest>")
+
+The key is the node's own key (sigma.security.keys); without X-Sigma-Key the shared secret is meant. Version 1 (no
+digest header: HMAC over "<timestamp>\\n<node>\\n<body>" with the shared secret) is still accepted for bodies up
+to a small limit, since the body must be read before it can be checked. The timestamp bounds replays; (node, seq)
+makes a replayed or retried batch a no-op.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import os
 import stat
 import sys
+import time
 from array import array
 from pathlib import Path
 
@@ -41,6 +50,8 @@ KPI_FIELDS = ("ts", "job_id", "rank", "step", "loss", "step_time_s", "tokens_per
 HEADER_NODE = "X-Sigma-Node"
 HEADER_TS = "X-Sigma-Timestamp"
 HEADER_SIG = "X-Sigma-Signature"
+HEADER_KEY = "X-Sigma-Key"
+HEADER_DIGEST = "X-Sigma-Content-SHA256"
 MAX_CLOCK_SKEW_S = 300.0
 
 
@@ -90,6 +101,22 @@ def sign(secret: bytes, node: str, timestamp: str, body: bytes) -> str:
 
 def verify(secret: bytes, node: str, timestamp: str, body: bytes, signature: str) -> bool:
     return hmac.compare_digest(sign(secret, node, timestamp, body), signature)
+
+
+def sign_v2(secret: bytes, node: str, timestamp: str, key_id: str | None, length: int, digest: str) -> str:
+    message = f"sigma-v2\n{timestamp}\n{node}\n{key_id or ''}\n{int(length)}\n{digest}"
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+
+
+def auth_headers(key_id: str | None, secret: bytes, node: str, body: bytes, timestamp: str | None = None) -> dict:
+    """The version 2 authentication headers for one request (key_id None: the shared secret)."""
+    timestamp = timestamp or f"{time.time():.3f}"
+    digest = hashlib.sha256(body).hexdigest()
+    headers = {HEADER_NODE: node, HEADER_TS: timestamp, HEADER_DIGEST: digest,
+               HEADER_SIG: sign_v2(secret, node, timestamp, key_id, len(body), digest)}
+    if key_id is not None:
+        headers[HEADER_KEY] = key_id
+    return headers
 
 
 def encode_batch(node: str, seq: int, sent_at: float, samples, events, kpis) -> bytes:

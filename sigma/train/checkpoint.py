@@ -6,6 +6,13 @@ directory `.step-<N>.tmp`; after all ranks finished (files fsynced by DCP's writ
 So a checkpoint directory either is complete or does not exist under its final name: a run killed mid-save
 leaves only a temporary directory, which `latest()` ignores and the next save removes.
 
+Asynchronous saves (`save(..., background=True)`): DCP's async_save copies the state to CPU memory and
+returns; the writing goes on in a thread while training continues (the coordination collectives use their
+own gloo group, so they never meet the training's). DCP's coordinator (rank 0) finishes only after every
+rank's files are written and fsynced, so rank 0 marks the checkpoint complete and renames it from its
+completion callback, with no barrier. One save is in flight at a time; a crash mid-write leaves only the
+temporary directory, and the newest complete checkpoint wins.
+
 SLURM's node-failure requeue restarts the original submission, so the trainer calls `latest()` on start
 and resumes by itself.
 """
@@ -18,6 +25,7 @@ import re
 import shutil
 import time
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
@@ -73,6 +81,13 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+def saved_keys(path: Path) -> set[str]:
+    """Flattened keys of a DCP checkpoint ("model.layers.0...", "rng.rank0.cpu")."""
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+
+
 def read_meta(path: Path) -> dict:
     return json.loads((Path(path) / COMPLETE_NAME).read_text())
 
@@ -81,20 +96,27 @@ class CheckpointManager:
     """Save/load one run's checkpoints under root. Collective: every rank calls save/load together."""
 
     def __init__(self, root: str | Path, keep: int = 3, rank: int = 0,
-                 barrier: Callable[[], None] | None = None):
+                 barrier: Callable[[], None] | None = None, async_group=None):
         if keep < 1:
             raise ValueError(f"checkpoint keep must be at least 1, got {keep}")
         self.root = Path(root).expanduser()
         self.keep = keep
         self.rank = rank
         self.barrier = barrier or (lambda: None)
+        self.async_group = async_group  # a gloo group of all ranks for background saves (None: one process)
+        self._pending: Future | None = None
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.root)
 
-    def save(self, step: int, state: dict, meta: dict | None = None) -> Path:
+    def save(self, step: int, state: dict, meta: dict | None = None, background: bool = False,
+             on_complete: Callable[[Path, float], None] | None = None) -> Path:
+        """Save state as checkpoint `step`; return its final path. background=True returns once the state is
+        copied to CPU memory; on_complete(path, save_s) runs on rank 0 when the checkpoint is complete (in the
+        writer thread when in the background). Every rank calls save together."""
         import torch.distributed.checkpoint as dcp
 
+        self.wait()
         final = self.root / step_dir_name(step)
         tmp = self.root / f".{step_dir_name(step)}.tmp"
         if self.rank == 0:
@@ -102,23 +124,60 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was killed before
         self.barrier()
         started = time.monotonic()
+        writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
         with warnings.catch_warnings():  # one process without a process group is a supported case, not a problem
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+            if background:
+                future = dcp.async_save(state, storage_writer=writer, process_group=self.async_group)
+            else:
+                dcp.save(state, storage_writer=writer)
+        if background:
+            finished: Future = Future()
+
+            def finish(written: Future) -> None:
+                try:
+                    written.result()
+                    if self.rank == 0:
+                        self._finalize(step, tmp, meta, started)
+                        if on_complete:
+                            on_complete(final, time.monotonic() - started)
+                    finished.set_result(final)
+                except BaseException as exc:  # raised by wait() in the training thread
+                    finished.set_exception(exc)
+
+            future.add_done_callback(finish)
+            self._pending = finished
+            return final
         self.barrier()
         if self.rank == 0:
-            write_json_atomic(tmp / COMPLETE_NAME, {"step": step, "time": time.time(),
-                                                    "save_s": round(time.monotonic() - started, 3), **(meta or {})})
-            if final.exists():  # the same step saved again after a resume from an older checkpoint
-                stale = self.root / f".{final.name}.old"
-                shutil.rmtree(stale, ignore_errors=True)
-                os.replace(final, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            os.replace(tmp, final)
-            _fsync_dir(self.root)
-            self.prune()
+            self._finalize(step, tmp, meta, started)
+            if on_complete:
+                on_complete(final, time.monotonic() - started)
         self.barrier()
         return final
+
+    def _finalize(self, step: int, tmp: Path, meta: dict | None, started: float) -> None:
+        """Rank 0, after every rank's files are written: marker, rename, prune."""
+        final = self.root / step_dir_name(step)
+        write_json_atomic(tmp / COMPLETE_NAME, {"step": step, "time": time.time(),
+                                                "save_s": round(time.monotonic() - started, 3), **(meta or {})})
+        if final.exists():  # the same step saved again after a resume from an older checkpoint
+            stale = self.root / f".{final.name}.old"
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self.prune()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and, on rank 0, complete; raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as exc:
+                raise RuntimeError(f"background checkpoint save failed: {exc}") from exc
 
     def prune(self) -> list[Path]:
         """Keep the newest `keep` complete checkpoints; drop older ones and leftovers of killed saves."""

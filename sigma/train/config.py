@@ -22,6 +22,7 @@ SCORE_FUNCS = ("softmax", "sigmoid")
 BALANCE_MODES = ("aux_loss", "aux_free", "none")
 INIT_MODES = ("gaussian", "scaled")
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")
+BALANCE_SCOPES = ("micro_batch", "global_batch")
 
 
 @dataclass
@@ -50,6 +51,10 @@ class ModelConfig:
     init_std: float = 0.02  # std of the Gaussian init (output projections: / sqrt(2 n_layers) with init=scaled)
     tie_embeddings: bool = False  # share the token embedding with the output head
     expert_impl: Literal["auto", "grouped_mm", "loop"] = "auto"  # torch._grouped_mm, per-expert loop, or pick
+    balance_scope: Literal["micro_batch", "global_batch"] = "micro_batch"  # aux loss expert fractions: own tokens, or summed over all data-parallel ranks
+    router_z_loss_coef: float = 0.0  # ST-MoE router z-loss weight: mean squared logsumexp of the router logits
+    router_jitter: float = 0.0  # training only: router input times U(1 - jitter, 1 + jitter) noise (Switch, Mixtral)
+    activation_checkpointing: bool = False  # recompute each block's forward in the backward (less memory, more FLOPs)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts", "top_k",
@@ -65,6 +70,7 @@ class ModelConfig:
         _choice("balance", self.balance, BALANCE_MODES)
         _choice("init", self.init, INIT_MODES)
         _choice("expert_impl", self.expert_impl, EXPERT_IMPLS)
+        _choice("balance_scope", self.balance_scope, BALANCE_SCOPES)
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if (self.dim // self.n_heads) % 2:
@@ -80,7 +86,9 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "init_std", "route_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("aux_loss_coef", "bias_update_speed"):
+        if not 0 <= self.router_jitter < 1:
+            raise ValueError(f"router_jitter must be in [0, 1), got {self.router_jitter!r}")
+        for name in ("aux_loss_coef", "bias_update_speed", "router_z_loss_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 

@@ -1,10 +1,13 @@
-"""Training data: an offline byte tokenizer, memory-mapped token shards, and a deterministic resumable sampler.
+"""Training data: a subword tokenizer trained locally, memory-mapped token shards with a held-out split, and a
+deterministic resumable sampler.
 
 The demo corpus is the Python standard library's own sources, which exist wherever Python does, so every
 machine (CI, laptops, compute nodes without internet) trains on the same real text without downloads.
 
 Layout of a prepared directory (`sigma train prepare --out DIR`):
-    DIR/shard-00000.bin ...   uint16 token ids, one flat stream per shard, documents separated by EOS
+    DIR/tokenizer.json        the byte-level BPE tokenizer trained on the training documents (`tokenizers`)
+    DIR/shard-00000.bin ...   training tokens: uint16 ids, one flat stream per shard, documents separated by EOS
+    DIR/eval-00000.bin ...    held-out tokens: every k-th document, never seen by the tokenizer trainer or training
     DIR/meta.json             tokenizer, vocab size, shard names and token counts; written last, so a
                               directory without it is an unfinished prepare and is refused
 """
@@ -20,30 +23,95 @@ from pathlib import Path
 import numpy as np
 
 META_NAME = "meta.json"
+TOKENIZER_NAME = "tokenizer.json"
 TOKEN_DTYPE = np.uint16
+EOS_TOKEN = "<|endoftext|>"
+SPLITS = ("train", "eval")
 
 
 class ByteTokenizer:
-    """Bytes 0..255 are their own ids; id 256 marks the end of a document. No files, no downloads."""
+    """Bytes 0..255 are their own ids; id 256 marks the end of a document. No files, no training."""
 
     name = "byte"
     eos_id = 256
     vocab_size = 257
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def encode_document(self, data: bytes) -> np.ndarray:
-        out = np.empty(len(data) + 1, dtype=TOKEN_DTYPE)
-        out[:-1] = np.frombuffer(data, dtype=np.uint8)
-        out[-1] = self.eos_id
+    def encode_documents(self, docs: list[bytes]) -> list[np.ndarray]:
+        out = []
+        for data in docs:
+            ids = np.empty(len(data) + 1, dtype=TOKEN_DTYPE)
+            ids[:-1] = np.frombuffer(data, dtype=np.uint8)
+            ids[-1] = self.eos_id
+            out.append(ids)
         return out
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
 
+    def save(self, directory: Path) -> dict:
+        return {}
 
-TOKENIZERS = {"byte": ByteTokenizer}
+
+class BpeTokenizer:
+    """Byte-level BPE (GPT-2 style) from the `tokenizers` library, trained on the corpus itself.
+
+    Byte-level: every byte has a token, so any text encodes; invalid UTF-8 in a source file is replaced by U+FFFD
+    before training and encoding (the tokenizer works on text)."""
+
+    name = "bpe"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.token_to_id(EOS_TOKEN)
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def train(cls, docs: list[bytes], vocab_size: int) -> "BpeTokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if not 257 <= vocab_size <= np.iinfo(TOKEN_DTYPE).max + 1:
+            raise ValueError(f"BPE vocab_size must be in 257..{np.iinfo(TOKEN_DTYPE).max + 1} (256 bytes + "
+                             f"end-of-document, uint16 shards), got {vocab_size}")
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator((_text(d) for d in docs), trainer, length=len(docs))
+        return cls(tokenizer)
+
+    @classmethod
+    def load(cls, directory: Path) -> "BpeTokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(Path(directory) / TOKENIZER_NAME)))
+
+    def encode_documents(self, docs: list[bytes]) -> list[np.ndarray]:
+        encoded = self.tokenizer.encode_batch([_text(d) for d in docs])
+        return [np.asarray(e.ids + [self.eos_id], dtype=TOKEN_DTYPE) for e in encoded]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids if int(i) != self.eos_id])
+
+    def save(self, directory: Path) -> dict:
+        tmp = directory / f".{TOKENIZER_NAME}.tmp-{os.getpid()}"
+        self.tokenizer.save(str(tmp))
+        os.replace(tmp, directory / TOKENIZER_NAME)
+        return {"tokenizer_file": TOKENIZER_NAME}
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+TOKENIZERS = ("bpe", "byte")
+
+
+def load_tokenizer(directory: str | Path):
+    """The tokenizer a prepared directory was made with."""
+    directory = Path(directory).expanduser()
+    meta = json.loads((directory / META_NAME).read_text())
+    return BpeTokenizer.load(directory) if meta["tokenizer"] == "bpe" else ByteTokenizer()
 
 
 def stdlib_dir() -> Path:
@@ -57,9 +125,19 @@ def corpus_files(source: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(source).as_posix())
 
 
+def is_eval_document(index: int, eval_fraction: float) -> bool:
+    """Every k-th document (k = 1 / eval_fraction) is held out: spread over the whole corpus, not its tail."""
+    if eval_fraction <= 0:
+        return False
+    every = max(2, round(1 / eval_fraction))
+    return index % every == every - 1
+
+
 def prepare(out: str | Path, source: str | Path | None = None, max_mb: float = 16.0,
-            shard_tokens: int = 4_000_000, tokenizer: str = "byte") -> dict:
-    """Tokenize the corpus under source (default: the stdlib) into shards under out; return the metadata."""
+            shard_tokens: int = 4_000_000, tokenizer: str = "bpe", vocab_size: int = 8192,
+            eval_fraction: float = 0.05) -> dict:
+    """Read the corpus under source (default: the stdlib), train the tokenizer on its training documents and
+    write the train and held-out shards under out; return the metadata."""
     out = Path(out).expanduser()
     source = Path(source).expanduser() if source else stdlib_dir()
     if not source.is_dir():
@@ -68,42 +146,50 @@ def prepare(out: str | Path, source: str | Path | None = None, max_mb: float = 1
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     if shard_tokens < 1024:
         raise ValueError(f"shard_tokens must be at least 1024, got {shard_tokens}")
-    tok = TOKENIZERS[tokenizer]()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / META_NAME).unlink(missing_ok=True)  # the directory is incomplete until the new meta lands
+    if not 0 <= eval_fraction < 0.5:
+        raise ValueError(f"eval_fraction must be in [0, 0.5), got {eval_fraction}")
     budget = int(max_mb * 1e6)
-    shards: list[dict] = []
-    pending: list[np.ndarray] = []
-    pending_tokens = 0
-    used_bytes = documents = 0
-
-    def flush(chunk: np.ndarray) -> None:
-        name = f"shard-{len(shards):05d}.bin"
-        _write_atomic(out / name, chunk.tobytes())
-        shards.append({"name": name, "tokens": int(chunk.size)})
-
-    for path in corpus_files(source):
+    docs: dict[str, list[bytes]] = {split: [] for split in SPLITS}
+    used_bytes = 0
+    for index, path in enumerate(corpus_files(source)):
         if used_bytes >= budget:
             break
         data = path.read_bytes()[: budget - used_bytes]
         used_bytes += len(data)
-        documents += 1
-        pending.append(tok.encode_document(data))
-        pending_tokens += pending[-1].size
-        while pending_tokens >= shard_tokens:
-            stream = np.concatenate(pending)
-            flush(stream[:shard_tokens])
-            pending = [stream[shard_tokens:]]
-            pending_tokens = pending[0].size
-    if pending_tokens:
-        flush(np.concatenate(pending))
-    if not shards:
+        docs["eval" if is_eval_document(index, eval_fraction) else "train"].append(data)
+    if not docs["train"]:
         raise ValueError(f"no Python sources found under {source}")
-    meta = {"format": 1, "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "dtype": np.dtype(TOKEN_DTYPE).name, "source": str(source), "documents": documents,
-            "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    if eval_fraction > 0 and not docs["eval"] and len(docs["train"]) > 1:
+        docs["eval"].append(docs["train"].pop())  # a corpus of fewer than k documents still gets a held-out one
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META_NAME).unlink(missing_ok=True)  # the directory is incomplete until the new meta lands
+    tok = BpeTokenizer.train(docs["train"], vocab_size) if tokenizer == "bpe" else ByteTokenizer()
+    meta = {"format": 2, "tokenizer": tok.name, **tok.save(out), "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id, "dtype": np.dtype(TOKEN_DTYPE).name, "source": str(source),
+            "eval_fraction": eval_fraction}
+    for split, prefix in (("train", "shard"), ("eval", "eval")):
+        shards = _write_shards(out, prefix, tok.encode_documents(docs[split]), shard_tokens)
+        key = "shards" if split == "train" else "eval_shards"
+        meta.update({key: shards, f"{split}_documents": len(docs[split]),
+                     f"{split}_tokens": sum(s["tokens"] for s in shards)})
+    meta["documents"] = len(docs["train"]) + len(docs["eval"])
+    meta["tokens"] = meta["train_tokens"]
+    meta["bytes"] = used_bytes
     _write_atomic(out / META_NAME, (json.dumps(meta, indent=2) + "\n").encode())
     return meta
+
+
+def _write_shards(out: Path, prefix: str, encoded: list[np.ndarray], shard_tokens: int) -> list[dict]:
+    shards: list[dict] = []
+    if not encoded:
+        return shards
+    stream = np.concatenate(encoded)
+    for start in range(0, stream.size, shard_tokens):
+        name = f"{prefix}-{len(shards):05d}.bin"
+        chunk = stream[start:start + shard_tokens]
+        _write_atomic(out / name, chunk.tobytes())
+        shards.append({"name": name, "tokens": int(chunk.size)})
+    return shards
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -118,20 +204,27 @@ def _write_atomic(path: Path, data: bytes) -> None:
 class TokenShards:
     """All shards of a prepared directory as one read-only token stream (memory-mapped, nothing loaded)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, split: str = "train"):
         self.path = Path(path).expanduser()
         meta_file = self.path / META_NAME
         if not meta_file.exists():
             raise FileNotFoundError(f"{self.path} holds no prepared data ({META_NAME} missing); "
                                     f"run `sigma train prepare --out {self.path}`")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
         self.meta = json.loads(meta_file.read_text())
         self.vocab_size = int(self.meta["vocab_size"])
-        self.maps = [np.memmap(self.path / s["name"], dtype=TOKEN_DTYPE, mode="r") for s in self.meta["shards"]]
+        self.split = split
+        entries = self.meta["shards"] if split == "train" else self.meta.get("eval_shards")
+        if not entries:
+            raise ValueError(f"{meta_file}: no held-out split (eval_shards); prepare the data again with an "
+                             "eval fraction above 0, or set eval.every=0")
+        self.maps = [np.memmap(self.path / s["name"], dtype=TOKEN_DTYPE, mode="r") for s in entries]
         self.offsets = np.cumsum([0] + [m.size for m in self.maps])
         self.num_tokens = int(self.offsets[-1])
 
     def files(self) -> list[Path]:
-        return [self.path / s["name"] for s in self.meta["shards"]]
+        return [Path(m.filename) for m in self.maps]
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) of the concatenated stream, crossing shard borders if needed."""

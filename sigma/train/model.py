@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sigma.train.config import ModelConfig
 from sigma.train.moe import FeedForward, GroupedExperts, MoELayer
@@ -104,7 +105,11 @@ class MoETransformer(nn.Module):
         x = self.tok_embeddings(tokens)
         aux_total = torch.zeros((), device=x.device, dtype=torch.float32)
         for layer in self.layers:
-            x, aux = layer(x, cos, sin)
+            if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
+                # Recomputed in the backward with the RNG state of the forward (same router jitter).
+                x, aux = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x, aux = layer(x, cos, sin)
             if aux is not None:
                 aux_total = aux_total + aux
         return self.output(self.norm(x)), aux_total

@@ -123,8 +123,17 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w3, 0.0, std)
         nn.init.normal_(self.w2, 0.0, std if out_std is None else out_std)
 
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the expert GEMMs run in: autocast's when it is on (torch._grouped_mm is not an autocast op,
+        so the cast is done here), else the input's."""
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return x.dtype
+
     def resolved_impl(self, x: torch.Tensor) -> str:
-        ok = grouped_mm_supported(x.device, x.dtype, self.dim, self.hidden) and x.dtype == self.w1.dtype
+        dtype = self.compute_dtype(x)
+        same = torch.is_autocast_enabled(x.device.type) or x.dtype == self.w1.dtype
+        ok = grouped_mm_supported(x.device, dtype, self.dim, self.hidden) and same
         if self.impl == "grouped_mm" and not ok:
             raise ValueError(
                 f"expert_impl=grouped_mm cannot run {x.dtype} on {x.device.type} with dim={self.dim}, "
@@ -148,9 +157,13 @@ class GroupedExperts(nn.Module):
 
     def _grouped(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         offs = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
-        x = x.contiguous()
-        h = F.silu(grouped_mm(x, self.w1.transpose(1, 2), offs)) * grouped_mm(x, self.w3.transpose(1, 2), offs)
-        return grouped_mm(h, self.w2.transpose(1, 2), offs)
+        # Under autocast the fp32 master weights and inputs are cast here, as autocast does for nn.Linear; the
+        # gradients flow back through the casts to the fp32 weights.
+        dtype = self.compute_dtype(x)
+        x = x.to(dtype).contiguous()
+        w1, w2, w3 = (w.to(dtype).transpose(1, 2) for w in (self.w1, self.w2, self.w3))
+        h = F.silu(grouped_mm(x, w1, offs)) * grouped_mm(x, w3, offs)
+        return grouped_mm(h, w2, offs)
 
     def _loop(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         out = []
@@ -178,15 +191,20 @@ class FeedForward(nn.Module):
 
 
 class Router(nn.Module):
-    """Top-k gate. Returns expert ids [N, k], routing weights [N, k] (float32) and all scores [N, E] (float32)."""
+    """Top-k gate. Returns expert ids [N, k], routing weights [N, k] (float32), all scores [N, E] (float32) and the
+    logits [N, E] (float32, for the z-loss)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.score_func, self.norm_topk_prob, self.route_scale = cfg.score_func, cfg.norm_topk_prob, cfg.route_scale
+        self.jitter = cfg.router_jitter
         self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
 
     def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None):
+        if self.training and self.jitter > 0:
+            # Draws from the torch RNG: checkpoints carry its state so a resumed run draws the same noise.
+            x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         logits = self.gate(x).float()
         scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
         # The bias only steers which experts are picked; the weights come from the unbiased scores (DeepSeek-V3).
@@ -195,7 +213,7 @@ class Router(nn.Module):
         weights = scores.gather(-1, ids)
         if self.norm_topk_prob and self.top_k > 1:
             weights = weights / weights.sum(-1, keepdim=True)
-        return ids, weights * self.route_scale, scores
+        return ids, weights * self.route_scale, scores, logits
 
 
 class MoELayer(nn.Module):
@@ -205,6 +223,10 @@ class MoELayer(nn.Module):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.balance, self.aux_loss_coef, self.bias_update_speed = cfg.balance, cfg.aux_loss_coef, cfg.bias_update_speed
+        self.balance_scope, self.z_loss_coef = cfg.balance_scope, cfg.router_z_loss_coef
+        # balance_scope=global_batch: sums a [E] tensor of token counts over all data-parallel ranks. Set by the
+        # trainer when distributed; the model itself knows no process groups (one process: the identity).
+        self.sum_over_ranks = None
         self.router = Router(cfg)
         self.experts = GroupedExperts(cfg.n_experts, cfg.dim, cfg.expert_hidden, cfg.expert_impl)
         self.shared = FeedForward(cfg.dim, cfg.n_shared_experts * cfg.expert_hidden) if cfg.n_shared_experts else None
@@ -225,11 +247,11 @@ class MoELayer(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., dim] -> (out [..., dim], aux_loss scalar already scaled by aux_loss_coef)."""
+        """x [..., dim] -> (out [..., dim], aux scalar: balance loss and router z-loss, already coefficient-scaled)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         bias = self.expert_bias if self.balance == "aux_free" else None
-        ids, weights, scores = self.router(x, bias)
+        ids, weights, scores, logits = self.router(x, bias)
 
         flat_ids = ids.reshape(-1)
         # scatter_add instead of bincount: bincount synchronises with the GPU to size its output.
@@ -249,6 +271,8 @@ class MoELayer(nn.Module):
         with torch.no_grad():
             self.last_load.copy_(tokens_per_expert)
         aux = self._aux_loss(scores, tokens_per_expert) if self.balance == "aux_loss" else scores.new_zeros(())
+        if self.z_loss_coef:
+            aux = aux + self.z_loss_coef * torch.logsumexp(logits, -1).square().mean()
         return out.reshape(shape), aux
 
     def compute_experts(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
@@ -263,7 +287,11 @@ class MoELayer(nn.Module):
         """Switch Transformer loss E * sum_e f_e * P_e: f = fraction of routed slots, P = mean router probability."""
         if self.score_func_is_sigmoid:
             scores = scores / scores.sum(-1, keepdim=True)
-        f = tokens_per_expert.float() / tokens_per_expert.sum().clamp(min=1)
+        counts = tokens_per_expert.float()
+        if self.balance_scope == "global_batch" and self.sum_over_ranks is not None:
+            # Qwen's global-batch balancing: experts may specialise per rank as long as the whole batch balances.
+            counts = self.sum_over_ranks(counts.clone())
+        f = counts / counts.sum().clamp(min=1)
         p = scores.mean(0)
         return self.aux_loss_coef * self.n_experts * torch.dot(f.detach(), p)
 

@@ -20,16 +20,33 @@ from sigma.config import ConfigError, _Source, from_dict, load_yaml
 
 @dataclass
 class DataConfig:
-    path: str = "~/.cache/sigma/data/stdlib-byte"  # prepared token shards (`sigma train prepare --out`)
+    path: str = "~/.cache/sigma/data/stdlib-{tokenizer}-{vocab_size}"  # prepared shards; {vocab_size}: the model's
     prepare_if_missing: bool = True  # rank 0 prepares the stdlib corpus there when the directory has no data
     prepare_max_mb: float = 16.0  # corpus size for that automatic prepare
+    tokenizer: Literal["bpe", "byte"] = "bpe"  # automatic prepare: BPE trained to the model's vocab_size, or bytes
     seq_len: int = 128  # tokens per training sequence
     global_batch: int = 8  # sequences per optimiser step over all data-parallel ranks
+    micro_batch: int = 0  # sequences per forward/backward on a rank (gradient accumulation); 0: the rank's whole batch
     seed: int = 0  # order of the windows; the batch of step s depends only on (seed, s)
 
     def __post_init__(self):
         if self.seq_len < 1 or self.global_batch < 1:
             raise ValueError("data.seq_len and data.global_batch must be positive")
+        if self.micro_batch < 0:
+            raise ValueError("data.micro_batch must not be negative")
+
+    def resolved_path(self, vocab_size: int) -> Path:
+        return Path(self.path.format(tokenizer=self.tokenizer, vocab_size=vocab_size)).expanduser()
+
+
+@dataclass
+class EvalConfig:
+    every: int = 50  # held-out loss and perplexity every this many steps and at the last step; 0 never
+    batches: int = 2  # global batches of held-out windows per evaluation (the same windows every time)
+
+    def __post_init__(self):
+        if self.every < 0 or self.batches < 1:
+            raise ValueError("eval.every must be >= 0 and eval.batches >= 1")
 
 
 @dataclass
@@ -83,6 +100,7 @@ class CheckpointConfig:
     every: int = 50  # save every this many steps (and at the last step); 0 saves only at the end
     keep: int = 3  # newest complete checkpoints kept
     resume: bool = True  # start from the newest complete checkpoint under dir when there is one
+    background: bool = True  # write checkpoints from a thread while training goes on (state copied to CPU first)
 
     def __post_init__(self):
         if self.every < 0 or self.keep < 1:
@@ -140,7 +158,9 @@ class TrainConfig:
     threads: int = 2  # torch CPU threads per rank
     gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
     drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
+    peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0: datasheet table (GPUs) or `sigma train calibrate` (CPUs)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -212,4 +232,9 @@ def check_layout(cfg: TrainConfig, world_size: int, num_experts: int | None = No
     if num_experts is not None and num_experts % ep:
         raise ConfigError("[parallel.ep]", f"the model's {num_experts} routed experts cannot be split over "
                                            f"parallel.ep={ep} ranks")
-    return dims_from_config(cfg, world_size, load_model_config(cfg.model, cfg.model_overrides))
+    dims = dims_from_config(cfg, world_size, load_model_config(cfg.model, cfg.model_overrides))
+    local = cfg.data.global_batch // dims.dp
+    if cfg.data.micro_batch and local % cfg.data.micro_batch:
+        raise ConfigError("[data.micro_batch]", f"micro_batch {cfg.data.micro_batch} does not divide the "
+                                                f"{local} sequences per data-parallel rank (global_batch / dp)")
+    return dims

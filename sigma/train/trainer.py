@@ -48,7 +48,8 @@ class RunSummary:
     resumed_from: str | None = None
     losses: dict[int, float] = field(default_factory=dict)
     tokens_per_s: list[float] = field(default_factory=list)
-    mfu: list[float] = field(default_factory=list)
+    mfu: list[float | None] = field(default_factory=list)  # None: no stated peak (see the start event)
+    eval_losses: dict[int, float] = field(default_factory=dict)
     world_size: int = 1
     kpi_path: str = ""
 
@@ -80,6 +81,9 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
         model.recompute = Recompute(model, rc.moe_layers, rc.policy, rc.count)
     if ctx.ep_size > 1:
         apply_expert_parallel(model, ctx)
+    if ctx.distributed and model_cfg.balance_scope == "global_batch":
+        for layer in model.moe_layers():
+            layer.sum_over_ranks = ctx.all_reduce_sum  # every rank's routed counts of all experts
     return model, model_cfg
 
 
@@ -130,6 +134,26 @@ def _shardable(name: str, tensor: torch.Tensor, ctx: DistContext):
     return tensor
 
 
+def rng_key(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def rng_state(ctx: DistContext) -> dict:
+    """This rank's torch RNG state (CPU, and CUDA when used) under a per-rank key: dropout and router jitter draw
+    from it, so an exact resume needs it back."""
+    state = {"cpu": torch.get_rng_state()}
+    if ctx.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    return {rng_key(ctx.rank): state}
+
+
+def restore_rng(state: dict, ctx: DistContext) -> None:
+    mine = state[rng_key(ctx.rank)]
+    torch.set_rng_state(mine["cpu"])
+    if "cuda" in mine:
+        torch.cuda.set_rng_state(mine["cuda"], ctx.device)
+
+
 def checkpoint_state(model, optimizer, named, ctx: DistContext, trainer_state: dict) -> dict:
     params = dict(named)
     model_sd = {n: _shardable(n, t, ctx) for n, t in model.state_dict().items()}
@@ -138,7 +162,7 @@ def checkpoint_state(model, optimizer, named, ctx: DistContext, trainer_state: d
         st = optimizer.state[p]
         optim_sd[n] = {"step": st["step"], "exp_avg": _shardable(n, st["exp_avg"], ctx),
                        "exp_avg_sq": _shardable(n, st["exp_avg_sq"], ctx)}
-    return {"model": model_sd, "optim": optim_sd, "trainer": trainer_state}
+    return {"model": model_sd, "optim": optim_sd, "trainer": trainer_state, "rng": rng_state(ctx)}
 
 
 def _copy_back(holder, target: torch.Tensor) -> None:
@@ -199,9 +223,10 @@ def moe_param_norms(model, ctx: DistContext) -> list[float]:
 
 
 def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float, lr: float, tps: float,
-                   mfu: float, dt: float) -> str:
+                   mfu: float | None, dt: float) -> str:
+    mfu_text = f"{100 * mfu:5.2f}%" if mfu is not None else "  n/a"
     return (f"step {step:>6}/{total} | loss {loss:7.4f} | aux {aux:.4f} | gnorm {gnorm:7.3f} | lr {lr:.2e} | "
-            f"{tps:9,.0f} tok/s | mfu {100 * mfu:5.2f}% | {1000 * dt:7.1f} ms")
+            f"{tps:9,.0f} tok/s | mfu {mfu_text} | {1000 * dt:7.1f} ms")
 
 
 # ---------------------------------------------------------------- the loop
@@ -238,128 +263,229 @@ def _consume(trigger: Path) -> bool:
         return False
 
 
-def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out) -> None:
-    from sigma.train.flops import flops_per_token, peak_flops
+def forward_backward(model, batch: torch.Tensor, micro_batches: int, amp_dtype: torch.dtype, device: torch.device,
+                     poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradient accumulation: forward and backward each micro-batch of this rank's rows, gradients summed with the
+    loss scaled by 1 / micro_batches, so the step sees the mean over the rank's batch. Returns the mean CE and aux
+    losses (detached) and the tokens routed per expert summed over the micro-batches ([MoE layers, E] or None)."""
+    ce_sum = torch.zeros((), device=device)
+    aux_sum = torch.zeros((), device=device)
+    loads = None
+    for chunk in batch.chunk(micro_batches):
+        inputs, targets = chunk[:, :-1], chunk[:, 1:]
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+            logits, aux = model(inputs)
+        if poison:
+            logits = logits * float("nan")  # testing only: a numerical fault inside the forward pass
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        ((ce + aux) / micro_batches).backward()
+        ce_sum += ce.detach()
+        aux_sum += aux.detach().float()
+        if model.moe_layers():
+            load = torch.stack([layer.last_load for layer in model.moe_layers()])
+            loads = load if loads is None else loads + load
+    return ce_sum / micro_batches, aux_sum / micro_batches, loads
 
-    is_main = ctx.rank == 0
-    data_path = Path(cfg.data.path).expanduser()
-    if is_main and cfg.data.prepare_if_missing and not (data_path / data_mod.META_NAME).exists():
-        data_mod.prepare(data_path, max_mb=cfg.data.prepare_max_mb)
+
+@torch.no_grad()
+def evaluate(model, sampler, batches: int, micro_batches: int, amp_dtype: torch.dtype, ctx: DistContext) -> float:
+    """Mean cross entropy over the same `batches` global batches of held-out windows (all ranks together)."""
+    model.eval()
+    try:
+        total = torch.zeros((), device=ctx.device)
+        for index in range(batches):
+            rows = torch.from_numpy(sampler.batch(index)).to(ctx.device)
+            for chunk in rows.chunk(micro_batches):
+                with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+                    logits, _ = model(chunk[:, :-1])
+                total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
+        ctx.all_reduce_sum(total)
+        return float(total) / (batches * micro_batches * ctx.world_size)
+    finally:
+        model.train()
+
+
+def stated_peak(cfg: TrainConfig, ctx: DistContext, amp_dtype: torch.dtype):
+    """The fixed peak MFU is measured against, or None with the reason (then MFU is not reported)."""
+    from sigma.train.flops import PeakUnknown, peak_flops
+
+    try:
+        return peak_flops(ctx.device, amp_dtype, cfg.peak_flops), None
+    except PeakUnknown as exc:
+        return None, str(exc)
+
+
+def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int):
+    """Train and held-out samplers over the prepared data (rank 0 prepares it first when missing)."""
+    data_path = cfg.data.resolved_path(vocab_size)
+    if ctx.rank == 0 and cfg.data.prepare_if_missing and not (data_path / data_mod.META_NAME).exists():
+        data_mod.prepare(data_path, max_mb=cfg.data.prepare_max_mb, tokenizer=cfg.data.tokenizer,
+                         vocab_size=vocab_size)
     ctx.barrier()
     shards = data_mod.TokenShards(data_path)
-    model, model_cfg = build_model(cfg, ctx)
-    if shards.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"data vocabulary ({shards.vocab_size}) is larger than the model's ({model_cfg.vocab_size})")
-    if cfg.data.seq_len > model_cfg.max_seq_len:
-        raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
+    if shards.vocab_size > vocab_size:
+        raise ValueError(f"data vocabulary ({shards.vocab_size}, {data_path}) is larger than the model's "
+                         f"vocab_size ({vocab_size}): prepare the data with --vocab-size {vocab_size}")
     sampler = data_mod.WindowSampler(shards, cfg.data.seq_len, cfg.data.global_batch, cfg.data.seed,
                                      dp_rank=ctx.rank, dp_size=ctx.world_size)
+    held_out = None
+    if cfg.eval.every:
+        held_out = data_mod.WindowSampler(data_mod.TokenShards(data_path, split="eval"), cfg.data.seq_len,
+                                          cfg.data.global_batch, cfg.data.seed, dp_rank=ctx.rank,
+                                          dp_size=ctx.world_size)
+    return shards, sampler, held_out
+
+
+def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out) -> None:
+    from sigma.train.checkpoint import saved_keys
+    from sigma.train.config import load_model_config
+    from sigma.train.flops import flops_per_token, hardware_flops_per_token
+
+    is_main = ctx.rank == 0
+    model_cfg = load_model_config(cfg.model, cfg.model_overrides)
+    if cfg.data.seq_len > model_cfg.max_seq_len:
+        raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
+    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
+    shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
+    model, model_cfg = build_model(cfg, ctx)
     optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
-    ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier)
+    async_group = None
+    if cfg.checkpoint.background and ctx.distributed:
+        import torch.distributed as dist
+
+        async_group = dist.new_group(backend="gloo")  # background saves coordinate apart from training
+    ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier, async_group)
     amp_dtype = DTYPES[cfg.dtype]
     aux_free = model_cfg.balance == "aux_free"
+    local_batch = cfg.data.global_batch // ctx.world_size
+    micro_batches = local_batch // (cfg.data.micro_batch or local_batch)
 
     step = 0
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     if latest is not None:
         state = checkpoint_state(model, optimizer, named, ctx, {"step": 0, "sampler": sampler.state_dict()})
+        has_rng = f"rng.{rng_key(ctx.rank)}.cpu" in saved_keys(latest)
+        if not has_rng:  # an older checkpoint, or one written by fewer ranks
+            del state["rng"]
         meta = ckpt.load(latest, state)
         restore_state(state, model, optimizer, named)
+        if has_rng:
+            restore_rng(state["rng"], ctx)
         sampler.load_state_dict(state["trainer"]["sampler"])
         step = int(state["trainer"]["step"])
         summary.resumed_from = str(latest)
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
-                  saved_world_size=meta.get("world_size"))
+                  saved_world_size=meta.get("world_size"), rng_restored=has_rng)
     summary.start_step = step
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
     tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
     flops_token = flops_per_token(model_cfg, cfg.data.seq_len)
-    peak = peak_flops(ctx.device, amp_dtype if amp_dtype != torch.float32 else None)
+    hw_flops_token = hardware_flops_per_token(model_cfg, cfg.data.seq_len)
+    peak, no_peak = stated_peak(cfg, ctx, amp_dtype)
     kpi.event("start", f"training steps {step + 1}..{cfg.steps} of {cfg.model} on {ctx.world_size} rank(s), "
-                       f"ep={ctx.ep_size}, {ctx.device.type}/{ctx.backend}, fused AdamW={fused}",
+                       f"ep={ctx.ep_size}, {ctx.device.type}/{ctx.backend}, fused AdamW={fused}, "
+                       f"{micro_batches} micro-batch(es)/step; "
+                       + (f"MFU against {peak.flops:.4g} FLOP/s ({peak.source})" if peak else f"no MFU: {no_peak}"),
               step=step, world_size=ctx.world_size, ep=ctx.ep_size, flops_per_token=flops_token,
-              peak_flops=peak, params=sum(p.numel() for p in model.parameters()))
+              hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
+              peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
+              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()))
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
               f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}, steps {step + 1}.."
               f"{cfg.steps}, {tokens_per_step} tokens/step" + (f", resumed from {latest}" if latest else ""),
               file=out, flush=True)
+        if peak is None:
+            print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
     started_fresh = latest is None
     gc.collect()
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
 
-    while step < cfg.steps:
-        step += 1
-        if cfg.fault.kill_at_step == step and started_fresh:
-            kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
-            kpi.close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        t0, wait0 = time.perf_counter(), collective_wait_s()
-        if cfg.fault.step_delay_s:
-            time.sleep(cfg.fault.step_delay_s)
-        lr = lr_at(step, cfg.optim, cfg.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
-            logits, aux = model(inputs)
-        if cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger and _consume(kpi.path.parent / "inject-nan")):
-            logits = logits * float("nan")  # testing only: a numerical fault inside the forward pass
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        losses = torch.stack([ce.detach(), aux.detach().float()])
-        ctx.all_reduce_sum(losses)
-        loss_value, aux_value = (losses / ctx.world_size).tolist()
-        if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
-            message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
-                       f"the newest checkpoint is {ckpt.latest()}")
-            kpi.event("nan_loss", message, step=step, loss=loss_value)
-            if is_main:
-                print(f"sigma train: {message}", file=out, flush=True)
-            raise TrainingStopped(message)
-        optimizer.zero_grad(set_to_none=True)
-        (ce + aux).backward()
-        sync_gradients(ctx, named)
-        gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
-        optimizer.step()
-        loads = torch.stack([layer.last_load for layer in model.moe_layers()]) if model.moe_layers() else None
-        if loads is not None:
-            ctx.all_reduce_sum(loads)
-            if aux_free:
-                for layer, load in zip(model.moe_layers(), loads):
-                    layer.update_bias(load)
-            if hasattr(model, "recompute"):  # the balanced policy re-picks its layers from the step's routing
-                model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        tps = tokens_per_step / dt
-        mfu = tps / ctx.world_size * flops_token / peak
-        summary.losses[step] = loss_value
-        summary.tokens_per_s.append(tps)
-        summary.mfu.append(mfu)
-        summary.last_step = step
-        extra = {}
-        if loads is not None:
-            extra["expert_load"] = loads.to(torch.int64).tolist()
-        if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
-            extra["moe_param_norm"] = moe_param_norms(model, ctx)
-        kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt, tokens_per_s=tps,
-                    mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **extra)
-        if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
-            print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
-                  flush=True)
-        if cfg.gc_every and step % cfg.gc_every == 0:
-            gc.collect()
-        if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-            state = checkpoint_state(model, optimizer, named, ctx,
-                                     {"step": step, "sampler": sampler.state_dict()})
-            t_save = time.perf_counter()
-            path = ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "loss": loss_value})
-            kpi.event("checkpoint", f"saved {path}", step=step, path=str(path),
-                      save_s=round(time.perf_counter() - t_save, 3))
-            gc.collect()
+    def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
+        kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
+
+    try:
+        while step < cfg.steps:
+            step += 1
+            if cfg.fault.kill_at_step == step and started_fresh:
+                ckpt.wait()  # the checkpoints before the kill are on disk, so the test knows what a resume finds
+                kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
+                kpi.close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            t0, wait0 = time.perf_counter(), collective_wait_s()
+            if cfg.fault.step_delay_s:
+                time.sleep(cfg.fault.step_delay_s)
+            lr = lr_at(step, cfg.optim, cfg.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
+            poison = cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger
+                                                       and _consume(kpi.path.parent / "inject-nan"))
+            optimizer.zero_grad(set_to_none=True)
+            ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
+            losses = torch.stack([ce, aux])
+            ctx.all_reduce_sum(losses)
+            loss_value, aux_value = (losses / ctx.world_size).tolist()
+            if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
+                message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
+                           f"the newest checkpoint is {ckpt.latest()}")
+                kpi.event("nan_loss", message, step=step, loss=loss_value)
+                if is_main:
+                    print(f"sigma train: {message}", file=out, flush=True)
+                raise TrainingStopped(message)
+            sync_gradients(ctx, named)
+            gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
+            optimizer.step()
+            if loads is not None:
+                ctx.all_reduce_sum(loads)
+                if aux_free:
+                    for layer, load in zip(model.moe_layers(), loads):
+                        layer.update_bias(load)
+                if hasattr(model, "recompute"):  # the balanced policy re-picks its layers from the step's routing
+                    model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            tps = tokens_per_step / dt
+            mfu = tps / ctx.world_size * flops_token / peak.flops if peak else None
+            summary.losses[step] = loss_value
+            summary.tokens_per_s.append(tps)
+            summary.mfu.append(mfu)
+            summary.last_step = step
+            extra = {}
+            if peak:
+                extra["hfu"] = tps / ctx.world_size * hw_flops_token / peak.flops
+            if loads is not None:
+                extra["expert_load"] = loads.to(torch.int64).tolist()
+            if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
+                extra["moe_param_norm"] = moe_param_norms(model, ctx)
+            if held_out is not None and (step % cfg.eval.every == 0 or step == cfg.steps):
+                eval_loss = evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx)
+                extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)))
+                summary.eval_losses[step] = eval_loss
+                kpi.event("eval", f"held-out loss {eval_loss:.4f}, perplexity {extra['eval_ppl']:.2f} at step "
+                                  f"{step}", step=step, eval_loss=eval_loss, eval_ppl=extra["eval_ppl"],
+                          tokens=cfg.eval.batches * tokens_per_step)
+                if is_main and cfg.kpi.progress_every:
+                    print(f"eval   {step:>6}/{cfg.steps} | loss {eval_loss:7.4f} | ppl {extra['eval_ppl']:9.2f}",
+                          file=out, flush=True)
+            kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt,
+                        tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **extra)
+            if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
+                print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
+                      flush=True)
+            if cfg.gc_every and step % cfg.gc_every == 0:
+                gc.collect()
+            if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                state = checkpoint_state(model, optimizer, named, ctx,
+                                         {"step": step, "sampler": sampler.state_dict()})
+                ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "loss": loss_value},
+                          background=cfg.checkpoint.background,
+                          on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
+                gc.collect()
+    finally:
+        ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
     kpi.event("stop", f"finished at step {step}", step=step)
 
 

@@ -24,7 +24,14 @@ def sigma_cli(cluster, *args) -> str:
 
 
 def test_log_signature_appended_and_undone(cluster):
-    out = sigma_cli(cluster, "chaos", "log", "--node", "node3", "--xid", "79", "--json")
+    import sys
+
+    # no stack runs on the test cluster: nothing would notice the fault, so the command refuses unless --force
+    refused = subprocess.run([sys.executable, "-m", "sigma.cli", "chaos", "log", "--node", "node3", "--xid", "79",
+                              "--state-dir", str(cluster.state_dir)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "nothing would notice" in refused.stderr and "--force" in refused.stderr
+    assert "Traceback" not in refused.stderr and "Xid" not in cluster.kernel_log("node3").read_text()
+    out = sigma_cli(cluster, "chaos", "log", "--node", "node3", "--xid", "79", "--json", "--force")
     log = cluster.kernel_log("node3").read_text()
     assert "NVRM: Xid (PCI:0000:3b:00): 79," in log and " node3 kernel: [" in log
     inj_id = __import__("json").loads(out)["id"]

@@ -78,7 +78,7 @@ def test_admin_drained_node_is_never_resumed(slurm, cluster, tmp_path):
         assert node.drained and node.reason == "admin: bad fan"
         assert p.query("SELECT * FROM actions WHERE target = 'node4'") == []
         assert p.lifecycle("node4") is None
-        assert "left alone, drained by admin" in p.decisions()
+        assert "left alone, taken out by admin (DRAIN: admin: bad fan)" in p.decisions()
 
 
 def test_breaker_stops_a_rule_that_matches_every_node(slurm, cluster, tmp_path):

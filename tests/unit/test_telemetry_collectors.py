@@ -257,7 +257,7 @@ def test_logtail_real_kernel_ring_buffer():
 def test_logtail_journal_through_journalctl_with_cursor(tmp_path, monkeypatch):
     """journalctl is run with the saved cursor; a fake journalctl on PATH stands in for a host journal."""
     entries = tmp_path / "entries.jsonl"
-    entries.write_text("".join(json.dumps({"__CURSOR": f"c{i}", "MESSAGE": msg, "_SYSTEMD_UNIT": "kernel"}) + "\n"
+    entries.write_text("".join(json.dumps({"__CURSOR": f"c{i}", "MESSAGE": msg, "_TRANSPORT": "kernel"}) + "\n"
                                for i, msg in enumerate(["boot", "NVRM: Xid (PCI:0000:3b:00): 79, x"])))
     fake = tmp_path / "bin" / "journalctl"
     fake.parent.mkdir()
@@ -280,10 +280,18 @@ print('\\n'.join(lines))
     out = run(c)
     assert out.events == [] and saved_positions(out) == {"logtail:logtail:journal": "c1"}  # start_at end
     with entries.open("a") as f:
-        f.write(json.dumps({"__CURSOR": "c2", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 94, y"}) + "\n")
+        f.write(json.dumps({"__CURSOR": "c2", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 94, y", "_TRANSPORT": "kernel",
+                            "__REALTIME_TIMESTAMP": "990500000"}) + "\n")
+        # a plain user's `logger "NVRM: Xid ..."`: the syslog transport, never read as the kernel's
+        f.write(json.dumps({"__CURSOR": "c3", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, z", "_TRANSPORT": "syslog",
+                            "SYSLOG_IDENTIFIER": "mallory"}) + "\n")
     out = run(c)
-    assert [(json.loads(e[5])["xid"], json.loads(e[5])["stream"]) for e in out.events] == [(94, "journal")]
-    assert "-k --after-cursor=c1" in (tmp_path / "argv.log").read_text()
+    xids = [(json.loads(e[5])["xid"], json.loads(e[5])["stream"], e[0]) for e in out.events if e[1] == "log"]
+    assert xids == [(94, "journal", 990.5)]  # the entry's own time
+    assert [json.loads(e[5])["reason"] for e in out.events if e[2] == "log_source_untrusted"] == [
+        "entry with _TRANSPORT=syslog, not one of kernel"]
+    assert samples(out)[("log.rejected_lines", (("reason", "transport:syslog"), ("source", "journal")))] == 1
+    assert "-k _TRANSPORT=kernel --after-cursor=c1" in (tmp_path / "argv.log").read_text()
 
 
 def test_host_keeps_procfs_files_open_and_rereads_them_fresh(tmp_path):

@@ -65,3 +65,27 @@ def test_missing_root_has_no_checkpoint(tmp_path):
     assert latest_checkpoint(tmp_path / "nowhere") is None
     with pytest.raises(ValueError, match="keep"):
         CheckpointManager(tmp_path, keep=0)
+
+
+def test_background_save_copies_the_state_before_training_goes_on(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=2)
+    live = state(1.0, 7)
+    done = []
+    mgr.save(7, live, {"world_size": 1}, background=True, on_complete=lambda path, s: done.append(path.name))
+    live["model"]["w"].fill_(99.0)  # the optimiser moves on while the save is written
+    mgr.wait()
+    assert done == ["step-00000007"] and mgr.latest().name == "step-00000007"
+    target = state(0.0, 0)
+    mgr.load(mgr.latest(), target)
+    assert torch.equal(target["model"]["w"], torch.full((4, 3), 1.0))  # the values at save time
+
+
+def test_background_saves_prune_and_a_killed_one_leaves_the_previous(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        mgr.save(step, state(step, step), background=True)  # each waits for the one before
+    mgr.wait()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    (tmp_path / ".step-00000004.tmp").mkdir()  # what a save killed mid-write leaves
+    (tmp_path / ".step-00000004.tmp" / "__0_0.distcp").write_bytes(b"partial")
+    assert latest_checkpoint(tmp_path).name == "step-00000003"

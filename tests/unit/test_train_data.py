@@ -1,22 +1,59 @@
-"""Token shards, the byte tokenizer and the deterministic resumable sampler."""
+"""Token shards, the BPE and byte tokenizers, the held-out split and the deterministic resumable sampler."""
 
 import json
 
 import numpy as np
 import pytest
 
-from sigma.train.data import ByteTokenizer, TokenShards, WindowSampler, corpus_files, prepare, stdlib_dir
+from sigma.train.data import (ByteTokenizer, TokenShards, WindowSampler, corpus_files, is_eval_document,
+                              load_tokenizer, prepare, stdlib_dir)
+
+
+def first_document(ids, eos_id):
+    ends = np.flatnonzero(ids == eos_id)
+    return ids[:int(ends[0])] if ends.size else ids
 
 
 def test_prepare_writes_shards_and_meta_from_the_stdlib(train_data):
     meta = json.loads((train_data / "meta.json").read_text())
-    assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 257
+    assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 512 and meta["tokenizer_file"] == "tokenizer.json"
     assert len(meta["shards"]) >= 2, "0.5 MB in 100k-token shards must span several shards"
     shards = TokenShards(train_data)
     assert shards.num_tokens == meta["tokens"] == sum(s["tokens"] for s in meta["shards"])
-    first = corpus_files(stdlib_dir())[0].read_bytes()
-    assert ByteTokenizer().decode(shards.read(0, 40)) == first[:40].decode()
-    assert int(shards.read(len(first), 1)[0]) == ByteTokenizer.eos_id  # document separator
+    tok = load_tokenizer(train_data)
+    assert tok.vocab_size == 512 and int(shards.maps[0].max()) < 512
+    files = corpus_files(stdlib_dir())
+    first = files[0].read_bytes()  # document 0 is a training document
+    assert first.decode().startswith(tok.decode(first_document(shards.read(0, 200), tok.eos_id)))
+    # subwords, not bytes: the same text takes far fewer tokens than bytes
+    assert meta["train_tokens"] < 0.75 * sum(len(f.read_bytes()) for f in files[:meta["documents"]])
+
+
+def test_held_out_documents_are_a_separate_split(train_data):
+    meta = json.loads((train_data / "meta.json").read_text())
+    assert meta["eval_documents"] >= 1 and meta["eval_shards"]
+    held_out = TokenShards(train_data, split="eval")
+    assert held_out.num_tokens == meta["eval_tokens"] > 0
+    tok = load_tokenizer(train_data)
+    files = corpus_files(stdlib_dir())
+    held = [i for i in range(meta["documents"]) if is_eval_document(i, meta["eval_fraction"])]
+    k = held[0] if held else meta["documents"] - 1  # few documents: the last one is held out
+    ids = held_out.read(0, 100)
+    assert files[k].read_bytes().decode().startswith(tok.decode(first_document(ids, tok.eos_id)))
+    train = TokenShards(train_data)
+    assert not np.array_equal(train.read(0, 100), ids)
+
+
+def test_byte_tokenizer_and_bad_vocabulary(tmp_path):
+    meta = prepare(tmp_path / "byte", max_mb=0.05, tokenizer="byte")
+    assert meta["vocab_size"] == 257 and "tokenizer_file" not in meta
+    assert ByteTokenizer().decode(TokenShards(tmp_path / "byte").read(0, 30)) == \
+        corpus_files(stdlib_dir())[0].read_bytes()[:30].decode()
+    with pytest.raises(ValueError, match="vocab_size must be in 257"):
+        prepare(tmp_path / "bad", max_mb=0.05, vocab_size=100)
+    with pytest.raises(ValueError, match="no held-out split"):
+        TokenShards(prepare(tmp_path / "none", max_mb=0.05, tokenizer="byte", eval_fraction=0) and tmp_path / "none",
+                    split="eval")
 
 
 def test_read_across_a_shard_border_matches_the_concatenated_stream(train_data):

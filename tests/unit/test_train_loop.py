@@ -63,7 +63,7 @@ def test_metrics_lines_carry_the_kpis(train_data, tmp_path, monkeypatch):
     monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
     monkeypatch.setenv("SIGMA_JOB_ID", "5")
     summary = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "c", "steps=4", "kpi.param_norm_every=2",
-                                                       "model_overrides.balance=aux_free")))
+                                                       "model_overrides.balance=aux_free", "peak_flops=1e11")))
     records = read_kpis(summary.kpi_path)
     metrics = [r for r in records if "event" not in r]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
@@ -72,7 +72,9 @@ def test_metrics_lines_carry_the_kpis(train_data, tmp_path, monkeypatch):
         assert m["job_id"] == 5 and m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1
         assert len(m["expert_load"]) == 1 and sum(m["expert_load"][0]) == 4 * 32 * 2  # tokens x top_k
     assert [("moe_param_norm" in m) for m in metrics] == [False, True, False, True]
-    assert [r["event"] for r in records if "event" in r] == ["start", "checkpoint", "stop"]
+    assert [r["event"] for r in records if "event" in r] == ["start", "eval", "checkpoint", "stop"]
+    assert "eval_loss" in metrics[-1] and "eval_loss" not in metrics[0]  # the last step is evaluated
+    assert 0 < metrics[-1]["hfu"] == pytest.approx(metrics[-1]["mfu"])  # no recomputation: HFU = MFU
 
 
 def test_nan_loss_stops_with_an_event(train_data, tmp_path, monkeypatch, capsys):
@@ -128,3 +130,37 @@ def test_garbage_collection_is_manual_during_the_run(train_data, tmp_path, monke
     assert collections and all(g == 2 for g in collections), collections
     assert len(collections) >= 4  # start, steps 2 and 4, after the final checkpoint
     assert gc.isenabled()
+
+
+def test_exact_resume_with_router_jitter_restores_the_rng(train_data, tmp_path, monkeypatch):
+    from sigma.train.trainer import train
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
+    monkeypatch.setenv("SIGMA_JOB_ID", "3")
+    jitter = ["steps=8", "checkpoint.every=4", "model_overrides.router_jitter=0.3", "eval.every=0"]
+    straight = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "a", *jitter)))
+    args = overrides(train_data, tmp_path / "b", *jitter, "fault.kill_at_step=6")
+    assert run_rank(args, tmp_path / "kpi", 4).returncode == -9
+    resumed = run_rank(args, tmp_path / "kpi", 4)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    path = tmp_path / "kpi" / "job-4" / f"rank-0.{os.uname().nodename}.jsonl"
+    assert next(r for r in read_kpis(path) if r.get("event") == "resume")["rng_restored"] is True
+    losses = metrics_by_step(path)
+    for step in range(1, 9):  # the jitter noise after the resume is the noise the straight run drew
+        assert losses[step] == straight.losses[step], step
+
+
+def test_gradient_accumulation_equals_the_whole_batch(train_data, tmp_path, monkeypatch):
+    from sigma.train.trainer import train
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "kpi"))
+    common = ["steps=4", "model_overrides.balance=aux_free", "eval.every=2"]
+    whole = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "a", *common)))
+    micro = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "b", *common, "data.micro_batch=1")))
+    starts = [r for r in read_kpis(micro.kpi_path) if r.get("event") == "start"]  # both runs share the file
+    assert [s["micro_batches"] for s in starts] == [1, 4]
+    for step in range(1, 5):
+        assert micro.losses[step] == pytest.approx(whole.losses[step], abs=2e-5), step
+    assert sorted(micro.eval_losses) == [2, 4]
+    assert micro.eval_losses[4] == pytest.approx(whole.eval_losses[4], abs=2e-5)
+    assert micro.eval_losses[4] < micro.eval_losses[2]  # held-out loss falls as it learns

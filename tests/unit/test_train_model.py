@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from sigma.config import ConfigError
 from sigma.train.config import ModelConfig, load_model_config, preset_names
-from sigma.train.flops import accelerator_peak, flops_per_token, mfu, param_counts, peak_flops
+from sigma.train.flops import (PeakUnknown, accelerator_peak, cpu_model, flops_per_token, hardware_flops_per_token,
+                               mfu, param_counts, peak_flops, record_calibration)
 from sigma.train.model import MoETransformer
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -194,28 +195,55 @@ def test_flops_per_token_by_hand():
     assert param_counts(cfg).total == 2824
 
 
-def test_mfu_against_a_given_peak(monkeypatch):
+def test_mfu_against_a_stated_peak_never_a_measured_one(monkeypatch, tmp_path):
     cfg = load_model_config("debug")
+    assert mfu(1000.0, cfg, 64, 1e12) == pytest.approx(1000.0 * flops_per_token(cfg, 64) / 1e12)
+    monkeypatch.setenv("SIGMA_PEAK_FILE", str(tmp_path / "peaks.json"))
+    monkeypatch.delenv("SIGMA_PEAK_FLOPS", raising=False)
+    with pytest.raises(PeakUnknown, match="sigma train calibrate"):
+        peak_flops("cpu", torch.float32)  # nothing recorded: no MFU rather than a rate measured under load
+    assert peak_flops("cpu", torch.float32, configured=5e11).flops == 5e11
     monkeypatch.setenv("SIGMA_PEAK_FLOPS", "1e12")
-    assert mfu(1000.0, cfg, 64, "cpu") == pytest.approx(1000.0 * flops_per_token(cfg, 64) / 1e12)
+    assert peak_flops("cpu").flops == 1e12
     monkeypatch.delenv("SIGMA_PEAK_FLOPS")
-    assert peak_flops("cpu") > 1e8  # measured GEMM rate, not a table value
-    with pytest.raises(ValueError, match="SIGMA_PEAK_FLOPS"):
+    record_calibration([{"cpu": cpu_model(), "threads": torch.get_num_threads(), "dtype": "bfloat16", "flops": 3e11,
+                         "measured_at": "2026-01-01T00:00:00+00:00"}])
+    peak = peak_flops("cpu", torch.bfloat16)
+    assert peak.flops == 3e11 and "sigma train calibrate" in peak.source
+    with pytest.raises(PeakUnknown):
+        peak_flops("cpu", torch.float32)  # recorded for bf16 only
+    with pytest.raises(PeakUnknown, match="SIGMA_PEAK_FLOPS"):
         peak_flops("meta")
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12),
-    ("NVIDIA H100 PCIe", 756e12),
-    ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A10G", 70e12),
-    ("NVIDIA L40S", 362e12),
-    ("NVIDIA L4", 121e12),
-    ("NVIDIA B200", 2.25e15),
+def test_hardware_flops_count_the_recomputed_forward():
+    cfg = load_model_config("debug")
+    assert hardware_flops_per_token(cfg, 64) == flops_per_token(cfg, 64)
+    ckpt = load_model_config("debug", {"activation_checkpointing": True})
+    extra = hardware_flops_per_token(ckpt, 64) - flops_per_token(ckpt, 64)
+    head = cfg.vocab_size * cfg.dim
+    assert extra == 2 * (param_counts(cfg).active - head) + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 64
+
+
+@pytest.mark.parametrize("name, bf16, fp32", [
+    ("NVIDIA H100 80GB HBM3", 989e12, 67e12),
+    ("NVIDIA H100 PCIe", 756e12, 51e12),
+    ("NVIDIA H200", 989e12, 67e12),
+    ("NVIDIA GH200 480GB", 989e12, 67e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12, 19.5e12),
+    ("NVIDIA L40S", 362e12, 91.6e12),
+    ("NVIDIA L4", 121e12, 30.3e12),
+    ("NVIDIA B200", 2.25e15, None),
+    ("AMD Instinct MI300X", 1307e12, 163.4e12),
 ])
-def test_accelerator_peak_by_reported_name(name, peak):
-    assert accelerator_peak(name) == peak
+def test_accelerator_peak_by_reported_name(name, bf16, fp32):
+    assert accelerator_peak(name, torch.bfloat16).flops == bf16
+    assert "datasheet" in accelerator_peak(name).source or "data sheet" in accelerator_peak(name).source
+    if fp32 is None:
+        with pytest.raises(PeakUnknown, match="no float32 peak"):
+            accelerator_peak(name, torch.float32)
+    else:
+        assert accelerator_peak(name, torch.float32).flops == fp32
 
 
 def test_unknown_accelerator_names_the_override():

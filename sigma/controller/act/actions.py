@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sigma.controller.act.guards import admin_hold
 from sigma.controller.act.journal import NotYet, Skip
 from sigma.slurm.client import Slurm
 
@@ -39,11 +40,10 @@ class SlurmActions:
     # ---------- nodes ----------
     def _drain(self, node: str, params: dict, key: str) -> str:
         n = self.slurm.node(node)
-        if n.drained:
-            if n.drained_by_sigma:
-                return f"already drained: {n.reason}"
-            if n.reason not in self.adopt_reasons:
-                raise Skip(f"already drained by someone else ({n.reason!r}); left as is")
+        if (held := admin_hold(n, self.adopt_reasons)) is not None:
+            raise Skip(f"taken out by someone else ({n.state}, {held!r}); left as is")
+        if n.drained and n.drained_by_sigma:
+            return f"already drained: {n.reason}"
         self.slurm.drain([node], params["reason"])
         return f"drained (was: {n.reason})" if n.drained else "drained"
 
@@ -58,6 +58,8 @@ class SlurmActions:
 
     def _reboot(self, node: str, params: dict, key: str) -> str:
         n = self.slurm.node(node)
+        if (held := admin_hold(n, self.adopt_reasons)) is not None:  # the journal may replay a planned reboot
+            raise Skip(f"taken out by someone else ({n.state}, {held!r}); never rebooted by sigma")
         if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags) or n.slurmd_start_time > params["planned_at"]:
             return "reboot already requested or done"
         self.slurm.reboot([node], next_state="DOWN", reason=params["reason"])

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from sigma.controller.config import ControllerConfig, RemediationConfig
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.findings import Finding
-from sigma.controller.act.guards import breaker_limit, breaker_trips, in_shadow
+from sigma.controller.act.guards import admin_hold, breaker_limit, breaker_trips, in_shadow, wave_trips
 from sigma.controller.act.incidents import Incident, Incidents
 from sigma.controller.act.journal import Journal
+from sigma.controller.act.reason import drain_reason
 from sigma.controller.act.remediation import TERMINAL, Remediator
 from sigma.rules.schema import DRAIN_ACTIONS
 from sigma.slurm.types import Job, Node
@@ -34,6 +36,7 @@ class Decider:
         self.rcfg = rcfg
         self.log = log
         self.clock = clock
+        self.counts: Counter = Counter()  # guard-rail outcomes, exported on /metrics
 
     def decide(self, findings: list[Finding], nodes: dict[str, Node], jobs: list[Job]) -> list[Incident]:
         opened = []
@@ -71,9 +74,12 @@ class Decider:
             inc = self._status("notified", f"node {node!r} unknown to SLURM")
             self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; node unknown to SLURM")
             return inc
-        if n.drained and not n.drained_by_sigma and n.reason not in self.cfg.adopt_drain_reasons:
-            inc = self._status("notified", f"already drained by someone else: {n.reason!r}")
-            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, drained by admin ({n.reason})")
+        held = admin_hold(n, self.cfg.adopt_drain_reasons)
+        if held is not None:
+            self.counts["guard", "admin_hold"] += 1
+            inc = self._status("notified", f"taken out by someone else ({n.state}, {held!r}); left alone")
+            how = "FAIL" if "FAIL" in n.flags else "DRAIN" if n.drained else n.state.upper()
+            self._say(inc, f"NOTIFY {node} ({f.rule_id}): {f.summary}; left alone, taken out by admin ({how}: {held})")
             return inc
         inc = self._inc
         lc = self.remediator.get(node)
@@ -91,21 +97,9 @@ class Decider:
             self._say(inc, f"SHADOW {node} ({f.rule_id}): would drain ({f.summary})"
                            f"{' and requeue ' + str([j.job_id for j in on_node]) if on_node and f.requeue_jobs else ''}")
             return inc
-        window_start = self.clock() - self.cfg.breaker.window_s
-        others = self.incidents.nodes_with_rule(f.rule_id, window_start, DRAINED_STATUSES)
-        b = self.cfg.breaker
-        if breaker_trips(node, others, len(nodes), b.max_nodes, b.max_fraction):
-            limit = breaker_limit(len(nodes), b.max_nodes, b.max_fraction)
-            note = (f"circuit breaker: {len(others | {node})} nodes with {f.rule_id} in {b.window_s:.0f}s exceeds "
-                    f"{limit}; escalated instead of draining")
-            self.journal.plan(f"escalate:{f.rule_id}:{node}:i{inc.id}", "ticket", node, incident_id=inc.id,
-                              params={"url": self.rcfg.escalation_webhook,
-                                      "payload": {"node": node, "rule": f.rule_id, "summary": f.summary,
-                                                  "reason": note, "drained_nodes": sorted(others)}})
-            inc = self._status("escalated", note)
-            self.journal.execute(self.journal.get(f"escalate:{f.rule_id}:{node}:i{inc.id}"))
-            self._say(inc, f"BREAKER {node} ({f.rule_id}): {note}")
-            return inc
+        tripped = self._guard(f, node, len(nodes))
+        if tripped is not None:
+            return self._escalate(f, node, *tripped)
         # plan everything first, then run it: a crash in between leaves planned rows the restart replays
         drain = self.journal.plan(f"drain:{node}:i{inc.id}", "drain", node, incident_id=inc.id,
                                   params={"reason": self._reason(f)})
@@ -119,8 +113,9 @@ class Decider:
         requeued = []
         if f.requeue_jobs:
             for job in on_node:
-                self._requeue(job, inc, avoid=[node], crash_guard=False)
-                requeued.append(job.job_id)
+                if job.requeue:  # a job submitted with --no-requeue is left to its owner
+                    self._requeue(job, inc, avoid=[node], crash_guard=False)
+                    requeued.append(job.job_id)
         self._ensure_start_now(inc, avoid=[node])
         if on_node:
             self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
@@ -129,6 +124,40 @@ class Decider:
         inc = self._status("acted")
         self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}; "
                        f"playbook {playbook.name}")
+        return inc
+
+    def _guard(self, f: Finding, node: str, total: int) -> tuple[str, str, list[str]] | None:
+        """(guard, note, nodes already out) when taking `node` out would break a limit: the per-rule circuit
+        breaker, or the global limit on nodes out of service across every rule, the watchdog and isolation."""
+        b = self.cfg.breaker
+        window_start = self.clock() - b.window_s
+        same_rule = self.incidents.nodes_with_rule(f.rule_id, window_start, DRAINED_STATUSES)
+        if breaker_trips(node, same_rule, total, b.max_nodes, b.max_fraction):
+            limit = breaker_limit(total, b.max_nodes, b.max_fraction)
+            return ("rule", f"circuit breaker: {len(same_rule | {node})} nodes with {f.rule_id} in "
+                            f"{b.window_s:.0f}s exceeds {limit}; escalated instead of draining", sorted(same_rule))
+        out = self.incidents.nodes_out(window_start, DRAINED_STATUSES) | self.remediator.nodes_out()
+        if wave_trips(node, out, total, b.wave_max_nodes, b.wave_max_fraction):
+            limit = breaker_limit(total, b.wave_max_nodes, b.wave_max_fraction)
+            return ("wave", f"global limit: {len(out | {node})} nodes out of service in {b.window_s:.0f}s (all "
+                            f"rules, watchdog, isolation) exceeds {limit}; escalated instead of draining", sorted(out))
+        return None
+
+    def _escalate(self, f: Finding, node: str, guard: str, note: str, nodes_out: list[str]) -> Incident:
+        """A guard tripped: nothing is done to the node; a person gets the incident, the evidence and the nodes
+        already out (ticket to escalation_webhook, decision log, `sigma incidents` / `sigma explain`)."""
+        inc = self._inc
+        self.counts["guard", guard] += 1
+        self.incidents.add_evidence(inc.id, guard={"guard": guard, "note": note, "nodes_out": nodes_out})
+        key = f"escalate:{f.rule_id}:{node}:i{inc.id}"
+        self.journal.plan(key, "ticket", node, incident_id=inc.id,
+                          params={"url": self.rcfg.escalation_webhook,
+                                  "payload": {"node": node, "rule": f.rule_id, "summary": f.summary, "guard": guard,
+                                              "reason": note, "nodes_out": nodes_out, "evidence": f.evidence,
+                                              "incident": inc.id}})
+        inc = self._status("escalated", note)
+        self.journal.execute(self.journal.get(key))
+        self._say(inc, f"{'BREAKER' if guard == 'rule' else 'WAVE'} {node} ({f.rule_id}): {note}")
         return inc
 
     # ---------- job restarts ----------
@@ -146,6 +175,10 @@ class Decider:
         if job is None or job.state not in RUNNING_STATES + RESTARTABLE_ENDED_STATES:
             inc = self._status("notified", "job not running")
             self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job not running")
+            return inc
+        if not job.requeue:  # submitted with --no-requeue: its owner restarts it, we only tell
+            inc = self._status("notified", "job opted out of requeue (--no-requeue)")
+            self._say(inc, f"NOTIFY job {f.job_id} ({f.rule_id}): {f.summary}; job opted out of requeue")
             return inc
         if shadow:
             self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
@@ -208,7 +241,7 @@ class Decider:
     # ---------- helpers ----------
     @staticmethod
     def _reason(f: Finding) -> str:
-        return f"{f.rule_id} {f.summary}"[:120]
+        return drain_reason(f.rule_id, f.summary)
 
     @staticmethod
     def _target(f: Finding) -> str:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from sigma.slurm.types import SIGMA_REASON_PREFIX, Node
+
+# Reasons SLURM writes itself for a node it took out (not an admin's decision): the controller may act on these.
+SLURM_OWN_REASONS = ("Not responding",)
+
 
 def breaker_limit(total_nodes: int, max_nodes: int, max_fraction: float) -> int:
     """How many nodes one signature may take out in the window: the smaller of both limits, at least one."""
@@ -19,6 +24,29 @@ def breaker_trips(node: str, nodes_with_signature: Iterable[str], total_nodes: i
     """
     nodes = set(nodes_with_signature) | {node}
     return len(nodes) > breaker_limit(total_nodes, max_nodes, max_fraction)
+
+
+def wave_trips(node: str, nodes_out: Iterable[str], total_nodes: int, max_nodes: int, max_fraction: float) -> bool:
+    """The global limit: True when taking `node` out would put more nodes out of service in the window than
+    allowed, whatever rule, watchdog or isolation asks. A wave (a switch, a PDU, a bad driver roll-out) shows up
+    through several rules at once; past this point drains do more harm than the faults (Kubernetes' node
+    controller stops evicting in an unhealthy zone for the same reason)."""
+    return breaker_trips(node, nodes_out, total_nodes, max_nodes, max_fraction)
+
+
+def admin_hold(node: Node, own_reasons: Iterable[str] = ()) -> str | None:
+    """The reason when someone else took the node out of service (DOWN, DRAIN or FAIL with a reason we did not
+    write); such a node is never touched: no drain change, no reboot, no resume. None when it is ours to act on.
+
+    own_reasons: SLURM's drains after our own health hooks (adopt_drain_reasons) that the controller may take over.
+    """
+    out = node.state in ("down", "fail") or bool({"DRAIN", "FAIL"} & set(node.flags))
+    reason = node.reason.strip()
+    if not out or not reason or reason.startswith(SIGMA_REASON_PREFIX):
+        return None
+    if reason in tuple(own_reasons) + SLURM_OWN_REASONS:
+        return None
+    return reason
 
 
 def in_shadow(rule_id: str, rule_shadow: bool, global_shadow: bool, shadow_rules: Iterable[str]) -> bool:

@@ -106,3 +106,10 @@ class Incidents:
         rows = self.conn.execute(f"SELECT DISTINCT node FROM incidents WHERE rule_id=? AND opened_at>=? AND node IS NOT"
                                  f" NULL AND status IN ({marks})", (rule_id, since, *statuses))
         return {r[0] for r in rows}
+
+    def nodes_out(self, since: float, statuses: tuple[str, ...]) -> set[str]:
+        """Nodes any rule, the watchdog or isolation took out of service since `since`."""
+        marks = ",".join("?" * len(statuses))
+        rows = self.conn.execute(f"SELECT DISTINCT node FROM incidents WHERE opened_at>=? AND node IS NOT NULL AND"
+                                 f" scope='node' AND status IN ({marks})", (since, *statuses))
+        return {r[0] for r in rows}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sigma.controller.config import Playbook, RemediationConfig, resolve
 from sigma.controller.act.decisionlog import DecisionLog
+from sigma.controller.act.guards import admin_hold
 from sigma.controller.act.incidents import Incidents
 from sigma.controller.act.journal import Journal
 from sigma.slurm.types import Job, Node
@@ -85,6 +86,11 @@ class Remediator:
         lc = self.get(node)
         return lc is not None and lc.state not in TERMINAL
 
+    def nodes_out(self) -> set[str]:
+        """Nodes held out of service by a remediation cycle right now."""
+        return {r[0] for r in self.conn.execute(
+            f"SELECT node FROM node_lifecycle WHERE state NOT IN ({','.join('?' * len(TERMINAL))})", TERMINAL)}
+
     def start(self, node: str, incident_id: int, rule_id: str, playbook: str) -> bool:
         """Begin a cycle for a node we just drained; False if one is already running."""
         current = self.get(node)
@@ -128,8 +134,9 @@ class Remediator:
             n = nodes.get(lc.node)
             if n is None:
                 continue
-            if n.drained and n.reason and not n.drained_by_sigma and n.reason not in self.adopt_reasons:
-                self._move(lc, "admin", f"drained by someone else ({n.reason!r}); never resumed by sigma")
+            held = admin_hold(n, self.adopt_reasons)
+            if held is not None:  # DOWN, DRAIN or FAIL by someone else: no reboot, no resume from here on
+                self._move(lc, "admin", f"taken out by someone else ({n.state}, {held!r}); never touched by sigma")
                 if lc.incident_id:
                     self.incidents.set_status(lc.incident_id, "closed", "node taken over by an admin", close=True)
                 continue

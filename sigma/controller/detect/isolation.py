@@ -1,82 +1,189 @@
 """Find the culprit node of an anomalous job when no rule names one (pure numpy).
 
-Synchronous training makes healthy peers look alike, so a node is suspicious when it deviates from its peers in
-the same job (spatial score) and from its own healthy history (temporal score). Scores are robust z-scores
-(median/MAD; the temporal one on the deviation from the peers, so the common workload cancels out), aggregated
-per entity as the mean of its top-k metric deviations, so a fault that moves a handful
-of the hundreds of metrics still stands out while one noisy metric does not. An accelerator-level matrix is
-reduced to its node by the node's worst accelerator.
+Every entity (node, or accelerator) is scored per metric in units of that metric's own noise:
+- with 3 or more entities (peers): the entity's deviation from the peer median, against the spread of the peers
+  now AND against its own usual deviation (its healthy history: a node that always runs hotter is no outlier);
+  the smaller of the two, so the common workload and its phases cancel out;
+- otherwise (a single-node job; two peers cannot say which side is odd): each entity against its own healthy
+  history alone (median / MAD: robust streaming statistics, the per-node detector).
 
-Acting needs a dominant outlier (top score >= min_score and >= dominance x the runner-up) in `rounds`
-consecutive rounds; the ranked evidence is kept with the decision.
+Scales mean something: a scale is never below the metric's noise floor — its resolution (the quantisation step of
+its values) and its typical change between samples — so "0 everywhere, 0.03 here" is a few sigmas, not a thousand.
+A metric that never moved in the healthy history (flat, constant) has no scale to learn: a change there scores at
+most FLAT_Z, a hint that can add to other evidence but never names a culprit alone. Each metric's score is
+calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score / 3), so a
+spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores; an
+accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
+is never evidence, and an entity without history (it joined late) is scored against its peers alone.
+
+Acting needs one outlier (top score >= min_score and >= dominance x the runner-up) in `rounds` consecutive rounds.
+When several entities are outliers at once, the job's own evidence (the node the others wait for) may pick among
+them; otherwise the verdict says they cannot be told apart and the caller escalates instead of picking one.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
-Z_CAP = 1000.0
-
-
-def robust_z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, rel_floor: float = 1e-3,
-             abs_floor: float = 1e-6) -> np.ndarray:
-    """|values - center| / scale, with the scale floored so identical peers do not divide by zero."""
-    floor = np.maximum(rel_floor * np.abs(center), abs_floor)
-    # capped: a deviation among identical peers is "very large", not 1e6 (keeps scores readable as evidence)
-    return np.minimum(np.abs(values - center) / np.maximum(scale, floor), Z_CAP)
-
-
-def top_k_mean(z: np.ndarray, k: int) -> np.ndarray:
-    """Mean of the k largest values along the last axis."""
-    k = max(1, min(k, z.shape[-1]))
-    part = np.partition(z, z.shape[-1] - k, axis=-1)[..., -k:]
-    return part.mean(axis=-1)
-
-
-def spatial_z(current: np.ndarray, jitter: np.ndarray | None = None) -> np.ndarray:
-    """current: [entities, metrics] (NaN = missing). Each entity against the median of all of them; the spread
-    of the peers is at least `jitter` [metrics] (peers that happen to agree closely do not make noise a fault)."""
-    med = np.nanmedian(current, axis=0) if np.isnan(current).any() else np.median(current, axis=0)
-    dev = np.abs(current - med)
-    mad = (np.nanmedian(dev, axis=0) if np.isnan(dev).any() else np.median(dev, axis=0)) * MAD_TO_SIGMA
-    return robust_z(current, med, mad if jitter is None else np.maximum(mad, jitter))
+Z_CAP = 1000.0  # keeps scores readable as evidence
+FLAT_Z = 3.0  # most a metric that never moved in the healthy history can score
+CALIBRATION_Q = 99.0  # healthy percentile of a metric's scores that is mapped to ...
+CALIBRATION_Z = 3.0  # ... this score
+REL_FLOOR = 1e-3  # the scale is at least this fraction of the level (a float's last digits are not a signal)
+ABS_FLOOR = 1e-9
+QUANTUM_SAMPLE = 4096  # values per metric looked at to find its resolution
 
 
 def _median(a: np.ndarray, axis: int) -> np.ndarray:
     return np.nanmedian(a, axis=axis) if np.isnan(a).any() else np.median(a, axis=axis)
 
 
-def history_stats(history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each entity's healthy history [entities, time, metrics] -> (center, scale) of its deviation from the peer
-    median at the same time. Removing the common workload first means a job changing phase is not a fault;
-    computed once per history window and reused by every round."""
-    residual = history - _median(history, axis=0)[None, :, :]
-    center = _median(residual, axis=1)
-    scale = _median(np.abs(residual - center[:, None, :]), axis=1) * MAD_TO_SIGMA
-    # a few dozen points give a noisy scale; an entity whose history happened to be quiet must not turn every
-    # wiggle into an outlier, so the scale is at least the typical scale of its peers for that metric
-    pooled = _median(scale, axis=0)
-    return center, np.maximum(scale, pooled[None, :])
+def _rows(a: np.ndarray) -> np.ndarray:
+    """[..., metrics] -> [rows, metrics] (also with no metrics at all)."""
+    return a.reshape(int(np.prod(a.shape[:-1])), a.shape[-1])
 
 
-def temporal_z(current: np.ndarray, stats: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """How far each entity's deviation from its peers now is from its usual deviation (its own history)."""
-    center, scale = stats
-    residual = current - _median(current, axis=0)[None, :]
-    return robust_z(residual, center, scale, rel_floor=0.0)
+def top_k_mean(z: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the k largest values along the last axis."""
+    k = max(1, min(k, z.shape[-1]))
+    if z.shape[-1] == 0:
+        return np.zeros(z.shape[:-1])
+    part = np.partition(z, z.shape[-1] - k, axis=-1)[..., -k:]
+    return part.mean(axis=-1)
 
 
-def combine(spatial: np.ndarray, temporal: np.ndarray | None) -> np.ndarray:
-    """Per metric: where the entity has history, both must agree (the smaller score: high only if it differs from
-    its peers AND from its own past); where it has none (e.g. KPIs of a fresh job), the spatial score alone."""
-    if temporal is None:
-        return spatial
-    return np.where(np.isnan(temporal), spatial, np.minimum(spatial, temporal))
+def quantum(history: np.ndarray, rng_seed: int = 0) -> np.ndarray:
+    """[metrics] the smallest positive gap between distinct values a metric takes (its resolution; 0 where it
+    takes one value only). A sample of the values is enough, and keeps this cheap on large histories."""
+    flat = _rows(history)
+    if flat.shape[0] > QUANTUM_SAMPLE:
+        idx = np.random.default_rng(rng_seed).choice(flat.shape[0], QUANTUM_SAMPLE, replace=False)
+        flat = flat[idx]
+    s = np.sort(flat, axis=0)  # NaN sort last
+    gaps = np.diff(s, axis=0)
+    gaps[~(gaps > 0)] = np.inf
+    q = gaps.min(axis=0) if gaps.shape[0] else np.full(flat.shape[1], np.inf)
+    q[~np.isfinite(q)] = 0.0
+    return q
+
+
+@dataclass
+class Baseline:
+    """What the healthy history says about each entity and metric; computed once per history window."""
+    center: np.ndarray  # [entities, metrics] own median
+    scale: np.ndarray  # [entities, metrics] own robust spread, at least the noise floor
+    peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
+    peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least the noise floor
+    floor: np.ndarray  # [metrics] noise floor: resolution and typical change between samples
+    peer_floor: np.ndarray  # [metrics] the same for the deviation from the peers (the common workload removed)
+    flat: np.ndarray  # [metrics] True where the metric never moved in the history
+    weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (at most 1)
+    peer_weight: np.ndarray  # [metrics] the same for the spatial score
+
+    def known(self) -> np.ndarray:
+        """[entities, metrics] where an entity has a history for the metric."""
+        return np.isfinite(self.center)
+
+
+def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.ndarray:
+    """[metrics] max(resolution, median absolute change between consecutive samples of `moving` (default: the
+    history itself), REL_FLOOR x level)."""
+    q = quantum(history)
+    step = np.abs(np.diff(history if moving is None else moving, axis=1))
+    step[step == 0] = np.nan  # a metric that mostly holds still moves by its resolution when it moves
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        change = np.nan_to_num(np.nanmedian(_rows(step), axis=0)) if step.size else 0 * q
+        level = np.nan_to_num(np.nanmedian(_rows(np.abs(history)), axis=0))
+    return np.maximum.reduce([q, change, REL_FLOOR * level, np.full_like(q, ABS_FLOOR)])
+
+
+def _calibration(z: np.ndarray) -> np.ndarray:
+    """[metrics] weight that maps a metric's healthy CALIBRATION_Q percentile score to CALIBRATION_Z."""
+    flat = _rows(z)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q = np.nanpercentile(flat, CALIBRATION_Q, axis=0) if flat.shape[0] else np.zeros(z.shape[-1])
+    q = np.nan_to_num(q, nan=0.0)
+    return np.minimum(1.0, CALIBRATION_Z / np.maximum(q, 1e-9))
+
+
+def baseline(history: np.ndarray) -> Baseline:
+    """history: [entities, time, metrics] of healthy operation (NaN where missing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a metric an entity never reported
+        floor = noise_floor(history)
+        flat = np.nan_to_num(np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1)), nan=0.0) == 0
+        center = _median(history, axis=1)
+        scale = np.maximum(_median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA, floor)
+        # the deviation from the peers at the same time: the common workload (and its phases) cancels out
+        residual = history - _median(history, axis=0)[None, :, :]
+        peer_floor = noise_floor(history, residual) if history.shape[0] >= 3 else floor
+        peer_center = _median(residual, axis=1)
+        peer_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
+        # a quiet history gives a small scale by chance: at least the peers' typical one
+        peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), peer_floor)
+        weight = _calibration(_z(history, center[:, None, :], scale[:, None, :], flat))
+        peer_weight = _calibration(_z(residual, peer_center[:, None, :], peer_scale[:, None, :], flat))
+    return Baseline(center, scale, peer_center, peer_scale, floor, peer_floor, flat, weight, peer_weight)
+
+
+def _z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """|values - center| / scale, capped; a flat metric at most FLAT_Z (it has no scale to measure against)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.minimum(np.abs(values - center) / scale, Z_CAP)
+    return np.where(flat, np.minimum(z, FLAT_Z), z)
+
+
+@dataclass
+class Scores:
+    """One round: per entity (or node) the score, and per entity the metric scores behind it."""
+    total: np.ndarray  # [nodes]
+    metric_z: np.ndarray  # [entities, metrics] calibrated metric scores (0 where nothing is known)
+    entity_node: np.ndarray | None = None
+
+    def top_metrics(self, node: int, names: Sequence[str], n: int = 5) -> list[tuple[str, float]]:
+        """The metrics behind a node's score, highest first (its worst entity's, for accelerators)."""
+        rows = np.array([node]) if self.entity_node is None else np.flatnonzero(self.entity_node == node)
+        if rows.size == 0 or self.metric_z.shape[1] == 0:
+            return []
+        z = self.metric_z[rows].max(axis=0)
+        order = np.argsort(-z)[:n]
+        return [(names[j], round(float(z[j]), 2)) for j in order if z[j] > 0]
+
+
+def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.ndarray | None = None,
+                  peers: bool | None = None) -> np.ndarray:
+    """[entities, metrics] calibrated metric scores of one round (NaN-free; 0 where nothing is known).
+    peers: use the spatial score (default: with 3 or more entities)."""
+    entities = current.shape[0]
+    peers = entities >= 3 if peers is None else peers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if not peers:  # each entity against its own history alone
+            if base is None:
+                return np.zeros(current.shape)
+            return np.nan_to_num(_z(current, base.center, base.scale, base.flat) * base.weight, nan=0.0)
+        med = _median(current, axis=0)
+        residual = current - med[None, :]
+        # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
+        floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
+        if jitter is not None:
+            floor = np.maximum(floor, jitter)
+        spread = np.maximum(_median(np.abs(residual), axis=0) * MAD_TO_SIGMA, floor)
+        flat = np.zeros(current.shape[1], dtype=bool) if base is None else base.flat
+        z = _z(residual, 0.0, spread[None, :], flat)
+        if base is not None:
+            # ... and against the entity's own history of that deviation (a node that always differs is no
+            # outlier); where it has none (it joined late), the peers alone
+            own = _z(residual, base.peer_center, base.peer_scale, flat)
+            z = np.where(np.isnan(own), z, np.minimum(z, own)) * base.peer_weight
+    return np.nan_to_num(z, nan=0.0, posinf=Z_CAP)
 
 
 def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -86,44 +193,60 @@ def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -
     return out
 
 
-@dataclass
-class Verdict:
-    culprit: str | None  # the dominant outlier this round, if any
-    ranked: list[tuple[str, float]]  # (node, score), best first (the evidence)
-    reason: str
-
-
-def pick_outlier(names: Sequence[str], scores: np.ndarray, min_score: float, dominance: float,
-                 keep: int = 5) -> Verdict:
-    order = np.argsort(-scores)
-    ranked = [(names[i], round(float(scores[i]), 3)) for i in order[:keep]]
-    if len(names) < 3:
-        return Verdict(None, ranked, "fewer than 3 peers: no spatial baseline")
-    top, second = float(scores[order[0]]), float(scores[order[1]])
-    if top < min_score:
-        return Verdict(None, ranked, f"top score {top:.1f} below {min_score}")
-    if top < dominance * max(second, 1e-9):
-        return Verdict(None, ranked, f"top score {top:.1f} not {dominance}x the runner-up {second:.1f}")
-    return Verdict(names[order[0]], ranked, f"{names[order[0]]} scores {top:.1f}, runner-up {second:.1f}")
+def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
+          entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
+          jitter: np.ndarray | None = None) -> Scores:
+    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
+    precomputed `baseline`); entity_node maps each entity (accelerator) to its node index (default: one entity per
+    node); jitter: each metric's usual movement within the window (a gap between peers smaller than that is
+    sampling noise)."""
+    if base is None and history is not None and history.shape[1] >= 3:
+        base = baseline(history)
+    n_nodes = len(nodes)
+    peers = n_nodes >= 3
+    z = metric_scores(current, base, jitter, peers=peers)
+    totals = top_k_mean(z, k) if z.shape[1] else np.zeros(z.shape[0])
+    if entity_node is not None:
+        totals = per_node(totals, entity_node, n_nodes)
+    return Scores(totals, z, entity_node)
 
 
 def score_nodes(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
-                entity_node: np.ndarray | None = None, k: int = 3,
-                stats: tuple[np.ndarray, np.ndarray] | None = None, jitter: np.ndarray | None = None) -> np.ndarray:
-    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
-    precomputed history_stats); entity_node maps each entity (accelerator) to its node index (default: one
-    entity per node); jitter: each metric's usual movement within the window (see spatial_z)."""
-    with warnings.catch_warnings():  # all-NaN columns (a metric nobody reports) are expected
-        warnings.simplefilter("ignore", RuntimeWarning)
-        spatial = spatial_z(current, jitter)
-        if stats is None and history is not None and history.shape[1] >= 3:
-            stats = history_stats(history)
-        temporal = temporal_z(current, stats) if stats is not None else None
-        z = np.nan_to_num(combine(spatial, temporal), nan=0.0, posinf=1e6)
-    scores = top_k_mean(z, k)
-    if entity_node is None:
-        return scores
-    return per_node(scores, entity_node, len(nodes))
+                entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
+                jitter: np.ndarray | None = None) -> np.ndarray:
+    """The per-node totals of `score`."""
+    return score(nodes, current, history, entity_node, k, base, jitter).total
+
+
+@dataclass
+class Verdict:
+    culprit: str | None  # the outlier this round, if any
+    ranked: list[tuple[str, float]]  # (node, score), best first (the evidence)
+    reason: str
+    ambiguous: list[str] = field(default_factory=list)  # several outliers the data cannot tell apart
+
+
+def pick_outlier(names: Sequence[str], scores: np.ndarray, min_score: float, dominance: float,
+                 keep: int = 5, hint: str | None = None) -> Verdict:
+    """hint: the node the job's own evidence points at (the one the others wait for), used to choose among
+    several outliers; never to make one."""
+    order = np.argsort(-scores)
+    ranked = [(names[i], round(float(scores[i]), 3)) for i in order[:keep]]
+    if len(names) == 0:
+        return Verdict(None, ranked, "no nodes")
+    top = float(scores[order[0]])
+    second = float(scores[order[1]]) if len(names) > 1 else 0.0
+    if top < min_score:
+        return Verdict(None, ranked, f"top score {top:.1f} below {min_score}")
+    outliers = [names[i] for i in order if scores[i] >= min_score]
+    if len(outliers) > 1:
+        if hint in outliers:
+            return Verdict(hint, ranked, f"{len(outliers)} outliers; the job's ranks wait for {hint}")
+        return Verdict(None, ranked, f"{len(outliers)} outliers ({', '.join(outliers[:keep])}) cannot be told "
+                                     f"apart", ambiguous=outliers)
+    if top < dominance * max(second, 1e-9):
+        return Verdict(None, ranked, f"top score {top:.1f} not {dominance}x the runner-up {second:.1f}")
+    return Verdict(names[order[0]], ranked, f"{names[order[0]]} scores {top:.1f}, runner-up {second:.1f}")
 
 
 class Streaks:

@@ -5,22 +5,27 @@ synchronous job tell it directly:
 - hang: every rank stops stepping, but only the stuck node's ranks stop sending their `heartbeat` events (the
   others are alive, blocked in a collective waiting for it); where the step is split in phases the others can
   finish without the stuck node, its ranks are also the only ones behind the job's highest step;
-- slowdown: the slow node's ranks spend almost none of the step waiting in collectives (`wait_s` in the KPI line),
-  while every other node's ranks wait most of the step for it.
+- slowdown: the slow node's ranks spend little of their time waiting in collectives (`wait_s` in the KPI line),
+  while every other node's ranks wait for it, and they do so all along: the same node is the one waited for in
+  nearly every slice of the window. Load that comes and goes on a shared host (another process taking the CPU)
+  slows one side, then the other; a stopped or throttled node slows its side every time.
+Shares are weighted by time (sum of waits over sum of step times): a straggler stopped for half of every second
+makes a few long steps among many fast ones, and the time, not the count of steps, is what the others lose.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
-WAITING_SHARE = 0.5  # the other nodes' ranks wait at least this share of the step ...
+WAIT_GAP = 0.15  # the other nodes' ranks wait at least this much more of their time than the slow node's ...
 CULPRIT_RATIO = 0.6  # ... and the slow node's ranks at most this fraction of the least-waiting other node's share
 # (not ~0: a rank stopped while inside a collective counts the stop as time in the collective)
+SLICES = 5  # the window is split in this many slices of time ...
+CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
 
 
 def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> str | None:
@@ -50,24 +55,40 @@ def behind_node(laggards: Mapping[str, Sequence[int]], ranks: Mapping[str, Mappi
 
 
 def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
-    """Median share of the step each node's ranks spent waiting in collectives."""
-    shares: dict[str, list[float]] = defaultdict(list)
+    """Share of their time each node's ranks spent waiting in collectives (sum of waits / sum of step times)."""
+    wait: dict[str, float] = defaultdict(float)
+    total: dict[str, float] = defaultdict(float)
     for k in kpis:
         payload = k.get("payload") or {}
         if isinstance(payload, str):
             payload = json.loads(payload or "{}")
-        wait, step_time = payload.get("wait_s"), k.get("step_time_s")
-        if wait is not None and step_time:
-            shares[k["node"]].append(min(1.0, max(0.0, float(wait) / float(step_time))))
-    return {node: statistics.median(v) for node, v in shares.items() if v}
+        w, step_time = payload.get("wait_s"), k.get("step_time_s")
+        if w is not None and step_time and step_time > 0:
+            wait[k["node"]] += min(float(step_time), max(0.0, float(w)))
+            total[k["node"]] += float(step_time)
+    return {node: wait[node] / total[node] for node in total}
+
+
+def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None:
+    if len(nodes) < 2 or set(shares) != set(nodes):
+        return None
+    least = min(nodes, key=lambda n: shares[n])
+    others = min(shares[n] for n in nodes if n != least)
+    return least if others - shares[least] >= WAIT_GAP and shares[least] <= CULPRIT_RATIO * others else None
 
 
 def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:
-    """(the one node every other node waits for, the wait shares as evidence)."""
+    """(the one node every other node waits for, all along the window; the wait shares as evidence)."""
+    kpis = list(kpis)
     shares = wait_shares(kpis)
-    if len(nodes) < 2 or set(shares) != set(nodes):
-        return None, shares
-    least = min(nodes, key=lambda n: shares[n])
-    others = [shares[n] for n in nodes if n != least]
-    waited_for = min(others) >= WAITING_SHARE and shares[least] <= CULPRIT_RATIO * min(others)
-    return (least if waited_for else None), shares
+    node = _waited_for(nodes, shares)
+    stamps = [k.get("ts") for k in kpis]
+    if node is None or None in stamps:
+        return None, shares  # no time, no way to tell a steady straggler from passing load
+    t0, width = min(stamps), (max(stamps) - min(stamps)) / SLICES or 1.0
+    slices: dict[int, list[Mapping]] = defaultdict(list)
+    for k in kpis:
+        slices[min(SLICES - 1, int((k["ts"] - t0) / width))].append(k)
+    verdicts = [_waited_for(nodes, wait_shares(rows)) for rows in slices.values()]
+    same = sum(v == node for v in verdicts)
+    return (node if len(verdicts) >= 3 and same >= CONSISTENT * len(verdicts) else None), shares

@@ -1,22 +1,32 @@
-"""Controller side of the push: verify the HMAC, validate the batch, store it once per (node, seq), ack.
+"""Controller side of the push: authenticate the node, validate the batch, store it once per (node, seq), ack.
 
-`Ingest.handle(headers, body)` returns (http_status, reply dict); every rejection is a 4xx with a reason and is
-logged, never an exception. One transaction per batch: the `batches` row and the data rows commit together, so a
+`Ingest.authenticate(headers, length)` checks the key and signature from the headers alone (signature version 2
+covers a digest of the body), so the server reads a body only from a node that proved who it is;
+`Ingest.receive(caller, body)` checks the digest, validates and stores. Both return (http_status, reply dict) for
+a refusal: a 4xx with a reason, logged with the node and peer, counted by reason (/metrics), never an exception.
+Rows with a non-finite or absurd timestamp (older than max_row_age_s, or further in the future than the clock skew
+allows) are dropped and counted; the rest of their batch is stored. One transaction per batch: the `batches` row and the data rows commit together, so a
 controller killed mid-batch either has all of it or none, and the sidecar's retry fills the gap.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import math
 import sqlite3
 import threading
 import time
-from itertools import repeat
+from collections import Counter
+from dataclasses import dataclass
+from itertools import compress, repeat
 from pathlib import Path
 
 from sigma.controller.db import open_db
+from sigma.controller.ingest.ratelog import RateLimitedLog
+from sigma.security.keys import KeyRing
 from sigma.telemetry import wire
 
 log = logging.getLogger("sigma.controller.ingest.batch")
@@ -30,62 +40,189 @@ BATCH_SQL = "INSERT INTO batches (node, seq, received_at, records) VALUES (?, ?,
 NUMBER = (int, float)
 TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
+REFUSAL_EVENTS = ("kpi_refused", "key_error")  # what sidecars refused locally: counted per node for /metrics
+MAX_ROW_AGE_S = 30 * 86400.0  # rows older than this are dropped (the node store keeps 7 days by default)
+MAX_UNVERIFIED_BYTES = 1 << 20  # version 1 requests: read at most this much before the signature is checked
 
 
 class Rejected(ValueError):
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, message: str, reason: str = "bad_batch"):
         self.status = status
-        super().__init__(reason)
+        self.reason = reason  # short label: the /metrics counter and the log line's tag
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request says it is, checked from its headers alone (before its body is read)."""
+
+    node: str
+    key_id: str | None  # None: the shared secret
+    secret: bytes
+    timestamp: str
+    signature: str
+    digest: str | None  # signature version 2: the body must hash to this; None: version 1, signed body
 
 
 class Ingest:
-    def __init__(self, db_path: str | Path, secret: bytes, *, max_clock_skew_s: float = wire.MAX_CLOCK_SKEW_S):
+    def __init__(self, db_path: str | Path, keys: KeyRing | bytes, *,
+                 max_clock_skew_s: float = wire.MAX_CLOCK_SKEW_S, max_row_age_s: float = MAX_ROW_AGE_S,
+                 max_unverified_bytes: int = MAX_UNVERIFIED_BYTES):
         self.db_path = Path(db_path)
-        self.secret = secret
+        self.keys = keys if isinstance(keys, KeyRing) else KeyRing(shared_secret=keys)
         self.max_clock_skew_s = max_clock_skew_s
+        self.max_row_age_s = max_row_age_s
+        self.max_unverified_bytes = max_unverified_bytes
         self.conn = open_db(self.db_path)
         self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
         self.lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
+        self.rejections: Counter = Counter()  # reason -> requests refused
+        self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
+        self.node_refusals: Counter = Counter()  # (node, event kind) -> refusals sidecars reported
+        self.warn = RateLimitedLog(log)
+        self._record_auth_mode()
 
     def close(self) -> None:
         with self.lock:
             self.conn.close()
 
-    # ---------- entry point ----------
+    # ---------- entry points ----------
     def handle(self, headers, body: bytes, peer: str = "?") -> tuple[int, dict]:
+        """Authenticate and store one request whose body is already read."""
+        caller = self.authenticate(headers, len(body), peer)
+        if not isinstance(caller, Caller):
+            return caller
+        return self.receive(caller, body, peer)
+
+    def authenticate(self, headers, length: int, peer: str = "?") -> Caller | tuple[int, dict]:
+        """Check the headers before the body is read: a Caller, or (status, reply) for a refusal."""
         try:
-            node = self._authenticate(headers, body)
-            batch = self._parse(body, node)
+            return self._authenticate(headers, length)
+        except Rejected as exc:
+            return self._refuse(exc, headers.get(wire.HEADER_NODE, "?"), peer)
+
+    def receive(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict]:
+        try:
+            self._verify_body(caller, body)
+            batch = self._parse(body, caller.node)
+            self._drop_absurd_times(batch, caller.node, peer)
             try:
-                reply = self._store(node, batch)
+                reply = self._store(caller.node, batch)
             except OverflowError as exc:  # an integer SQLite cannot hold (rolled back)
-                raise Rejected(400, f"number out of range: {exc}") from None
+                raise Rejected(400, f"number out of range: {exc}", "bad_batch") from None
             return 200, reply
         except Rejected as exc:
-            self.stats["rejected"] += 1
-            log.warning("ingest rejected from %s (node %s): %d %s", peer, headers.get(wire.HEADER_NODE, "?"),
-                        exc.status, exc)
-            return exc.status, {"ok": False, "error": str(exc)}
+            return self._refuse(exc, caller.node, peer)
+
+    def verify(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict] | None:
+        """For routes other than ingest that share its authentication: None when the body is the signed one."""
+        try:
+            self._verify_body(caller, body)
+            return None
+        except Rejected as exc:
+            return self._refuse(exc, caller.node, peer)
+
+    def count(self, reason: str) -> None:
+        """A refusal decided outside (the HTTP server: size, timeouts, connection limits)."""
+        self.stats["rejected"] += 1
+        self.rejections[reason] += 1
+
+    def _refuse(self, exc: "Rejected", node: str, peer: str) -> tuple[int, dict]:
+        self.count(exc.reason)
+        self.warn.warning(exc.reason, "ingest rejected from %s (node %s): %d %s [%s]", peer, node, exc.status, exc,
+                          exc.reason)
+        return exc.status, {"ok": False, "error": str(exc)}
+
+    def _record_auth_mode(self) -> None:
+        """Remember how nodes authenticate, for `sigma report` (a shared key is flagged there)."""
+        state = {"shared_key": self.keys.shared, "key_table": str(self.keys.table_path or ""),
+                 "nodes_with_keys": len(self.keys.nodes())}
+        with self.lock:
+            self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?, ?, ?)",
+                              ("ingest.auth", json.dumps(state), time.time()))
+            self.conn.commit()
+        if self.keys.shared:
+            log.warning("ingest accepts a shared secret: any node holding it can post as any other node; issue "
+                        "per-node keys with `sigma keys issue` and drop ingest_secret_file")
 
     # ---------- steps ----------
-    def _authenticate(self, headers, body: bytes) -> str:
+    def _authenticate(self, headers, length: int) -> Caller:
         node = headers.get(wire.HEADER_NODE)
         timestamp = headers.get(wire.HEADER_TS)
         signature = headers.get(wire.HEADER_SIG)
+        key_id = headers.get(wire.HEADER_KEY) or None
+        digest = headers.get(wire.HEADER_DIGEST) or None
         if not node or not timestamp or not signature:
             raise Rejected(401, f"missing authentication headers ({wire.HEADER_NODE}, {wire.HEADER_TS}, "
-                                f"{wire.HEADER_SIG})")
-        if not wire.verify(self.secret, node, timestamp, body, signature):
-            raise Rejected(401, "bad signature: wrong secret or altered body")
+                                f"{wire.HEADER_SIG})", "missing_headers")
         try:
-            skew = abs(time.time() - float(timestamp))
+            sent = float(timestamp)
         except ValueError:
-            raise Rejected(401, f"bad {wire.HEADER_TS} {timestamp!r}") from None
+            raise Rejected(401, f"bad {wire.HEADER_TS} {timestamp[:40]!r}", "bad_timestamp") from None
+        if not math.isfinite(sent):
+            raise Rejected(401, f"{wire.HEADER_TS} {timestamp[:40]!r} is not a finite time", "bad_timestamp")
+        skew = abs(time.time() - sent)
         if skew > self.max_clock_skew_s:
             raise Rejected(401, f"timestamp {skew:.0f} s away from the controller clock (max "
-                                f"{self.max_clock_skew_s:.0f} s): check NTP")
-        return node
+                                f"{self.max_clock_skew_s:.0f} s): check NTP", "clock_skew")
+        found = self.keys.lookup(key_id)
+        if found is None:
+            if key_id is None:
+                raise Rejected(401, f"no {wire.HEADER_KEY} header and this controller accepts per-node keys only",
+                               "shared_key_refused")
+            old = self.keys.owner(key_id)
+            if old is not None:
+                raise Rejected(401, f"key {key_id} of node {old.node} has expired (rotated); install the node's "
+                                    f"new key", "expired_key")
+            raise Rejected(401, f"unknown key {key_id[:80]!r}", "unknown_key")
+        owner, secret = found
+        if digest is not None:
+            if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+                raise Rejected(400, f"{wire.HEADER_DIGEST} must be 64 lower-case hex digits", "bad_digest")
+            expected = wire.sign_v2(secret, node, timestamp, key_id, length, digest)
+            if not hmac.compare_digest(expected, signature):
+                raise Rejected(401, "bad signature: wrong key or altered headers", "bad_signature")
+        elif length > self.max_unverified_bytes:  # version 1: the body must be read before it can be checked
+            raise Rejected(413, f"a body signed without {wire.HEADER_DIGEST} may hold at most "
+                                f"{self.max_unverified_bytes} bytes, not {length}", "unverified_too_large")
+        if owner is not None and owner != node:
+            raise Rejected(403, f"key {key_id} belongs to node {owner}, not to {node}", "wrong_node")
+        return Caller(node, key_id, secret, timestamp, signature, digest)
+
+    def _verify_body(self, caller: Caller, body: bytes) -> None:
+        if caller.digest is not None:
+            if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), caller.digest):
+                raise Rejected(400, f"body does not match {wire.HEADER_DIGEST}", "bad_digest")
+        elif not wire.verify(caller.secret, caller.node, caller.timestamp, body, caller.signature):
+            raise Rejected(401, "bad signature: wrong secret or altered body", "bad_signature")
+
+    def _drop_absurd_times(self, b: dict, node: str, peer: str) -> None:
+        """Drop rows whose time is not finite or out of [now - max_row_age_s, now + max_clock_skew_s]: a user's
+        KPI line with ts 1e300 must not cost the node's other rows, and must not reach detection."""
+        now = time.time()
+        lo, hi = now - self.max_row_age_s, now + self.max_clock_skew_s
+        ok = lambda t: lo <= t <= hi  # False for NaN too
+        dropped = {}
+        ts = b["ts"]
+        if ts and not (math.isfinite(sum(ts)) and lo <= min(ts) and max(ts) <= hi):  # the common case: one pass
+            keep = list(map(ok, ts))
+            dropped["samples"] = len(keep) - sum(keep)
+            b["s"], b["ts"], b["v"] = (list(compress(col, keep)) for col in (b["s"], b["ts"], b["v"]))
+        for name in ("events", "kpis"):
+            rows = b[name]
+            kept = [r for r in rows if ok(r[0])]
+            if len(kept) != len(rows):
+                dropped[name] = len(rows) - len(kept)
+                b[name] = kept
+        dropped = {k: v for k, v in dropped.items() if v}
+        if dropped:
+            b["dropped"] = dropped
+            for name, n in dropped.items():
+                self.dropped_rows[f"{name}_bad_timestamp"] += n
+            log.warning("ingest from %s (node %s): dropped %s with a non-finite or absurd timestamp (allowed "
+                        "%.0f .. %.0f); stored the rest of batch %s", peer, node,
+                        ", ".join(f"{n} {k}" for k, n in dropped.items()), lo, hi, b["seq"])
 
     def _parse(self, body: bytes, node: str) -> dict:
         if body.startswith(wire.BINARY_MAGIC):
@@ -135,8 +272,6 @@ class Ingest:
         if n:
             if max(s_col) >= len(series):
                 raise Rejected(400, "samples.s must hold indexes into series")
-            if not math.isfinite(sum(ts_col)):
-                raise Rejected(400, "samples.ts must hold finite numbers")
         return {"seq": seq, "series": series, "s": s_col, "ts": ts_col, "v": v_col, "events": events, "kpis": kpis}
 
     def _store(self, node: str, b: dict) -> dict:
@@ -172,8 +307,14 @@ class Ingest:
         self.stats["samples"] += len(s_col)
         self.stats["events"] += len(b["events"])
         self.stats["kpis"] += len(b["kpis"])
-        return {"ok": True, "seq": b["seq"], "duplicate": False,
-                "stored": {"samples": len(s_col), "events": len(b["events"]), "kpis": len(b["kpis"])}}
+        for e in b["events"]:
+            if e[2] in REFUSAL_EVENTS:
+                self.node_refusals[(node, e[2])] += 1
+        reply = {"ok": True, "seq": b["seq"], "duplicate": False,
+                 "stored": {"samples": len(s_col), "events": len(b["events"]), "kpis": len(b["kpis"])}}
+        if b.get("dropped"):
+            reply["dropped"] = b["dropped"]
+        return reply
 
 
 NUM_OR = (int, float, type(None))

@@ -1,4 +1,5 @@
-"""The figures the Sigma paper reports, computed from the controller database.
+"""The figures of "Sigma: An AI-Empowered Training Stack on Early-Life Hardware" (Lei Qu, Lianhai Ren, Peng Cheng
+et al., Microsoft, 2025, https://arxiv.org/abs/2512.13488), computed from the controller database.
 
 - utilisation (Table 6): available = node-time in service / total; allocated = node-time running jobs / total;
   effective = allocated minus node-time of jobs between a fault and their first training step after resuming;
@@ -119,9 +120,14 @@ def recycling(conn: sqlite3.Connection, since: float) -> list[dict]:
 
 
 def automation(conn: sqlite3.Connection, since: float) -> dict:
+    """Incidents the controller acted on (an action journaled or a node remediation started). An incident folded
+    into a remediation already under way (e.g. the epilog failing on the node an Xid just drained) is the same
+    fault seen twice, and is not counted again."""
     handled = manual = 0
     for inc in conn.execute("SELECT id, node, status, action FROM incidents WHERE opened_at >= ? AND status NOT IN"
-                            " ('recorded','notified','shadow')", (since,)):
+                            " ('recorded','notified','shadow') AND (EXISTS (SELECT 1 FROM actions a WHERE"
+                            " a.incident_id = incidents.id) OR EXISTS (SELECT 1 FROM lifecycle_transitions t"
+                            " WHERE t.incident_id = incidents.id))", (since,)):
         if inc["status"] == "escalated":
             manual += 1
             continue
@@ -163,10 +169,20 @@ def report(conn: sqlite3.Connection, since: float | None = None, now: float | No
                       **{k: _stats([c[k] for c in cycles if k in c])
                          for k in ("detect_s", "triage_s", "repair_s", "validate_s", "total_s")}},
         "automation": automation(conn, since),
+        "shadow_hits": shadow_hits(conn, since),
         "incidents": [{"rule": r["rule_id"], "status": r["status"], "count": r["n"],
                        "detect_latency_s": round(r["latency"], 2) if r["latency"] is not None else None}
                       for r in incidents],
     }
+
+
+def shadow_hits(conn: sqlite3.Connection, since: float) -> list[dict]:
+    """Per rule in shadow mode (a newly promoted learned rule, say): what it would have acted on."""
+    rows = conn.execute("SELECT rule_id, COUNT(*) AS n, GROUP_CONCAT(DISTINCT COALESCE(node, job_id)) AS targets,"
+                        " MAX(opened_at) AS last FROM incidents WHERE status = 'shadow' AND opened_at >= ?"
+                        " GROUP BY rule_id ORDER BY rule_id", (since,)).fetchall()
+    return [{"rule": r["rule_id"], "hits": r["n"], "targets": sorted(str(r["targets"] or "").split(",")),
+             "last": r["last"]} for r in rows]
 
 
 def _job_seconds(conn: sqlite3.Connection, since: float, until: float, max_gap_s: float = 60.0) -> float:

@@ -1,9 +1,17 @@
 """Log lines -> structured events: files (rotation-safe tails), the kernel ring buffer (/dev/kmsg), the journal.
 
-Each pattern is a regex; a matching line becomes an `events` row (source 'log', kind = pattern name) whose fields
-are the regex's named groups (digits become integers, so `Xid.*?: (?P<xid>\\d+)` gives {"xid": 79}). Positions
-(file inode+offset, kmsg sequence number, journal cursor) persist with the events, so restarts neither lose nor
-repeat lines.
+Each line is first split from its envelope (dmesg, dmesg -T, syslog RFC 3164/5424, journal JSON, kmsg records:
+sigma.telemetry.logformats), so patterns see the same message in every format and the event keeps the line's own
+time. Each pattern is a regex searched in the message; a matching line becomes an `events` row (source 'log', kind
+= pattern name) whose fields are the regex's named groups (digits become integers, so `Xid.*?: (?P<xid>\\d+)`
+gives {"xid": 79}). Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
+persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
+
+Who may speak: journal entries count only from `journal_transports` (the kernel's own, not `logger` text); a line
+naming its program counts only from `idents`; a file must belong to root (or the sidecar's own user) and be
+writable by no one else, in a directory others cannot replace it in: `untrusted_source: refuse` skips such a
+file, `flag` reads it and marks its events `untrusted`. Each is logged, reported as a `log_source_untrusted`
+event and counted in `log.rejected_lines{source,reason}`.
 """
 
 from __future__ import annotations
@@ -11,16 +19,21 @@ from __future__ import annotations
 import errno
 import glob
 import json
+import logging
 import os
 import re
 import stat
 import subprocess
 from dataclasses import dataclass, field
 
+from sigma.telemetry import logformats
 from sigma.telemetry.base import Collector, CollectorParams, Output, register
 from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
+FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
+REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
+log = logging.getLogger("sigma.sidecar.logtail")
 
 
 @dataclass
@@ -48,6 +61,10 @@ class LogTailCollector(Collector):
         kmsg_path: str = "/dev/kmsg"  # ring buffer device (a file of kmsg records in tests)
         journal: bool = False  # read the systemd journal through journalctl
         journal_args: list[str] = field(default_factory=list)  # extra journalctl arguments, e.g. ["-k"]
+        journal_transports: list[str] = field(default_factory=lambda: ["kernel"])  # journal _TRANSPORT values read
+        idents: list[str] = field(default_factory=list)  # programs whose lines count (syslog tag); empty = any
+        untrusted_source: str = "refuse"  # a file others can write: refuse (skip it) or flag (mark its events)
+        job_id_from_path: str = ""  # regex with a (?P<job_id>...) group: a file's events belong to that job only
         start_at: str = "end"  # where to start a file or stream seen for the first time: end or start
         patterns: list[Pattern] = field(default_factory=list)  # line patterns that become events
         max_events_per_run: int = 1000  # more matches in one run are counted, not stored one by one
@@ -56,16 +73,27 @@ class LogTailCollector(Collector):
             super().__post_init__()
             if self.start_at not in ("end", "start"):
                 raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
+            if self.untrusted_source not in ("refuse", "flag"):
+                raise ValueError(f"untrusted_source must be 'refuse' or 'flag', not {self.untrusted_source!r}")
+            try:
+                self.job_path = re.compile(self.job_id_from_path) if self.job_id_from_path else None
+            except re.error as exc:
+                raise ValueError(f"job_id_from_path: bad regex {self.job_id_from_path!r}: {exc}") from None
+            if self.job_path is not None and "job_id" not in self.job_path.groupindex:
+                raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
             if not (self.files or self.kmsg or self.journal):
                 raise ValueError("logtail needs at least one source: files, kmsg or journal")
 
     def __init__(self, section, params, ctx):
         super().__init__(section, params, ctx)
         self.tailers: dict[str, FileTailer] = {}
-        self.kmsg = KmsgReader(params.kmsg_path, ctx.positions.get(self._key("kmsg")),
-                               params.start_at == "end") if params.kmsg else None
+        self.booted = logformats.boot_time(ctx.host_root)
+        self.kmsg = KmsgReader(params.kmsg_path, ctx.positions.get(self._key("kmsg")), params.start_at == "end",
+                               _boot_id(ctx.host_root)) if params.kmsg else None
         self.journal_cursor = ctx.positions.get(self._key("journal"))
         self.first_run = True
+        self.untrusted: dict[str, str] = {}  # source -> why, while it is untrusted (reported once per change)
+        self.saved: dict[str, str] = {}  # positions last handed to the store, to write only changes
 
     def _key(self, what: str) -> str:
         return f"logtail:{self.section}:{what}"
@@ -78,31 +106,75 @@ class LogTailCollector(Collector):
 
     def collect(self, out: Output) -> None:
         budget = [self.params.max_events_per_run, 0]  # remaining, suppressed
+        self.rejected: dict[tuple[str, str], int] = {}
         for path in self._paths():
+            why = _untrusted_file(path)
+            flagged = self._trust(out, path, why)
             tailer = self.tailers.get(path)
             if tailer is None:
                 key = self._key(f"file:{path}")
                 saved = self.ctx.positions.get(key)
                 tailer = self.tailers[path] = FileTailer(path, saved,
                                                          from_end=self.first_run and self.params.start_at == "end")
-            lines = tailer.read_lines()
-            for line in lines:
-                self._match(out, line.decode("utf-8", "replace"), {"file": path}, budget)
-            out.position(self._key(f"file:{path}"), tailer.position)
+            lines = tailer.read()
+            if why and not flagged:  # refused: what anyone could have written meanwhile never counts, not even later
+                self.rejected[(path, "untrusted_file")] = self.rejected.get((path, "untrusted_file"), 0) + len(lines)
+                self._position(out, self._key(f"file:{path}"), tailer.position)
+                continue
+            replayed = 0
+            where = {"file": path, **({"untrusted": True} if why else {})}
+            job = self.params.job_path.search(path) if self.params.job_path else None
+            job_ids = [int(job["job_id"])] if job and job["job_id"].isdigit() else None
+            for raw, maybe_seen in lines:
+                parsed = logformats.parse(raw.decode("utf-8", "replace"), now=out.ts, booted=self.booted)
+                if maybe_seen and (tailer.was_shipped(logformats.fingerprint(raw)) or (
+                        parsed.ts is not None and parsed.ts < tailer.guard_ts - REWRITE_SLACK_S)):
+                    replayed += 1  # a rewritten file shows a line already shipped (or older history): never again
+                    continue
+                if self._match(out, parsed, where, budget, path, job_ids):
+                    tailer.remember(logformats.fingerprint(raw))
+            self._position(out, self._key(f"file:{path}"), tailer.position)
             out.sample("log.lines", len(lines), {"source": path})
+            if replayed:
+                out.sample("log.replayed_lines_skipped", replayed, {"source": path})
         if self.kmsg:
             records = self.kmsg.read()
             for text in records:
-                self._match(out, text, {"stream": "kmsg"}, budget)
-            out.position(self._key("kmsg"), self.kmsg.seq)
+                self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), {"stream": "kmsg"}, budget,
+                            "kmsg")
+            self._position(out, self._key("kmsg"), self.kmsg.position)
             out.sample("log.lines", len(records), {"source": "kmsg"})
         if self.params.journal:
             self._journal(out, budget)
+        for (source, reason), n in self.rejected.items():
+            out.sample("log.rejected_lines", n, {"source": source, "reason": reason})
         if budget[1]:
             out.event("sidecar", "log_flood", f"{budget[1]} more matching lines in one run than "
                       f"max_events_per_run={self.params.max_events_per_run}; counted, not stored",
                       "warning", {"collector": self.section, "suppressed": budget[1]})
         self.first_run = False
+
+    def _position(self, out: Output, key: str, value) -> None:
+        text = json.dumps(value)
+        if self.saved.get(key) != text:
+            out.position(key, value)
+            self.saved[key] = text
+
+    def _trust(self, out: Output, source: str, why: str) -> bool:
+        """Report a source that became untrusted (or trusted again); True when its lines are read (flag)."""
+        if self.untrusted.get(source, "") != why:
+            if why:
+                verdict = "refused" if self.params.untrusted_source == "refuse" else "read, events flagged untrusted"
+                msg = f"log source {source} is untrusted ({why}): {verdict}"
+                log.warning("%s [collector %s]", msg, self.section)
+                out.event("sidecar", "log_source_untrusted", msg, "warning",
+                          {"collector": self.section, "source": source, "reason": why,
+                           "policy": self.params.untrusted_source})
+                self.untrusted[source] = why
+            else:
+                log.info("log source %s is trusted again [collector %s]", source, self.section)
+                self.untrusted.pop(source, None)
+        return self.params.untrusted_source == "flag"
 
     def _paths(self) -> list[str]:
         paths = []
@@ -114,24 +186,35 @@ class LogTailCollector(Collector):
         # a file that appears after the first run is new: read it from its beginning
         return paths
 
-    def _match(self, out: Output, line: str, where: dict, budget: list) -> None:
+    def _match(self, out: Output, line: logformats.LogLine, where: dict, budget: list, source: str,
+               job_ids: list[int] | None = None) -> bool:
+        """The line as an event if a pattern matches; True when it matched (stored or counted)."""
         for p in self.params.patterns:
-            m = p.compiled.search(line)
+            m = p.compiled.search(line.message)
             if m is None:
                 continue
+            if self.params.idents and line.ident and line.ident not in self.params.idents:
+                key = (source, f"ident:{line.ident}")  # e.g. a user's `logger` text in a syslog file
+                self.rejected[key] = self.rejected.get(key, 0) + 1
+                return False
             if budget[0] <= 0:
                 budget[1] += 1
-                return
+                return True
             budget[0] -= 1
             fields = {**where, **p.fields}
             for k, v in m.groupdict().items():
                 if v is not None:
                     fields[k] = int(v) if v.isdigit() else v
-            out.event("log", p.name, line[:MESSAGE_MAX], p.severity, fields)
-            return  # first matching pattern wins: one line is one event
+            ts = line.ts if line.ts is not None and line.ts <= out.ts + FUTURE_SLACK_S else None
+            if ts is not None and ts == int(ts) and 0 <= out.ts - ts < 1.0:
+                ts = None  # a whole-second stamp of the current second: the read time is as true, and finer
+            out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)
+            return True  # first matching pattern wins: one line is one event
+        return False
 
     def _journal(self, out: Output, budget: list) -> None:
-        argv = ["journalctl", "-o", "json", "--no-pager", *self.params.journal_args]
+        argv = ["journalctl", "-o", "json", "--no-pager", *self.params.journal_args,
+                *(f"_TRANSPORT={t}" for t in self.params.journal_transports)]
         if self.journal_cursor:
             argv += [f"--after-cursor={self.journal_cursor}", "-n", "10000"]
         elif self.params.start_at == "end":
@@ -151,28 +234,77 @@ class LogTailCollector(Collector):
                 entry = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(entry, dict):
+                continue
             self.journal_cursor = entry.get("__CURSOR", self.journal_cursor)
             if skip:
                 continue
             n += 1
-            msg = entry.get("MESSAGE")
-            if isinstance(msg, list):  # binary messages come as byte arrays
-                msg = bytes(msg).decode("utf-8", "replace")
-            self._match(out, str(msg), {"stream": "journal", "unit": entry.get("_SYSTEMD_UNIT", "")}, budget)
+            transport = str(entry.get("_TRANSPORT", ""))
+            if self.params.journal_transports and transport not in self.params.journal_transports:
+                # journalctl filtered on _TRANSPORT: an entry from another transport means a journal we cannot trust
+                key = ("journal", f"transport:{transport or 'none'}")
+                self.rejected[key] = self.rejected.get(key, 0) + 1
+                self._trust(out, "journal", f"entry with _TRANSPORT={transport or 'none'}, not one of "
+                                            f"{', '.join(self.params.journal_transports)}")
+                continue
+            parsed = logformats.journal_entry(entry, self.booted)
+            self._match(out, parsed, {"stream": "journal", "unit": entry.get("_SYSTEMD_UNIT", "")}, budget, "journal")
         if self.journal_cursor:
-            out.position(self._key("journal"), self.journal_cursor)
+            self._position(out, self._key("journal"), self.journal_cursor)
         out.sample("log.lines", n, {"source": "journal"})
 
 
-class KmsgReader:
-    """Records of the kernel ring buffer ('pri,seq,ts_us,flags;message'), tracked by sequence number."""
+def _untrusted_file(path: str) -> str:
+    """Why others could have written this file's lines, or "" (also "" when it is not there yet)."""
+    try:
+        st = os.stat(path)
+        parent = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return ""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP) and st.st_gid not in (0, os.getegid()):
+        return f"writable by group {st.st_gid} or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_mode & stat.S_IWOTH:
+        return f"world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        return f"in a world-writable directory without the sticky bit ({os.path.dirname(os.path.abspath(path))})"
+    if parent.st_uid not in (0, os.geteuid()):
+        return f"in a directory owned by uid {parent.st_uid}"
+    return ""
 
-    def __init__(self, path: str, seq: int | None, from_end: bool):
+
+def _boot_id(host_root: str) -> str:
+    try:
+        with open(f"{host_root.rstrip('/')}/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class KmsgReader:
+    """Records of the kernel ring buffer ('pri,seq,ts_us,flags;message'), tracked by boot id and sequence number
+    (sequence numbers start again at every boot: a number from an earlier boot says nothing)."""
+
+    def __init__(self, path: str, position, from_end: bool, boot_id: str = ""):
         self.path = path
+        self.boot_id = boot_id
+        if isinstance(position, dict):
+            saved_boot, seq = position.get("boot", ""), position.get("seq")
+        else:
+            saved_boot, seq = "", position  # older positions: the number alone
+        if seq is not None and saved_boot and boot_id and saved_boot != boot_id:
+            seq = None  # rebooted since: every record of this boot is new
+            from_end = False
         self.seq = seq if seq is not None else -1
         self.from_end = seq is None and from_end
         self.fd = None
         self.device = stat.S_ISCHR(os.stat(path).st_mode)
+
+    @property
+    def position(self) -> dict:
+        return {"boot": self.boot_id, "seq": self.seq}
 
     def close(self) -> None:
         if self.fd is not None:
@@ -191,7 +323,7 @@ class KmsgReader:
                 continue
             self.seq = seq
             if not self.from_end:
-                messages.append(text)
+                messages.append(record.split("\n", 1)[0])  # the whole record: its uptime stamp is the line's time
         self.from_end = False
         return messages
 

@@ -66,6 +66,8 @@ def test_cli_commands(scenario, capsys):
     assert "gpu-xid-79" in out and "Xid" in out and "reboot" in out and "resumed" in out
     assert main(["incidents", "--db", str(db), "--node", "node1"]) == 0
     assert "0 incidents" in capsys.readouterr().out
+    assert main(["incidents", "--db", str(db), "--node", "node9"]) == 2
+    assert "no node 'node9' known to the controller; its nodes: node1, node2, node3, node4" in capsys.readouterr().err
     assert main(["nodes", "--db", str(db)]) == 0
     assert "resumed" in capsys.readouterr().out
     assert main(["report", "--db", str(db), "--json"]) == 0
@@ -113,3 +115,62 @@ def test_nodes_repaired_marks_a_manual_node(tmp_path, capsys):
     assert "not waiting for a repair" in capsys.readouterr().err
     assert main(["nodes", "--db", db, "--repaired", "node2"]) == 0
     assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+
+
+def test_a_fault_seen_twice_counts_once_in_the_automation_ratio(tmp_path):
+    """The epilog failing on the node an Xid just drained is the same fault: one incident handled, not two."""
+    from tests.unit.controller.helpers import add_event
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node2", "node3"], start=clock())
+    xid79(ctl.conn, "node3", clock() - 0.5)
+    ctl.tick()
+    add_event(ctl.conn, "node3", clock(), source="health", kind="suite.epilog", severity="reject",
+              fields={"suite": "epilog"})
+    clock.advance(1)
+    ctl.tick()
+    rules = sorted(i.rule_id for i in ctl.incidents.query())
+    assert rules == ["gpu-xid-79", "health-epilog-failed"], rules
+    assert report(ctl.conn, now=clock())["automation"] == {"automatic": 1, "manual": 0, "ratio": 1.0}
+
+
+def test_html_report_is_one_page_with_its_plots(scenario, tmp_path, capsys):
+    import base64
+    import re
+
+    ctl, db, _ = scenario
+    page = tmp_path / "report.html"
+    assert main(["report", "--db", str(db), "--html", str(page)]) == 0
+    text = page.read_text()
+    images = re.findall(r"<img alt='([^']+)' src='data:image/png;base64,([^']+)'>", text)
+    assert [alt for alt, _ in images] == ["utilisation over time", "incident timeline per node",
+                                          "recovery and recycle time distributions", "automation ratio"]
+    assert all(base64.b64decode(data).startswith(b"\x89PNG") for _, data in images)
+    assert "gpu-xid-79" in text and "automation ratio 1.00" in text
+    assert "http" not in text.replace("http-equiv", "")  # nothing fetched from elsewhere
+
+
+def test_html_report_renders_in_headless_chromium(scenario, tmp_path):
+    """The page as a browser shows it: its four plots decoded and painted (the utilisation fill is visible)."""
+    import shutil
+    import subprocess
+
+    import numpy as np
+    from matplotlib.image import imread
+
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"
+    ctl, db, _ = scenario
+    page = tmp_path / "report.html"
+    assert main(["report", "--db", str(db), "--html", str(page)]) == 0
+    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2600"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.stdout.count("<img alt=") == 4 and "data:image/png;base64," in dom.stdout, dom.stderr[-2000:]
+    shot = tmp_path / "shot.png"
+    subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+    pixels = (imread(shot)[..., :3] * 255).round().astype(int)
+    fill = np.array([0x33, 0x77, 0xcc])  # "#37c" at alpha 0.35 over white, or the bars at full strength
+    blended = np.round(255 - 0.35 * (255 - fill)).astype(int)
+    painted = sum(int((np.abs(pixels - c).sum(axis=-1) <= 12).sum()) for c in (fill, blended))
+    assert painted > 2000, f"the plots did not render: {painted} plot-coloured pixels in {shot}"

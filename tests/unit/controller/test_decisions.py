@@ -290,7 +290,7 @@ def test_prolog_error_drain_is_adopted_but_admin_drain_is_not(tmp_path):
     add_event(ctl.conn, "node2", clock() - 1, source="health", kind="suite.prolog", severity="reject",
               fields={"suite": "prolog", "category": "gpu"})
     ctl.tick()
-    assert slurm.node("node2").reason.startswith("sigma: health-prolog-failed")
+    assert slurm.node("node2").reason.startswith("sigma: prolog-check (health-prolog-failed)")
     assert ctl.remediator.get("node2").state != "admin"
 
 

@@ -59,21 +59,55 @@ def test_the_silent_node_is_the_hung_one():
     assert silent_node(["node1", "node2"], {}, now) is None  # a trainer without heartbeats: no claim
 
 
-def _kpi(node, step_time, wait):
-    return {"node": node, "step_time_s": step_time, "payload": json.dumps({"wait_s": wait})}
+def _kpi(node, step_time, wait, ts=0.0):
+    return {"node": node, "ts": ts, "step_time_s": step_time, "payload": json.dumps({"wait_s": wait})}
+
+
+def _steps(pairs, n=10):
+    """n synchronous steps, one second apart; pairs: ((node, step_time, wait), ...) per step."""
+    return [_kpi(node, st, w, float(t)) for t in range(n) for node, st, w in pairs]
 
 
 def test_the_node_the_others_wait_for_is_the_straggler():
     from sigma.controller.detect.laggard import waited_for_node
 
-    slow = [_kpi("node1", 1.0, 0.75), _kpi("node2", 1.0, 0.02)] * 5
+    slow = _steps((("node1", 1.0, 0.75), ("node2", 1.0, 0.02)))
     assert waited_for_node(["node1", "node2"], slow)[0] == "node2"
-    stopped_in_collectives = [_kpi("node1", 1.0, 0.8), _kpi("node2", 1.0, 0.37)] * 5  # measured under SIGSTOP
+    stopped_in_collectives = _steps((("node1", 1.0, 0.8), ("node2", 1.0, 0.37)))  # measured under SIGSTOP
     assert waited_for_node(["node1", "node2"], stopped_in_collectives)[0] == "node2"
-    assert waited_for_node(["node1", "node2"], [_kpi("node1", 1.0, 0.6), _kpi("node2", 1.0, 0.5)] * 5)[0] is None
-    even = [_kpi("node1", 0.2, 0.03), _kpi("node2", 0.2, 0.02)] * 5  # a job-wide slowdown: nobody waits much
+    assert waited_for_node(["node1", "node2"], _steps((("node1", 1.0, 0.6), ("node2", 1.0, 0.5))))[0] is None
+    even = _steps((("node1", 0.2, 0.03), ("node2", 0.2, 0.02)))  # a job-wide slowdown: nobody waits much
     assert waited_for_node(["node1", "node2"], even)[0] is None
     assert waited_for_node(["node1", "node2"], slow[:1])[0] is None  # a node without KPIs: no claim
+    assert waited_for_node(["node1", "node2"], [dict(k, ts=None) for k in slow])[0] is None  # no time: no claim
+
+
+def test_a_30_percent_straggler_among_many_fast_steps_is_waited_for():
+    """Stopped 0.3 s of every second: one long step and many fast ones a second. Counted by steps the others
+    hardly wait; counted by time they wait 30 %."""
+    from sigma.controller.detect.laggard import waited_for_node
+
+    rows = []
+    for t in range(30):
+        rows += [_kpi("node1", 0.35, 0.31, t), _kpi("node2", 0.35, 0.01, t)]
+        rows += [_kpi(n, 0.05, 0.005, t + 0.4 + i / 20) for i in range(12) for n in ("node1", "node2")]
+    assert waited_for_node(["node1", "node2"], rows)[0] == "node2"
+
+
+def test_load_that_moves_between_nodes_names_nobody():
+    """Another process takes the CPU from one node's ranks, then from the other's: on average one side waited
+    more, but not all along, so no node is named."""
+    from sigma.controller.detect.laggard import waited_for_node
+
+    rows = []
+    for t in range(30):
+        hit = "node2" if t % 9 < 6 else "node1"  # two thirds of the time node2's ranks lose the CPU
+        rows += [_kpi(n, 1.0, 0.05 if n == hit else 0.6, t) for n in ("node1", "node2")]
+    from sigma.controller.detect.laggard import wait_shares
+
+    shares = wait_shares(rows)
+    assert shares["node1"] - shares["node2"] >= 0.15  # the average alone would name node2
+    assert waited_for_node(["node1", "node2"], rows)[0] is None
 
 
 def test_a_two_node_hang_drains_the_node_that_stopped_beating(tmp_path):

@@ -29,12 +29,12 @@ def hits(rule_ids, **rows):
 
 
 def test_knowledge_base_has_the_builtin_signatures():
-    for rid in ("gpu-xid-79", "gpu-xid-repair", "gpu-xid-74", "gpu-xid-94", "gpu-xid-record", "gpu-ecc-uncorrectable",
+    for rid in ("gpu-xid-79", "gpu-xid-repair", "gpu-xid-74", "gpu-xid-restart-app", "gpu-xid-record", "gpu-ecc-uncorrectable",
                 "gpu-nvml-unresponsive", "gpu-count-changed", "ib-port-down", "ib-port-flapping", "nic-lost-carrier",
                 "disk-full", "kernel-hung-task", "health-prolog-failed", "health-epilog-failed",
                 "kpi-nonfinite-loss", "kpi-nan-loss-event"):
         assert rid in RULES, rid
-    assert RULES["gpu-xid-79"].action == "drain+reboot" and RULES["gpu-xid-94"].scope == "job"
+    assert RULES["gpu-xid-79"].action == "drain+reboot" and RULES["gpu-xid-restart-app"].scope == "job"
 
 
 @pytest.mark.parametrize("xid,rule,action", [(79, "gpu-xid-79", "drain+reboot"), (48, "gpu-xid-repair", "drain"),
@@ -48,13 +48,13 @@ def test_xid_buckets(xid, rule, action):
 
 
 def test_xid_94_restarts_only_the_job():
-    found = hits(["gpu-xid-94"], events=[ev("node2", "NVRM: Xid 94", kind="xid", fields={"xid": "94"},
+    found = hits(["gpu-xid-restart-app"], events=[ev("node2", "NVRM: Xid 94", kind="xid", fields={"xid": "94"},
                                             job_ids=[77])])
-    assert found == [("gpu-xid-94", None, 77, "requeue")]
+    assert found == [("gpu-xid-restart-app", None, 77, "requeue")]
 
 
 def test_xid_94_without_job_ids_uses_jobs_on_the_node():
-    found = evaluate([RULES["gpu-xid-94"]], now=NOW, events=[ev("node2", kind="xid", fields={"xid": 94})],
+    found = evaluate([RULES["gpu-xid-restart-app"]], now=NOW, events=[ev("node2", kind="xid", fields={"xid": 94})],
                      jobs_on_node={"node2": [5, 6]})
     assert sorted(f.job_id for f in found) == [5, 6]
 
@@ -67,7 +67,8 @@ def test_xid_94_without_job_ids_uses_jobs_on_the_node():
     ("ib-port-down", "mlx5_core 0000:17:00.0: mlx5_port_module_event: Port 1 state changed to DOWN, link down"),
 ])
 def test_log_signatures(rule, line):
-    assert hits([rule], events=[ev("node1", line)]) == [(rule, "node1", None, RULES[rule].action)]
+    kind = {"disk-full": "disk_full"}.get(rule, "line")  # the kind the sidecar's pattern gives the line
+    assert hits([rule], events=[ev("node1", line, kind=kind)]) == [(rule, "node1", None, RULES[rule].action)]
     assert hits([rule], events=[ev("node1", "kernel: usb 1-1: new high-speed USB device")]) == []
 
 

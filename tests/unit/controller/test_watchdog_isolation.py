@@ -6,7 +6,7 @@ from sigma.controller.config import WatchdogConfig
 from sigma.controller.db import open_db
 from sigma.controller.detect.features import job_matrices
 from sigma.controller.detect.samples import bucket_stats
-from sigma.controller.detect.isolation import Streaks, pick_outlier, score_nodes
+from sigma.controller.detect.isolation import Streaks, pick_outlier, score, score_nodes
 from sigma.controller.detect.watchdog import JobInfo, check_job
 
 from tests.unit.controller.helpers import add_event, add_kpi, make_controller
@@ -155,10 +155,108 @@ def test_a_node_that_always_differs_is_not_an_outlier():
     assert pick_outlier([f"n{i}" for i in range(n)], scores, 6.0, 2.0).culprit is None
 
 
-def test_no_dominant_outlier_means_no_culprit():
+def test_several_outliers_are_escalated_unless_the_job_says_which_one():
     scores = np.array([1.0, 8.0, 7.5, 1.2])
-    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0).culprit is None
-    assert pick_outlier(["a", "b"], np.array([0.0, 100.0]), 6.0, 2.0).culprit is None
+    verdict = pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0)
+    assert verdict.culprit is None and verdict.ambiguous == ["b", "c"] and "cannot be told apart" in verdict.reason
+    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0, hint="c").culprit == "c"
+    assert pick_outlier(["a", "b", "c", "d"], scores, 6.0, 2.0, hint="a").culprit is None  # a hint makes none
+    # one outlier, not dominant: no culprit, and nothing to escalate either
+    verdict = pick_outlier(["a", "b", "c"], np.array([7.0, 5.0, 1.0]), 6.0, 1.5)
+    assert verdict.culprit is None and verdict.ambiguous == []
+    # two nodes scored on their own history: the one that moved
+    assert pick_outlier(["a", "b"], np.array([0.0, 100.0]), 6.0, 2.0).culprit == "b"
+
+
+def test_a_flat_metric_is_not_a_thousand_sigma_event():
+    """0 on every node and in the history; 0.03 on one node now (a retransmit, one error count): a hint, never
+    a culprit on its own."""
+    rng = np.random.default_rng(3)
+    n, t = 8, 30
+    history = np.concatenate([50 + rng.normal(0, 1, (n, t, 5)), np.zeros((n, t, 3))], axis=2)
+    current = np.concatenate([50 + rng.normal(0, 1, (n, 5)), np.zeros((n, 3))], axis=1)
+    current[4, 6] = 0.03
+    scores = score_nodes([f"n{i}" for i in range(n)], current, history)
+    assert scores[4] < 6.0
+    assert pick_outlier([f"n{i}" for i in range(n)], scores, 6.0, 1.5).culprit is None
+    # a real fault on the noisy metrics of the same node is still found
+    current[4, :3] += 12
+    assert pick_outlier([f"n{i}" for i in range(n)], score_nodes([f"n{i}" for i in range(n)], current, history),
+                        6.0, 1.5).culprit == "n4"
+
+
+def test_the_noise_floor_is_the_resolution_of_the_metric():
+    """A gauge on a 0.01 grid that mostly holds still: one step of its grid is one sigma, not a thousand."""
+    from sigma.controller.detect.isolation import baseline
+
+    history = np.full((4, 40, 1), 0.5)
+    history[:, ::7, 0] = 0.51
+    base = baseline(history)
+    assert np.isclose(base.floor[0], 0.01) and not base.flat[0]
+    z = score([f"n{i}" for i in range(4)], np.array([[0.52], [0.5], [0.5], [0.5]]), history).metric_z
+    assert 0 < z[0, 0] <= 2.0 + 1e-9
+
+
+def test_a_spiky_metric_weighs_less_than_a_steady_one():
+    """Both move by the same amount now; the one that spikes on healthy nodes too is discounted."""
+    rng = np.random.default_rng(8)
+    history = 10 + rng.normal(0, 1, (6, 200, 2))
+    history[:, :, 1] += 25 * (rng.random((6, 200)) < 0.1)  # healthy spikes, one sample in ten on each node
+    current = 10 + rng.normal(0, 0.3, (6, 2))
+    current[2] += 8
+    z = score([f"n{i}" for i in range(6)], current, history).metric_z
+    assert z[2, 0] > 2 * z[2, 1]
+
+
+def test_a_single_node_job_is_scored_against_its_own_history():
+    rng = np.random.default_rng(9)
+    history = 20 + rng.normal(0, 1, (1, 60, 10))
+    healthy = 20 + rng.normal(0, 1, (1, 10))
+    sick = healthy.copy()
+    sick[0, [1, 4, 7]] += 15
+    assert pick_outlier(["n0"], score_nodes(["n0"], healthy, history), 6.0, 1.5).culprit is None
+    verdict = pick_outlier(["n0"], score_nodes(["n0"], sick, history), 6.0, 1.5)
+    assert verdict.culprit == "n0"
+    top = score(["n0"], sick, history).top_metrics(0, [f"m{j}" for j in range(10)], n=3)
+    assert sorted(name for name, _ in top) == ["m1", "m4", "m7"]
+
+
+def test_gaps_late_joiners_and_metrics_that_appear_or_vanish_make_no_culprit():
+    rng = np.random.default_rng(10)
+    nodes = [f"n{i}" for i in range(5)]
+    history = 30 + rng.normal(0, 1, (5, 40, 6))
+    history[:, ::3, 0] = np.nan  # gaps
+    history[3] = np.nan  # n3 joined late: no history at all
+    history[:, :, 5] = np.nan  # a metric that appeared after a reload
+    current = 30 + rng.normal(0, 1, (5, 6))
+    current[1, 2] = np.nan  # a series missing now
+    current[:, 4] = np.nan  # a metric that vanished
+    current[2, :] = np.nan  # a node that reports nothing this window
+    current[3, 5] = 1e6  # the late joiner's new metric: nothing to compare with
+    scores = score_nodes(nodes, current, history)
+    assert np.all(np.isfinite(scores))
+    assert pick_outlier(nodes, scores, 6.0, 1.5).culprit is None
+    # a real fault of the late joiner shows against its peers
+    current[3, :3] += 40
+    assert pick_outlier(nodes, score_nodes(nodes, current, history), 6.0, 1.5).culprit == "n3"
+    # nothing at all: scores of zero, no crash
+    empty = score_nodes(nodes, np.full((5, 0), np.nan), np.full((5, 4, 0), np.nan))
+    assert np.all(empty == 0)
+    assert np.all(score_nodes(nodes, np.full((5, 3), np.nan), None) == 0)
+
+
+def test_counters_that_reset_are_read_as_gauges_not_as_huge_rates(tmp_path):
+    """A counter restarts from 0 (a daemon restart): it is no longer monotonic, so no rate is taken, and the
+    restarted node is not a culprit for it."""
+    rows = []
+    for n in ("a", "b", "c"):
+        for t in range(0, 600, 10):
+            v = 1e6 + 5.0 * t if not (n == "b" and t >= 550) else 5.0 * (t - 550)
+            rows.append({"node": n, "ts": NOW - 600 + t, "metric": "host.net.rx_bytes", "value": v, "labels": "{}"})
+    names, cur, hist, jitter = job_matrices(["a", "b", "c"], NOW, 120, [], *telemetry(tmp_path, rows, ["a", "b", "c"]))
+    assert np.all(np.isfinite(cur[:, names.index("host.net.rx_bytes")]))
+    scores = score_nodes(["a", "b", "c"], cur, hist, jitter=jitter)
+    assert np.all(np.isfinite(scores))
 
 
 def test_accelerators_reduce_to_their_node():
@@ -291,7 +389,7 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     ctl.tick()
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
     assert inc.node == "node3" and inc.evidence["isolation"]["ranked"][0][0] == "node3"
-    assert slurm.node("node3").reason.startswith("sigma: isolation-outlier")
+    assert slurm.node("node3").reason.startswith("sigma: straggler (isolation-outlier)")
     assert slurm.count("requeue") == 1
     assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
 
@@ -355,3 +453,106 @@ def test_a_hung_job_drains_the_node_left_behind_even_when_telemetry_points_elsew
     assert slurm.node("node2").drained and not slurm.node("node1").drained
     inc = ctl.incidents.query(node="node2")[0]
     assert "node2's ranks are behind" in inc.evidence["isolation"]["reason"]
+
+
+def _two_node_job(ctl, slurm, clock, *, slow_wait):
+    """A 2-node job, 2 s steps for 15 minutes, then 3 s steps for the last 40 s; slow_wait(t, node) -> the share
+    of that step the node's ranks waited in collectives."""
+    nodes = ["node1", "node2"]
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    now = clock()
+    step = 0
+    for t in range(int(now) - 900, int(now), 2):
+        slow = t >= now - 40
+        for i, n in enumerate(nodes):
+            dt = 3.0 if slow else 2.0
+            wait = slow_wait(t, n) if slow else 0.05
+            add_kpi(ctl.conn, n, t, 1, i, step, tokens_per_s=1000.0 / dt, step_time_s=dt,
+                    payload={"wait_s": wait * dt})
+        step += 1
+    return nodes
+
+
+def test_load_that_moves_between_the_nodes_of_a_2_node_job_drains_nothing(tmp_path):
+    """Another process on the host slows one node's ranks, then the other's: the job is slower (a notification),
+    the telemetry says nothing, and no node is drained."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    _two_node_job(ctl, slurm, clock, slow_wait=lambda t, n: 0.4 if (n == "node1") == ((t // 8) % 2 == 0) else 0.02)
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.count("drain") == 0
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "watchdog-throughput-drop"]
+    assert inc.status == "notified"
+
+
+def test_a_straggler_in_a_2_node_job_is_drained_and_confirmed_only_by_recovery(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.verify_after_s = 60
+    _two_node_job(ctl, slurm, clock, slow_wait=lambda t, n: 0.4 if n == "node1" else 0.02)
+    for _ in range(2):
+        ctl.tick()
+        clock.advance(1)
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node2" and slurm.node("node2").drained and not slurm.node("node1").drained
+    assert inc.evidence["verify"]["baseline"] == 500.0  # the throughput before the fault
+    # the job restarts elsewhere but runs as slowly as before: no recovery, so no confirmation
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3"), start_time=int(clock()) + 1)
+    for n in ("node1", "node3"):
+        add_event(ctl.conn, n, clock() + 0.5, source="kpi", kind="resume", job_ids=[1])
+    for k in range(8):
+        clock.advance(3)
+        for i, n in enumerate(("node1", "node3")):
+            add_kpi(ctl.conn, n, clock(), 1, i, 1000 + k, tokens_per_s=1000.0 / 3, step_time_s=3.0)
+        ctl.tick()
+        assert ctl.incidents.get(inc.id).status != "confirmed"
+    clock.advance(61)
+    ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "misdiagnosed"
+
+
+def test_recovery_needs_evidence():
+    from sigma.controller.loop import recovered_after_move
+
+    fast = [{"ts": float(t), "step_time_s": 2.0, "tokens_per_s": 500.0} for t in range(6)]
+    slow = [{"ts": float(t), "step_time_s": 3.0, "tokens_per_s": 333.0} for t in range(6)]
+    drop = {"kind": "watchdog-throughput-drop", "baseline": 500.0}
+    assert recovered_after_move(drop, fast, 5, 0.8)
+    assert not recovered_after_move(drop, slow, 5, 0.8)
+    assert not recovered_after_move(drop, fast[:3], 5, 0.8)  # too few steps to tell
+    assert not recovered_after_move({"kind": "watchdog-throughput-drop", "baseline": None}, fast, 5, 0.8)
+    assert recovered_after_move({"kind": "watchdog-hang", "baseline": None}, fast, 5, 0.8)  # it steps again
+    assert not recovered_after_move({"kind": "watchdog-hang", "baseline": 500.0}, slow, 5, 0.8)
+
+
+def test_several_outliers_in_a_job_are_escalated_not_drained(tmp_path):
+    import json
+
+    from tests.unit.controller.fakes import FakeSlurm
+
+    nodes = ["node1", "node2", "node3", "node4", "node5"]
+    ctl, slurm, clock = make_controller(tmp_path, slurm=FakeSlurm(nodes=tuple(nodes) + ("node6",)))
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    now = clock()
+    rng = np.random.default_rng(12)
+    rows = []
+    for t in range(int(now) - 1000, int(now), 5):
+        slow = t >= now - 40
+        for i, n in enumerate(nodes):
+            add_kpi(ctl.conn, n, t, 1, i, (t - int(now) + 1000) // 5, tokens_per_s=500.0 if slow else 1000.0,
+                    step_time_s=2.0 if slow else 1.0)
+            for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.temp_c", 60.0), ("gpu.power_w", 300.0)):
+                v = base + rng.normal(0, base * 0.01)
+                if n in ("node2", "node4") and slow:
+                    v *= 0.6 if m != "gpu.temp_c" else 1.4  # two nodes throttle alike
+                rows.append((n, t, m, v, json.dumps({"gpu": "0"})))
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.count("drain") == 0
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-ambiguous"]
+    assert inc.status == "notified" and "cannot be told apart" in inc.summary
+    assert {n for n, _ in inc.evidence["isolation"]["ranked"][:2]} == {"node2", "node4"}
+    assert "gpu.clock.sm_mhz{\"gpu\": \"0\"}" in dict(inc.evidence["isolation"]["top_metrics"]["node2"])

@@ -1,0 +1,348 @@
+"""Isolation on real labelled telemetry: the controller's scoring against simple baselines, side by side.
+
+Data (read in place, never copied): ../shared/data/asd (12 servers x 19 metrics, 5-minute points, anomaly segments
+with their anomalous metrics) and ../shared/data/nab (single series with anomaly windows: the per-node detector).
+
+Mapping onto the controller: one data point is one isolation window (its mean); the controller acts on the same
+culprit in `rounds` consecutive windows (IsolationConfig defaults: min_score, dominance, rounds). Chronological split:
+the history is what came before — ASD's train split (the first 30 days), NAB's first 15 % (its probationary
+period) — and only what comes after it is scored. A simulated day is 86400 / window_s windows of the controller.
+
+Figures per data set and method: top-1 (the labelled entity acted on during its segment), wrong node (another,
+unlabelled entity acted on during the segment and the labelled one not), missed; top-1 where exactly one entity is
+anomalous; false actions per normal window (no entity labelled) and per simulated day; HitRate@100 % / 150 %
+(share of a segment's labelled metrics among its top 100 % / 150 % ranked metrics, over detected points, as in the
+InterFusion code's IPS) and the same for a random ranking.
+
+Methods: `engine` (sigma.controller.detect.isolation: own history + peers), `engine-own` (own history only, the
+per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
+excursion beyond 3 sigma), `today` (the scorer as of main: `git show main:sigma/controller/detect/isolation.py`,
+loaded into a module here; skipped with a note where git or that revision is missing).
+
+usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sigma.controller.config import IsolationConfig  # noqa: E402
+from sigma.controller.detect import isolation  # noqa: E402
+
+ISO = IsolationConfig()
+DAY_WINDOWS = 86400 / ISO.window_s
+
+
+# ---------- data ----------
+def read_matrix(path: Path) -> np.ndarray:
+    with path.open() as fh:
+        rows = list(csv.reader(fh))
+    return np.array([[float(v) for v in r[1:]] for r in rows[1:]])
+
+
+@dataclass
+class Segment:
+    entity: int
+    start: int
+    end: int  # inclusive
+    metrics: list[int] = field(default_factory=list)  # 0-based columns
+
+
+def load_asd(root: Path, servers: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[Segment]]:
+    """(names, train [entities, time, metrics], test [entities, time, metrics], labels [entities, time], segments)."""
+    dirs = sorted((root / "asd").glob("omi-*"), key=lambda p: int(p.name.split("-")[1]))[:servers]
+    if not dirs:
+        raise SystemExit(f"no ASD data under {root / 'asd'}")
+    trains = [read_matrix(d / "train.csv") for d in dirs]
+    tests = [read_matrix(d / "test.csv") for d in dirs]
+    T = max(len(t) for t in trains)
+    train = np.full((len(dirs), T, trains[0].shape[1]), np.nan)
+    for i, t in enumerate(trains):  # omi-12's train is shorter: aligned on its end (just before the test)
+        train[i, T - len(t):] = t
+    test = np.stack(tests)
+    labels = np.stack([read_matrix(d / "test_label.csv")[:, 0] for d in dirs]).astype(bool)
+    segments = []
+    for i, d in enumerate(dirs):
+        for line in (d / "interpretation_label.txt").read_text().split("\n"):
+            if line.strip():
+                span, dims = line.split(":")
+                a, b = (int(x) for x in span.split("-"))
+                segments.append(Segment(i, a, b, [int(x) - 1 for x in dims.split(",")]))
+    return [d.name for d in dirs], train, test, labels, segments
+
+
+def load_nab(root: Path, files: int) -> list[tuple[str, np.ndarray, list[tuple[int, int]]]]:
+    """(name, values, anomaly windows as (start, end) indices) per series."""
+    base = root / "nab"
+    windows = json.loads((base / "labels" / "combined_windows.json").read_text())
+    out = []
+    for f in sorted((base / "data").glob("*/*.csv"))[:files]:
+        with f.open() as fh:
+            rows = list(csv.DictReader(fh))
+        stamps = {r["timestamp"]: i for i, r in enumerate(rows)}
+        spans = [(stamps[a.split(".")[0]], stamps[b.split(".")[0]])
+                 for a, b in windows.get(f"{f.parent.name}/{f.name}", [])]
+        out.append((f"{f.parent.name}/{f.name}", np.array([float(r["value"]) for r in rows]), spans))
+    return out
+
+
+# ---------- methods: history [E, T, M] -> per round (node scores [E], metric scores [E, M]) ----------
+class Engine:
+    name = "engine"
+
+    def __init__(self, history: np.ndarray, peers: bool = True):
+        self.base = isolation.baseline(history)
+        self.peers = peers
+        if not peers:
+            self.name = "engine-own"
+
+    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        z = isolation.metric_scores(current, self.base, peers=self.peers and current.shape[0] >= 3)
+        return isolation.top_k_mean(z, 3), z
+
+    def pick(self, names, scores, hint=None):
+        return isolation.pick_outlier(names, scores, ISO.min_score, ISO.dominance).culprit
+
+
+class ThreeSigma:
+    """Per metric, the entity's own history mean/std; the entity with the largest excursion beyond 3 sigma."""
+    name = "3-sigma"
+
+    def __init__(self, history: np.ndarray):
+        self.mean = np.nanmean(history, axis=1)
+        self.std = np.maximum(np.nanstd(history, axis=1), 1e-9)
+
+    def __call__(self, current):
+        z = np.nan_to_num(np.abs(current - self.mean) / self.std, nan=0.0)
+        return z.max(axis=1), z
+
+    def pick(self, names, scores, hint=None):
+        i = int(np.argmax(scores))
+        return names[i] if scores[i] > 3.0 and np.sum(scores == scores[i]) == 1 else None
+
+
+def load_today() -> types.ModuleType | None:
+    """The scorer as of main, for the side-by-side comparison."""
+    try:
+        src = subprocess.run(["git", "show", "main:sigma/controller/detect/isolation.py"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if "def history_stats" not in src:
+        return None  # main has the new scorer already: nothing older to compare with
+    mod = types.ModuleType("isolation_today")
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up there
+    exec(compile(src, "main:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
+    return mod
+
+
+class Today:
+    """main's scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
+    name = "today"
+
+    def __init__(self, mod, history: np.ndarray):
+        self.mod = mod
+        self.stats = mod.history_stats(history) if history.shape[0] >= 3 else None
+
+    def __call__(self, current):
+        spatial = self.mod.spatial_z(current)
+        temporal = self.mod.temporal_z(current, self.stats) if self.stats is not None else None
+        z = np.nan_to_num(self.mod.combine(spatial, temporal), nan=0.0, posinf=1e6)
+        return self.mod.top_k_mean(z, 3), z
+
+    def pick(self, names, scores, hint=None):
+        return self.mod.pick_outlier(names, scores, ISO.min_score, ISO.dominance).culprit
+
+
+class Rolling:
+    """A method whose history is the previous `windows` points, as the controller's history_s is its last hour."""
+
+    def __init__(self, make, series: np.ndarray, windows: int):
+        self.make, self.series, self.windows = make, series, windows
+        self.name = make(series[:, :3, :]).name + "/rolling"
+
+    def at(self, t: int) -> None:
+        self.method = self.make(self.series[:, max(0, t - self.windows):t, :])
+
+    def __call__(self, current):
+        return self.method(current)
+
+    def pick(self, names, scores, hint=None):
+        return self.method.pick(names, scores, hint)
+
+
+# ---------- evaluation ----------
+def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
+    top = np.argsort(-z_row, kind="stable")[: int(p * len(labelled))]
+    return len(set(top.tolist()) & set(labelled)) / len(labelled)
+
+
+def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str]) -> dict:
+    """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows)."""
+    E, T, _ = test.shape
+    streaks = isolation.Streaks()
+    acts = np.full(T, -1)  # entity acted on at t (-1: none)
+    picked = np.full(T, -1)
+    metric_z = np.zeros((T, E, test.shape[2]))
+    t0 = time.perf_counter()
+    for t in range(T):
+        if hasattr(method, "at"):
+            method.at(t)
+        scores, z = method(test[:, t, :])
+        metric_z[t] = z
+        culprit = method.pick(names, scores)
+        picked[t] = names.index(culprit) if culprit else -1
+        if streaks.update("job", culprit) >= ISO.rounds:
+            acts[t] = names.index(culprit)
+    elapsed = time.perf_counter() - t0
+    anomalous = labels.any(axis=0)
+    normal = ~anomalous
+    false = int(np.sum((acts >= 0) & normal))
+    outcome = {"top1": 0, "wrong": 0, "missed": 0}
+    solo = [0, 0]
+    hits = {1.0: [], 1.5: []}
+    for s in segments:
+        span = slice(s.start, s.end + 1)
+        acted = acts[span]
+        right = np.any(acted == s.entity)
+        wrong = any(a >= 0 and not labels[a, s.start + i] for i, a in enumerate(acted))
+        key = "top1" if right else "wrong" if wrong else "missed"
+        outcome[key] += 1
+        alone = labels[:, span].sum(axis=0).max() == 1
+        if alone:
+            solo[0] += right
+            solo[1] += 1
+        detected = [t for t in range(s.start, s.end + 1) if picked[t] == s.entity]
+        if detected and s.metrics:
+            for p in hits:
+                hits[p].append(np.mean([hit_rate(metric_z[t, s.entity], s.metrics, p) for t in detected]))
+    n = max(1, len(segments))
+    return {"segments": n, **{k: v / n for k, v in outcome.items()}, "solo": solo,
+            "false_per_window": false / max(1, int(normal.sum())), "false": false,
+            "hit100": float(np.mean(hits[1.0])) if hits[1.0] else float("nan"),
+            "hit150": float(np.mean(hits[1.5])) if hits[1.5] else float("nan"), "detected_segments": len(hits[1.0]),
+            "round_ms": 1000 * elapsed / T}
+
+
+def random_hit_rate(segments: list[Segment], metrics: int, rng: np.random.Generator) -> tuple[float, float]:
+    out = []
+    for p in (1.0, 1.5):
+        out.append(float(np.mean([np.mean([hit_rate(rng.random(metrics), s.metrics, p) for _ in range(50)])
+                                  for s in segments if s.metrics])))
+    return out[0], out[1]
+
+
+def print_row(name: str, r: dict) -> None:
+    solo = f"{r['solo'][0]}/{r['solo'][1]}" if r["solo"][1] else "n/a"
+    wrong = "n/a" if r.get("single") else f"{100 * r['wrong']:5.1f}%"
+    hit = "   n/a     n/a" if np.isnan(r["hit100"]) else f"  {r['hit100']:.2f}    {r['hit150']:.2f}"
+    print(f"  {name:11s} {100 * r['top1']:5.1f}%  {wrong:>6s}  {100 * r['missed']:5.1f}%  {solo:>7s}  "
+          f"{100 * r['false_per_window']:6.2f}%  {r['false_per_window'] * DAY_WINDOWS:7.1f}  {hit}   "
+          f"{r['round_ms']:.2f}")
+
+
+HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150  ms/round")
+
+
+def asd(root: Path, servers: int, today_mod) -> None:
+    names, train, test, labels, segments = load_asd(root, servers)
+    print(f"ASD: {len(names)} servers x {test.shape[2]} metrics, history = train split ({train.shape[1]} points), "
+          f"{test.shape[1]} scored windows, {len(segments)} anomaly segments, "
+          f"{int((~labels.any(axis=0)).sum())} normal windows (no server labelled)")
+    print(HEADER)
+    methods = [Engine(train), Engine(train, peers=False), ThreeSigma(train)]
+    if today_mod is not None:
+        methods.append(Today(today_mod, train))
+    for m in methods:
+        print_row(m.name, run(m, test, labels, segments, names))
+    r100, r150 = random_hit_rate(segments, test.shape[2], np.random.default_rng(0))
+    print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
+
+
+def nab(root: Path, files: int) -> None:
+    series = load_nab(root, files)
+    history_windows = int(ISO.history_s / ISO.window_s)
+    totals: dict[str, dict] = {}
+    for name, values, spans in series:
+        split = int(0.15 * len(values))
+        history = values[None, :split, None]
+        test = values[None, split:, None]
+        labels = np.zeros((1, test.shape[1]), dtype=bool)
+        segments = []
+        for a, b in spans:
+            a, b = max(a - split, 0), b - split
+            if b >= 0:
+                labels[0, a:b + 1] = True
+                segments.append(Segment(0, a, b, []))
+        # the rolling ones see the points before each round: the whole series, scored from the split on
+        whole = values[None, :, None]
+        methods = [Engine(history, peers=False), ThreeSigma(history),
+                   Rolling(lambda h: Engine(h, peers=False), whole, history_windows),
+                   Rolling(ThreeSigma, whole, history_windows)]
+        for m in methods:
+            r = run(_Shifted(m, split) if isinstance(m, Rolling) else m, test, labels, segments, ["node"])
+            t = totals.setdefault(m.name, {"segments": 0, "top1": 0, "missed": 0, "false": 0, "normal": 0, "ms": []})
+            t["segments"] += r["segments"]
+            t["top1"] += round(r["top1"] * r["segments"])
+            t["missed"] += round(r["missed"] * r["segments"])
+            t["false"] += r["false"]
+            t["normal"] += int((~labels[0]).sum())
+            t["ms"].append(r["round_ms"])
+    print(f"NAB: {len(series)} single series, per-node detector (no peers); history = the first 15 % (fixed), or "
+          f"the previous {history_windows} windows (rolling: history_s / window_s, as the controller keeps it)")
+    print(HEADER)
+    for name, t in totals.items():
+        n = max(1, t["segments"])
+        print_row(name, {"top1": t["top1"] / n, "wrong": 0.0, "missed": t["missed"] / n, "solo": [0, 0],
+                         "single": True, "false_per_window": t["false"] / max(1, t["normal"]),
+                         "hit100": float("nan"), "hit150": float("nan"), "round_ms": float(np.mean(t["ms"]))})
+    print(f"  ({sum(len(s) for _, _, s in series)} anomaly windows; wrong node and HitRate do not apply to one "
+          f"series of one metric)")
+
+
+class _Shifted:
+    """A rolling method scored on the test part of a series: round t is point split + t."""
+
+    def __init__(self, method: Rolling, split: int):
+        self.method, self.split, self.name = method, split, method.name
+
+    def at(self, t: int) -> None:
+        self.method.at(self.split + t)
+
+    def __call__(self, current):
+        return self.method(current)
+
+    def pick(self, names, scores, hint=None):
+        return self.method.pick(names, scores, hint)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--servers", type=int, default=12, help="ASD servers (omi-1..omi-N)")
+    ap.add_argument("--nab-files", type=int, default=24)
+    args = ap.parse_args()
+    today = load_today()
+    print(f"controller defaults: min_score {ISO.min_score}, dominance {ISO.dominance}, rounds {ISO.rounds}, "
+          f"window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows)"
+          + ("" if today else "; `today` skipped: main's scorer not available"))
+    asd(args.data, args.servers, today)
+    nab(args.data, args.nab_files)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Guard rails under a wave and around nodes someone else took out of service."""
+
+import pytest
+
+from sigma.controller.act.actions import SlurmActions
+from sigma.controller.act.guards import admin_hold
+from sigma.controller.act.journal import Skip
+from sigma.controller.config import BreakerConfig, ControllerConfig
+from sigma.findings import Finding
+from sigma.slurm.types import Node
+
+from tests.unit.controller.helpers import add_event, make_controller, xid79
+
+
+def wave_cfg(tmp_path, **breaker):
+    return ControllerConfig(db=str(tmp_path / "c.db"), log_dir=str(tmp_path / "log"),
+                            breaker=BreakerConfig(**{"max_nodes": 2, "max_fraction": 0.5, **breaker}))
+
+
+def test_admin_hold_covers_down_drain_and_fail_with_a_foreign_reason():
+    assert admin_hold(Node("n", "down", reason="admin: PSU swap")) == "admin: PSU swap"
+    assert admin_hold(Node("n", "idle", flags=("DRAIN",), reason="bad fan")) == "bad fan"
+    assert admin_hold(Node("n", "down", flags=("DRAIN", "FAIL"), reason="rma")) == "rma"
+    assert admin_hold(Node("n", "down", reason="sigma: gpu-xid-79 remediation reboot")) is None
+    assert admin_hold(Node("n", "down", flags=("NOT_RESPONDING",), reason="Not responding")) is None
+    assert admin_hold(Node("n", "idle", flags=("DRAIN",), reason="Prolog error"), ["Prolog error"]) is None
+    assert admin_hold(Node("n", "idle", reason="stale text from an earlier drain")) is None  # in service
+
+
+def test_a_node_an_admin_set_down_is_never_drained_or_rebooted(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node2", state="down", reason="admin: PSU swap")  # DOWN, no DRAIN flag
+    xid79(ctl.conn, "node2", clock() - 1)
+    for _ in range(4):
+        ctl.tick()
+        clock.advance(60)
+    assert slurm.count("drain") == slurm.count("reboot") == slurm.count("resume") == 0
+    assert slurm.node("node2").reason == "admin: PSU swap"
+    assert ctl.incidents.query(node="node2")[0].status == "notified"
+    assert ctl.remediator.get("node2") is None and ctl.counts()["guard", "admin_hold"] >= 1
+    assert "left alone, taken out by admin (DOWN: admin: PSU swap)" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_an_admin_setting_down_during_remediation_stops_the_planned_reboot(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()  # drained; remediation begins
+    ctl.tick()  # waiting_jobs
+    assert ctl.remediator.get("node3").state in ("waiting_jobs", "remediating")
+    slurm.set_node("node3", state="down", flags=(), reason="admin: reseating the GPU")
+    for _ in range(4):
+        ctl.tick()
+        clock.advance(60)
+    assert slurm.count("reboot") == 0 and slurm.count("resume") == 0
+    assert ctl.remediator.get("node3").state == "admin"
+    assert slurm.node("node3").reason == "admin: reseating the GPU"
+
+
+def test_executors_refuse_a_node_taken_out_by_someone_else_at_run_time(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    actions = SlurmActions(slurm)
+    slurm.set_node("node1", state="down", flags=("DRAIN", "FAIL"), reason="rma ticket 42")
+    for kind, params in (("reboot", {"planned_at": clock(), "reason": "x"}), ("drain", {"reason": "x"}),
+                         ("resume", {})):
+        with pytest.raises(Skip):
+            actions(kind, "node1", params, f"{kind}:node1")
+    assert slurm.calls == []
+
+
+def test_a_wave_seen_through_several_rules_stops_at_the_global_limit(tmp_path):
+    # per rule: 2 nodes; globally: 2 nodes out of 4. Three different rules and the watchdog see one wave.
+    ctl, slurm, clock = make_controller(tmp_path, cfg=wave_cfg(tmp_path, wave_max_nodes=2, wave_max_fraction=0.5))
+    xid79(ctl.conn, "node1", clock() - 3)
+    add_event(ctl.conn, "node2", clock() - 2, kind="xid", fields={"xid": 48}, message="NVRM: Xid 48")
+    add_event(ctl.conn, "node3", clock() - 1, kind="xid", fields={"xid": 74}, message="NVRM: Xid 74")
+    ctl.tick()
+    drained = sorted(n.name for n in slurm.nodes() if n.drained)
+    assert len(drained) == 2  # no rule reached its own limit of 2: only the global one holds
+    (escalated,) = [i for i in ctl.incidents.query() if i.status == "escalated"]
+    assert escalated.evidence["guard"]["guard"] == "wave"
+    assert escalated.evidence["guard"]["nodes_out"] == drained
+    assert escalated.evidence["events"]  # the person gets the evidence
+    ticket = ctl.conn.execute("SELECT params FROM actions WHERE kind='ticket' AND incident_id=?",
+                              (escalated.id,)).fetchone()
+    assert ticket is not None and '"guard": "wave"' in ticket[0]
+    # the watchdog/isolation go through the same limit
+    f = Finding(rule_id="isolation-outlier", source="isolation", scope="node", severity="error", action="drain",
+                summary="outlier", first_ts=clock(), last_ts=clock(), node="node4", category="isolation")
+    (inc,) = ctl.decider.decide([f], {n.name: n for n in slurm.nodes()}, slurm.jobs())
+    assert inc.status == "escalated" and not slurm.node("node4").drained
+    assert ctl.counts()["guard", "wave"] == 2
+    assert "WAVE node4 (isolation-outlier): global limit" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_the_per_rule_breaker_still_holds_under_a_high_global_limit(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path, cfg=wave_cfg(tmp_path, max_nodes=1, wave_max_nodes=16,
+                                                                   wave_max_fraction=1.0))
+    xid79(ctl.conn, "node1", clock() - 2)
+    xid79(ctl.conn, "node2", clock() - 1)
+    ctl.tick()
+    assert sum(n.drained for n in slurm.nodes()) == 1
+    assert ctl.counts()["guard", "rule"] == 1
