@@ -70,7 +70,9 @@ def submit(cfg: TrainConfig) -> submitit.Job:
     from sigma.train.config import load_model_config
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
-    check_layout(cfg, cfg.launch.world_size, model_cfg.n_experts)
+    from sigma.train.parallelize import check_trainer_layout
+
+    check_trainer_layout(check_layout(cfg, cfg.launch.world_size, model_cfg.n_experts), cfg.parallel.shard_optimizer)
     executor = make_executor(cfg)
     if executor.cluster == "slurm":
         check_partition(cfg)

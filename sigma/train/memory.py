@@ -6,8 +6,9 @@
 Prediction = parameters + optimizer states + the larger of two moments:
   backward peak  : the saved activations of every in-flight micro-batch, the output head's transients
                    (logits, log-probabilities and their gradients: 4 x tokens x vocab) or one recomputed
-                   layer, whichever is larger, and the gradients; a last pipeline stage also holds the
-                   logits of every micro-batch (torch.distributed.pipelining keeps outputs to merge them)
+                   layer, whichever is larger, and the gradients alive then (the head's only when every
+                   forward precedes every backward, all of them under 1F1B); a last pipeline stage also holds
+                   the logits of every micro-batch (torch.distributed.pipelining keeps outputs to merge them)
   optimizer step : all gradients plus AdamW's temporaries (about one parameter-sized buffer)
 Saved activations per token and layer follow what autograd keeps for this model's code (model.py, moe.py):
 norm inputs and outputs, q/k/v and the attention output, the SwiGLU hidden tensors (4 per FFN), and for an MoE
@@ -32,6 +33,7 @@ from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
 
 INDEX_BYTES = 8  # int64 routing indices
+HEAD_TRANSIENTS = 4  # logits, log-probabilities, their gradient and the logits' gradient (tokens x vocab each)
 
 
 @dataclass
@@ -132,11 +134,21 @@ def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch
     flight = in_flight_microbatches(dims, pp_rank)
     activations = int(per_mb * flight)
     # The head's transients are gone before backward reaches a recomputed layer: the larger of the two counts.
-    transient = max(4 * tokens * cfg.vocab_size * 4 if last else 0, biggest if recompute_layers else 0)
+    transient = max(HEAD_TRANSIENTS * tokens * cfg.vocab_size * 4 if last else 0, biggest if recompute_layers else 0)
     if last and dims.pp > 1:
         activations += (dims.microbatches - 1) * tokens * cfg.vocab_size * 4  # the schedule keeps every output
     step_temp = params  # foreach AdamW's intermediate of one parameter-sized buffer
-    peak = params + optimizer + max(activations + transient + grads, grads + step_temp)
+    # Backward frees activations while gradients appear: when every forward precedes every backward (one
+    # micro-batch, GPipe) the peak is at backward's start (only the head's gradient exists) or at the optimiser
+    # step (all gradients). 1F1B schedules run forwards after the first backward: all gradients and the
+    # in-flight activations coexist.
+    if dims.schedule != "gpipe" and dims.microbatches > 1:
+        first_grads = grads
+    elif last:
+        first_grads = (cfg.vocab_size * cfg.dim + cfg.dim) * param_bytes
+    else:
+        first_grads = grads // max(1, len(layers))
+    peak = params + optimizer + max(activations + transient + first_grads, grads + step_temp)
     return MemoryEstimate(params=params, grads=grads, optimizer=optimizer, activations=activations,
                           transient=transient, in_flight=flight, peak=peak)
 
@@ -159,7 +171,7 @@ class PeakTracker(TorchDispatchMode):
     def ignore(self, tensors) -> "PeakTracker":
         """Storages already in the baseline (in-place updates to them must not count again)."""
         for t in tensors:
-            self._known.add(t.untyped_storage().data_ptr())
+            self._known.add(_plain(t).untyped_storage().data_ptr())
         return self
 
     def _freed(self, key: int, nbytes: int) -> None:
@@ -182,10 +194,14 @@ class PeakTracker(TorchDispatchMode):
         return out
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's bytes are its local shard's
+
+
 def tensor_bytes(tensors) -> int:
     seen, total = set(), 0
     for t in tensors:
-        storage = t.untyped_storage()
+        storage = _plain(t).untyped_storage()
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()

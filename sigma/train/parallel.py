@@ -264,16 +264,16 @@ def expert_parallel_compute(x_sorted: torch.Tensor, tokens_per_expert: torch.Ten
     recv_counts = torch.empty_like(send_counts)
     with _collective():
         dist.all_to_all_single(recv_counts.view(-1), send_counts.view(-1), group=group)  # [source rank, local e]
-    send_splits = send_counts.sum(1).tolist()
-    recv_splits = recv_counts.sum(1).tolist()
+    # The one host sync of the layer: all_to_all_single takes its split sizes as Python ints.
+    splits = torch.cat([send_counts.sum(1), recv_counts.sum(1)]).tolist()
+    send_splits, recv_splits = splits[:ep_size], splits[ep_size:]
     x_recv = all_to_all(x_sorted, recv_splits, send_splits, group)  # grouped by source rank, then expert
-    # Regroup (source, expert) segments as (expert, source) so each local expert's tokens are contiguous.
-    counts = recv_counts.cpu()
-    starts = torch.cumsum(counts.reshape(-1), 0) - counts.reshape(-1)
-    starts = starts.reshape(ep_size, per_rank)
-    order = [torch.arange(int(starts[s, e]), int(starts[s, e] + counts[s, e]))
-             for e in range(per_rank) for s in range(ep_size)]
-    perm = (torch.cat(order) if order else torch.empty(0, dtype=torch.int64)).to(x_sorted.device)
-    y_local = local_compute(x_recv.index_select(0, perm), counts.sum(0).to(tokens_per_expert.device))
+    # Regroup (source, expert) segments as (expert, source) so each local expert's tokens are contiguous: a stable
+    # sort of the rows by local expert id, computed on the device (output_size known: no further sync).
+    expert_of_segment = torch.arange(per_rank, device=recv_counts.device).repeat(ep_size)
+    expert_of_row = torch.repeat_interleave(expert_of_segment, recv_counts.reshape(-1),
+                                            output_size=sum(recv_splits))
+    perm = torch.argsort(expert_of_row, stable=True).to(x_sorted.device)
+    y_local = local_compute(x_recv.index_select(0, perm), recv_counts.sum(0).to(tokens_per_expert.device))
     y_recv = y_local.index_select(0, torch.argsort(perm))  # back to (source, expert) order
     return all_to_all(y_recv, send_splits, recv_splits, group)

@@ -19,6 +19,7 @@ Mesh ("pp", "edp", "ep", "tp") from ParallelDims; dp = edp x ep.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -65,17 +66,48 @@ class _ReduceFromTp(torch.autograd.Function):
 
 
 class _AuxLoss(torch.autograd.Function):
-    """x unchanged; backward also seeds the aux loss with gradient `scale` (a loss that is no stage output)."""
+    """x unchanged; backward also seeds the aux loss with gradient 1 (a loss that is no stage output; the schedule
+    divides every gradient by the micro-batch count afterwards, as it does for the CE loss)."""
 
     @staticmethod
-    def forward(ctx, x, aux, scale):
-        ctx.scale = scale
+    def forward(ctx, x, aux):
         ctx.aux_shape = aux.shape
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, grad.new_full(ctx.aux_shape, ctx.scale), None
+        return grad, grad.new_ones(ctx.aux_shape)
+
+
+class _BackwardClock(torch.autograd.Function):
+    """Identity that notes when its gradient passes: at a stage's output (its backward starts) and at its first
+    hidden input (its backward ends), so a rank knows how long its own stages computed."""
+
+    @staticmethod
+    def forward(ctx, x, clock, start):
+        ctx.clock, ctx.start = clock, start
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock.mark(ctx.start)
+        return grad, None, None
+
+
+class StageClock:
+    """Seconds this rank spent computing its stages (forward + backward) in the current step."""
+
+    def __init__(self):
+        self.busy_s = 0.0
+        self._t0 = None
+
+    def mark(self, start: bool) -> None:
+        now = time.perf_counter()
+        if start:
+            self._t0 = now
+        elif self._t0 is not None:
+            self.busy_s += now - self._t0
+            self._t0 = None
 
 
 # ---------------------------------------------------------------- stage module
@@ -83,7 +115,7 @@ class _AuxLoss(torch.autograd.Function):
 class Stage(nn.Module):
     """The layers of one pipeline stage (first: + embedding, last: + final norm and head), full-model names."""
 
-    def __init__(self, model, layer_ids: list[int], first: bool, last: bool, aux_scale: float):
+    def __init__(self, model, layer_ids: list[int], first: bool, last: bool):
         super().__init__()
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
@@ -91,22 +123,26 @@ class Stage(nn.Module):
         self.output = model.output if last else None
         self.register_buffer("rope_cos", model.rope_cos, persistent=False)
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
-        self.aux_scale = aux_scale
         self.aux_values: list[float] = []
+        self.clock = StageClock()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         if self.tok_embeddings is not None:
             x = self.tok_embeddings(x)
+        if torch.is_grad_enabled():
+            x = _BackwardClock.apply(x, self.clock, False)
         t = x.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         for layer in self.layers.values():
             x, aux = layer(x, cos, sin)
             if aux is not None and aux.requires_grad:
                 self.aux_values.append(float(aux.detach()))
-                x = _AuxLoss.apply(x, aux, self.aux_scale)
+                x = _AuxLoss.apply(x, aux)
         if self.output is not None:
             x = self.output(self.norm(x))
-        return x
+        self.clock.busy_s += time.perf_counter() - t0
+        return _BackwardClock.apply(x, self.clock, True) if torch.is_grad_enabled() else x
 
 
 class StageHolder(nn.Module):
@@ -140,6 +176,7 @@ class ParallelRun:
     load_sum: dict = field(default_factory=dict)  # layer id -> tokens per expert summed over this step's forwards
     stage_modules: list = field(default_factory=list)
     recompute: object = None
+    kpi: dict = field(default_factory=dict)  # last step: step_s, and with pp: stage_busy_s, bubble (measured)
 
     def group(self, name: str):
         return None if self.mesh is None else self.mesh.get_group(name)
@@ -229,7 +266,7 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
 
     stage_ids = dims.stages_of(c["pp"])
     for s in stage_ids:
-        module = Stage(model, dims.layers_of_stage(s), s == 0, s == dims.n_stages - 1, 1.0)
+        module = Stage(model, dims.layers_of_stage(s), s == 0, s == dims.n_stages - 1)
         run.stage_modules.append(module)
         run.stages.append(PipelineStage(module, s, dims.n_stages, device, group=run.group("pp")))
     run.module = StageHolder(model, run.stage_modules)
@@ -242,8 +279,6 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
     else:
         cls = ScheduleGPipe if dims.schedule == "gpipe" else Schedule1F1B
         run.schedule = cls(run.stages[0], dims.microbatches, loss_fn=loss_fn)
-    for module in run.stage_modules:
-        module.aux_scale = 1.0  # the schedule divides every gradient by the micro-batch count afterwards
     return run
 
 
@@ -251,9 +286,14 @@ def _count_load(run: ParallelRun, layer_id: int):
     def hook(module, args, output):
         if torch._C._current_graph_task_id() != -1:
             return  # a recompute inside backward routes the same tokens again: count them once
-        load = module.last_load.detach().clone()
-        run.load_sum[layer_id] = run.load_sum[layer_id] + load if layer_id in run.load_sum else load
+        run.load_sum.setdefault(layer_id, []).append(module.last_load.detach().clone())
     return hook
+
+
+def step_loads(run: ParallelRun) -> dict[int, torch.Tensor]:
+    """Tokens per expert of this step's micro-batches per held MoE layer: the last `microbatches` forwards (the
+    pipeline's first step runs one more, to infer the shapes it sends between stages)."""
+    return {i: torch.stack(loads[-run.dims.microbatches:]).sum(0) for i, loads in run.load_sum.items()}
 
 
 # ---------------------------------------------------------------- one optimiser step
@@ -327,6 +367,7 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
         return sum(ces) / len(ces), sum(auxes) / len(auxes)
     for module in run.stage_modules:
         module.aux_values.clear()
+        module.clock.busy_s = 0.0
     c = run.coords
     losses: list[torch.Tensor] = []
     first = c["pp"] == 0
@@ -351,7 +392,7 @@ def global_loads(run: ParallelRun) -> torch.Tensor | None:
     if cfg.n_moe_layers == 0:
         return None
     loads = torch.zeros(cfg.n_moe_layers, cfg.n_experts, dtype=torch.float64)
-    for layer_id, load in run.load_sum.items():
+    for layer_id, load in step_loads(run).items():
         loads[layer_id - cfg.n_dense_layers] = load.double()
     for name, size in (("dp", run.dims.dp), ("pp", run.dims.pp)):
         if size > 1:
@@ -364,10 +405,13 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
                ) -> tuple[float, float, float]:
     """One optimiser step on the global batch [B, T+1] (each dp rank takes its rows): (loss, aux, grad norm)."""
     dims, c = run.dims, run.coords
+    t0 = time.perf_counter()
     rows = batch.shape[0] // dims.dp
     local = batch[c["dp"] * rows:(c["dp"] + 1) * rows]
     optimizer.zero_grad(set_to_none=True)
+    t_fb = time.perf_counter()
     ce, aux = forward_backward(run, local)
+    fb_s = time.perf_counter() - t_fb
     values = torch.tensor([ce, aux], dtype=torch.float64)
     if dims.dp > 1:
         with _collective():
@@ -375,6 +419,11 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
         values /= dims.dp
     gnorm = sync_and_clip(run, named, max_norm)
     optimizer.step()
+    run.kpi = {"step_s": time.perf_counter() - t0}
+    if dims.pp > 1:
+        busy = sum(m.clock.busy_s for m in run.stage_modules)
+        # the share of the schedule's run this rank's stages did not compute: waits for its neighbours
+        run.kpi.update(pipeline_s=fb_s, stage_busy_s=busy, bubble=max(0.0, 1 - busy / fb_s))
     loads = global_loads(run)
     if loads is not None:
         for layer_id, layer in run.moe_by_id.items():
@@ -405,6 +454,8 @@ def checkpoint_state(run: ParallelRun, optimizer, named, step: int) -> dict:
                 for n, t in run.module.state_dict().items()}
     optim_sd = {}
     for n, p in params.items():
+        if p not in optimizer.state:
+            continue  # a sharded optimiser: another rank owns this state and saves it
         st = optimizer.state[p]
         optim_sd[n] = {"step": st["step"]}
         for key in ("exp_avg", "exp_avg_sq"):
@@ -426,6 +477,8 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
             if _local(holder).data_ptr() != _local(live[n]).data_ptr():
                 _local(live[n]).copy_(_local(holder))
         for n, p in named:
+            if n not in state["optim"]:
+                continue
             st = optimizer.state[p]
             for key in ("step", "exp_avg", "exp_avg_sq"):
                 if _local(state["optim"][n][key]).data_ptr() != _local(st[key]).data_ptr():
@@ -433,14 +486,33 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
     return int(state["step"])
 
 
-def build_optimizer(run: ParallelRun, cfg):
+def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
     """The trainer's AdamW over this rank's parameters; per-tensor updates when some are DTensors (tp > 1):
-    foreach kernels refuse lists that mix DTensors and plain tensors."""
+    foreach kernels refuse lists that mix DTensors and plain tensors. shard: ZeRO-1 (sigma.train.zero)."""
     from sigma.train.trainer import build_optimizer as trainer_optimizer
 
-    optimizer, named, fused = trainer_optimizer(run.module, cfg, torch.device("cpu") if run.mesh is None
-                                                else next(run.module.parameters()).device)
+    device = next(run.module.parameters()).device
+    if shard and run.dims.dp > 1:
+        from sigma.train.zero import ShardedAdamW
+
+        named = [(n, p) for n, p in run.module.named_parameters() if p.requires_grad]
+        optimizer = ShardedAdamW(run, named, cfg)
+        fused = False
+    else:
+        optimizer, named, fused = trainer_optimizer(run.module, cfg, device)
     if any(hasattr(p, "placements") for _, p in named):
         for group in optimizer.param_groups:
             group["foreach"], group["fused"] = False, None
     return optimizer, named, fused
+
+
+def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False) -> None:
+    """`sigma train`'s loop drives dp x ep (and recompute); tp, pp, micro-batches and ZeRO-1 run through this
+    module's train_step (tests, bench/parallel.py) until the loop calls it."""
+    if dims.tp > 1 or dims.pp > 1 or dims.microbatches > 1 or shard_optimizer:
+        from sigma.config import ConfigError
+
+        layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
+        raise ConfigError("[parallel]", f"layout {layout}: the sigma train loop runs dp x ep only; tp, pp, "
+                                        "micro-batches and shard_optimizer are driven by "
+                                        "sigma.train.parallelize.train_step (docs/train-parallel.md)")

@@ -86,7 +86,7 @@ class ParallelConfig:
     pp_schedule: Literal["auto", "1f1b", "gpipe", "interleaved_1f1b"] = "auto"  # auto: interleaved when vpp > 1
     pp_layers: list[int] = field(default_factory=list)  # layers per stage (pp x vpp entries); empty: even split
     microbatches: int = 0  # per step and data-parallel rank; 0: pp
-    shard_optimizer: bool = False  # ZeRO-1: AdamW states sharded over the data-parallel ranks
+    shard_optimizer: bool = False  # ZeRO-1: each AdamW state on one data-parallel rank (sigma/train/zero.py)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
     def __post_init__(self):

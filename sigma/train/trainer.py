@@ -70,9 +70,15 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
     from sigma.train.model import MoETransformer
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
-    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
+    dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
+    from sigma.train.parallelize import check_trainer_layout
+    check_trainer_layout(dims, cfg.parallel.shard_optimizer)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
+    if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":
+        from sigma.train.recompute import Recompute
+        rc = cfg.parallel.recompute
+        model.recompute = Recompute(model, rc.moe_layers, rc.policy, rc.count)
     if ctx.ep_size > 1:
         apply_expert_parallel(model, ctx)
     if ctx.distributed and model_cfg.balance_scope == "global_batch":
@@ -436,6 +442,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 if aux_free:
                     for layer, load in zip(model.moe_layers(), loads):
                         layer.update_bias(load)
+                if hasattr(model, "recompute"):  # the balanced policy re-picks its layers from the step's routing
+                    model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0

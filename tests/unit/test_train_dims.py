@@ -28,7 +28,8 @@ def test_valid_layouts_and_rank_coordinates():
 
 
 @pytest.mark.parametrize("kw, key, text", [
-    (dict(world=6, tp=2, pp=2), "parallel.tp", "world size 6 .* not divisible by parallel.tp x parallel.pp = 2 x 2 = 4"),
+    (dict(world=6, tp=2, pp=2), "parallel.tp",
+     "world size 6 .* not divisible by parallel.tp x parallel.pp = 2 x 2 = 4"),
     (dict(world=8, tp=2, pp=2, ep=4), "parallel.ep", "parallel.ep=4 must divide the data-parallel degree dp = "
                                                      "world size 8 / \\(tp 2 x pp 2\\) = 2"),
     (dict(world=3, ep=3), "parallel.ep", "8 routed experts cannot be split over parallel.ep=3"),
@@ -64,3 +65,22 @@ def test_check_layout_uses_the_model_preset():
     cfg = load_train_config(configs_dir() / "train" / "debug.yaml", ["parallel.pp=2", "parallel.pp_layers=[2, 1]"])
     with pytest.raises(ConfigError, match="sum to 3, but the model has n_layers=2"):
         check_layout(cfg, 2, 4)
+
+
+def test_sigma_train_refuses_layouts_its_loop_does_not_drive():
+    from sigma.train.parallelize import check_trainer_layout
+
+    check_trainer_layout(ParallelDims.build(4, ep=2, n_experts=4, global_batch=8))
+    with pytest.raises(ConfigError, match=r"\[parallel\]: layout dp1 tp1 pp2 .* runs dp x ep only"):
+        check_trainer_layout(ParallelDims.build(2, pp=2, n_layers=2, global_batch=4))
+    with pytest.raises(ConfigError, match="dp2 tp1 pp1 ep1 shard_optimizer"):
+        check_trainer_layout(ParallelDims.build(2, global_batch=4), shard_optimizer=True)
+
+
+def test_sigma_train_cli_refuses_a_pipeline_layout_before_submitting(capsys):
+    from sigma.cli import main
+
+    code = main(["train", "--config", str(configs_dir() / "train" / "debug.yaml"), "--gpus-per-node", "2",
+                 "parallel.pp=2"])
+    assert code == 2
+    assert "[parallel]: layout dp1 tp1 pp2" in capsys.readouterr().err

@@ -12,14 +12,26 @@ STEPS = 3
 OVERRIDES = {"n_layers": 4, "balance": "aux_free", "bias_update_speed": 0.01}
 BATCH, SEQ = 8, 32
 
+WORLD = 4
+# every layout on 4 ranks; dp fills what tp x pp leave
 LAYOUTS = {
-    "tp2": dict(tp=2),
-    "pp2-1f1b": dict(pp=2),
-    "pp2-gpipe-uneven": dict(pp=2, schedule="gpipe", pp_layers=[3, 1], microbatches=4),
-    "pp2-vpp2": dict(pp=2, vpp=2, pp_layers=[1, 1, 1, 1], microbatches=2),
-    "tp2-ep2": dict(world=4, tp=2, ep=2),
-    "pp2-dp2": dict(world=4, pp=2),
-    "pp2-ep2": dict(world=4, pp=2, ep=2),
+    "tp2-dp2": dict(tp=2),
+    "tp2-ep2": dict(tp=2, ep=2),
+    "pp2-dp2-1f1b": dict(pp=2),
+    "pp2-dp2-gpipe-uneven": dict(pp=2, schedule="gpipe", pp_layers=[3, 1], microbatches=4),
+    "pp2-dp2-vpp2": dict(pp=2, vpp=2, pp_layers=[1, 1, 1, 1], microbatches=2),
+    "pp2-ep2": dict(pp=2, ep=2),
+    "pp4": dict(pp=4, microbatches=4),
+    "tp2-pp2": dict(tp=2, pp=2),
+    "dp4-zero1": dict(shard_optimizer=True),
+    "dp4-ep2-zero1": dict(ep=2, shard_optimizer=True),
+    "pp2-dp2-zero1": dict(pp=2, shard_optimizer=True),
+}
+# the Switch aux loss is per micro-batch: compared with one process running the same 4 micro-batches of 2 rows
+AUX_LOSS = {"balance": "aux_loss", "aux_loss_coef": 0.1}
+AUX_LAYOUTS = {
+    "pp2-dp2-aux-loss": dict(pp=2, model=AUX_LOSS),
+    "tp2-ep2-mb2-aux-loss": dict(tp=2, ep=2, microbatches=2, model=AUX_LOSS),
 }
 
 
@@ -27,7 +39,9 @@ def make_dims(layout, model_cfg):
     from sigma.train.dims import ParallelDims
 
     layout = dict(layout)
-    world = layout.pop("world", 2)
+    world = layout.pop("world", WORLD)
+    layout.pop("shard_optimizer", None)
+    layout.pop("model", None)
     return ParallelDims.build(world, n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts,
                               n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
                               hidden_sizes={"expert_hidden": model_cfg.expert_hidden,
@@ -48,10 +62,11 @@ def run_steps(layout, rank, steps, ckpt_save=None, ckpt_load=None):
     from sigma.train.parallelize import build_optimizer, build_parallel, checkpoint_state, load_checkpoint, train_step
     from sigma.train.train_config import OptimConfig
 
-    model_cfg = load_model_config("debug", OVERRIDES)
+    model_cfg = load_model_config("debug", {**OVERRIDES, **layout.get("model", {})})
     dims = make_dims(layout, model_cfg)
     run = build_parallel(model_cfg, dims, rank, seed=0)
-    optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0))
+    optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0),
+                                          shard=layout.get("shard_optimizer", False))
     data = batches()
     start = 0
     if ckpt_load:
@@ -67,14 +82,20 @@ def run_steps(layout, rank, steps, ckpt_save=None, ckpt_load=None):
     return out
 
 
-def worker(rank, world, port, layout, queue, steps, ckpt_save, ckpt_load):
+def worker(rank, port, queue, jobs):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        result = run_steps(layout, rank, steps, ckpt_save, ckpt_load)
-        queue.put((rank, result))
+        results = {}
+        for name, layout, steps, save, load in jobs:
+            try:
+                results[name] = run_steps(layout, rank, steps, save, load)
+            except Exception as exc:  # reported per layout; the other layouts still run
+                results[name] = f"{type(exc).__name__}: {exc}"
+            dist.barrier()
+        queue.put((rank, results))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -83,18 +104,22 @@ def worker(rank, world, port, layout, queue, steps, ckpt_save, ckpt_load):
     os._exit(0)
 
 
-def launch(layout, steps=STEPS, ckpt_save=None, ckpt_load=None):
-    world = layout.get("world", 2)
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """All layouts in one 4-rank process group (one start-up); then pp2 x dp2 saves, tp2 x ep2 resumes."""
+    ckpt = str(tmp_path_factory.mktemp("ckpt") / "step-2")
+    jobs = [(name, layout, STEPS, None, None) for name, layout in {**LAYOUTS, **AUX_LAYOUTS}.items()]
+    jobs += [("save pp2-dp2", LAYOUTS["pp2-dp2-zero1"], 2, ckpt, None),
+             ("resume tp2-ep2", LAYOUTS["tp2-ep2"], 1, None, ckpt)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, layout, queue, steps, ckpt_save, ckpt_load))
-             for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, port, queue, jobs)) for r in range(WORLD)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
+    results = dict(queue.get(timeout=900) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
@@ -108,18 +133,32 @@ def single():
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_one_process(single, name):
-    results = launch(LAYOUTS[name])
-    for rank, steps in results.items():
+def test_layout_matches_one_process(layouts, single, name):
+    for rank in range(WORLD):
+        steps = layouts[rank][name]
+        assert not isinstance(steps, str), f"rank {rank}: {steps}"
         for step, ((loss, gnorm), (ref_loss, ref_gnorm)) in enumerate(zip(steps, single)):
             assert loss == pytest.approx(ref_loss, abs=2e-5), (rank, step)
             assert gnorm == pytest.approx(ref_gnorm, rel=1e-4), (rank, step)
 
 
-def test_checkpoint_reshards_across_layouts(single, tmp_path):
-    """Two steps under pp2 x dp2, saved; the third step under tp2 x ep2 matches the one-process run's third."""
-    launch(LAYOUTS["pp2-dp2"], steps=2, ckpt_save=str(tmp_path / "ckpt"))
-    results = launch(LAYOUTS["tp2-ep2"], steps=1, ckpt_load=str(tmp_path / "ckpt"))
-    for rank, steps in results.items():
-        assert steps[0][0] == pytest.approx(single[2][0], abs=2e-5), rank
-        assert steps[0][1] == pytest.approx(single[2][1], rel=1e-4), rank
+def test_checkpoint_reshards_across_layouts(layouts, single):
+    """Two steps under pp2 x dp2 with ZeRO-1, saved; the third under tp2 x ep2 matches the one-process third."""
+    for rank in range(WORLD):
+        saved = layouts[rank]["save pp2-dp2"]
+        assert [x for pair in saved for x in pair] == pytest.approx([x for pair in single[:2] for x in pair], rel=1e-4)
+        (loss, gnorm), = layouts[rank]["resume tp2-ep2"]
+        assert loss == pytest.approx(single[2][0], abs=2e-5), rank
+        assert gnorm == pytest.approx(single[2][1], rel=1e-4), rank
+
+
+@pytest.mark.parametrize("name", list(AUX_LAYOUTS))
+def test_aux_loss_reaches_backward_under_every_layout(layouts, name):
+    torch.set_num_threads(1)
+    reference = run_steps({"world": 1, "microbatches": 4, "model": AUX_LOSS}, 0, STEPS)
+    for rank in range(WORLD):
+        steps = layouts[rank][name]
+        assert not isinstance(steps, str), f"rank {rank}: {steps}"
+        for step, ((loss, gnorm), (ref_loss, ref_gnorm)) in enumerate(zip(steps, reference)):
+            assert loss == pytest.approx(ref_loss, abs=2e-5), (rank, step)
+            assert gnorm == pytest.approx(ref_gnorm, rel=1e-4), (rank, step)
