@@ -79,8 +79,7 @@ class ParallelDims:
     @classmethod
     def build(cls, world: int, *, tp: int = 1, pp: int = 1, ep: int = 1, vpp: int = 1, schedule: str = "auto",
               microbatches: int = 0, micro_batch: int = 0, pp_layers: list[int] | None = None, n_layers: int = 1,
-              n_experts: int = 1,
-              n_heads: int = 1, n_kv_heads: int = 1, hidden_sizes: dict[str, int] | None = None,
+              n_experts: int = 1, n_heads: int = 1, n_kv_heads: int = 1, hidden_sizes: dict[str, int] | None = None,
               global_batch: int = 1, tie_embeddings: bool = False) -> "ParallelDims":
         for key, value in (("parallel.tp", tp), ("parallel.pp", pp), ("parallel.ep", ep), ("parallel.vpp", vpp)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -174,6 +173,6 @@ def dims_from_config(cfg, world: int, model_cfg) -> ParallelDims:
     return ParallelDims.build(
         world, tp=par.tp, pp=par.pp, ep=par.ep, vpp=par.vpp, schedule=par.pp_schedule,
         microbatches=par.microbatches, micro_batch=cfg.data.micro_batch, pp_layers=list(par.pp_layers),
-        n_layers=model_cfg.n_layers,
-        n_experts=model_cfg.n_experts, n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
-        hidden_sizes=hidden, global_batch=cfg.data.global_batch, tie_embeddings=model_cfg.tie_embeddings)
+        n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts, n_heads=model_cfg.n_heads,
+        n_kv_heads=model_cfg.n_kv_heads, hidden_sizes=hidden, global_batch=cfg.data.global_batch,
+        tie_embeddings=model_cfg.tie_embeddings)
