@@ -78,8 +78,8 @@ class ParallelDims:
 
     @classmethod
     def build(cls, world: int, *, tp: int = 1, pp: int = 1, ep: int = 1, vpp: int = 1, schedule: str = "auto",
-              microbatches: int = 0, pp_layers: list[int] | None = None, n_layers: int = 1, n_experts: int = 1,
-              n_heads: int = 1, n_kv_heads: int = 1, hidden_sizes: dict[str, int] | None = None,
+              microbatches: int = 0, micro_batch: int = 0, pp_layers: list[int] | None = None, n_layers: int = 1,
+              n_experts: int = 1, n_heads: int = 1, n_kv_heads: int = 1, hidden_sizes: dict[str, int] | None = None,
               global_batch: int = 1, tie_embeddings: bool = False) -> "ParallelDims":
         for key, value in (("parallel.tp", tp), ("parallel.pp", pp), ("parallel.ep", ep), ("parallel.vpp", vpp)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -131,21 +131,37 @@ class ParallelDims:
                       f"n_layers={n_layers}")
             stage_layers = tuple(even_split(n_layers, n_stages))
 
-        if microbatches == 0:
-            microbatches = pp if pp > 1 else 1
-        if microbatches < 1:
-            _fail("parallel.microbatches", f"must be at least 1, got {microbatches}")
-        if local_batch % microbatches:
-            _fail("parallel.microbatches", f"the {local_batch} sequences per data-parallel rank (global_batch "
-                                           f"{global_batch} / dp {dp}) do not split into {microbatches} micro-batches")
+        microbatches = _resolve_microbatches(microbatches, micro_batch, local_batch, global_batch, dp, pp)
+        # a count derived from data.micro_batch is reported under that key, with the size it came from
+        key, derived = (("data.micro_batch", f" (data.micro_batch={micro_batch} of {local_batch} sequences)")
+                        if micro_batch else ("parallel.microbatches", ""))
         if pp > 1 and microbatches < pp:
-            _fail("parallel.microbatches", f"{microbatches} micro-batches cannot fill a {pp}-stage pipeline: "
-                                           f"{schedule} needs at least pp={pp}")
+            _fail(key, f"{microbatches} micro-batches{derived} cannot fill a {pp}-stage pipeline: "
+                       f"{schedule} needs at least pp={pp}")
         if schedule == "interleaved_1f1b" and microbatches % pp:
-            _fail("parallel.microbatches", f"interleaved 1F1B (vpp={vpp}) runs micro-batches in rounds of pp={pp}; "
-                                           f"{microbatches} is not a multiple of {pp}")
+            _fail(key, f"interleaved 1F1B (vpp={vpp}) runs micro-batches in rounds of pp={pp}; "
+                       f"{microbatches}{derived} is not a multiple of {pp}")
         return cls(world=world, dp=dp, tp=tp, pp=pp, ep=ep, vpp=vpp, schedule=schedule if pp > 1 else "1f1b",
                    microbatches=microbatches, stage_layers=stage_layers)
+
+
+def _resolve_microbatches(count: int, size: int, local_batch: int, global_batch: int, dp: int, pp: int) -> int:
+    """Micro-batches per step and data-parallel rank, from parallel.microbatches (a count) and data.micro_batch
+    (sequences each); 0 leaves one open. The rank's batch always splits into count x size sequences."""
+    batch = f"the {local_batch} sequences per data-parallel rank (global_batch {global_batch} / dp {dp})"
+    for key, value in (("parallel.microbatches", count), ("data.micro_batch", size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            _fail(key, f"must be a non-negative integer (0: derived), got {value!r}")
+    if size and local_batch % size:
+        _fail("data.micro_batch", f"micro_batch {size} does not divide {batch}")
+    if count and local_batch % count:
+        _fail("parallel.microbatches", f"{batch} do not split into {count} micro-batches")
+    if count and size and count * size != local_batch:
+        _fail("data.micro_batch", f"parallel.microbatches={count} micro-batches of data.micro_batch={size} "
+                                  f"sequences are {count * size}, but {batch}; set one of them, or both to agree")
+    if size:
+        return local_batch // size
+    return count or (pp if pp > 1 else 1)
 
 
 def dims_from_config(cfg, world: int, model_cfg) -> ParallelDims:
@@ -156,6 +172,7 @@ def dims_from_config(cfg, world: int, model_cfg) -> ParallelDims:
         hidden["dense_hidden"] = model_cfg.dense_hidden
     return ParallelDims.build(
         world, tp=par.tp, pp=par.pp, ep=par.ep, vpp=par.vpp, schedule=par.pp_schedule,
-        microbatches=par.microbatches, pp_layers=list(par.pp_layers), n_layers=model_cfg.n_layers,
-        n_experts=model_cfg.n_experts, n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
-        hidden_sizes=hidden, global_batch=cfg.data.global_batch, tie_embeddings=model_cfg.tie_embeddings)
+        microbatches=par.microbatches, micro_batch=cfg.data.micro_batch, pp_layers=list(par.pp_layers),
+        n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts, n_heads=model_cfg.n_heads,
+        n_kv_heads=model_cfg.n_kv_heads, hidden_sizes=hidden, global_batch=cfg.data.global_batch,
+        tie_embeddings=model_cfg.tie_embeddings)

@@ -9,7 +9,8 @@ Mesh ("pp", "edp", "ep", "tp") from ParallelDims; dp = edp x ep.
   width (w1/w3 rows, w2 columns) between an identity-forward/all-reduce-backward op and an all-reduce-forward op,
   the same algebra for grouped GEMMs, which DTensor has no rule for.
 - Expert parallel: sigma.train.parallel.expert_parallel_compute over the ep group (after the tp split).
-- Pipeline parallel: torch.distributed.pipelining with one PipelineStage per held stage (vpp per rank); a stage
+- Pipeline parallel: torch.distributed.pipelining with one PipelineStage per held stage (vpp per rank), built on
+  the first step with the micro-batch's activation shapes (so no extra shape-inference forward); a stage
   module keeps the full model's parameter names (`layers.5.attn.wq.weight`), so checkpoints reshard across
   layouts. The MoE aux loss joins backward through an identity whose gradient is the aux loss's.
 - Gradients: dense ones averaged over dp, expert ones over edp (the all-to-all backward already summed the ep
@@ -172,6 +173,7 @@ class ParallelRun:
     mesh: object = None
     stages: list = field(default_factory=list)  # pipelining PipelineStages
     schedule: object = None
+    schedule_shape: tuple = ()  # (rows, seq) of the micro-batches the schedule was built for
     moe_by_id: dict = field(default_factory=dict)  # layer id -> MoELayer held here
     load_sum: dict = field(default_factory=dict)  # layer id -> tokens per expert summed over this step's forwards
     stage_modules: list = field(default_factory=list)
@@ -261,25 +263,47 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
     if dims.pp == 1:
         return run
 
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
-
     stage_ids = dims.stages_of(c["pp"])
     for s in stage_ids:
         module = Stage(model, dims.layers_of_stage(s), s == 0, s == dims.n_stages - 1)
         run.stage_modules.append(module)
-        run.stages.append(PipelineStage(module, s, dims.n_stages, device, group=run.group("pp")))
     run.module = StageHolder(model, run.stage_modules)
+    return run
 
-    def loss_fn(logits, targets):
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
+def _pipeline_loss(logits, targets):
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def pipeline_schedule(run: ParallelRun, rows: int, seq: int):
+    """The schedule for micro-batches of rows x seq tokens (built on first use, again when the shape changes).
+
+    Every PipelineStage is given the shapes it receives and sends. Without them the schedule infers them on its
+    first step by running each stage's forward once more, on the first micro-batch or on uninitialised buffers:
+    that forward routes tokens through the MoE layers (counted into the step's expert loads, which moves the
+    aux-free bias differently from one process) and records an aux loss that no micro-batch had."""
+    if run.schedule is not None and run.schedule_shape == (rows, seq):
+        return run.schedule
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
+
+    dims, cfg = run.dims, run.model_cfg
+    weight = next(run.module.parameters())
+    hidden = torch.empty(rows, seq, cfg.dim, dtype=weight.dtype, device="meta", requires_grad=True)
+    tokens = torch.empty(rows, seq, dtype=torch.long, device="meta")
+    logits = torch.empty(rows, seq, cfg.vocab_size, dtype=weight.dtype, device="meta", requires_grad=True)
+    run.stages = []
+    for s, module in zip(dims.stages_of(run.coords["pp"]), run.stage_modules):
+        run.stages.append(PipelineStage(
+            module, s, dims.n_stages, weight.device, input_args=tokens if s == 0 else hidden,
+            output_args=logits if s == dims.n_stages - 1 else hidden, group=run.group("pp")))
     if dims.schedule == "interleaved_1f1b":
-        run.schedule = ScheduleInterleaved1F1B(run.stages, dims.microbatches, loss_fn=loss_fn)
+        run.schedule = ScheduleInterleaved1F1B(run.stages, dims.microbatches, loss_fn=_pipeline_loss)
     else:
         cls = ScheduleGPipe if dims.schedule == "gpipe" else Schedule1F1B
-        run.schedule = cls(run.stages[0], dims.microbatches, loss_fn=loss_fn)
-    return run
+        run.schedule = cls(run.stages[0], dims.microbatches, loss_fn=_pipeline_loss)
+    run.schedule_shape = (rows, seq)
+    return run.schedule
 
 
 def _count_load(run: ParallelRun, layer_id: int):
@@ -373,10 +397,11 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
     first = c["pp"] == 0
     last = dims.n_stages - 1 in dims.stages_of(c["pp"])
     kwargs = {"target": targets, "losses": losses} if last else {}
+    schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
     if first:
-        run.schedule.step(inputs, **kwargs)
+        schedule.step(inputs, **kwargs)
     else:
-        run.schedule.step(**kwargs)
+        schedule.step(**kwargs)
     # CE lives on the last stage, aux on every stage: sum both over the pp group
     ce_sum = sum(float(x.detach()) for x in losses) / dims.microbatches if last else 0.0
     aux_sum = sum(v for m in run.stage_modules for v in m.aux_values) / dims.microbatches
@@ -507,12 +532,12 @@ def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
 
 
 def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False) -> None:
-    """`sigma train`'s loop drives dp x ep (and recompute); tp, pp, micro-batches and ZeRO-1 run through this
-    module's train_step (tests, bench/parallel.py) until the loop calls it."""
-    if dims.tp > 1 or dims.pp > 1 or dims.microbatches > 1 or shard_optimizer:
+    """`sigma train`'s loop drives dp x ep, gradient accumulation over micro-batches and recompute; tp, pp and
+    ZeRO-1 run through this module's train_step (tests, bench/parallel.py) until the loop calls it."""
+    if dims.tp > 1 or dims.pp > 1 or shard_optimizer:
         from sigma.config import ConfigError
 
         layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
-        raise ConfigError("[parallel]", f"layout {layout}: the sigma train loop runs dp x ep only; tp, pp, "
-                                        "micro-batches and shard_optimizer are driven by "
+        raise ConfigError("[parallel]", f"layout {layout}: the sigma train loop runs dp x ep only; tp, pp "
+                                        "and shard_optimizer are driven by "
                                         "sigma.train.parallelize.train_step (docs/train-parallel.md)")

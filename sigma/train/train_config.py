@@ -26,7 +26,7 @@ class DataConfig:
     tokenizer: Literal["bpe", "byte"] = "bpe"  # automatic prepare: BPE trained to the model's vocab_size, or bytes
     seq_len: int = 128  # tokens per training sequence
     global_batch: int = 8  # sequences per optimiser step over all data-parallel ranks
-    micro_batch: int = 0  # sequences per forward/backward on a rank (gradient accumulation); 0: the rank's whole batch
+    micro_batch: int = 0  # sequences per micro-batch (gradient accumulation, pipeline); 0: from parallel.microbatches
     seed: int = 0  # order of the windows; the batch of step s depends only on (seed, s)
 
     def __post_init__(self):
@@ -85,7 +85,7 @@ class ParallelConfig:
     vpp: int = 1  # virtual stages per pipeline rank (interleaved 1F1B)
     pp_schedule: Literal["auto", "1f1b", "gpipe", "interleaved_1f1b"] = "auto"  # auto: interleaved when vpp > 1
     pp_layers: list[int] = field(default_factory=list)  # layers per stage (pp x vpp entries); empty: even split
-    microbatches: int = 0  # per step and data-parallel rank; 0: pp
+    microbatches: int = 0  # micro-batches per step and data-parallel rank; 0: from data.micro_batch, else pp
     shard_optimizer: bool = False  # ZeRO-1: each AdamW state on one data-parallel rank (sigma/train/zero.py)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
@@ -232,9 +232,5 @@ def check_layout(cfg: TrainConfig, world_size: int, num_experts: int | None = No
     if num_experts is not None and num_experts % ep:
         raise ConfigError("[parallel.ep]", f"the model's {num_experts} routed experts cannot be split over "
                                            f"parallel.ep={ep} ranks")
-    dims = dims_from_config(cfg, world_size, load_model_config(cfg.model, cfg.model_overrides))
-    local = cfg.data.global_batch // dims.dp
-    if cfg.data.micro_batch and local % cfg.data.micro_batch:
-        raise ConfigError("[data.micro_batch]", f"micro_batch {cfg.data.micro_batch} does not divide the "
-                                                f"{local} sequences per data-parallel rank (global_batch / dp)")
-    return dims
+    # dims also settles the micro-batches: data.micro_batch (size) and parallel.microbatches (count) agree
+    return dims_from_config(cfg, world_size, load_model_config(cfg.model, cfg.model_overrides))

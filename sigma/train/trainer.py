@@ -345,7 +345,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
     if cfg.data.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
-    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
+    dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
     shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
     model, model_cfg = build_model(cfg, ctx)
     optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
@@ -357,8 +357,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier, async_group)
     amp_dtype = DTYPES[cfg.dtype]
     aux_free = model_cfg.balance == "aux_free"
-    local_batch = cfg.data.global_batch // ctx.world_size
-    micro_batches = local_batch // (cfg.data.micro_batch or local_batch)
+    micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
 
     step = 0
     latest = ckpt.latest() if cfg.checkpoint.resume else None

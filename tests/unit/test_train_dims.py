@@ -84,3 +84,45 @@ def test_sigma_train_cli_refuses_a_pipeline_layout_before_submitting(capsys):
                  "parallel.pp=2"])
     assert code == 2
     assert "[parallel]: layout dp1 tp1 pp2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("micro_batch, microbatches, pp, expected", [
+    (0, 0, 1, 1),  # the rank's whole share in one
+    (0, 0, 2, 2),  # a pipeline fills its stages
+    (4, 0, 1, 4),  # 16 sequences per rank in micro-batches of 4
+    (2, 0, 2, 8),
+    (0, 4, 1, 4),
+    (4, 4, 2, 4),  # both keys, agreeing
+])
+def test_micro_batch_size_and_count_are_one_split(micro_batch, microbatches, pp, expected):
+    dims = build(pp, pp=pp, micro_batch=micro_batch, microbatches=microbatches)
+    assert dims.microbatches == expected
+
+
+@pytest.mark.parametrize("kw, key, text", [
+    (dict(micro_batch=4, microbatches=2), "data.micro_batch",
+     "parallel.microbatches=2 micro-batches of data.micro_batch=4 sequences are 8, but the 16 sequences"),
+    (dict(micro_batch=5), "data.micro_batch", "micro_batch 5 does not divide the 16 sequences per data-parallel"),
+    (dict(pp=2, micro_batch=16), "data.micro_batch",
+     "1 micro-batches \\(data.micro_batch=16 of 16 sequences\\) cannot fill a 2-stage pipeline"),
+    (dict(pp=4, vpp=2, micro_batch=2, global_batch=12), "data.micro_batch",
+     "rounds of pp=4; 6 \\(data.micro_batch=2 of 12 sequences\\) is not a multiple of 4"),
+    (dict(micro_batch=-1), "data.micro_batch", "non-negative integer"),
+    (dict(microbatches=-2), "parallel.microbatches", "non-negative integer"),
+])
+def test_micro_batch_combinations_that_cannot_run(kw, key, text):
+    kw = dict(kw)
+    world = kw.get("pp", 1)
+    with pytest.raises(ConfigError, match=text) as err:
+        build(world, **kw)
+    assert err.value.where == f"[{key}]"
+
+
+def test_check_layout_reconciles_the_data_and_parallel_keys():
+    path = configs_dir() / "train" / "debug.yaml"
+    cfg = load_train_config(path, ["data.global_batch=8", "data.micro_batch=2", "parallel.pp=2"])
+    assert check_layout(cfg, 2, 4).microbatches == 4
+    cfg = load_train_config(path, ["data.global_batch=8", "data.micro_batch=1", "parallel.microbatches=2"])
+    with pytest.raises(ConfigError, match="are 2, but the 4 sequences per data-parallel rank") as err:
+        check_layout(cfg, 2, 4)
+    assert err.value.where == "[data.micro_batch]"

@@ -157,10 +157,14 @@ def test_gradient_accumulation_equals_the_whole_batch(train_data, tmp_path, monk
     common = ["steps=4", "model_overrides.balance=aux_free", "eval.every=2"]
     whole = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "a", *common)))
     micro = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "b", *common, "data.micro_batch=1")))
-    starts = [r for r in read_kpis(micro.kpi_path) if r.get("event") == "start"]  # both runs share the file
-    assert [s["micro_batches"] for s in starts] == [1, 4]
+    # the same split named by its count: the key the pipeline schedules read
+    counted = train(load_train_config(DEBUG, overrides(train_data, tmp_path / "c", *common,
+                                                       "parallel.microbatches=4", "eval.every=0")))
+    starts = [r for r in read_kpis(micro.kpi_path) if r.get("event") == "start"]  # the runs share the file
+    assert [s["micro_batches"] for s in starts] == [1, 4, 4]
     for step in range(1, 5):
         assert micro.losses[step] == pytest.approx(whole.losses[step], abs=2e-5), step
+        assert counted.losses[step] == micro.losses[step], step
     assert sorted(micro.eval_losses) == [2, 4]
     assert micro.eval_losses[4] == pytest.approx(whole.eval_losses[4], abs=2e-5)
     assert micro.eval_losses[4] < micro.eval_losses[2]  # held-out loss falls as it learns
