@@ -95,8 +95,8 @@ rules:
     with Pipeline(cluster, tmp_path, rules=str(rules),
                   controller={"breaker": {"max_nodes": 2, "max_fraction": 0.5, "window_s": 600}}) as p:
         for node in cluster.node_names():
-            p.inject_line(node, f"Nov 21 12:00:00 {node} kernel: INFO: task python:4242 blocked for more than "
-                                f"120 seconds.")
+            p.inject_line(node, f"{time.strftime('%b %d %H:%M:%S')} {node} kernel: INFO: task python:4242 blocked "
+                                f"for more than 120 seconds.")  # the event's time is the line's own
         wait_for(lambda: len(p.incidents()) == 4, timeout=30, what="four incidents")
         time.sleep(3)
         drained = [n.name for n in slurm.nodes() if n.drained]

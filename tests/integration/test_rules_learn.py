@@ -31,7 +31,7 @@ def test_new_log_signature_is_learned_promoted_and_then_caught_in_seconds(slurm,
             return out
 
         rules = lambda *args, **kw: cli("rules", *args, "--config", str(p.config), **kw)
-        chaos = lambda node: json.loads(cli("chaos", "log", "--node", node, "--line", NEW_SIGNATURE, "--json",
+        chaos = lambda node: json.loads(cli("chaos", "log", "--node", node, "--line", NEW_SIGNATURE, "--json", "--force",
                                             "--state-dir", str(cluster.state_dir)).stdout)
         try:
             # nothing to learn from yet: a clear message, nothing written
@@ -65,10 +65,10 @@ def test_new_log_signature_is_learned_promoted_and_then_caught_in_seconds(slurm,
 
             rules("promote", cid, "--live")
             log = p.dir / "log" / "controller.jsonl"
-            wait_for(lambda: log.read_text().count("RULES reloaded") >= 2, timeout=30, what="the live rule loaded")
+            wait_for(lambda: log.read_text().count("RELOAD applied") >= 2, timeout=30, what="the live rule loaded")
             second = chaos("node3")
             node = wait_for(lambda: (n := slurm.node("node3")).drained and n, timeout=30, what="node3 drained")
-            assert node.reason.startswith(f"sigma: {cid} ")
+            assert node.reason.startswith("sigma: learn-") and cid in node.reason
             (inc,) = p.incidents(rule_id=cid, node="node3")
             assert inc["status"] == "acted" and NEW_SIGNATURE in inc["evidence"]["events"][0]["message"]
             print(f"learned rule {cid}: fault on node3 at {second['ts']:.1f}, incident after "

@@ -72,6 +72,8 @@ def short_rule(rule_id: str) -> str:
     if rule_id in SHORT_IDS:
         return SHORT_IDS[rule_id]
     words = rule_id.split("-")
+    if words[0] == "learned":  # learned-<signature words>-<hash>: the hash tells learned rules apart
+        return f"learn-{words[-1]}"[:room]
     if any(rule_id.startswith(p) for p in GENERIC_PREFIXES) and len(words) > 1:
         words = words[1:]
     while len("-".join(words)) > room and max(map(len, words)) > 3:
