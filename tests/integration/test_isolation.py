@@ -49,7 +49,7 @@ def test_a_straggler_under_cpu_noise_is_isolated_to_its_node_and_nothing_else(sl
             t0 = time.time()
             node = wait_for(lambda: (n := slurm.node(victim)).drained and n, timeout=180, what=f"{victim} isolated")
             print(f"straggler on {victim} isolated {time.time() - t0:.0f} s after injection (CPU hog running)")
-            assert node.reason.startswith("sigma: isolation-outlier")
+            assert node.reason.startswith("sigma: straggler (isolation-outlier)")
             (inc,) = [i for i in p.incidents(node=victim) if i["action"].startswith("drain")]
             assert inc["source"] == "isolation" and inc["evidence"]["isolation"]["ranked"][0][0] == victim
             assert "wait for" in inc["evidence"]["isolation"]["reason"]
