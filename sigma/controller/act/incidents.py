@@ -108,8 +108,11 @@ class Incidents:
         return {r[0] for r in rows}
 
     def nodes_out(self, since: float, statuses: tuple[str, ...]) -> set[str]:
-        """Nodes any rule, the watchdog or isolation took out of service since `since`."""
+        """Nodes any rule, the watchdog or isolation took out of service since `since` and that have not come back
+        since (a node already back in service is no longer part of a wave)."""
         marks = ",".join("?" * len(statuses))
-        rows = self.conn.execute(f"SELECT DISTINCT node FROM incidents WHERE opened_at>=? AND node IS NOT NULL AND"
-                                 f" scope='node' AND status IN ({marks})", (since, *statuses))
+        rows = self.conn.execute(
+            f"SELECT DISTINCT node FROM incidents i WHERE opened_at>=? AND node IS NOT NULL AND scope='node' AND "
+            f"status IN ({marks}) AND NOT EXISTS (SELECT 1 FROM lifecycle_transitions t WHERE t.node = i.node "
+            f"AND t.to_state IN ('resumed', 'returned') AND t.ts > i.opened_at)", (since, *statuses))
         return {r[0] for r in rows}

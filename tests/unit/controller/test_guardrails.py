@@ -92,6 +92,24 @@ def test_a_wave_seen_through_several_rules_stops_at_the_global_limit(tmp_path):
     assert "WAVE node4 (isolation-outlier): global limit" in (tmp_path / "log" / "decisions.log").read_text()
 
 
+def test_nodes_back_in_service_are_no_longer_part_of_a_wave(tmp_path):
+    # faults one after another (each node repaired before the next) are not a wave: only nodes still out count
+    ctl, slurm, clock = make_controller(tmp_path, cfg=wave_cfg(tmp_path, max_nodes=4, max_fraction=1.0,
+                                                                wave_max_nodes=2, wave_max_fraction=0.5))
+    xid79(ctl.conn, "node1", clock() - 2)
+    add_event(ctl.conn, "node2", clock() - 1, kind="xid", fields={"xid": 48}, message="NVRM: Xid 48")
+    ctl.tick()
+    assert sorted(n.name for n in slurm.nodes() if n.drained) == ["node1", "node2"]
+    for node in ("node1", "node2"):  # both came back (a resumed transition after their incidents)
+        ctl.conn.execute("INSERT INTO lifecycle_transitions (node, cycle, ts, from_state, to_state) "
+                         "VALUES (?, 1, ?, 'validating', 'resumed')", (node, clock() + 1))
+        ctl.conn.execute("DELETE FROM node_lifecycle WHERE node = ?", (node,))
+    f = Finding(rule_id="isolation-outlier", source="isolation", scope="node", severity="error", action="drain",
+                summary="outlier", first_ts=clock(), last_ts=clock(), node="node3", category="isolation")
+    (inc,) = ctl.decider.decide([f], {n.name: n for n in slurm.nodes()}, slurm.jobs())
+    assert inc.status == "acted" and slurm.node("node3").drained
+
+
 def test_the_per_rule_breaker_still_holds_under_a_high_global_limit(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path, cfg=wave_cfg(tmp_path, max_nodes=1, wave_max_nodes=16,
                                                                    wave_max_fraction=1.0))
