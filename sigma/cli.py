@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import sys
+import time
 
 # Modules with register(subparsers), in the order of `sigma --help`; ones not present yet are skipped.
 COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
@@ -23,6 +25,25 @@ UNREACHABLE = ("Unable to contact slurm controller", "Connection refused", "conf
 
 class CommandError(RuntimeError):
     """A user-facing failure: printed as `sigma: error: ...` with exit code 2, no traceback."""
+
+
+def parse_since(text: str | None, now: float | None = None, *, option: str = "--since") -> float | None:
+    """A time on the command line: epoch seconds, a duration ago ('90s', '30m', '2h', '7d') or an ISO date/time;
+    None for no text."""
+    if not text:
+        return None
+    text, now = text.strip(), now or time.time()
+    if re.fullmatch(r"\d+\.\d+|\d{9,}", text):
+        return float(text)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
+    if m:
+        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+        try:
+            return time.mktime(time.strptime(text, fmt))
+        except ValueError:
+            continue
+    raise CommandError(f"{option} {text!r}: use e.g. 30m, 2h, 7d (ago), epoch seconds or 2026-11-21T10:00")
 
 
 def console():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from pathlib import Path
+
+from sigma.cli import parse_since
 
 SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
 
@@ -113,24 +114,6 @@ def _conn(args, readonly: bool = True):
                            f"yet; start it with `sigma stack up` (local cluster) or `sigma controller run`, "
                            f"or pass --config / --db")
     return open_db(cfg.db, readonly=readonly)
-
-
-def parse_since(text: str | None, now: float | None = None) -> float | None:
-    """'90s', '30m', '2h', '7d' ago, or an ISO date/time."""
-    from sigma.cli import CommandError
-
-    if not text:
-        return None
-    now = now or time.time()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if m:
-        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
-        try:
-            return time.mktime(time.strptime(text, fmt))
-        except ValueError:
-            continue
-    raise CommandError(f"--since {text!r}: use e.g. 30m, 2h, 7d or 2026-11-21T10:00")
 
 
 def _ts(t: float | None) -> str:

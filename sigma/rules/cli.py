@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+from sigma.cli import parse_since
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="learn failure-signature rules from confirmed incidents; review and promote them",
@@ -124,7 +126,7 @@ def _learn(args) -> int:
     settings = _settings(args)
     cfg = _learn_config(args)
     conn = _conn(settings)
-    since = _since(args.since or cfg.since)
+    since = parse_since(args.since or cfg.since)
     kb = load_rules(settings["rules"])
     b = settings["breaker"]
     breaker = Breaker(**{k: b[k] for k in ("max_nodes", "max_fraction", "window_s") if k in b})
@@ -224,7 +226,7 @@ def _label(args) -> int:
     if args.at is None and args.incident is None:
         raise CommandError("label needs --at TIME or --incident ID")
     if args.at is not None:
-        ts = _parse_time(args.at)
+        ts = parse_since(args.at, option="--at")
     else:
         row = conn.execute("SELECT fault_ts, node FROM incidents WHERE id = ?", (args.incident,)).fetchone()
         if row is None:
@@ -240,32 +242,3 @@ def _label(args) -> int:
     return 0
 
 
-def _parse_time(text: str) -> float:
-    """Epoch seconds, an ISO time, or a duration ago (90s, 5m, 2h, 1d)."""
-    import re
-
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    return _since(text) if re.fullmatch(r"\d+(?:\.\d+)?[smhd]", text.strip()) else _iso(text)
-
-
-def _since(text: str) -> float:
-    import re
-
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if not m:
-        return _iso(text)
-    return time.time() - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _iso(text: str) -> float:
-    from sigma.cli import CommandError
-
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
-        try:
-            return time.mktime(time.strptime(text, fmt))
-        except ValueError:
-            continue
-    raise CommandError(f"{text!r}: use epoch seconds, 30m / 2h / 7d (ago) or 2026-11-21T10:00")

@@ -68,7 +68,7 @@ def boot_time(host_root: str = "/") -> float | None:
                 if line.startswith("btime "):
                     return float(line.split()[1])
     except OSError:
-        pass
+        return None
     return None
 
 

@@ -10,6 +10,7 @@ on CPU it counts neither SDPA nor grouped GEMMs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -126,12 +127,10 @@ def peak_file() -> Path:
 
 
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown CPU"
 
 

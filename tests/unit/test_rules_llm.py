@@ -11,7 +11,7 @@ from sigma.rules.learn.run import Breaker, run
 from sigma.rules.learn.store import Candidates
 from sigma.rules.loader import load_rules
 from tests.conftest import FIXTURES
-from tests.unit.llm_recording_server import RecordedLLM
+from tests.unit.llm_server import LocalLLM
 from tests.unit.rules_learn_helpers import T0, FakeHistory
 
 RECORDINGS = FIXTURES / "rules"
@@ -26,7 +26,7 @@ def history(tmp_path):
     return h, tmp_path / "rules"
 
 
-def learn(h, kb, llm: RecordedLLM, only="llm", timeout_s=10.0, proposers=("deterministic", "llm")):
+def learn(h, kb, llm: LocalLLM, only="llm", timeout_s=10.0, proposers=("deterministic", "llm")):
     cfg = LearnConfig(proposers=list(proposers), llm=LlmConfig(base_url=llm.base_url, model="recorded-model",
                                                                timeout_s=timeout_s))
     return run(h.conn, cfg, load_rules(kb), Candidates(kb), since=T0, breaker=Breaker(), total_nodes=4, now=h.end,
@@ -35,7 +35,7 @@ def learn(h, kb, llm: RecordedLLM, only="llm", timeout_s=10.0, proposers=("deter
 
 def test_llm_proposals_go_through_repair_and_review_and_get_the_review_back(history):
     h, kb = history
-    with RecordedLLM(RECORDINGS / "llm-recording-nvme.json") as llm:
+    with LocalLLM(RECORDINGS / "llm-recording-nvme.json") as llm:
         result = learn(h, kb, llm)
     # round 1: a too-broad regex (rejected by review: it matches healthy USB resets) and a catastrophic one
     # (rejected by repair); round 2 was asked with that review and proposed the rule that was accepted
@@ -54,7 +54,7 @@ def test_llm_proposals_go_through_repair_and_review_and_get_the_review_back(hist
 
 def test_garbage_answer_is_a_clear_error_and_nothing_is_written(history):
     h, kb = history
-    with RecordedLLM(RECORDINGS / "llm-recording-garbage.json") as llm:
+    with LocalLLM(RECORDINGS / "llm-recording-garbage.json") as llm:
         with pytest.raises(LearnError, match="the LLM answer is not JSON"):
             learn(h, kb, llm)
     assert not (kb / "candidates").exists()
@@ -62,7 +62,7 @@ def test_garbage_answer_is_a_clear_error_and_nothing_is_written(history):
 
 def test_timeout_is_a_clear_error_alone_and_a_note_beside_the_deterministic_proposer(history):
     h, kb = history
-    with RecordedLLM(RECORDINGS / "llm-recording-nvme.json", delay_s=3.0) as llm:
+    with LocalLLM(RECORDINGS / "llm-recording-nvme.json", delay_s=3.0) as llm:
         with pytest.raises(LearnError, match=r"did not answer within 1s \(llm.timeout_s\)"):
             learn(h, kb, llm, timeout_s=1.0)
         assert not (kb / "candidates").exists()

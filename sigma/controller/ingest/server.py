@@ -28,6 +28,7 @@ Standalone (tests, benches): `python -m sigma.controller.ingest.server --db PATH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -73,7 +74,7 @@ BeforeBody = Callable[[object, int, str], object]
 
 
 class HeadTooLarge(Exception):
-    pass
+    """The request head exceeds its limit (answered 431 and closed)."""
 
 
 class _BoundedReader:
@@ -222,10 +223,8 @@ class ControllerServer(ThreadingHTTPServer):
             for c in late:
                 if not c.answered:  # a scrape's or sidecar's idle keep-alive ending is no refusal
                     self.refuse("timeout", c.peer, "no complete request in time (idle or half-sent); closed")
-                try:
+                with contextlib.suppress(OSError):  # already closed by the peer
                     c.sock.shutdown(socket.SHUT_RDWR)  # wakes the handler thread blocked in recv
-                except OSError:
-                    pass
 
     # ---------- ingest ----------
     def _authenticate(self, headers, length: int, peer: str):
@@ -387,10 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      generate_latest(registry)))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log.info("serving ingest on %s:%d into %s", args.host, server.port, args.db)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     server.server_close()
     server.ingest.close()
     return 0

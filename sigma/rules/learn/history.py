@@ -17,6 +17,7 @@ from collections import defaultdict
 from sigma.rules.learn import LearnError
 from sigma.rules.learn.config import LearnConfig
 from sigma.rules.learn.examples import Example, Problem, chronological_split
+from sigma.rules.matcher import normalise
 from sigma.store import Migration, migrate
 
 LABEL_MIGRATIONS: list[Migration] = [
@@ -203,12 +204,12 @@ def _example(conn, node: str, start: float, end: float, positive: bool, source: 
     jobs = _jobs(conn, node, start, end)
     peers = set(jobs) | {node}
     marks = ",".join("?" * len(peers))
-    events = [_decode(r) for r in conn.execute(
+    events = [normalise(r) for r in conn.execute(
         f"SELECT * FROM events WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*sorted(peers), start, end))]
-    samples = [_decode(r) for r in conn.execute(_WINDOW_SQL, (json.dumps(_pairs(conn, peers, cache)), start, end))]
+    samples = [normalise(r) for r in conn.execute(_WINDOW_SQL, (json.dumps(_pairs(conn, peers, cache)), start, end))]
     job_ids = sorted({j for js in jobs.values() for j in js})
-    kpis = [_decode(r) for r in conn.execute(
+    kpis = [normalise(r) for r in conn.execute(
         f"SELECT * FROM kpis WHERE job_id IN ({','.join('?' * len(job_ids))}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*job_ids, start, end))] if job_ids else []
     return Example(node, start, end, positive, source, events=events, samples=samples, kpis=kpis, jobs_on_node=jobs)
@@ -238,17 +239,6 @@ def _jobs(conn, node: str, start: float, end: float) -> dict[str, list[int]]:
                           (start, end)):
         out[r["node"]].update(int(j) for j in json.loads(r["job_ids"]) if int(j) in mine)
     return {n: sorted(js) for n, js in out.items() if js}
-
-
-def _decode(row) -> dict:
-    d = dict(row)
-    for key in ("fields", "labels", "payload", "job_ids"):
-        if isinstance(d.get(key), str):
-            try:
-                d[key] = json.loads(d[key])
-            except json.JSONDecodeError:
-                pass
-    return d
 
 
 def _t(ts: float) -> str:
