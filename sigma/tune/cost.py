@@ -2,7 +2,9 @@
 
 Costs (what phase 1 fits, or a fabric file states for `--what-if`):
 - compute: seconds of forward + backward of one dense layer, one MoE layer and the output head at tp=1 for a
-  micro-batch of t tokens, affine in t (a + b t: the fixed part is what makes small micro-batches slow);
+  micro-batch of t tokens, affine in t (a + b t: the fixed part is what makes small micro-batches slow); and where
+  phase 1 timed a layer split over tp ranks (`moe@tp2`), that figure with its all-reduces, instead of compute / tp
+  plus the modelled all-reduces;
 - links: alpha + bytes / beta per collective (all_reduce, all_to_all, p2p), inside a node or across nodes;
 - the optimiser's seconds per parameter, and per schedule the measured bubble over the schedule's theoretical one.
 
@@ -104,8 +106,13 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
         for layer in dims.layers_of_stage(stage):
             moe = layer >= model.n_dense_layers
             again = recompute and moe
-            parts["compute"] += layer_compute(costs, "moe" if moe else "dense", tokens) / tp * (4 / 3 if again else 1)
-            if tp > 1:
+            kind = "moe" if moe else "dense"
+            measured_tp = f"{kind}@tp{tp}" in costs.compute  # phase 1 timed this layer split over tp ranks
+            if measured_tp:
+                parts["compute"] += layer_compute(costs, f"{kind}@tp{tp}", tokens) * (4 / 3 if again else 1)
+            else:
+                parts["compute"] += layer_compute(costs, kind, tokens) / tp * (4 / 3 if again else 1)
+            if tp > 1 and not measured_tp:
                 calls = 4 + (2 if moe else 0) + (2 if moe and model.n_shared_experts else 0)
                 parts["tp"] += calls * tp_link.time(_ring(tp) * hidden_bytes) * (1.5 if again else 1)
             if moe and ep > 1:
@@ -146,8 +153,8 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
         sync += math.ceil(n_expert / BUCKET_ELEMS) * link.alpha + _ring(dims.edp) * n_expert * pb / link.beta
     owned = (n_dense / dims.dp + n_expert / dims.edp) if zero else n_params
     optimizer = costs.optimizer_s_per_param * owned
-    if zero:  # each owner broadcasts its parameters: about half an all-reduce's traffic, one call per tensor
-        link = costs.link("all_reduce", _spans_nodes(tp, dims.dp, g))
+    if zero:  # each owner broadcasts its parameters: one send per tensor from its owner, the bytes of all of them
+        link = costs.link("p2p", _spans_nodes(tp, dims.dp, g))
         tensors = 12 * sum(len(dims.layers_of_stage(s)) for s in dims.stages_of(0)) + 3
         optimizer += tensors * link.alpha + n_params * pb / link.beta
     result["grad_sync"] = sync

@@ -85,6 +85,47 @@ def measure_compute(model_cfg, seq_len: int, mbs_list: list[int], reps: int) -> 
     return out
 
 
+def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list: list[int], reps: int,
+                       max_tp: int) -> list[dict]:
+    """Forward + backward of a dense and an MoE layer split over tp ranks (DTensor, the tp all-reduces included),
+    for tp = 2, 4, .. up to max_tp: what a layer costs under tp, beyond compute / tp."""
+    from sigma.config import ConfigError
+    from sigma.train.dims import ParallelDims
+    from sigma.train.parallelize import build_parallel
+
+    out = []
+    tp = 2
+    while tp <= min(world, max_tp):
+        if world % tp:
+            break
+        hidden = {"expert_hidden": model_cfg.expert_hidden}
+        if model_cfg.n_dense_layers:
+            hidden["dense_hidden"] = model_cfg.dense_hidden
+        try:
+            dims = ParallelDims.build(world, tp=tp, n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts,
+                                      n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
+                                      hidden_sizes=hidden, global_batch=world // tp)
+        except ConfigError:
+            break  # tp does not divide the model's heads or hidden sizes
+        run = build_parallel(model_cfg, dims, rank, seed=0, device=_device())
+        model = run.module
+        cos, sin = model.rope_cos[:seq_len], model.rope_sin[:seq_len]
+        blocks = {"moe": model.layers[model_cfg.n_dense_layers]}
+        if model_cfg.n_dense_layers:
+            blocks["dense"] = model.layers[0]
+        for mbs in mbs_list:
+            torch.manual_seed(mbs)  # the same input on every tp rank (a replicated activation)
+            x = torch.randn(mbs, seq_len, model_cfg.dim, device=_device(), requires_grad=True)
+            for kind, block in blocks.items():
+                def step(block=block):
+                    y, aux = block(x, cos, sin)
+                    (y.float().pow(2).mean() + (aux if aux is not None else 0)).backward()
+                dist.barrier()
+                out.append({"kind": f"{kind}@tp{tp}", "tokens": mbs * seq_len, "seconds": _timed(step, reps)})
+        tp *= 2
+    return out
+
+
 def measure_optimizer(reps: int, numel: int = 1 << 20) -> float:
     p = torch.nn.Parameter(torch.randn(numel, device=_device()))
     p.grad = torch.randn_like(p)
@@ -188,6 +229,9 @@ class ProfileTask:
             dist.all_gather_object(nodes, node)
             dist.barrier()
         compute = measure_compute(model_cfg, s["seq_len"], s["mbs"], s.get("reps", 3))
+        if world > 1:
+            compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("reps", 3),
+                                          s.get("max_tp", world))
         optimizer = measure_optimizer(s.get("reps", 3))
         links = measure_links(rank, world, nodes, s.get("sizes", [1 << 12, 1 << 16, 1 << 20]), s.get("reps", 3)) \
             if world > 1 else []

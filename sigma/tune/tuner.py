@@ -121,7 +121,7 @@ class Tuner:
         from sigma.tune.profile import ProfileTask
 
         spec = {"model": self.cfg.model, "model_overrides": self.cfg.model_overrides, "seq_len": self.seq_len,
-                "mbs": mbs, "threads": self.req.threads}
+                "mbs": mbs, "threads": self.req.threads, "max_tp": self.req.max_tp or self.req.gpus_per_node}
         job = self._executor(nodes, "profile").submit(ProfileTask(spec))
         results = self._wait(job, f"phase 1: profiling on {nodes} x {self.req.gpus_per_node} ranks")
         raw = next(r for r in results if r)
@@ -274,10 +274,8 @@ def row_json(row: dict) -> dict:
 
 def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Costs:
     compute = {}
-    for kind in ("dense", "moe", "head"):
-        points = [(p["tokens"], p["seconds"]) for p in raw["compute"] if p["kind"] == kind]
-        if points:
-            compute[kind] = fit_affine(points)
+    for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
+        compute[kind] = fit_affine([(p["tokens"], p["seconds"]) for p in raw["compute"] if p["kind"] == kind])
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
