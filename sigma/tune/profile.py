@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 WARMUP = 1
+# message bytes per rank: latency-bound to bandwidth-bound (the trainer's gradient buckets are 32 MiB)
+SIZES = [1 << 16, 1 << 20, 1 << 23]
 
 
 def _join(threads: int) -> tuple[int, int]:
@@ -233,7 +235,7 @@ class ProfileTask:
             compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("reps", 3),
                                           s.get("max_tp", world))
         optimizer = measure_optimizer(s.get("reps", 3))
-        links = measure_links(rank, world, nodes, s.get("sizes", [1 << 12, 1 << 16, 1 << 20]), s.get("reps", 3)) \
+        links = measure_links(rank, world, nodes, s.get("sizes", SIZES), s.get("reps", 3)) \
             if world > 1 else []
         bubbles = measure_bubbles(model_cfg, rank, world, s["seq_len"], s.get("steps", 2)) if world > 1 else {}
         gathered = [compute]

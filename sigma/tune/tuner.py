@@ -110,14 +110,15 @@ class Tuner:
                 self.progress.update(task, completed=count() if count else 1, total=total or 1)
             return job.results()
         except Exception as exc:
-            raise TuneError(f"{what} (job {job.job_id}) failed: {str(exc).strip().splitlines()[-1][:400]}; its "
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:400]
+            raise TuneError(f"{what} (job {job.job_id}) failed: {said}; its "
                             f"log is {job.paths.stderr}; what was measured is kept under {self.req.out}: run "
                             f"again with --resume") from None
 
     def _profile(self) -> dict:
         nodes = min(self.req.profile_nodes, self.req.nodes)
         local = max(1, self.req.global_batch // self.world)  # sequences per rank at dp = world
-        mbs = sorted({m for m in (1, 2, 4, 8) if m <= max(1, local)})
+        mbs = sorted({m for m in (1, 2, 4, 8) if m <= max(4, local)})  # >= 3 points for the affine fits
         from sigma.tune.profile import ProfileTask
 
         spec = {"model": self.cfg.model, "model_overrides": self.cfg.model_overrides, "seq_len": self.seq_len,
