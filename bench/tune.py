@@ -42,6 +42,7 @@ def main() -> int:
     cluster.up(ClusterSpec(nodes=max(4, args.nodes)))
     os.environ.update(cluster.env)
     work = Path(args.work)
+    load_before = os.getloadavg()[0]  # other work on a shared machine moves every figure below
     try:
         config = str(configs_dir() / "train" / "tiny.yaml")
         base = dict(config=config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
@@ -68,7 +69,8 @@ def main() -> int:
     ratio = ok[best_name]["step_s"] / ok[pick]["step_s"] if pick in ok else float("nan")
     measured = tuned["counts"]["measured"] + tuned["counts"]["failed"]
     print(f"tiny ({' '.join(args.overrides)}) on {args.nodes} x {args.gpus_per_node} ranks of the local SLURM "
-          f"cluster, global batch {args.global_batch}, {args.steps} timed steps per layout (median, slowest rank)")
+          f"cluster, global batch {args.global_batch}, {args.steps} timed steps per layout (median, slowest rank); "
+          f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} CPUs")
     print(f"grid: {len(grid)} layouts ({len(grid) - len(ok)} failed), timed in {grid_wall:.0f} s; best "
           f"{best_name}: {1000 * ok[best_name]['step_s']:.1f} ms/step")
     print(f"tuner pick: {pick}: {1000 * ok[pick]['step_s']:.1f} ms/step in the grid's run, "
