@@ -226,7 +226,8 @@ def metric_lines(kpi_dir, job, rank):
 
 @pytest.fixture(scope="module")
 def loop_runs(train_data, tmp_path_factory):
-    """One-process reference; then on 4 ranks: pp2 x dp2 with interleaved 1F1B (vpp2) for all steps, and tp2 x ep2
+    """One-process reference; then on 4 ranks: pp2 x dp2 with interleaved 1F1B (vpp2) and MoE layers 2 and 3
+    recomputed for all steps, and tp2 x ep2
     with ZeRO-1 for 2 steps whose checkpoint a pp2 x dp2 GPipe run with an uneven split resumes."""
     from sigma.train.train_config import load_train_config
     from sigma.train.trainer import train
@@ -241,7 +242,7 @@ def loop_runs(train_data, tmp_path_factory):
         del os.environ["SIGMA_KPI_DIR"], os.environ["SIGMA_JOB_ID"]
     resharded = tmp / "resharded"
     jobs = [("vpp", loop_overrides(train_data, tmp / "vpp") + [
-                "parallel.pp=2", "parallel.vpp=2", "parallel.microbatches=2"]),
+                "parallel.pp=2", "parallel.vpp=2", "parallel.microbatches=2", "parallel.recompute.moe_layers=[2, 3]"]),
             ("zero1", loop_overrides(train_data, resharded, steps=2) + [
                 "parallel.tp=2", "parallel.ep=2", "parallel.shard_optimizer=true"]),
             ("resume", loop_overrides(train_data, resharded) + [
