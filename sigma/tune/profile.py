@@ -35,6 +35,8 @@ def _join(threads: int) -> tuple[int, int]:
 
     torch.set_num_threads(max(1, threads))
     info = launch_env() or {"rank": 0, "world_size": 1, "local_rank": 0}
+    if torch.cuda.is_available():  # one accelerator per rank of a node
+        torch.cuda.set_device(info["local_rank"] % torch.cuda.device_count())
     if info["world_size"] > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"],
