@@ -8,7 +8,9 @@ Costs (what phase 1 fits, or a fabric file states for `--what-if`):
 - links: alpha + bytes / beta per collective (all_reduce, all_to_all, p2p), inside a node or across nodes;
 - the optimiser's seconds per parameter, and per schedule the measured bubble over the schedule's theoretical one.
 
-Step time of a layout = the pipeline's run + gradient all-reduces + optimiser step. A pipeline rank computes each
+Step time of a layout = the pipeline's run + gradient all-reduces + optimiser step. Compute is at the speed of a
+rank alone; where ranks share cores (phase 1 measures by how much: `sharing`), the pipeline's run lasts at least
+the ranks' average compute x sharing (all of them at once), which is what a layout without idle ranks pays. A pipeline rank computes each
 micro-batch through its stages: layer compute / tp (the head is replicated), tp all-reduces of the activations
 (two per block in forward and two in backward, two more for routed experts), ep all-to-alls (dispatch and combine,
 forward and backward), and a p2p send of activations and of their gradient per stage it holds. The slowest rank
@@ -49,6 +51,7 @@ class Costs:
     act_bytes: int = 4
     param_bytes: int = 4
     keep_outputs: bool = True  # the last pipeline stage keeps every micro-batch's logits (sigma.train.memory)
+    sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
     source: str = ""
     constraints: list[str] = field(default_factory=list)
 
@@ -138,6 +141,10 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
         bubble = costs.bubble_factor.get(dims.schedule, 1.0) * (pp - 1) / v * per_mb
     result = {k: m * val for k, val in slowest.items()}
     result["bubble"] = bubble
+    # Ranks that share cores compute at the lone speed only while others wait: the step lasts at least the
+    # compute of all ranks at the shared speed (every rank's compute, averaged, x sharing).
+    busy = m * costs.sharing * sum(p["compute"] for p in per_rank) / pp
+    result["sharing"] = max(0.0, busy - result["compute"] - bubble)
 
     # gradients: dense ones over dp, expert ones over edp (bucketed all-reduces); the optimiser over what it owns
     worst_params = max(stage_param_counts(model, dims, r) for r in range(pp))

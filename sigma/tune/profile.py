@@ -2,7 +2,8 @@
 layouts for real.
 
 ProfileTask (phase 1) measures, with every rank of its allocation busy at once (so shared cores and links count):
-- forward + backward of one dense layer, one MoE layer and the output head for each micro-batch size;
+- forward + backward of one dense layer, one MoE layer and the output head for each micro-batch size, and the
+  same on rank 0 alone: how much slower a rank computes while every rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
 - the optimiser's seconds per parameter;
 - the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble.
@@ -233,7 +234,12 @@ class ProfileTask:
             dist.all_gather_object(nodes, node)
             dist.barrier()
         compute = measure_compute(model_cfg, s["seq_len"], s["mbs"], s.get("reps", 3))
+        alone = []  # rank 0's layers again while the others wait: how much ranks slow each other down
         if world > 1:
+            dist.barrier()
+            if rank == 0:
+                alone = measure_compute(model_cfg, s["seq_len"], s["mbs"][-1:], s.get("reps", 3))
+            dist.barrier()
             compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("reps", 3),
                                           s.get("max_tp", world))
         optimizer = measure_optimizer(s.get("reps", 3))
@@ -250,8 +256,10 @@ class ProfileTask:
         # the median over ranks of each point: every rank computed at once, on its share of the cores
         merged = [dict(point, seconds=statistics.median(r[i]["seconds"] for r in gathered))
                   for i, point in enumerate(compute)]
-        return {"compute": merged, "optimizer_s_per_param": optimizer, "links": links, "bubbles": bubbles,
-                "world": world, "nodes": sorted(set(nodes))}
+        busy = {(p["kind"], p["tokens"]): p["seconds"] for p in merged}
+        sharing = statistics.median([busy[(p["kind"], p["tokens"])] / p["seconds"] for p in alone]) if alone else 1.0
+        return {"compute": merged, "sharing": max(1.0, sharing), "optimizer_s_per_param": optimizer, "links": links,
+                "bubbles": bubbles, "world": world, "nodes": sorted(set(nodes))}
 
 
 # ---------------------------------------------------------------- phase 2: layouts for real

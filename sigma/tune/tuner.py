@@ -276,13 +276,16 @@ def row_json(row: dict) -> dict:
 def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Costs:
     compute = {}
     for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
-        compute[kind] = fit_affine([(p["tokens"], p["seconds"]) for p in raw["compute"] if p["kind"] == kind])
+        sharing = raw.get("sharing", 1.0)  # timed with every rank busy: the lone rank's speed is sharing x faster
+        compute[kind] = fit_affine([(p["tokens"], p["seconds"] / sharing) for p in raw["compute"]
+                                    if p["kind"] == kind])
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
     bubbles = {s: (b["measured"] / b["theory"]) for s, b in raw.get("bubbles", {}).items() if b["theory"]}
     return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"],
                  bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
+                 sharing=raw.get("sharing", 1.0),
                  source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
 
 

@@ -159,3 +159,14 @@ def test_a_layout_that_fails_is_recorded_and_the_job_goes_on(tmp_path, monkeypat
     got = read_measured(results)
     assert "world size 1 (launch.nodes x launch.gpus_per_node) is not divisible" in got["tp2 pp1 ep1 mbs1"]["error"]
     assert got["tp1 pp1 ep1 mbs2"]["step_s"] > 0
+
+
+def test_shared_cores_slow_a_layout_without_idle_ranks_more_than_a_pipeline():
+    shared = compute_only({"1f1b": 1.0})
+    shared.sharing = 2.0
+    dp = Layout(mbs=2).dims(4, TINY8, 8)
+    alone, both = predict(compute_only(), TINY8, dp, 2, 64), predict(shared, TINY8, dp, 2, 64)
+    assert both.step_s == pytest.approx(2 * alone.step_s)  # every rank computes all the time
+    pipe = Layout(pp=4, mbs=1).dims(4, TINY8, 8)  # 8 micro-batches over 4 stages: (8 + 3) / 8 of the compute
+    p_alone, p_both = predict(compute_only({"1f1b": 1.0}), TINY8, pipe, 1, 64), predict(shared, TINY8, pipe, 1, 64)
+    assert p_alone.step_s < p_both.step_s < 2 * p_alone.step_s
