@@ -37,7 +37,7 @@ def similarity(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     na, nb, diff = float(a.norm()), float(b.norm()), float((a - b).norm())
     if nb == 0.0:
         return (1.0, 0.0) if na == 0.0 else (0.0, math.inf)
-    cos = float(a @ b) / (na * nb) if na > 0 else 0.0
+    cos = max(-1.0, min(1.0, float(a @ b) / (na * nb))) if na > 0 else 0.0
     return cos, diff / nb
 
 
@@ -281,6 +281,8 @@ class Replayer:
         input gradient (backward order) leaves the thresholds."""
         prefix = unit + "."
         records = ref["records"]
+        if not any(name.startswith(prefix) for name in ref["forward_order"]):
+            return None  # a unit without sub-operations
         if forward:
             for name in ref["forward_order"]:
                 mine = tape.records.get(name)
