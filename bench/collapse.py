@@ -26,13 +26,14 @@ from sigma.train.train_config import load_train_config  # noqa: E402
 from sigma.train.trainer import TrainingStopped, train  # noqa: E402
 
 # name -> overrides; the first group is expected to diverge, "stable" not.
+HIGH_LR = ["optim.lr=0.1", "optim.min_lr=0.1", "optim.warmup_steps=0", "optim.grad_clip=0"]
 VARIANTS = {
-    "high-lr, no warm-up, no qk-norm": ["optim.lr=0.03", "optim.min_lr=0.03", "optim.warmup_steps=0",
-                                        "optim.grad_clip=0"],
-    "high-lr, no warm-up, qk-norm": ["optim.lr=0.03", "optim.min_lr=0.03", "optim.warmup_steps=0",
-                                     "optim.grad_clip=0", "model_overrides.qk_norm=true"],
-    "stable (preset)": [],
+    "lr 0.1, no warm-up, gaussian init": HIGH_LR + ["model_overrides.init=gaussian"],
+    "lr 0.1, no warm-up, scaled init": HIGH_LR,
+    "lr 0.1, no warm-up, qk-norm": HIGH_LR + ["model_overrides.qk_norm=true"],
+    "stable (preset lr, warm-up, clip)": [],
 }
+DEPTH = ["model_overrides.n_layers=6"]  # five MoE layers: a profile over depth
 
 
 def run(config: str, overrides: list[str], steps: int, seed: int, root: Path) -> list[dict]:
@@ -67,7 +68,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for variant, overrides in VARIANTS.items():
             for seed in seeds:
-                verdict = assess(run(args.config, overrides, args.steps, seed, Path(tmp)))
+                verdict = assess(run(args.config, DEPTH + overrides, args.steps, seed, Path(tmp)))
                 warn, div = verdict.warning_step, verdict.first.get("diverged")
                 first = min(((s, k) for k, s in verdict.first.items() if k != "diverged"), default=(None, "-"))[1]
                 lead = f"{warn / div:.2f}" if warn and div else "-"

@@ -21,6 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sigma.train import data as data_mod  # noqa: E402
+from sigma.train.config import load_model_config  # noqa: E402
 from sigma.train.numerics.check import check  # noqa: E402
 from sigma.train.numerics.faults import FAULTS, inject  # noqa: E402
 from sigma.train.numerics.record import record  # noqa: E402
@@ -32,14 +34,19 @@ def main() -> int:
     p.add_argument("--config", default="configs/train/tiny.yaml")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--keep", help="write the reference here instead of a temporary directory")
+    p.add_argument("--data-dir", default="/tmp/sigma-numerics-data",
+                   help="prepared corpus for the real-data batches (a small one is prepared here when missing)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    cfg = load_train_config(args.config, ["model_overrides.dropout=0.1", "model_overrides.router_jitter=0.01"])
-    data_path = cfg.data.resolved_path(8192 if "tiny" in args.config else 512)
-    kinds = ("random", "real") if (data_path / "meta.json").exists() else ("random",)
+    cfg = load_train_config(args.config, ["model_overrides.dropout=0.1", "model_overrides.router_jitter=0.01",
+                                          f"data.path={args.data_dir}/stdlib-{{tokenizer}}-{{vocab_size}}"])
+    vocab = load_model_config(cfg.model, cfg.model_overrides).vocab_size
+    data_path = cfg.data.resolved_path(vocab)
+    if not (data_path / data_mod.META_NAME).exists():
+        data_mod.prepare(data_path, max_mb=2, tokenizer=cfg.data.tokenizer, vocab_size=vocab)
+    kinds = ("random", "real")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; torch "
-          f"{torch.__version__}; data kinds: {', '.join(kinds)}"
-          + ("" if "real" in kinds else f" (no prepared corpus at {data_path})"))
+          f"{torch.__version__}; {args.config}, {args.steps} steps of random and real (stdlib corpus) batches")
     with tempfile.TemporaryDirectory() as tmp:
         ref = Path(args.keep or Path(tmp) / "ref")
         t0 = time.perf_counter()
@@ -56,9 +63,11 @@ def main() -> int:
                   f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
                   f"{max(max(u.rel.values()) for u in result.units.values()):.2e}; {result.seconds:.1f} s")
         caught = attributed = 0
+        times = []
         for fault in FAULTS.values():
             with inject(fault.name) as state:
                 result = check(ref, faults=state)
+            times.append(result.seconds)
             kinds_flagged = {result.units[n].kind for n in result.culprits}
             expected = set(fault.module.split(","))
             ok = bool(kinds_flagged) and kinds_flagged <= expected
@@ -70,6 +79,7 @@ def main() -> int:
                   f"{'attributed' if ok else 'WRONG'}: {','.join(sorted(kinds_flagged)) or '-'} at step {first}"
                   + (f"; sub-operation {sub}" if sub else "") + f"; {result.seconds:.1f} s")
     n = len(FAULTS)
+    print(f"one tiny check (fp32, 1 thread, {len(kinds)} data kinds): {min(times):.1f}-{max(times):.1f} s")
     print(f"caught {caught}/{n}, attributed {attributed}/{n}, false flags {sum(clean)}/{len(clean)}; "
           f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if caught == attributed == n and not any(clean) else 1

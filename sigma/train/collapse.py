@@ -2,12 +2,13 @@
 
 Signals, each with the step it was first seen:
   norm_valley   the layer-wise MoE parameter-norm profile dips in the middle layers below both ends by more than
-                `valley` (the paper's precursor of a collapse)
+                `valley` (relative) in two reports in a row (the paper's precursor of a collapse)
   norm_growth   some MoE layer's parameter norm grew by more than `growth` (relative) between two reports
   grad_spikes   more than `spike_rate` of the last `window` steps had a gradient norm above `spike_factor` x the
                 running median
   load_skew     the busiest expert of some MoE layer took more than `load_skew` x the mean load
-  diverged      the loss is non-finite or `diverge` above the lowest loss so far (the collapse itself)
+  diverged      the loss is non-finite, or its moving average (over `window` steps) is `diverge` above the lowest
+                moving average so far (the collapse itself; a single noisy step does not count)
 Verdict: collapsing when diverged; warning when any other signal fired; else healthy.
 """
 
@@ -17,13 +18,14 @@ import json
 import math
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 @dataclass
 class Thresholds:
-    valley: float = 0.02
+    valley: float = 0.1
     growth: float = 0.5
     spike_factor: float = 3.0
     spike_rate: float = 0.1
@@ -75,7 +77,8 @@ def read_metrics(paths: list[Path]) -> list[dict]:
 def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
     th = th or Thresholds()
     v = Verdict("healthy")
-    best, grads, prev_norms = math.inf, [], None
+    best, grads, prev_norms, ema, seen, dipped = math.inf, [], None, None, 0, False
+    alpha = 2.0 / (th.window + 1)
 
     def fire(signal: str, step: int, text: str) -> None:
         if signal not in v.first:
@@ -88,9 +91,12 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
         if not math.isfinite(loss):
             fire("diverged", step, f"loss {row.get('loss')} at step {step}")
         else:
-            if loss > best + th.diverge:
-                fire("diverged", step, f"loss {loss:.3f} at step {step}, {loss - best:.2f} above its lowest {best:.3f}")
-            best = min(best, loss)
+            ema = loss if ema is None else ema + alpha * (loss - ema)
+            seen += 1
+            if seen > th.window and ema > best + th.diverge:  # the first window is the start-up transient
+                fire("diverged", step, f"loss average {ema:.3f} at step {step}, {ema - best:.2f} above its lowest "
+                                       f"{best:.3f}")
+            best = min(best, ema)
         g = _number(row.get("grad_norm"))
         if math.isfinite(g):
             recent = grads[-th.window:]
@@ -108,9 +114,10 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
             if len(norms) >= 3:
                 ends = min(norms[0], norms[-1])
                 dip = (ends - min(norms[1:-1])) / ends if ends > 0 else 0.0
-                if dip > th.valley:
+                if dip > th.valley and dipped:
                     fire("norm_valley", step, f"middle MoE layers' norm {min(norms[1:-1]):.3f} is {100 * dip:.1f}% "
                                               f"below the end layers' {ends:.3f} (profile {_fmt(norms)})")
+                dipped = dip > th.valley
             if prev_norms and len(prev_norms) == len(norms):
                 growth = max((b - a) / a for a, b in zip(prev_norms, norms) if a > 0)
                 if growth > th.growth:
@@ -142,7 +149,8 @@ def kpi_files(job: int | None, kpi: str | None, kpi_dir: str | None) -> list[Pat
     import os
 
     root = Path(kpi_dir or os.environ.get("SIGMA_KPI_DIR") or DEFAULT_KPI_DIR) / f"job-{job}"
-    files = sorted(root.glob("rank-0.*.jsonl")) or sorted(root.glob("rank-*.jsonl"))
+    files = sorted(root.glob("rank-0.*.jsonl")) or sorted(p for p in root.glob("rank-*.jsonl")
+                                                          if not p.name.startswith("rank-collapse."))
     if not files:
         raise FileNotFoundError(f"{root}: no KPI files of job {job} (--kpi-dir or $SIGMA_KPI_DIR)")
     return files[:1]
@@ -173,6 +181,26 @@ def plot(verdict: Verdict, out: str | Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def emit(kpi_file: Path, verdict: Verdict) -> Path:
+    """A `collapse_warning` event in rank-collapse.<node>.jsonl beside the job's rank files (the sidecar tails
+    rank-*.<node>.jsonl), once per state and first step."""
+    from sigma.train.kpi import _clean
+
+    node = kpi_file.name.split(".", 1)[1].rsplit(".jsonl", 1)[0]
+    job = kpi_file.parent.name.removeprefix("job-")
+    out = kpi_file.parent / f"rank-collapse.{node}.jsonl"
+    first = sorted(verdict.first.items(), key=lambda kv: kv[1])
+    message = f"{verdict.state}: " + "; ".join(f"{k} from step {s}: {verdict.evidence[k]}" for k, s in first)
+    line = {"ts": time.time(), "job_id": int(job) if job.isdigit() else 0, "rank": 0, "event": "collapse_warning",
+            "message": message, "state": verdict.state, "warning_step": verdict.warning_step,
+            "diverged_step": verdict.first.get("diverged")}
+    if out.is_file() and any(f'"message":{json.dumps(message)}' in prev for prev in out.read_text().splitlines()):
+        return out
+    with open(out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(_clean(line), separators=(",", ":")) + "\n")
+    return out
+
+
 # ---------------------------------------------------------------- CLI
 
 def register(subparsers) -> None:
@@ -185,6 +213,9 @@ def register(subparsers) -> None:
     chk.add_argument("--kpi-dir", help="KPI root (default: $SIGMA_KPI_DIR, else /var/spool/sigma/kpi)")
     chk.add_argument("--plot", metavar="PNG", help="draw the MoE parameter-norm profile over steps")
     chk.add_argument("--json", action="store_true")
+    chk.add_argument("--emit", action="store_true",
+                     help="on warning/collapsing, append a `collapse_warning` KPI event next to the job's KPI files "
+                          "(the controller's kpi-collapse-warning rule notifies on it)")
     for name, default in vars(Thresholds()).items():
         chk.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
                          help=f"threshold (default: %(default)s; module docstring of sigma/train/collapse.py)")
@@ -209,6 +240,8 @@ def run_check(args) -> int:
         except ValueError as exc:
             print(f"sigma collapse: error: {exc}", file=sys.stderr)
             return 2
+    if args.emit and verdict.state != "healthy":
+        emit(files[0], verdict)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=1))
     else:

@@ -42,6 +42,7 @@ def register(subparsers) -> None:
     chk.add_argument("--fault", help="inject a numerical fault by name (`sigma numerics faults`) into the candidate")
     chk.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     chk.add_argument("--json", action="store_true", help="print the result as JSON")
+    chk.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
     chk.set_defaults(func=run_check)
 
     flt = sub.add_parser("faults", help="list the numerical faults `check --fault` can inject")
@@ -103,8 +104,12 @@ def run_check(args) -> int:
         return _fail(str(exc))
     except ValueError as exc:  # an unknown fault name
         return _fail(str(exc))
+    doc = json.dumps({**result.to_dict(), "table": rows(result)}, indent=1)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(doc + "\n")
     if args.json:
-        print(json.dumps({**result.to_dict(), "table": rows(result)}, indent=1))
+        print(doc)
     else:
         print(render(result))
     return 1 if result.flagged else 0

@@ -22,6 +22,7 @@ def rows(result: CheckResult) -> list[dict]:
         out.append({"module": kind, "worst": worst.name, "instances": len(units), "flagged": len(flagged),
                     **{f"{m}_cos": min(u.cos[m] for u in units) for m in METRICS},
                     **{f"{m}_rel": max(u.rel[m] for u in units) for m in METRICS},
+                    "flips": max(u.flips for u in units),
                     "first_step": min((u.first_step for u in flagged), default=None),
                     "verdict": verdict, "subop": worst.subop if worst.flagged else None})
     return out
@@ -29,13 +30,14 @@ def rows(result: CheckResult) -> list[dict]:
 
 def render(result: CheckResult) -> str:
     head = (f"{'module':<14} {'out cos':>9} {'out rel':>9} {'grad cos':>9} {'grad rel':>9} {'param cos':>9} "
-            f"{'param rel':>9} {'first':>5}  verdict   worst instance / first diverging sub-operation")
+            f"{'param rel':>9} {'flips':>6} {'first':>5}  verdict   worst instance / first diverging sub-operation")
     lines = [head, "-" * len(head)]
     for r in rows(result):
         first = "-" if r["first_step"] is None else str(r["first_step"])
+        flips = f"{100 * r['flips']:.1f}%" if r["module"] == "router" else ""
         where = r["worst"] + (f" / {r['subop']}" if r["subop"] else "")
         lines.append(f"{r['module']:<14} {r['out_cos']:>9.6f} {r['out_rel']:>9.2e} {r['grad_cos']:>9.6f} "
-                     f"{r['grad_rel']:>9.2e} {r['param_cos']:>9.6f} {r['param_rel']:>9.2e} {first:>5}  "
+                     f"{r['grad_rel']:>9.2e} {r['param_cos']:>9.6f} {r['param_rel']:>9.2e} {flips:>6} {first:>5}  "
                      f"{r['verdict']:<9} {where if r['flagged'] else ''}")
     limits = ", ".join(f"{k}: cos >= {c}, rel <= {r:g}" for k, (c, r) in result.thresholds.items())
     culprits = sorted({result.units[n].kind for n in result.culprits})

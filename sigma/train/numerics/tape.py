@@ -102,13 +102,14 @@ class Record:
         self.args: list = []  # units: every positional argument (tensors whole, on CPU)
         self.seed: int | None = None
         self.out: list = []  # sampled float outputs (None for non-float or missing ones)
+        self.routes: torch.Tensor | None = None  # routers: the expert ids each token was sent to [N, k]
         self.grad_out: list = []  # units: full gradients of the outputs (None: no gradient reached it)
         self.grad_in: list = []  # sampled gradients of the float inputs, in argument order
         self.param_grads: dict[str, torch.Tensor] = {}
 
     def to_dict(self) -> dict:
         return dict(name=self.name, kind=self.kind, args=self.args, seed=self.seed, out=self.out,
-                    grad_out=self.grad_out, grad_in=self.grad_in)
+                    grad_out=self.grad_out, grad_in=self.grad_in, routes=self.routes)
 
 
 class Tape:
@@ -155,6 +156,8 @@ class Tape:
         size = SAMPLE if rec.kind else SUBOP_SAMPLE
         rec.out = [sampled(f"{rec.name}/out{i}", o, size) if isinstance(o, torch.Tensor) and o.is_floating_point()
                    else None for i, o in enumerate(outs)]
+        if rec.kind == "router":
+            rec.routes = outs[0].detach().cpu().clone()
         self.forward_order.append(rec.name)
         if rec.kind is None:  # a sub-operation: its input gradients name it; the output gradient is not needed
             return output
