@@ -3,7 +3,8 @@
 Signals, each with the step it was first seen:
   norm_valley   the layer-wise MoE parameter-norm profile dips in the middle layers below both ends by more than
                 `valley` (relative) in two reports in a row (the paper's precursor of a collapse)
-  norm_growth   some MoE layer's parameter norm grew by more than `growth` (relative) between two reports
+  norm_growth   some MoE layer's parameter norm grew by more than `growth` (relative) between two reports (after
+                the first `window` steps, whose growth from the initialisation is normal)
   grad_spikes   more than `spike_rate` of the last `window` steps had a gradient norm above `spike_factor` x the
                 running median
   load_skew     the busiest expert of some MoE layer took more than `load_skew` x the mean load
@@ -118,7 +119,7 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
                     fire("norm_valley", step, f"middle MoE layers' norm {min(norms[1:-1]):.3f} is {100 * dip:.1f}% "
                                               f"below the end layers' {ends:.3f} (profile {_fmt(norms)})")
                 dipped = dip > th.valley
-            if prev_norms and len(prev_norms) == len(norms):
+            if prev_norms and len(prev_norms) == len(norms) and step > th.window:  # not the start-up growth
                 growth = max((b - a) / a for a, b in zip(prev_norms, norms) if a > 0)
                 if growth > th.growth:
                     fire("norm_growth", step, f"an MoE layer's parameter norm grew {100 * growth:.0f}% since the "

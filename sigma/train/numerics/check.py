@@ -21,7 +21,7 @@ from sigma.train.model import apply_rope
 from sigma.train.numerics.record import DTYPES, resolve_device
 from sigma.train.numerics.reference import (NumericsError, check_model_matches, check_state_matches, load_meta,
                                             load_tensors, step_path)
-from sigma.train.numerics.tape import SAMPLE, SUBOP_SAMPLE, Tape, sampled
+from sigma.train.numerics.tape import Tape, sampled
 
 # (minimum cosine similarity, maximum relative error) per candidate dtype and table row. The cosine bound is the
 # paper's; the relative-error bounds sit well above what clean candidates reach (docs/stability.md, bench/numerics.py).
@@ -358,4 +358,4 @@ def check(ref: str | Path, device: str = "cpu", dtype: str = "float32", config=N
     return Replayer(ref, device, dtype, config, thresholds, data).run(faults, log)
 
 
-__all__ = ["check", "CheckResult", "Replayer", "THRESHOLDS", "similarity", "SAMPLE", "SUBOP_SAMPLE"]
+__all__ = ["check", "CheckResult", "Replayer", "THRESHOLDS", "MAX_FLIPS", "similarity"]

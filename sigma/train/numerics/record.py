@@ -76,6 +76,7 @@ def train_step(model, tape: Tape, optimizer, tokens: torch.Tensor, lr: float, gr
         logits, aux = model(tokens[:, :-1])
     ce = loss_unit(tape, logits, tokens[:, 1:])
     (ce + aux).backward()
+    tape.finish_step()
     named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
     grad_norm = math.sqrt(sum(float(p.grad.detach().float().pow(2).sum()) for _, p in named))
     coef = grad_clip / (grad_norm + 1e-6) if grad_clip > 0 and grad_norm > grad_clip else 1.0

@@ -212,6 +212,7 @@ class Tape:
                 rec.args = [_detach(source, self.keep_args), _detach(branch, self.keep_args), float(mod_drop(block)),
                             block.training]
                 rec.grad_in = [None, None]
+                rec.branch = self._names[mod]  # its gradient of the branch is that unit's output gradient
                 state["rec_" + which] = rec
             return hook
 
@@ -241,6 +242,14 @@ class Tape:
                 return _GradTap.apply(out, callback)
             out.register_hook(lambda g: callback(g))  # every consumer's gradient of x1
         return out
+
+    def finish_step(self) -> None:
+        """After the backward: a residual add's gradient of its branch input is the branch unit's output gradient."""
+        for rec in self.records.values():
+            branch = getattr(rec, "branch", None)
+            if branch is not None and branch in self.records:
+                grad = self.records[branch].grad_out[0]
+                rec.grad_in = [None, None if grad is None else sampled(f"{rec.name}/1", grad)]
 
     def remove(self):
         for handle in self._handles:
