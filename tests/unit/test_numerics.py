@@ -127,3 +127,16 @@ def test_cli_check_json_and_table(reference, capsys):
 def test_cli_record_refuses_existing_reference(reference, capsys):
     assert main(["numerics", "record", "--config", CONFIG, "--out", str(reference), "--data", "random"]) == 2
     assert "already holds a reference" in capsys.readouterr().err
+
+
+def test_cli_record_and_faults(tmp_path, capsys):
+    out = tmp_path / "ref"
+    assert main(["numerics", "record", "--config", CONFIG, "--out", str(out), "--data", "random", "--steps", "2",
+                 "--seq-len", "8"]) == 0
+    assert "reference written to" in capsys.readouterr().out
+    assert json.loads((out / "meta.json").read_text())["steps"] == 2
+    assert main(["numerics", "record", "--config", CONFIG, "--out", str(tmp_path / "r2"), "--data", "real",
+                 "data.path=" + str(tmp_path / "nodata")]) == 2
+    assert "sigma train prepare" in capsys.readouterr().err
+    assert main(["numerics", "faults"]) == 0
+    assert set(FAULTS) <= {line.split()[0] for line in capsys.readouterr().out.splitlines()}
