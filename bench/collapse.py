@@ -63,7 +63,10 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"{args.config}, {args.steps} steps, seeds {seeds}; {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f}")
-    print(f"{'variant':<34} {'seed':>4} {'warn':>6} {'diverge':>7} {'lead':>6}  first signal")
+    signals = ("norm_valley", "norm_growth", "grad_spikes", "load_skew")
+    print(f"{'variant':<36} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
+          + " ".join(f"{s:>11}" for s in signals) + "  first signal")
+    per_signal = {s: {v: 0 for v in VARIANTS} for s in signals}
     false_warn = healthy = hit = diverged = 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,8 +82,13 @@ def main() -> int:
                 else:
                     healthy += 1
                     false_warn += bool(warn)
-                print(f"{variant:<34} {seed:>4} {warn or '-':>6} {div or '-':>7} {lead:>6}  {first}"
-                      + (f": {verdict.evidence[first]}" if first != "-" else ""), flush=True)
+                for sig in signals:
+                    per_signal[sig][variant] += sig in verdict.first
+                print(f"{variant:<36} {seed:>4} {warn or '-':>5} {div or '-':>7} {lead:>5}  "
+                      + " ".join(f"{verdict.first.get(s, '-'):>11}" for s in signals)
+                      + f"  {first}" + (f": {verdict.evidence[first]}" if first != "-" else ""), flush=True)
+    for sig, counts in per_signal.items():
+        print(f"{sig:<12} fired in " + ", ".join(f"{n}/{len(seeds)} {v}" for v, n in counts.items()))
     print(f"diverged runs warned at or before 1/5 of the divergence step: {hit}/{diverged}; false warnings on "
           f"runs that did not diverge: {false_warn}/{healthy}; {time.perf_counter() - t0:.0f} s")
     return 0
