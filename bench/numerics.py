@@ -61,7 +61,8 @@ def main() -> int:
             worst = min(result.units.values(), key=lambda u: min(u.cos.values()))
             print(f"clean {label:<16} {'FLAGGED ' + ','.join(result.culprits) if result.flagged else 'pass':<10} "
                   f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
-                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}; {result.seconds:.1f} s")
+                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}, router flips "
+                  f"{100 * max(u.flips for u in result.units.values()):.1f}%; {result.seconds:.1f} s")
         caught = attributed = 0
         times = []
         for fault in FAULTS.values():

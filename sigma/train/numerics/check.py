@@ -26,15 +26,13 @@ from sigma.train.numerics.tape import Tape, sampled
 # (minimum cosine similarity, maximum relative error) per candidate dtype and table row. The cosine bound is the
 # paper's; the relative-error bounds sit well above what clean candidates reach (docs/stability.md, bench/numerics.py).
 # In bfloat16 the router picks other experts for near-tied tokens, so its gradients differ more (and legitimately).
-# The router's weight gradient is a sum over tokens that nearly cancels; in bfloat16 it keeps only its direction
-# roughly (cosine 0.67 on real text in bench/numerics.py), so its bf16 gradient bound is loose: a real property of
-# bf16 routers (keep the gate in fp32 if it matters), not of one platform.
+# Keys: "default", a row ("router") or a row and metric ("router.grad").
 THRESHOLDS = {"float32": {"default": (0.99, 1e-3)},
-              "bfloat16": {"default": (0.99, 0.2), "router.grad": (0.5, 1.0)}}
+              "bfloat16": {"default": (0.99, 0.2)}}
 # Routing is discrete: the router's values and gradients are compared with the reference's expert choice forced
 # (teacher-forced routing), and the share of tokens whose own choice differs is a metric of its own. In bfloat16,
 # near-tied router scores legitimately pick other experts for some tokens.
-MAX_FLIPS = {"float32": 0.01, "bfloat16": 0.25}
+MAX_FLIPS = {"float32": 0.01, "bfloat16": 0.1}
 PSEUDO_UNITS = ("residual", "rope", "loss")
 METRICS = ("out", "grad", "param")
 
