@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
+from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
@@ -360,6 +361,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
 
     step = 0
+    meta = {}
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     if latest is not None:
         state = checkpoint_state(model, optimizer, named, ctx, {"step": 0, "sampler": sampler.state_dict()})
@@ -374,7 +376,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         step = int(state["trainer"]["step"])
         summary.resumed_from = str(latest)
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
-                  saved_world_size=meta.get("world_size"), rng_restored=has_rng)
+                  saved_world_size=meta.get("world_size"), rng_restored=has_rng,
+                  checkpoint_kind=meta.get("kind", "periodic"))
     summary.start_step = step
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
@@ -389,7 +392,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               step=step, world_size=ctx.world_size, ep=ctx.ep_size, flops_per_token=flops_token,
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
-              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()))
+              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
+              jit_poll_every=cfg.checkpoint.jit_poll_every)
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
               f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}, steps {step + 1}.."
@@ -403,6 +407,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
 
     def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
+
+    # just-in-time checkpoints asked for by the controller, and the NaN rollback (sigma/train/jit.py)
+    jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta))
 
     try:
         while step < cfg.steps:
@@ -418,6 +425,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             lr = lr_at(step, cfg.optim, cfg.steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            jit.begin_step(sampler.state_dict(), rng_state(ctx))
             batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
             poison = cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger
                                                        and _consume(kpi.path.parent / "inject-nan"))
@@ -432,6 +440,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
+                save_rollback(jit, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {}), ctx, kpi)
                 raise TrainingStopped(message)
             sync_gradients(ctx, named)
             gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
@@ -483,6 +492,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                           background=cfg.checkpoint.background,
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
+            if request := jit.requested(step):
+                save_requested(request, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {
+                    "step": step, "sampler": sampler.state_dict()}), ctx, kpi, loss_value)
     finally:
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
     kpi.event("stop", f"finished at step {step}", step=step)
