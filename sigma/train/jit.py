@@ -89,7 +89,7 @@ def _meta(ctx, kind: str, **extra) -> dict:
     return {"world_size": ctx.world_size, "ep": ctx.ep_size, "kind": kind, **extra}
 
 
-def save_requested(request: int, ckpt, step: int, state: dict, ctx, kpi, loss: float) -> Path:
+def save_requested(request: int, ckpt, step: int, state: dict, ctx, kpi, loss: float) -> Path | None:
     """Every rank together: save the step just finished for request `request` (unless this very step's periodic
     checkpoint is already on its way) and answer with a `checkpoint` event naming the request."""
     from sigma.train.checkpoint import step_dir_name
@@ -99,7 +99,13 @@ def save_requested(request: int, ckpt, step: int, state: dict, ctx, kpi, loss: f
         ckpt.wait()
         path = ckpt.root / step_dir_name(step)
     else:
-        path = ckpt.save(step, state, _meta(ctx, "jit", loss=loss, request=request), background=False)
+        try:
+            path = ckpt.save(step, state, _meta(ctx, "jit", loss=loss, request=request), background=False)
+        except Exception as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
+            kpi.event("checkpoint_failed", f"just-in-time checkpoint of step {step} for request {request} failed: "
+                                           f"{exc}; the newest complete checkpoint is {ckpt.latest()}", step=step,
+                      request=request)
+            return None
     save_s = round(time.monotonic() - started, 3)
     kpi.event("checkpoint", f"just-in-time checkpoint of step {step} for request {request}: {path}", step=step,
               path=str(path), save_s=save_s, kind="jit", request=request)
