@@ -327,6 +327,23 @@ def _explain(args) -> int:
     return 0
 
 
+def _print_losses(c, lost: dict) -> None:
+    """Steps and time each fault cost, per job and in total (report/losses.py)."""
+    from rich.table import Table
+
+    t = Table(title="steps lost per fault")
+    for col in ("job", "faults", "steps lost", "time lost", "per fault (rule: steps, seconds, resumed from)"):
+        t.add_column(col, justify="right" if col != "per fault (rule: steps, seconds, resumed from)" else "left")
+    for j in lost["jobs"]:
+        mine = [f for f in lost["faults"] if f["job_id"] == j["job_id"]]
+        t.add_row(str(j["job_id"]), str(j["faults"]), str(j["steps_lost"]), f"{j['time_lost_s']:.1f}s",
+                  "; ".join(f"{f['rule']}: {f['steps_lost']}, {f['time_lost_s']:.1f}s, {f['source']}" for f in mine))
+    tot = lost["total"]
+    t.add_row("total", str(tot["faults"]), str(tot["steps_lost"]), f"{tot['time_lost_s']:.1f}s",
+              f"at most {tot['steps_lost_max']} step(s) per fault" if tot["faults"] else "")
+    c.print(t)
+
+
 def _report(args) -> int:
     from rich.table import Table
 
@@ -372,6 +389,7 @@ def _report(args) -> int:
     t.add_row(str(len(r["cycles"])), mean(r["detect_s"]), mean(r["triage_s"]), mean(r["repair_s"]),
               mean(r["validate_s"]), mean(r["total_s"]))
     c.print(t)
+    _print_losses(c, rep["losses"])
     a = rep["automation"]
     c.print(f"automation ratio: {a['ratio'] if a['ratio'] is not None else '-'} "
             f"({a['automatic']} automatic, {a['manual']} needed a person)")

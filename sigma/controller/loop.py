@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
@@ -194,6 +195,7 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings

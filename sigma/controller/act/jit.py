@@ -40,23 +40,25 @@ def pending_for_node(conn: sqlite3.Connection, node: str, now: float) -> list[di
     return [{"id": r[0], "job_id": r[1], "deadline": r[2]} for r in rows]
 
 
-def _job_events(conn: sqlite3.Connection, job_id: int, nodes: list[str], kind: str, since: float) -> list[tuple]:
-    """(ts, fields) of the job's KPI events of one kind on its nodes since `since`, oldest first."""
+def _job_events(conn: sqlite3.Connection, job_id: int, kind: str, since: float,
+                nodes: list[str] | None = None) -> list[tuple]:
+    """(ts, fields) of the job's KPI events of one kind since `since` (on `nodes`, or any node), oldest first."""
+    where, args = "", []
+    if nodes is not None:
+        where, args = f" AND node IN ({','.join('?' * len(nodes))})", list(nodes)
     out = []
-    marks = ",".join("?" * len(nodes))
     for ts, fields, job_ids in conn.execute(
-            f"SELECT ts, fields, job_ids FROM events WHERE node IN ({marks}) AND ts >= ? AND source = 'kpi'"
-            f" AND kind = ? ORDER BY ts", (*nodes, since, kind)):
+            f"SELECT ts, fields, job_ids FROM events WHERE ts >= ? AND source = 'kpi' AND kind = ?{where}"
+            f" ORDER BY ts", (since, kind, *args)):
         if job_id in json.loads(job_ids or "[]"):
             out.append((ts, json.loads(fields or "{}")))
     return out
 
 
 def answers_requests(conn: sqlite3.Connection, job_id: int, nodes: list[str], since: float) -> bool:
-    """Whether the job's current run said it polls the control file (its trainer's start/resume event carries
+    """Whether the job's current run said it polls the control file (its trainer's start event carries
     `jit_poll_every` > 0): a trainer that cannot answer is not waited for."""
-    return any(int(f.get("jit_poll_every") or 0) > 0 for kind in ("start", "resume")
-               for _, f in _job_events(conn, job_id, nodes, kind, since))
+    return any(int(f.get("jit_poll_every") or 0) > 0 for _, f in _job_events(conn, job_id, "start", since, nodes))
 
 
 def acknowledge(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, float] | None:
@@ -69,15 +71,12 @@ def acknowledge(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, float] |
                         " AND acked_at IS NOT NULL", ids).fetchone()
     if done[0] is not None:
         return int(done[1]), float(done[0])
-    rows = conn.execute(f"SELECT job_id, node, requested_at FROM checkpoint_requests WHERE id IN ({marks})",
-                        ids).fetchall()
-    if not rows:
+    job_id, since = conn.execute(f"SELECT MIN(job_id), MIN(requested_at) FROM checkpoint_requests WHERE id IN"
+                                 f" ({marks})", ids).fetchone()
+    if job_id is None:
         return None
-    job_id, since = rows[0][0], min(r[2] for r in rows)
-    # any rank answers, on any node of the job (the bad node's rank learns the request from the others)
-    nodes = [r[0] for r in conn.execute("SELECT DISTINCT node FROM kpis WHERE job_id = ? AND ts >= ?",
-                                        (job_id, since - 60.0))] or [r[1] for r in rows]
-    for ts, fields in _job_events(conn, job_id, nodes, "checkpoint", since - 5.0):
+    # any rank may answer, on any node of the job (the bad node's rank learns the request from the others)
+    for ts, fields in _job_events(conn, job_id, "checkpoint", since - 5.0):
         if fields.get("request") in ids:
             step = int(fields.get("step") or 0)
             conn.execute(f"UPDATE checkpoint_requests SET acked_at = ?, ack_step = ? WHERE id IN ({marks})",
