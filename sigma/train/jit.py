@@ -22,19 +22,20 @@ from pathlib import Path
 import torch
 
 REQUEST_NAME = "checkpoint-request.{node}.json"  # written by the node's sidecar (sigma/telemetry/control.py)
+MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
 
 
-def read_request(path: Path, now: float) -> int:
-    """The request id in a control file, or 0 when there is none, it is unreadable or its deadline passed (the
-    controller has requeued by then)."""
+def read_request(path: Path, now: float) -> tuple[int, float]:
+    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable or its deadline
+    passed (the controller has requeued by then)."""
     try:
         req = json.loads(path.read_text())
         deadline = float(req.get("deadline") or 0)
-        return int(req["id"]) if not deadline or now < deadline else 0
+        return (int(req["id"]), deadline) if not deadline or now < deadline else (0, 0.0)
     except FileNotFoundError:
-        return 0
+        return 0, 0.0
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0  # a half-written or foreign file is no request; the sidecar writes by rename, so this is rare
+        return 0, 0.0  # a half-written or foreign file is no request; the sidecar writes by rename
 
 
 class JitCheckpoints:
@@ -47,20 +48,21 @@ class JitCheckpoints:
         self.answered = answered  # newest request id already answered (from the checkpoint resumed)
         self._before_step = None  # (sampler state, RNG state) at the start of the current step
 
-    def requested(self, step: int) -> int:
-        """Collective every poll_every steps: the newest unanswered request id any rank's node was given, or 0."""
+    def requested(self, step: int) -> tuple[int, float]:
+        """Collective every poll_every steps: (id, deadline) of the newest unanswered request any rank's node was
+        given, or (0, 0.0)."""
         if not self.poll_every or step % self.poll_every:
-            return 0
-        mine = read_request(self.path, time.time())
-        newest = torch.tensor([mine if mine > self.answered else 0], dtype=torch.int64)
+            return 0, 0.0
+        found, deadline = read_request(self.path, time.time())
+        newest = torch.tensor([found, deadline] if found > self.answered else [0, 0], dtype=torch.float64)
         if self.ctx.distributed:
             import torch.distributed as dist
 
-            dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-        found = int(newest.item())
+            dist.all_reduce(newest, op=dist.ReduceOp.MAX)  # ids and deadlines: float64 holds both exactly
+        found, deadline = int(newest[0].item()), float(newest[1].item())
         if found:
             self.answered = found
-        return found
+        return found, deadline
 
     def begin_step(self, sampler_state: dict, rng: dict) -> None:
         """Remember where the step starts from: a NaN rollback saves exactly this."""
@@ -89,9 +91,12 @@ def _meta(ctx, kind: str, **extra) -> dict:
     return {"world_size": ctx.world_size, "ep": ctx.ep_size, "kind": kind, **extra}
 
 
-def save_requested(request: int, ckpt, step: int, state: dict, ctx, kpi, loss: float) -> Path | None:
-    """Every rank together: save the step just finished for request `request` (unless this very step's periodic
-    checkpoint is already on its way) and answer with a `checkpoint` event naming the request."""
+def save_requested(request: tuple[int, float], ckpt, step: int, state: dict, ctx, kpi, loss: float) -> Path | None:
+    """Every rank together: save the step just finished for request (id, deadline) (unless this very step's
+    periodic checkpoint is already on its way), answer with a `checkpoint` event naming the request, then hold
+    until the deadline: the requeue is coming, and a step trained now would be lost with it. Should the requeue
+    not come (the controller went away), training goes on after the deadline."""
+    request, deadline = request
     from sigma.train.checkpoint import step_dir_name
 
     started = time.monotonic()
@@ -109,6 +114,8 @@ def save_requested(request: int, ckpt, step: int, state: dict, ctx, kpi, loss: f
     save_s = round(time.monotonic() - started, 3)
     kpi.event("checkpoint", f"just-in-time checkpoint of step {step} for request {request}: {path}", step=step,
               path=str(path), save_s=save_s, kind="jit", request=request)
+    if deadline:
+        time.sleep(max(0.0, min(deadline - time.time(), MAX_HOLD_S)))
     return path
 
 

@@ -492,7 +492,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                           background=cfg.checkpoint.background,
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
-            if request := jit.requested(step):
+            if (request := jit.requested(step))[0]:
                 save_requested(request, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {
                     "step": step, "sampler": sampler.state_dict()}), ctx, kpi, loss_value)
     finally:

@@ -86,11 +86,11 @@ def test_nan_right_after_a_checkpoint_saves_nothing_new(train_data, tmp_path, mo
 
 def test_control_file_reading(tmp_path):
     path = tmp_path / "checkpoint-request.n1.json"
-    assert read_request(path, 100.0) == 0  # none
+    assert read_request(path, 100.0) == (0, 0.0)  # none
     path.write_text(json.dumps({"id": 3, "deadline": 200.0}))
-    assert read_request(path, 100.0) == 3
-    assert read_request(path, 250.0) == 0  # the controller has requeued by then
+    assert read_request(path, 100.0) == (3, 200.0)
+    assert read_request(path, 250.0) == (0, 0.0)  # the controller has requeued by then
     path.write_text('{"id": 3, "dead')  # half a file
-    assert read_request(path, 100.0) == 0
+    assert read_request(path, 100.0) == (0, 0.0)
     path.write_text(json.dumps({"id": "x"}))
-    assert read_request(path, 100.0) == 0
+    assert read_request(path, 100.0) == (0, 0.0)

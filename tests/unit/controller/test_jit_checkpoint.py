@@ -37,7 +37,7 @@ def test_requeue_waits_for_the_checkpoint_asked_of_the_healthy_node(tmp_path):
     assert pending_for_node(ctl.conn, "node3", clock()) == []
     kpi_dir = tmp_path / "kpi"
     assert write_checkpoint_requests(kpi_dir, "node2", [req]) == []
-    assert read_request(request_path(kpi_dir, 7, "node2"), clock()) == req["id"]
+    assert read_request(request_path(kpi_dir, 7, "node2"), clock()) == (req["id"], clock() + 30.0)
 
     clock.advance(2)
     ctl.tick()
