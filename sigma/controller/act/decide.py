@@ -239,7 +239,8 @@ class Decider:
         timeout = self.cfg.jit_checkpoint_timeout_s
         healthy = [n for n in job.nodes if n not in avoid]
         if (timeout <= 0 or job.state != "RUNNING" or not healthy
-                or not jit.answers_requests(self.conn, job.job_id, list(job.nodes), job.start_time)):
+                or not jit.answers_requests(self.conn, job.job_id, list(job.nodes), job.start_time)
+                or jit.trainer_stopped(self.conn, job.job_id, job.start_time)):
             return {}
         ids = jit.request(self.conn, job.job_id, healthy, inc.id, timeout, self.clock())
         return {"jit_requests": ids, "jit_deadline": self.clock() + timeout, "jit_timeout_s": timeout}

@@ -61,6 +61,12 @@ def answers_requests(conn: sqlite3.Connection, job_id: int, nodes: list[str], si
     return any(int(f.get("jit_poll_every") or 0) > 0 for _, f in _job_events(conn, job_id, "start", since, nodes))
 
 
+def trainer_stopped(conn: sqlite3.Connection, job_id: int, since: float) -> bool:
+    """Whether the job's trainer said it stopped (a `nan_loss` or `stop` KPI event) since `since`: it saves its own
+    last healthy step on a NaN and answers no request after that."""
+    return any(_job_events(conn, job_id, kind, since) for kind in ("nan_loss", "stop"))
+
+
 def acknowledge(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, float] | None:
     """(step, time) of the trainer's checkpoint event answering any of the request ids, recorded on the requests;
     None while no rank has answered."""
@@ -102,6 +108,10 @@ class JitGate:
         ack = acknowledge(self.conn, ids)
         if ack is not None:
             return f"just-in-time checkpoint of step {ack[0]} saved"
+        job_id, since = self.conn.execute(f"SELECT MIN(job_id), MIN(requested_at) FROM checkpoint_requests WHERE id"
+                                          f" IN ({','.join('?' * len(ids))})", ids).fetchone()
+        if job_id is not None and trainer_stopped(self.conn, job_id, since - 5.0):
+            return "the trainer stopped by itself (NaN loss or end of run): requeued without waiting"
         if self.clock() < float(params.get("jit_deadline", 0)):
             raise NotYet("waiting for the just-in-time checkpoint")
         return (f"no just-in-time checkpoint within {params.get('jit_timeout_s', '?')}s; the job resumes from its "

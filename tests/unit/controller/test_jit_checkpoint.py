@@ -129,3 +129,13 @@ def test_a_resume_from_an_older_checkpoint_counts_the_redone_steps(tmp_path):
     (f,) = losses(ctl.conn, 0)["faults"]
     assert (f["steps_lost"], f["source"]) == (8, "periodic")
     assert f["time_lost_s"] == round(clock() + 8 - f["fault_ts"], 2)
+
+
+def test_a_trainer_that_stopped_on_nan_is_not_waited_for(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    running_trainer(ctl, slurm, clock)
+    # every rank stops on the NaN (saving its last healthy step first) while SLURM still shows the job running
+    add_event(ctl.conn, "node2", clock() - 1, source="kpi", kind="nan_loss", job_ids=[7], fields={"step": 11})
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    assert ctl.conn.execute("SELECT COUNT(*) FROM checkpoint_requests").fetchone()[0] == 0
