@@ -440,7 +440,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
-                save_rollback(jit, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {}), ctx, kpi)
+                if cfg.checkpoint.nan_rollback:
+                    save_rollback(jit, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {}), ctx, kpi)
                 raise TrainingStopped(message)
             sync_gradients(ctx, named)
             gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)

@@ -67,6 +67,12 @@ def trainer_stopped(conn: sqlite3.Connection, job_id: int, since: float) -> bool
     return any(_job_events(conn, job_id, kind, since) for kind in ("nan_loss", "stop"))
 
 
+def stepping(conn: sqlite3.Connection, job_id: int, since: float) -> bool:
+    """Whether the job reported a training step since `since`: a hung job cannot reach the end of a step to save."""
+    return conn.execute("SELECT 1 FROM kpis WHERE job_id = ? AND ts >= ? AND step IS NOT NULL LIMIT 1",
+                        (job_id, since)).fetchone() is not None
+
+
 def acknowledge(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, float] | None:
     """(step, time) of the trainer's checkpoint event answering any of the request ids, recorded on the requests;
     None while no rank has answered."""

@@ -18,7 +18,7 @@ def running_trainer(ctl, slurm, clock, job_id=7, nodes=("node2", "node3"), steps
         add_event(ctl.conn, node, clock() - 90, source="kpi", kind="start", fields={"step": 0, "jit_poll_every": poll},
                   job_ids=[job_id])
         for step in range(1, steps + 1):
-            add_kpi(ctl.conn, node, clock() - 80 + step, job_id, rank, step)
+            add_kpi(ctl.conn, node, clock() - steps - 1 + step, job_id, rank, step)
 
 
 def test_requeue_waits_for_the_checkpoint_asked_of_the_healthy_node(tmp_path):
@@ -136,6 +136,16 @@ def test_a_trainer_that_stopped_on_nan_is_not_waited_for(tmp_path):
     running_trainer(ctl, slurm, clock)
     # every rank stops on the NaN (saving its last healthy step first) while SLURM still shows the job running
     add_event(ctl.conn, "node2", clock() - 1, source="kpi", kind="nan_loss", job_ids=[7], fields={"step": 11})
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    assert ctl.conn.execute("SELECT COUNT(*) FROM checkpoint_requests").fetchone()[0] == 0
+
+
+def test_a_hung_job_is_requeued_without_asking(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    running_trainer(ctl, slurm, clock)
+    clock.advance(31)  # no step for longer than the timeout: the ranks are stuck and could not save
+    xid79(ctl.conn, "node3", clock() - 1)
     ctl.tick()
     assert slurm.count("requeue") == 1
     assert ctl.conn.execute("SELECT COUNT(*) FROM checkpoint_requests").fetchone()[0] == 0
