@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
 from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
+from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.kpi import KpiWriter
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
@@ -378,6 +379,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
                   saved_world_size=meta.get("world_size"), rng_restored=has_rng,
                   checkpoint_kind=meta.get("kind", "periodic"))
+    # in-memory peer replicas (sigma/train/replica.py): a newer complete set than the disk checkpoint wins
+    replicas = peer_replicas(cfg, ctx, kpi, ckpt.root)
+    if replicas is not None and cfg.checkpoint.resume:
+        step = resume_from_replicas(replicas, step, model, optimizer, named, sampler, ctx, kpi, restore_rng)
     summary.start_step = step
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
@@ -401,7 +406,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               file=out, flush=True)
         if peak is None:
             print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
-    started_fresh = latest is None
+    started_fresh = step == 0
     gc.collect()
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
 
@@ -416,6 +421,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             step += 1
             if cfg.fault.kill_at_step == step and started_fresh:
                 ckpt.wait()  # the checkpoints before the kill are on disk, so the test knows what a resume finds
+                if replicas is not None:
+                    replicas.wait()  # ... and the replicas in memory
                 kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
                 kpi.close()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -496,8 +503,15 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if (request := jit.requested(step))[0]:
                 save_requested(request, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {
                     "step": step, "sampler": sampler.state_dict()}), ctx, kpi, loss_value)
+            if replicas is not None:
+                replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
+                    "step": step, "sampler": sampler.state_dict()}))
     finally:
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        if replicas is not None:
+            replicas.close()
+    if replicas is not None:
+        replicas.close(finished=True)  # the final checkpoint is on disk: free the nodes' memory
     kpi.event("stop", f"finished at step {step}", step=step)
 
 

@@ -35,7 +35,8 @@ def _new_run(conn: sqlite3.Connection, job_id: int, after: float) -> tuple[float
 
 def _resume_kind(conn: sqlite3.Connection, job_id: int, start_ts: float, after: float) -> str:
     for fields, job_ids in conn.execute(
-            "SELECT fields, job_ids FROM events WHERE ts > ? AND ts <= ? AND source = 'kpi' AND kind = 'resume'",
+            "SELECT fields, job_ids FROM events WHERE ts > ? AND ts <= ? AND source = 'kpi' AND kind = 'resume'"
+            " ORDER BY ts DESC",  # after a disk resume, a newer in-memory replica may follow: the last one counts
             (after, start_ts + 1.0)):
         if job_id in json.loads(job_ids or "[]"):
             return json.loads(fields or "{}").get("checkpoint_kind") or "periodic"
