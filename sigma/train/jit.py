@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 
 REQUEST_NAME = "checkpoint-request.{node}.json"  # written by the node's sidecar (sigma/telemetry/control.py)
+from torch.distributed.checkpoint.api import CheckpointException
+
+SAVE_ERRORS = (Exception, CheckpointException)  # DCP wraps a rank's ENOSPC/EFBIG/EIO in a BaseException subclass
 MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
 
 
@@ -106,7 +109,7 @@ def save_requested(request: tuple[int, float], ckpt, step: int, state: dict, ctx
     else:
         try:
             path = ckpt.save(step, state, _meta(ctx, "jit", loss=loss, request=request), background=False)
-        except Exception as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
+        except SAVE_ERRORS as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
             kpi.event("checkpoint_failed", f"just-in-time checkpoint of step {step} for request {request} failed: "
                                            f"{exc}; the newest complete checkpoint is {ckpt.latest()}", step=step,
                       request=request)
@@ -128,7 +131,7 @@ def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -
     started = time.monotonic()
     try:
         path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
-    except Exception as exc:  # a full disk: the older checkpoints are left as they are
+    except SAVE_ERRORS as exc:  # a full disk: the older checkpoints are left as they are
         kpi.event("checkpoint_failed", f"rollback checkpoint of step {step - 1} failed: {exc}", step=step - 1)
         return None
     kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: {path}",

@@ -94,3 +94,37 @@ def test_control_file_reading(tmp_path):
     assert read_request(path, 100.0) == (0, 0.0)
     path.write_text(json.dumps({"id": "x"}))
     assert read_request(path, 100.0) == (0, 0.0)
+
+
+def test_a_disk_that_fills_during_the_requested_save_keeps_the_older_checkpoint(train_data, tmp_path):
+    """The file-size limit makes every checkpoint write fail with EFBIG, as a full disk would: the request is
+    answered with a checkpoint_failed event, training goes on, and the older complete checkpoint stays as it was."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    kpi = tmp_path / "kpi"
+    first = overrides(train_data, tmp_path / "g", *COMMON, "checkpoint.every=3", "checkpoint.background=false",
+                      "fault.kill_at_step=4")
+    assert run_rank(first, kpi, 12).returncode == -9
+    marker = (tmp_path / "g" / "step-00000003" / "complete.json").read_text()
+    write_request(kpi, 12, 21)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write returns EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))  # the debug checkpoint is ~1.7 MB
+
+    env = {**os.environ, "SIGMA_KPI_DIR": str(kpi), "SIGMA_JOB_ID": "12"}
+    env.pop("SLURM_JOB_ID", None)
+    second = subprocess.run([sys.executable, "-m", "sigma.train.trainer", "--config", str(DEBUG),
+                             *overrides(train_data, tmp_path / "g", *COMMON, "checkpoint.every=0",
+                                        "checkpoint.jit_poll_every=5")],
+                            env=env, capture_output=True, text=True, timeout=240, preexec_fn=small_files)
+    assert second.returncode != 0  # the final save cannot be written either: that one fails loudly
+    records = read_kpis(kpi / "job-12" / f"rank-0.{NODE}.jsonl")
+    (failed,) = [r for r in records if r.get("event") == "checkpoint_failed"]
+    assert failed["step"] == 5 and failed["request"] == 21 and "step-00000003" in failed["message"]
+    assert max(r["step"] for r in records if "event" not in r) == 8  # training went on after the failed save
+    assert [p.name for p in complete_checkpoints(tmp_path / "g")] == ["step-00000003"]
+    assert (tmp_path / "g" / "step-00000003" / "complete.json").read_text() == marker  # nothing overwritten
