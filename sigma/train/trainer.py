@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
 from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
-from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.kpi import KpiWriter
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
+from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
