@@ -284,8 +284,10 @@ def _explain(args) -> int:
     acts = [dict(r) for r in conn.execute("SELECT * FROM actions WHERE incident_id = ? ORDER BY id", (inc.id,))]
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
+    costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves}, indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
+                         indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -310,6 +312,10 @@ def _explain(args) -> int:
     for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs", "conditions"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
+    for cost in costs:  # what the requeue cost the job, and which checkpoint it resumed from (report/losses.py)
+        c.print(f"  job {cost['job_id']}: {cost['steps_lost']} step(s) lost (reached {cost['step_reached']}, resumed "
+                f"from a {cost['source']} checkpoint of step {cost['resume_step']}), back after "
+                f"{cost['time_lost_s']:.1f}s", highlight=False)
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):

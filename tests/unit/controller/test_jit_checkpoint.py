@@ -113,6 +113,20 @@ def test_steps_and_time_lost_are_recorded_once_the_job_is_back(tmp_path):
     assert f["time_lost_s"] == round(clock() + 1 - fault, 2)
     assert lost["total"]["steps_lost"] == 0 and lost["jobs"][0]["faults"] == 1
     assert report(ctl.conn, since=0, now=clock() + 5)["losses"]["total"]["faults"] == 1
+    explained = explain(tmp_path, ctl, f["incident"])
+    assert "job 7: 0 step(s) lost (reached 10, resumed from a jit checkpoint of step 10)" in explained
+    assert "requeued; just-in-time checkpoint of step 10 saved" in explained
+
+
+def explain(tmp_path, ctl, incident):
+    import subprocess
+    import sys
+
+    ctl.conn.commit()
+    proc = subprocess.run([sys.executable, "-m", "sigma.cli", "explain", str(incident), "--db", ctl.cfg.db],
+                          capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def test_a_resume_from_an_older_checkpoint_counts_the_redone_steps(tmp_path):
