@@ -2,7 +2,6 @@
 checkpoints resumes from the replicas of its last step, bit for bit; a corrupt replica or one from another config
 is skipped with an event, and the newest complete set (or the disk checkpoint) is used instead."""
 
-import json
 import os
 import subprocess
 import sys
