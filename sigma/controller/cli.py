@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rules.add_argument("--check", action="store_true",
                        help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
                             "report every problem, exit 1 on any (or on an empty knowledge base)")
+    rules.add_argument("--json", action="store_true", help="machine-readable output")
     rules.set_defaults(func=_rules)
 
     nodes = common(sub.add_parser(
@@ -166,16 +167,23 @@ def _rules(args) -> int:
         return 1 if errors else 0
     rules = load_rules(location)
     disabled = _disabled_rules(cfg.db)
-    table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
-        table.add_column(col)
+    rows = []
     for r in rules:
-        shadow = " (shadow)" if r.shadow or r.id in cfg.shadow_rules else ""
         off = disabled.get(r.id)
         status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
                   else "disabled" if not r.enabled else "ok")
-        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description,
-                      status)
+        rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
+                     "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
+                     "description": r.description, "status": status})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title=f"{len(rules)} rules")
+    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"],
+                      row["action"] + (" (shadow)" if row["shadow"] else ""), row["description"], row["status"])
     _console().print(table)
     return 0
 

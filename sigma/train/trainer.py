@@ -6,6 +6,8 @@ Per step: the rank's slice of the global batch -> forward (+ optional autocast) 
 on NaN/Inf and stop together with a `nan_loss` event) -> backward -> gradient averaging (parallel.py) -> global
 norm clip -> AdamW (fused where the device has it) with warm-up + cosine LR -> aux-loss-free bias update from
 the load summed over ranks -> KPI line -> progress line (rank 0) -> periodic checkpoint.
+Layouts with tensor or pipeline parallelism or ZeRO-1 compute that step through sigma.train.layout_step (the
+rest of the loop is the same).
 
 Noise control (Sigma paper): automatic GC is disabled and run every `gc_every` steps and after each checkpoint,
 so collections never land at random inside steps of different ranks; `drop_page_cache` empties the page cache
@@ -33,6 +35,7 @@ from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved
 from sigma.train.kpi import KpiWriter
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
+from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
@@ -73,8 +76,7 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
     dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    from sigma.train.parallelize import check_trainer_layout
-    check_trainer_layout(dims, cfg.parallel.shard_optimizer)
+    check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
     if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":
@@ -317,8 +319,12 @@ def stated_peak(cfg: TrainConfig, ctx: DistContext, amp_dtype: torch.dtype):
         return None, str(exc)
 
 
-def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int):
-    """Train and held-out samplers over the prepared data (rank 0 prepares it first when missing)."""
+def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int, dp_rank: int | None = None,
+              dp_size: int | None = None):
+    """Train and held-out samplers over the prepared data (rank 0 prepares it first when missing); each
+    data-parallel rank reads its rows (every rank is one, unless tp or pp ranks share them)."""
+    dp_rank = ctx.rank if dp_rank is None else dp_rank
+    dp_size = ctx.world_size if dp_size is None else dp_size
     data_path = cfg.data.resolved_path(vocab_size)
     if ctx.rank == 0 and cfg.data.prepare_if_missing and not (data_path / data_mod.META_NAME).exists():
         data_mod.prepare(data_path, max_mb=cfg.data.prepare_max_mb, tokenizer=cfg.data.tokenizer,
@@ -329,12 +335,12 @@ def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int):
         raise ValueError(f"data vocabulary ({shards.vocab_size}, {data_path}) is larger than the model's "
                          f"vocab_size ({vocab_size}): prepare the data with --vocab-size {vocab_size}")
     sampler = data_mod.WindowSampler(shards, cfg.data.seq_len, cfg.data.global_batch, cfg.data.seed,
-                                     dp_rank=ctx.rank, dp_size=ctx.world_size)
+                                     dp_rank=dp_rank, dp_size=dp_size)
     held_out = None
     if cfg.eval.every:
         held_out = data_mod.WindowSampler(data_mod.TokenShards(data_path, split="eval"), cfg.data.seq_len,
-                                          cfg.data.global_batch, cfg.data.seed, dp_rank=ctx.rank,
-                                          dp_size=ctx.world_size)
+                                          cfg.data.global_batch, cfg.data.seed, dp_rank=dp_rank,
+                                          dp_size=dp_size)
     return shards, sampler, held_out
 
 
@@ -348,9 +354,18 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     if cfg.data.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
     dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
-    model, model_cfg = build_model(cfg, ctx)
-    optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
+    layout = None  # dp x ep: this module's loop; tp, pp, ZeRO-1: sigma.train.layout_step
+    if not is_dp_ep_only(dims, cfg.parallel.shard_optimizer):
+        from sigma.train.layout_step import LayoutStep
+
+        check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
+        layout = LayoutStep(cfg, ctx, model_cfg, dims)
+        model, optimizer, named, fused = layout.run.module, layout.optimizer, layout.named, layout.fused
+        shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size, layout.dp_rank, dims.dp)
+    else:
+        shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
+        model, model_cfg = build_model(cfg, ctx)
+        optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
     async_group = None
     if cfg.checkpoint.background and ctx.distributed:
         import torch.distributed as dist
@@ -365,12 +380,17 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     meta = {}
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     if latest is not None:
-        state = checkpoint_state(model, optimizer, named, ctx, {"step": 0, "sampler": sampler.state_dict()})
+        trainer_state = {"step": 0, "sampler": sampler.state_dict()}
+        state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                 else checkpoint_state(model, optimizer, named, ctx, trainer_state))
         has_rng = f"rng.{rng_key(ctx.rank)}.cpu" in saved_keys(latest)
         if not has_rng:  # an older checkpoint, or one written by fewer ranks
             del state["rng"]
         meta = ckpt.load(latest, state)
-        restore_state(state, model, optimizer, named)
+        if layout is not None:
+            layout.restore(state)
+        else:
+            restore_state(state, model, optimizer, named)
         if has_rng:
             restore_rng(state["rng"], ctx)
         sampler.load_state_dict(state["trainer"]["sampler"])
@@ -394,14 +414,15 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                        f"ep={ctx.ep_size}, {ctx.device.type}/{ctx.backend}, fused AdamW={fused}, "
                        f"{micro_batches} micro-batch(es)/step; "
                        + (f"MFU against {peak.flops:.4g} FLOP/s ({peak.source})" if peak else f"no MFU: {no_peak}"),
-              step=step, world_size=ctx.world_size, ep=ctx.ep_size, flops_per_token=flops_token,
+              step=step, world_size=ctx.world_size, ep=ctx.ep_size, layout=dims.describe(), flops_per_token=flops_token,
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
               data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
               jit_poll_every=cfg.checkpoint.jit_poll_every)
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
-              f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}, steps {step + 1}.."
+              f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}"
+              + (f" ({dims.describe()})" if layout is not None else "") + f", steps {step + 1}.."
               f"{cfg.steps}, {tokens_per_step} tokens/step" + (f", resumed from {latest}" if latest else ""),
               file=out, flush=True)
         if peak is None:
@@ -436,11 +457,15 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
             poison = cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger
                                                        and _consume(kpi.path.parent / "inject-nan"))
-            optimizer.zero_grad(set_to_none=True)
-            ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
-            losses = torch.stack([ce, aux])
-            ctx.all_reduce_sum(losses)
-            loss_value, aux_value = (losses / ctx.world_size).tolist()
+            layout_kpi = {}
+            if layout is not None:  # the whole optimiser step, bias update and recompute re-pick included
+                loss_value, aux_value, gnorm, loads, layout_kpi = layout.step(batch, poison)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
+                losses = torch.stack([ce, aux])
+                ctx.all_reduce_sum(losses)
+                loss_value, aux_value = (losses / ctx.world_size).tolist()
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
                 message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
                            f"the newest checkpoint is {ckpt.latest()}")
@@ -450,10 +475,11 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 if cfg.checkpoint.nan_rollback:
                     save_rollback(jit, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {}), ctx, kpi)
                 raise TrainingStopped(message)
-            sync_gradients(ctx, named)
-            gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
-            optimizer.step()
-            if loads is not None:
+            if layout is None:
+                sync_gradients(ctx, named)
+                gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
+                optimizer.step()
+            if loads is not None and layout is None:
                 ctx.all_reduce_sum(loads)
                 if aux_free:
                     for layer, load in zip(model.moe_layers(), loads):
@@ -469,15 +495,17 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             summary.tokens_per_s.append(tps)
             summary.mfu.append(mfu)
             summary.last_step = step
-            extra = {}
+            extra = dict(layout_kpi)  # with pp: pipeline_s, stage_busy_s, bubble of this rank
             if peak:
                 extra["hfu"] = tps / ctx.world_size * hw_flops_token / peak.flops
             if loads is not None:
                 extra["expert_load"] = loads.to(torch.int64).tolist()
             if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
-                extra["moe_param_norm"] = moe_param_norms(model, ctx)
+                extra["moe_param_norm"] = (layout.moe_param_norms() if layout is not None
+                                           else moe_param_norms(model, ctx))
             if held_out is not None and (step % cfg.eval.every == 0 or step == cfg.steps):
-                eval_loss = evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx)
+                eval_loss = (layout.evaluate(held_out, cfg.eval.batches, ctx.device) if layout is not None
+                             else evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx))
                 extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)))
                 summary.eval_losses[step] = eval_loss
                 kpi.event("eval", f"held-out loss {eval_loss:.4f}, perplexity {extra['eval_ppl']:.2f} at step "
@@ -494,9 +522,11 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if cfg.gc_every and step % cfg.gc_every == 0:
                 gc.collect()
             if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                state = checkpoint_state(model, optimizer, named, ctx,
-                                         {"step": step, "sampler": sampler.state_dict()})
-                ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "loss": loss_value},
+                trainer_state = {"step": step, "sampler": sampler.state_dict()}
+                state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                         else checkpoint_state(model, optimizer, named, ctx, trainer_state))
+                ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "layout": dims.describe(),
+                                        "loss": loss_value},
                           background=cfg.checkpoint.background,
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
