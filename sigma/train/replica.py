@@ -238,6 +238,10 @@ def peer_replicas(cfg, ctx, kpi, ckpt_root: Path) -> PeerReplicas | None:
     """The run's replicas (None when checkpoint.replica_every is 0). The run is named by its checkpoint directory."""
     if not cfg.checkpoint.replica_every:
         return None
+    if cfg.parallel.tp > 1 or cfg.parallel.pp > 1 or cfg.parallel.shard_optimizer:
+        raise ValueError("[checkpoint.replica_every]: in-memory replicas are implemented for data and expert "
+                         "parallel layouts only, not yet with parallel.tp, parallel.pp or parallel.shard_optimizer; "
+                         "set checkpoint.replica_every=0")
     run = hashlib.sha256(str(Path(ckpt_root).resolve()).encode()).hexdigest()[:12]
     ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or cfg.launch.gpus_per_node or 1)
     return PeerReplicas(cfg.checkpoint.replica_dir, kpi.node, run, fingerprint(cfg), ctx,

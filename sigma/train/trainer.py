@@ -437,6 +437,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     # just-in-time checkpoints asked for by the controller, and the NaN rollback (sigma/train/jit.py)
     jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta))
 
+    def full_state(trainer_state: dict) -> dict:
+        return (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                else checkpoint_state(model, optimizer, named, ctx, trainer_state))
+
     try:
         while step < cfg.steps:
             step += 1
@@ -473,7 +477,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
                 if cfg.checkpoint.nan_rollback:
-                    save_rollback(jit, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {}), ctx, kpi)
+                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 raise TrainingStopped(message)
             if layout is None:
                 sync_gradients(ctx, named)
@@ -531,8 +535,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
             if (request := jit.requested(step))[0]:
-                save_requested(request, ckpt, step, checkpoint_state(model, optimizer, named, ctx, {
-                    "step": step, "sampler": sampler.state_dict()}), ctx, kpi, loss_value)
+                save_requested(request, ckpt, step, full_state({"step": step, "sampler": sampler.state_dict()}), ctx,
+                               kpi, loss_value)
             if replicas is not None:
                 replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
                     "step": step, "sampler": sampler.state_dict()}))
