@@ -292,8 +292,10 @@ def _explain(args) -> int:
     acts = [dict(r) for r in conn.execute("SELECT * FROM actions WHERE incident_id = ? ORDER BY id", (inc.id,))]
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
+    costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves}, indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
+                         indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -318,6 +320,10 @@ def _explain(args) -> int:
     for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs", "conditions"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
+    for cost in costs:  # what the requeue cost the job, and which checkpoint it resumed from (report/losses.py)
+        c.print(f"  job {cost['job_id']}: {cost['steps_lost']} step(s) lost (reached {cost['step_reached']}, resumed "
+                f"from a {cost['source']} checkpoint of step {cost['resume_step']}), back after "
+                f"{cost['time_lost_s']:.1f}s", highlight=False)
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -333,6 +339,23 @@ def _explain(args) -> int:
             table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
     return 0
+
+
+def _print_losses(c, lost: dict) -> None:
+    """Steps and time each fault cost, per job and in total (report/losses.py)."""
+    from rich.table import Table
+
+    t = Table(title="steps lost per fault")
+    for col in ("job", "faults", "steps lost", "time lost", "per fault (rule: steps, seconds, resumed from)"):
+        t.add_column(col, justify="right" if col != "per fault (rule: steps, seconds, resumed from)" else "left")
+    for j in lost["jobs"]:
+        mine = [f for f in lost["faults"] if f["job_id"] == j["job_id"]]
+        t.add_row(str(j["job_id"]), str(j["faults"]), str(j["steps_lost"]), f"{j['time_lost_s']:.1f}s",
+                  "; ".join(f"{f['rule']}: {f['steps_lost']}, {f['time_lost_s']:.1f}s, {f['source']}" for f in mine))
+    tot = lost["total"]
+    t.add_row("total", str(tot["faults"]), str(tot["steps_lost"]), f"{tot['time_lost_s']:.1f}s",
+              f"at most {tot['steps_lost_max']} step(s) per fault" if tot["faults"] else "")
+    c.print(t)
 
 
 def _report(args) -> int:
@@ -380,6 +403,7 @@ def _report(args) -> int:
     t.add_row(str(len(r["cycles"])), mean(r["detect_s"]), mean(r["triage_s"]), mean(r["repair_s"]),
               mean(r["validate_s"]), mean(r["total_s"]))
     c.print(t)
+    _print_losses(c, rep["losses"])
     a = rep["automation"]
     c.print(f"automation ratio: {a['ratio'] if a['ratio'] is not None else '-'} "
             f"({a['automatic']} automatic, {a['manual']} needed a person)")

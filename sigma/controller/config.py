@@ -73,6 +73,8 @@ class ControllerConfig:
     # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
     max_action_attempts: int = 5  # a failing action is retried this many times
     snapshot_every_s: float = 10.0  # how often node states are recorded for utilisation
+    jit_checkpoint_timeout_s: float = 30.0  # before a requeue, wait this long for the job's just-in-time
+    # checkpoint of its current step (asked of its healthy nodes through their sidecars); 0 requeues at once
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation

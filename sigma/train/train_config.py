@@ -101,10 +101,14 @@ class CheckpointConfig:
     keep: int = 3  # newest complete checkpoints kept
     resume: bool = True  # start from the newest complete checkpoint under dir when there is one
     background: bool = True  # write checkpoints from a thread while training goes on (state copied to CPU first)
+    nan_rollback: bool = True  # on a NaN/Inf loss, save the last healthy step (unless saved) before stopping
+    replica_every: int = 0  # in-memory peer replica every this many steps (sigma/train/replica.py); 0 off
+    replica_dir: str = "/dev/shm/sigma-replicas"  # node-local host memory (tmpfs) holding the replicas
+    jit_poll_every: int = 1  # look for the controller's just-in-time checkpoint request every this many steps; 0 never
 
     def __post_init__(self):
-        if self.every < 0 or self.keep < 1:
-            raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
+        if self.every < 0 or self.keep < 1 or self.jit_poll_every < 0:
+            raise ValueError("checkpoint.every and checkpoint.jit_poll_every must be >= 0 and checkpoint.keep >= 1")
 
 
 @dataclass

@@ -31,10 +31,12 @@ import torch.nn.functional as F
 
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
+from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
 from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
+from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -375,6 +377,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
 
     step = 0
+    meta = {}
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     if latest is not None:
         trainer_state = {"step": 0, "sampler": sampler.state_dict()}
@@ -394,7 +397,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         step = int(state["trainer"]["step"])
         summary.resumed_from = str(latest)
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
-                  saved_world_size=meta.get("world_size"), rng_restored=has_rng)
+                  saved_world_size=meta.get("world_size"), rng_restored=has_rng,
+                  checkpoint_kind=meta.get("kind", "periodic"))
+    # in-memory peer replicas (sigma/train/replica.py): a newer complete set than the disk checkpoint wins
+    replicas = peer_replicas(cfg, ctx, kpi, ckpt.root)
+    if replicas is not None and cfg.checkpoint.resume:
+        step = resume_from_replicas(replicas, step, model, optimizer, named, sampler, ctx, kpi, restore_rng)
     summary.start_step = step
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
@@ -409,7 +417,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               step=step, world_size=ctx.world_size, ep=ctx.ep_size, layout=dims.describe(), flops_per_token=flops_token,
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
-              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()))
+              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
+              jit_poll_every=cfg.checkpoint.jit_poll_every)
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
               f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}"
@@ -418,18 +427,27 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               file=out, flush=True)
         if peak is None:
             print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
-    started_fresh = latest is None
+    started_fresh = step == 0
     gc.collect()
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
 
     def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
 
+    # just-in-time checkpoints asked for by the controller, and the NaN rollback (sigma/train/jit.py)
+    jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta))
+
+    def full_state(trainer_state: dict) -> dict:
+        return (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                else checkpoint_state(model, optimizer, named, ctx, trainer_state))
+
     try:
         while step < cfg.steps:
             step += 1
             if cfg.fault.kill_at_step == step and started_fresh:
                 ckpt.wait()  # the checkpoints before the kill are on disk, so the test knows what a resume finds
+                if replicas is not None:
+                    replicas.wait()  # ... and the replicas in memory
                 kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
                 kpi.close()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -439,6 +457,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             lr = lr_at(step, cfg.optim, cfg.steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            jit.begin_step(sampler.state_dict(), rng_state(ctx))
             batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
             poison = cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger
                                                        and _consume(kpi.path.parent / "inject-nan"))
@@ -457,6 +476,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
+                if cfg.checkpoint.nan_rollback:
+                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 raise TrainingStopped(message)
             if layout is None:
                 sync_gradients(ctx, named)
@@ -513,8 +534,18 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                           background=cfg.checkpoint.background,
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
+            if (request := jit.requested(step))[0]:
+                save_requested(request, ckpt, step, full_state({"step": step, "sampler": sampler.state_dict()}), ctx,
+                               kpi, loss_value)
+            if replicas is not None:
+                replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
+                    "step": step, "sampler": sampler.state_dict()}))
     finally:
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        if replicas is not None:
+            replicas.close()
+    if replicas is not None:
+        replicas.close(finished=True)  # the final checkpoint is on disk: free the nodes' memory
     kpi.event("stop", f"finished at step {step}", step=step)
 
 

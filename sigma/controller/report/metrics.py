@@ -19,6 +19,8 @@ import statistics
 import time
 from collections import defaultdict
 
+from sigma.controller.report.losses import losses
+
 IN_SERVICE = ("idle", "allocated", "mixed", "completing")
 
 
@@ -169,6 +171,7 @@ def report(conn: sqlite3.Connection, since: float | None = None, now: float | No
                       **{k: _stats([c[k] for c in cycles if k in c])
                          for k in ("detect_s", "triage_s", "repair_s", "validate_s", "total_s")}},
         "automation": automation(conn, since),
+        "losses": losses(conn, since),
         "shadow_hits": shadow_hits(conn, since),
         "incidents": [{"rule": r["rule_id"], "status": r["status"], "count": r["n"],
                        "detect_latency_s": round(r["latency"], 2) if r["latency"] is not None else None}
