@@ -328,6 +328,7 @@ class Engine:
         nodes = j.nodes
         j.state, j.reason, j.nodes = "PENDING", "JobHeldAdmin" if hold else "BeginTime", ()
         j.restarts += 1
+        j.requeued_at = self.now
         j.begin_at = self.now + REQUEUE_BEGIN_S
         self.at(self.now + KILL_WAIT_S, self._free, nodes)
         self.at(j.begin_at, self.changed)

@@ -16,9 +16,10 @@ The engine (sigma.simulate.engine) owns time and tells this class what the hardw
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
-from sigma.slurm.client import sigma_reason
+from sigma.slurm.client import REQUEUE_SETTLE_S, sigma_reason
 from sigma.slurm.command import SlurmError
 from sigma.slurm.types import AccountingRecord, Job, Node
 
@@ -44,6 +45,7 @@ class SimJob:
     nodes: tuple[str, ...] = ()
     restarts: int = 0
     begin_at: float = 0.0
+    requeued_at: float = 0.0
     start_time: float = 0.0
     end_time: float = 0.0
     run: int = 0  # incremented per start: stale events of an older run are ignored
@@ -52,7 +54,7 @@ class SimJob:
 
     def view(self) -> Job:
         return Job(job_id=self.job_id, name=self.name, state=self.state, reason=self.reason, nodes=self.nodes,
-                   restarts=self.restarts, submit_time=int(self.submit_time), start_time=int(self.start_time),
+                   restarts=self.restarts, submit_time=int(self.submit_time), start_time=math.ceil(self.start_time),
                    end_time=int(self.end_time), requeue=self.validation_of is None)
 
 
@@ -155,8 +157,10 @@ class SimSlurm:
         self.calls += 1
         j = self.job_map[int(job_id)]
         if j.state == "PENDING":
-            j.begin_at = self.engine.now
+            # the real client waits REQUEUE_SETTLE_S after the requeue (a relaunch in the same second is killed)
+            j.begin_at = max(self.engine.now, j.requeued_at + REQUEUE_SETTLE_S)
             j.reason = "None"
+            self.engine.at(j.begin_at, self.engine.changed)
             self.engine.changed()
 
     def release(self, job_id: int) -> None:
