@@ -127,6 +127,7 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.dirty = False
+        self._wake_at: float | None = None
         self.slurm = SimSlurm(names, self)
         self.faults: dict[str, Fault] = {}
         self.repairing: set[str] = set()  # nodes a person is repairing
@@ -194,10 +195,22 @@ class Engine:
         self.result.ticks += 1
         self.schedule()
         if self.ctrl.log.count != before or self.dirty:
-            self.at(self.now + self.p.poll_s, self.changed)  # one state-machine step per tick: tick again
+            self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
         elif self.ctrl.remediator.nodes_out() or self.ctrl.journal.pending():
-            self.at(self.now + WATCH_S, self.changed)
+            self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
         self.dirty = False
+
+    def _wake(self, t: float) -> None:
+        """One pending wake-up at a time: an earlier one already due covers a later request."""
+        if self._wake_at is not None and self.now < self._wake_at <= t:
+            return
+        self._wake_at = t
+        self.at(t, self._woken, t)
+
+    def _woken(self, t: float) -> None:
+        if self._wake_at == t:
+            self._wake_at = None
+        self.changed()
 
     def stamp(self) -> str:
         import datetime as dt
