@@ -93,7 +93,7 @@ def read_plain(path: str | Path, node_names: list[str]) -> list[Outage]:
             start = _plain_time(row["start"], where, "start")
             end = _plain_time(row["end"], where, "end") if (row["end"] or "").strip() else None
             out.append(Outage(index[row["node"]], start, end, row["kind"], where))
-    return check(out)
+    return sorted(out, key=lambda o: (o.start, o.node))  # overlaps: `check` or `merge_overlaps`
 
 
 def check(outages: list[Outage]) -> list[Outage]:
