@@ -21,6 +21,9 @@ def register(sub) -> None:
                    help="lanl (model fitted to the pooled LANL clusters), lanl:SYSTEM (fitted to one system), "
                         "replay:SYSTEM (that system's real failure sequence), or a trace CSV (node,start,end,kind, "
                         "or the LANL layout with --system)")
+    p.add_argument("--node-mtbf-h", type=float, default=None,
+                   help="with a fitted model: keep its shape, scale the time between a node's failures to this mean "
+                        "(a site's own rate; the rate differs tenfold between LANL systems, the shape much less)")
     p.add_argument("--system", type=int, help="with a LANL-layout trace file: the system to replay")
     p.add_argument("--lanl", default=None, help="the LANL failure records (default: ../shared/data/lanl)")
     p.add_argument("--overlaps", choices=("error", "merge"), default="error",

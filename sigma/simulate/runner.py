@@ -58,7 +58,7 @@ def simulate(args) -> dict:
 def _failures(args, names):
     from sigma.simulate.cli import POOLED_SYSTEMS, lanl_path
     from sigma.simulate.faults import generate
-    from sigma.simulate.fit import model_from
+    from sigma.simulate.fit import pooled_model
     from sigma.simulate.trace import check, merge_overlaps, read_lanl, read_plain
 
     notes: list[str] = []
@@ -68,7 +68,9 @@ def _failures(args, names):
     if spec == "lanl" or spec.startswith("lanl:"):
         systems = read_lanl(lanl_path(args.lanl))
         chosen = POOLED_SYSTEMS if spec == "lanl" else [_system(spec, systems)]
-        model = model_from(spec, [o for s in chosen for o in systems[s]])
+        model = pooled_model(spec, systems, chosen)
+        if args.node_mtbf_h:  # the fitted shape, at the site's own failure rate
+            model.uptime_h = model.uptime_h.scaled(args.node_mtbf_h / model.uptime_h.mean)
         start = start or _start(None)
         outages = generate(model, args.nodes, start, start + args.days * 86400.0, rng)
         return outages, model.to_dict(), start, notes
