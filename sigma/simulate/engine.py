@@ -68,6 +68,7 @@ class Result:
     automation: dict = field(default_factory=dict)
     incidents: dict = field(default_factory=dict)
     escalations: int = 0
+    detect_s: list[float] = field(default_factory=list)  # fault -> the controller has what names the node
     ticks: int = 0
     events: int = 0
 
@@ -426,14 +427,19 @@ class Engine:
             self.ctrl.conn.execute("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids)"
                                    " VALUES (?,?,?,?,?,?,?,?)", (node, f.start, e["source"], e["kind"], e["severity"],
                                                                  e["message"], fields, json.dumps(jobs)))
-        f.detected_at = self.now
+        self._detected(f)
         self.changed()
+
+    def _detected(self, f: Fault) -> None:
+        f.detected_at = self.now
+        self.result.detect_s.append(self.now - f.start)
 
     def _not_responding(self, node: str, f: Fault) -> None:
         if self.faults.get(node) is not f:
             return
         self.slurm.add_flag(node, "NOT_RESPONDING")
-        f.detected_at = self.now
+        if self.arm == "policy":
+            self._detected(f)
         self.at(self.now + SLURMD_TIMEOUT_S - (self.now - f.start), self._slurmd_timeout, node, f)
         self.changed()
 
@@ -469,7 +475,7 @@ class Engine:
                                                "watchdog-throughput-drop", "baseline": None if hang else
                                                TOKENS_PER_S}})
         self.pending_outcomes.setdefault(j.job_id, []).append((self.now, finding))
-        f.detected_at = self.now
+        self._detected(f)
         self.changed()
 
     def outcomes_for(self, job, now: float) -> list[Finding]:
