@@ -135,6 +135,7 @@ class Engine:
         self.pending_outcomes: dict[int, list[tuple[float, Finding]]] = {}
         self.result = Result(arm, start, end, len(names))
         self._last_account = start
+        self._counted = (-1, 0, 0)  # (SimSlurm.version, available, allocated)
         self._training_nodes = 0
         self.log_events = log_events or {}
         for o in outages:
@@ -223,12 +224,12 @@ class Engine:
         dt = t - self._last_account
         if dt <= 0:
             return
-        avail = alloc = 0
-        for n in self.slurm.node_map.values():
-            if n.available and n.name not in self.slurm.reserved:
-                avail += 1
-            if n.alloc_cpus and n.name not in self.slurm.reserved:
-                alloc += 1
+        if self._counted[0] != self.slurm.version:
+            reserved = self.slurm.reserved
+            nodes = [n for n in self.slurm.node_map.values() if n.name not in reserved]
+            self._counted = (self.slurm.version, sum(1 for n in nodes if n.available),
+                             sum(1 for n in nodes if n.alloc_cpus))
+        _, avail, alloc = self._counted
         training = sum(len(j.nodes) * (j.runs[-1]["speed"] if j.runs[-1]["first_step"] <= self._last_account else 0)
                        for j in self.slurm.job_map.values() if j.state == "RUNNING" and j.validation_of is None)
         self.result.node_s["available"] += avail * dt

@@ -71,6 +71,7 @@ class SimSlurm:
         self.next_id = 1
         self.calls = 0
         self._nodes_cache: list[Node] | None = None
+        self.version = 0  # bumped on every node or reservation change (the engine caches its counts on it)
 
     # ---------- queries ----------
     def nodes(self) -> list[Node]:
@@ -102,6 +103,7 @@ class SimSlurm:
     def set_node(self, name: str, **changes) -> None:
         self.node_map[name] = dataclasses.replace(self.node_map[name], **changes)
         self._nodes_cache = None
+        self.version += 1
 
     def add_flag(self, name: str, flag: str) -> None:
         self.set_node(name, flags=tuple(sorted(set(self.node_map[name].flags) | {flag})))
@@ -179,6 +181,7 @@ class SimSlurm:
         for n in nodes:
             self.res[name] = n
             self.reserved[n] = name
+            self.version += 1
             self.add_flag(n, "MAINTENANCE")
         self.engine.changed()
 
@@ -187,6 +190,7 @@ class SimSlurm:
         node = self.res.pop(name, None)
         if node is not None:
             self.reserved.pop(node, None)
+            self.version += 1
             self.drop_flag(node, "MAINTENANCE")
         self.engine.changed()
 
