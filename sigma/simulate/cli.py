@@ -42,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--plots", metavar="DIR", help="write utilisation.png and recovery.png there")
     p.add_argument("--db", default=":memory:", help="keep the simulated controller database here (sigma incidents "
-                                                    "--db / sigma report --db read it); default in memory")
+                                                    "--db / sigma explain --db read it); default in memory")
     p.add_argument("--fit", action="store_true", help="print the LANL fits (per system, pooled, held-out) and exit")
     p.add_argument("--verbose", action="store_true", help="print the controller's decision lines as they happen")
     p.set_defaults(func=run)
