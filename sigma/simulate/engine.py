@@ -21,7 +21,7 @@ import numpy as np
 
 from sigma.controller.act.actions import SlurmActions
 from sigma.controller.act.decisionlog import DecisionLog
-from sigma.controller.act.remediation import REBOOT_SETTLE_S
+from sigma.controller.act.remediation import REBOOT_SETTLE_S, TERMINAL
 from sigma.controller.loop import Controller
 from sigma.findings import Finding
 from sigma.simulate.faults import KINDS
@@ -198,9 +198,18 @@ class Engine:
         self.schedule()
         if self.ctrl.log.count != before or self.dirty:
             self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
-        elif self.ctrl.remediator.nodes_out() or self.ctrl.journal.pending():
+        elif self._timers_running():
             self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
         self.dirty = False
+
+    def _timers_running(self) -> bool:
+        """Something in the controller may time out or retry: a planned action, or a remediation step other than
+        waiting for a person (a manual or ticket playbook waits without a deadline; the repair wakes it)."""
+        if self.ctrl.journal.pending():
+            return True
+        rem = self.ctrl.remediator
+        return any(lc.state not in TERMINAL and not (lc.state == "remediating" and rem._playbook(lc).kind in
+                                                     ("manual", "ticket")) for lc in rem.all())
 
     def _wake(self, t: float) -> None:
         """One pending wake-up at a time: an earlier one already due covers a later request."""

@@ -146,3 +146,14 @@ def test_bare_command_runs_and_writes_json_and_plots(tmp_path, capsys):
     for arm in out["arms"].values():
         assert 0 <= arm["utilisation"]["effective"] <= arm["utilisation"]["allocated"] <= 1
     assert (tmp_path / "utilisation.png").stat().st_size > 1000 and (tmp_path / "recovery.png").exists()
+
+
+def test_bad_lanl_rows_are_named(tmp_path):
+    head = "System,nodes,nodenumz,Prob Started,Prob Fixed,Down Time,Hardware,Software\n"
+    path = tmp_path / "lanl.csv"
+    path.write_text(head + "20,4,1,6/21/2005 10:54,6/21/2005 11:00,6,CPU,\n20,4,2,6/22/2005 10:54,,,,OS\n")
+    with pytest.raises(TraceError, match=r"lanl.csv:3: missing Prob Fixed"):
+        read_lanl(path)
+    path.write_text(head + "20,4,1,6/21/2005 10:54,6/21/2005 09:00,6,CPU,\n")
+    with pytest.raises(TraceError, match=r"lanl.csv:2: outage ends before it starts"):
+        simulate(args("--nodes", "4", "--days", "1", "--failures", str(path), "--system", "20"))
