@@ -470,9 +470,9 @@ class Engine:
     def _outcome(self, j: SimJob, run: int, f: Fault) -> None:
         """The watchdog / isolation outcome (the culprit), after the measured delay, for the controller's next
         tick: the Finding loop.Controller._isolate makes."""
-        if j.run != run or j.state != "RUNNING" or self.faults.get(f.outage and self.names[f.outage.node]) is not f:
-            return
         node = self.names[f.outage.node]
+        if j.run != run or j.state != "RUNNING" or self.faults.get(node) is not f:
+            return
         kind = KINDS[f.kind]
         hang = kind.detect == "watchdog"
         rule_id = "watchdog-hang" if hang else "isolation-outlier"

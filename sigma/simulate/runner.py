@@ -15,7 +15,7 @@ def simulate(args) -> dict:
     from sigma.rules.loader import load_rules
     from sigma.simulate import workload
     from sigma.simulate.engine import Engine, Params
-    from sigma.simulate.faults import generate, log_events
+    from sigma.simulate.faults import log_events
     from sigma.simulate.metrics import figures
 
     if args.nodes < 1 or args.days <= 0:
@@ -59,7 +59,7 @@ def _failures(args, names):
     from sigma.simulate.cli import POOLED_SYSTEMS, lanl_path
     from sigma.simulate.faults import generate
     from sigma.simulate.fit import pooled_model
-    from sigma.simulate.trace import check, merge_overlaps, read_lanl, read_plain
+    from sigma.simulate.trace import read_lanl, read_plain
 
     notes: list[str] = []
     spec = args.failures

@@ -13,8 +13,6 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-LANL_TIME = "%m/%d/%Y %H:%M"
-LANL_BLAME = ("Facilities", "Hardware", "Human Error", "Network", "Undetermined", "Software")
 
 
 class TraceError(ValueError):

@@ -157,3 +157,14 @@ def test_bad_lanl_rows_are_named(tmp_path):
     path.write_text(head + "20,4,1,6/21/2005 10:54,6/21/2005 09:00,6,CPU,\n")
     with pytest.raises(TraceError, match=r"lanl.csv:2: outage ends before it starts"):
         simulate(args("--nodes", "4", "--days", "1", "--failures", str(path), "--system", "20"))
+
+
+def test_node_mtbf_keeps_the_fitted_shape_at_the_sites_rate():
+    if not LANL.exists():
+        pytest.skip("shared LANL data not present")
+    fitted = simulate(args("--nodes", "4", "--days", "1", "--compare", "none"))["model"]["uptime_h"]
+    scaled = simulate(args("--nodes", "4", "--days", "1", "--compare", "none", "--node-mtbf-h", "100"))["model"]
+    assert scaled["uptime_h"]["mean"] == pytest.approx(100.0, rel=1e-3)
+    assert scaled["uptime_h"]["family"] == fitted["family"]
+    assert scaled["uptime_h"].get("shape", scaled["uptime_h"].get("sigma")) == \
+        fitted.get("shape", fitted.get("sigma"))
