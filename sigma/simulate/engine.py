@@ -21,7 +21,7 @@ import numpy as np
 
 from sigma.controller.act.actions import SlurmActions
 from sigma.controller.act.decisionlog import DecisionLog
-from sigma.controller.act.remediation import REBOOT_SETTLE_S, TERMINAL
+from sigma.controller.act.remediation import REBOOT_SETTLE_S
 from sigma.controller.loop import Controller
 from sigma.findings import Finding
 from sigma.simulate.faults import KINDS
@@ -136,6 +136,7 @@ class Engine:
         self.result = Result(arm, start, end, len(names))
         self._last_account = start
         self._counted = (-1, 0, 0)  # (SimSlurm.version, available, allocated)
+        self.user_jobs: list[SimJob] = []
         self._training_nodes = 0
         self.log_events = log_events or {}
         for o in outages:
@@ -208,8 +209,8 @@ class Engine:
         if self.ctrl.journal.pending():
             return True
         rem = self.ctrl.remediator
-        return any(lc.state not in TERMINAL and not (lc.state == "remediating" and rem._playbook(lc).kind in
-                                                     ("manual", "ticket")) for lc in rem.all())
+        return any(not (lc.state == "remediating" and rem._playbook(lc).kind in ("manual", "ticket"))
+                   for lc in rem.unfinished())
 
     def _wake(self, t: float) -> None:
         """One pending wake-up at a time: an earlier one already due covers a later request."""
@@ -240,7 +241,7 @@ class Engine:
                              sum(1 for n in nodes if n.alloc_cpus))
         _, avail, alloc = self._counted
         training = sum(len(j.nodes) * (j.runs[-1]["speed"] if j.runs[-1]["first_step"] <= self._last_account else 0)
-                       for j in self.slurm.job_map.values() if j.state == "RUNNING" and j.validation_of is None)
+                       for j in self.user_jobs if j.state == "RUNNING")
         self.result.node_s["available"] += avail * dt
         self.result.node_s["allocated"] += alloc * dt
         series = self.result.series
@@ -251,8 +252,8 @@ class Engine:
 
     # ---------- jobs ----------
     def submit(self, spec: JobSpec) -> None:
-        self.slurm.new_job(spec.name, spec.nodes, spec.hours * 3600.0 if spec.hours else None,
-                           spec.checkpoint_min * 60.0, spec.restart_min * 60.0)
+        self.user_jobs.append(self.slurm.new_job(spec.name, spec.nodes, spec.hours * 3600.0 if spec.hours else None,
+                           spec.checkpoint_min * 60.0, spec.restart_min * 60.0))
         self.changed()
 
     def schedule(self) -> None:
