@@ -59,6 +59,7 @@ FAULT_KINDS = ("xid79", "ecc", "hang")
 FOUR_NODE = {"xid79": 0.6, "hang": 122.5}  # docs/controller.md, bench/recovery.py: detect (fault -> incident)
 RULES = {"xid79": ("gpu-xid-79",), "ecc": ("gpu-ecc-uncorrectable",), "hang": ("watchdog-hang",)}
 HEARTBEAT_S = 5.0
+MAX_BATCH_SECONDS = 100  # 100 s x 200 samples = the sidecar's largest batch (20,000 records)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -175,13 +176,13 @@ class Node:
                 return f
         return None
 
-    def batch(self, t: float, t0: float) -> tuple[bytes, int]:
+    def second(self, t: float, t0: float, samples: list, events: list, kpis: list) -> None:
+        """What the node collected at second t (appended to the batch being built)."""
         values = list(self.base)
         values[0] = 50.0 + (t % 7)
         if self.fault("ecc", t, t0):
             values[self.ecc_index] = 4.0
-        samples = [(t, m, v, labels, jobs) for (m, labels, jobs), v in zip(self.series, values)]
-        events, kpis = [], []
+        samples += [(t, m, v, labels, jobs) for (m, labels, jobs), v in zip(self.series, values)]
         job_ids = json.dumps([self.job])
         xid = self.fault("xid79", t, t0)
         if xid and not xid.get("sent"):
@@ -196,6 +197,13 @@ class Node:
             events.append([t, "kpi", "heartbeat", "info", "alive", "{}", job_ids])
         if int(t) % 60 == self.rank % 60:  # a harmless kernel line now and then
             events.append([t, "log", "line", "info", "eth0: renamed from veth", "{}", job_ids])
+
+    def batch(self, seconds: list[float], t0: float) -> tuple[bytes, int]:
+        """One push of everything collected in `seconds` (the sidecar sends its whole backlog, up to its batch
+        limit, when it is behind)."""
+        samples, events, kpis = [], [], []
+        for t in seconds:
+            self.second(t, t0, samples, events, kpis)
         self.seq += 1
         body = wire.encode_binary_batch(self.name, self.seq, time.time(), samples, events, kpis, self.cache)
         return body, len(samples)
@@ -204,7 +212,9 @@ class Node:
 
 
 def push(worker: int, spec: dict, node_names: list[str], out: str, threads: int) -> None:
-    """Push for node_names every second from t0 until t0 + duration, then send what is left (at-least-once)."""
+    """Push for node_names from t0 until every second of the run is sent (or the drain deadline passes): each
+    push carries all the seconds a node has not sent yet, at most MAX_BATCH_SECONDS (at-least-once: a failed
+    push is retried)."""
     from sigma.security.keys import KeyTable
 
     table = KeyTable(spec["keys"]).load()
@@ -214,35 +224,39 @@ def push(worker: int, spec: dict, node_names: list[str], out: str, threads: int)
                   [dict(f) for f in spec["faults"] if f["node"] == n or (f["kind"] == "hang" and f["job"] ==
                                                                           node_job[n][0])], i)
              for i, n in enumerate(node_names)]
-    for nd in nodes:  # a hang stops every rank of the job; only the fault's node goes silent
-        nd.faults = [f for f in nd.faults if f["kind"] == "hang" or f["node"] == nd.name]
     t0, duration = spec["t0"], spec["duration"]
-    records: list[tuple] = []  # (node, seq, sample ts, samples, sent at, acked at)
+    deadline = t0 + duration + spec["drain_s"]
+    records: list[tuple] = []  # (node, seq, seconds sent, samples, sent at)
     errors = [0]
     lock = threading.Lock()
 
     def run(mine: list[Node]) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=60)
-        second = 0
-        while True:
-            t = t0 + second
-            if second >= duration:
-                break
-            delay = t - time.time()
-            if delay > 0:
-                time.sleep(delay)
+        sent_upto = {nd.name: 0 for nd in mine}  # seconds of the run already sent, per node
+        while time.time() < deadline and any(v < duration for v in sent_upto.values()):
+            collected = min(duration, int(time.time() - t0) + 1)  # seconds collected so far
+            idle = True
             for nd in mine:
-                body, n = nd.batch(t, t0)
+                first = sent_upto[nd.name]
+                last = min(collected, first + MAX_BATCH_SECONDS)
+                if last <= first:
+                    continue
+                idle = False
+                seconds = [t0 + s for s in range(first, last)]
+                body, n = nd.batch(seconds, t0)
                 key = keys[nd.name]
-                headers = wire.auth_headers(key.id, key.secret.encode(), nd.name, body)
-                headers["Content-Type"] = "application/octet-stream"
                 sent = time.time()
-                while True:  # at-least-once: retry the same batch until it is stored
+                while time.time() < deadline:  # at-least-once: retry the same batch until it is stored
+                    headers = wire.auth_headers(key.id, key.secret.encode(), nd.name, body)
+                    headers["Content-Type"] = "application/octet-stream"
                     try:
                         conn.request("POST", "/v1/ingest", body, headers)
                         resp = conn.getresponse()
                         reply = resp.read()
                         if resp.status == 200:
+                            sent_upto[nd.name] = last
+                            with lock:
+                                records.append((nd.name, nd.seq, seconds, n, sent))
                             break
                         errors[0] += 1
                         print(f"push {nd.name}: {resp.status} {reply[:200]!r}", file=sys.stderr)
@@ -251,10 +265,8 @@ def push(worker: int, spec: dict, node_names: list[str], out: str, threads: int)
                         conn.close()
                         conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=60)
                     time.sleep(0.2)
-                    headers = wire.auth_headers(key.id, key.secret.encode(), nd.name, body)
-                with lock:
-                    records.append((nd.name, nd.seq, t, n, sent, time.time()))
-            second += 1
+            if idle:  # caught up: wait for the next second's collection
+                time.sleep(max(0.0, t0 + collected - time.time()) + 0.01)
         conn.close()
 
     groups = [nodes[i::threads] for i in range(threads)]
@@ -282,6 +294,8 @@ def main() -> int:
     ap.add_argument("--fault-every", type=float, default=180.0, help="seconds between rounds of the three kinds")
     ap.add_argument("--fault-margin", type=float, default=150.0, help="no fault this close to the end (a hang "
                     "needs hang_timeout_s to be detected)")
+    ap.add_argument("--drain", type=float, default=300.0, help="seconds after the run the pushers may still send "
+                    "their backlog; what is left unsent then counts as lost")
     ap.add_argument("--pushers", type=int, default=2, help="pusher processes")
     ap.add_argument("--threads", type=int, default=8, help="connections (threads) per pusher process")
     ap.add_argument("--raw-hours", type=float, default=6.0, help="retention.samples_raw_s in hours (the bound printed)")
@@ -323,7 +337,7 @@ def main() -> int:
     db = work / "controller.db"
     t0 = float(int(time.time()) + 2)
     push_spec = {"port": port, "keys": str(work / "keys.json"), "jobs": layout["jobs"], "faults": layout["faults"],
-                 "metrics": args.metrics, "t0": t0, "duration": args.duration}
+                 "metrics": args.metrics, "t0": t0, "duration": args.duration, "drain_s": args.drain}
     outs = [str(work / f"push{i}.json") for i in range(args.pushers)]
     pushers = [mp.get_context("spawn").Process(target=push, args=(i, push_spec, layout["nodes"][i::args.pushers],
                                                                      outs[i], args.threads))
@@ -331,7 +345,7 @@ def main() -> int:
     for p in pushers:
         p.start()
     time.sleep(max(0.0, t0 - time.time()))
-    size0, cpu0, wall0 = db_bytes(db), proc.cpu_times(), time.monotonic()
+    size0, cpu0, wall0, io0 = db_bytes(db), proc.cpu_times(), time.monotonic(), proc.io_counters()
     rss, loads = [], []
     print(f"streaming {args.nodes} nodes x {args.metrics} metrics/s ({args.nodes * args.metrics:,} samples/s), "
           f"{args.jobs} jobs x {args.job_nodes} nodes, {len(layout['faults'])} faults, for {args.duration} s "
@@ -341,7 +355,7 @@ def main() -> int:
         loads.append(os.getloadavg()[0])
         time.sleep(1.0)
     wall = time.monotonic() - wall0
-    cpu1 = proc.cpu_times()
+    cpu1, io1 = proc.cpu_times(), proc.io_counters()
     size1 = db_bytes(db)
     time.sleep(3.0)  # the last ticks see the last batches
     ctl.terminate()
@@ -357,9 +371,11 @@ def main() -> int:
     received = {(n, s): r for n, s, r in conn.execute("SELECT node, seq, received_at FROM batches")}
     stored = conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
     sent = sum(r[3] for r in records)
-    lags = [received[(r[0], r[1])] - r[2] for r in records if (r[0], r[1]) in received]
-    waits = [r[4] - r[2] for r in records]  # the pusher's own delay: sent - sample time
+    generated = args.nodes * args.duration * args.metrics
+    lags = [received[(r[0], r[1])] - t for r in records if (r[0], r[1]) in received for t in r[2]]
+    waits = [r[4] - t for r in records for t in r[2]]  # the pusher's own delay: sent - sample time
     serve_s = [received[(r[0], r[1])] - r[4] for r in records if (r[0], r[1]) in received]
+    per_batch = statistics.mean(len(r[2]) for r in records) if records else 0
     incidents = conn.execute("SELECT rule_id, node, job_id, opened_at, fault_ts FROM incidents").fetchall()
     ticks = json.loads((work / "ticks.json").read_text()) if (work / "ticks.json").exists() else []
 
@@ -367,14 +383,16 @@ def main() -> int:
     growth_h = (size1 - size0) / wall * 3600
     print(f"\nmachine: {os.cpu_count()} CPUs, load average {load0[0]:.2f} before, {statistics.mean(loads):.2f} "
           f"mean during the run (other work shares it)")
-    print(f"samples: {sent:,} sent, {stored:,} stored, {sent - stored:,} lost; {len(records):,} batches, "
-          f"{errors} push retries")
-    print(f"ingest lag (stored - sample time), {len(lags):,} batches: p50 {pct(lags, .5):.3f} s  p99 "
+    print(f"samples: {generated:,} collected, {sent:,} sent, {stored:,} stored, {generated - stored:,} lost; "
+          f"{len(records):,} batches ({per_batch:.1f} s of samples each on average), {errors} push retries")
+    print(f"ingest lag (stored - sample time), {len(lags):,} node-seconds: p50 {pct(lags, .5):.3f} s  p99 "
           f"{pct(lags, .99):.3f} s  max {max(lags, default=float('nan')):.3f} s  (goal p99 < 2 s)")
     print(f"  of which in the pushers (sent - sample time): p50 {pct(waits, .5):.3f} s  p99 {pct(waits, .99):.3f} s; "
           f"in the controller (stored - sent): p50 {pct(serve_s, .5):.3f} s  p99 {pct(serve_s, .99):.3f} s")
     print(f"controller: CPU {cpu:.0f} % of one core (ingest + detection), RSS peak {max(rss) / 2**20:.0f} MiB; "
-          f"tick p50 {pct(ticks, .5) * 1000:.0f} ms  p99 {pct(ticks, .99) * 1000:.0f} ms  ({len(ticks)} ticks)")
+          f"tick p50 {pct(ticks, .5) * 1000:.0f} ms  p99 {pct(ticks, .99) * 1000:.0f} ms  ({len(ticks)} ticks); "
+          f"wrote {(io1.write_bytes - io0.write_bytes) / wall / 1e6:.1f} MB/s to disk "
+          f"({(io1.write_bytes - io0.write_bytes) / max(1, stored):.0f} bytes per stored sample)")
     print(f"database: {size0 / 2**20:.1f} -> {size1 / 2**20:.1f} MiB in {wall:.0f} s = {growth_h / 2**30:.2f} GiB/h "
           f"; retention (raw {args.raw_hours:g} h, then 1 h rollups for 400 days) bounds it at about "
           f"{bound_bytes(growth_h, RetentionConfig(**retention)) / 2**30:.1f} GiB")
