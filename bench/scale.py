@@ -35,6 +35,7 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
+from collections import Counter
 import subprocess
 import sys
 import tempfile
@@ -413,6 +414,11 @@ def main() -> int:
         print(f"  {kind:<6} {len(lat)}/{len(lat) + missed} detected  "
               + (f"median {statistics.median(lat):.1f} s  max {max(lat):.1f} s" if lat else "")
               + (f"  (4 nodes: {ref} s; goal <= {2 * ref:.1f} s)" if ref else ""))
+    explained = {(f["node"], f["job"]) for f in layout["faults"]}
+    other = Counter(rule for rule, node, job, _, _ in incidents
+                    if not any(node == n or (job is not None and job == j) for n, j in explained))
+    print(f"  incidents on no injected fault: {sum(other.values())}"
+          + (f" ({', '.join(f'{r} {n}' for r, n in other.most_common())})" if other else ""))
     return 0
 
 

@@ -114,3 +114,25 @@ def test_bound_is_the_raw_window_plus_the_rollups():
     cfg = RetentionConfig(samples_raw_s=2 * HOUR, rollup_s=3600, rollup_keep_s=100 * HOUR)
     # 1 GB/h raw: 2 GB of raw window + 100 h of rollups at 2/3600 of the raw rate
     assert bound_bytes(1e9, cfg) == pytest.approx(2e9 + 100 * 1e9 * 2 / 3600)
+
+
+def test_the_thread_prunes_on_its_own_connection(tmp_path):
+    import threading
+    import time
+
+    from sigma.controller.retention import RetentionThread
+
+    db = tmp_path / "c.db"
+    conn = open_db(db)
+    add_samples(conn, [("n1", time.time() - 2 * HOUR, "m", 1.0, "{}", "[]")])
+    passes = []
+    done = threading.Event()
+    pruner = RetentionThread(str(db), RetentionConfig(every_s=0.05, samples_raw_s=60),
+                             on_pass=lambda deleted, took: (passes.append(deleted), done.set()))
+    pruner.start()
+    try:
+        assert done.wait(30)
+    finally:
+        pruner.stop()
+    assert passes[0]["samples"] == 1
+    assert conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
