@@ -57,3 +57,11 @@ def test_store_is_chosen_by_url(tmp_path):
     assert is_url("postgresql://sigma@db/sigma") and is_url("postgres://h/d")
     assert not is_url(str(tmp_path / "postgresql.db")) and not is_url(tmp_path / "x.db")
     assert isinstance(open_store(tmp_path / "x.db"), sqlite3.Connection)
+
+
+def test_watchdog_restart_lookup_uses_an_index(tmp_path):
+    conn = open_db(tmp_path / "c.db")
+    plan = " ".join(str(tuple(r)) for r in conn.execute(
+        "EXPLAIN QUERY PLAN SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
+        " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)", (0.0, 1)))
+    assert "events_source_kind_ts" in plan
