@@ -57,6 +57,11 @@ INGEST_MIGRATIONS: list[Migration] = [
         -- lookup walked every event of the hour (a heartbeat per node every 5 s: 2.6 s a tick at 256 nodes).
         CREATE INDEX events_source_kind_ts ON events (source, kind, ts);
     """),
+    ("0005_kpis_ts", """
+        -- KPI rules read every job's rows of their window each tick: without this index that read scanned the
+        -- whole table, which retention lets grow to kpis_keep_s (90 days) of every rank's steps.
+        CREATE INDEX kpis_ts ON kpis (ts);
+    """),
 ]
 
 CONTROLLER_MIGRATIONS: list[Migration] = [

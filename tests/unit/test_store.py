@@ -65,3 +65,12 @@ def test_watchdog_restart_lookup_uses_an_index(tmp_path):
         "EXPLAIN QUERY PLAN SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
         " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)", (0.0, 1)))
     assert "events_source_kind_ts" in plan
+
+
+def test_kpi_rules_window_read_uses_an_index(tmp_path):
+    from sigma.controller.loop import _kpi_filter
+
+    conn = open_db(tmp_path / "c.db")
+    plan = " ".join(str(tuple(r)) for r in conn.execute(
+        f"EXPLAIN QUERY PLAN SELECT * FROM kpis WHERE ts >= ? AND ({_kpi_filter('loss', True)})", (0.0,)))
+    assert "kpis_ts" in plan
