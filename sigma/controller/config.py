@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from sigma.config import ConfigError, _Source, load_config, load_yaml
+from sigma.controller.retention import RetentionConfig
 from sigma.paths import project_root
 
 
@@ -79,6 +80,7 @@ class ControllerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
     ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)  # database pruning and downsampling
 
 
 @dataclass

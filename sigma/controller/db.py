@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from sigma.store import Migration, connect, migrate
+from sigma.store import Migration, migrate, open_store
 
 INGEST_MIGRATIONS: list[Migration] = [
     ("0001_ingest", """
@@ -42,6 +42,25 @@ INGEST_MIGRATIONS: list[Migration] = [
         -- Every sample insert paid for two indexes; time-window reads now go per node through
         -- samples_node_metric_ts (sigma.controller.detect.samples), which makes this one redundant.
         DROP INDEX IF EXISTS samples_ts;
+    """),
+    ("0003_samples_rollup", """
+        -- Raw samples past retention.samples_raw_s, folded per series into buckets of retention.rollup_s
+        -- (sigma.controller.retention): mean = vsum / n over the n non-null values.
+        CREATE TABLE samples_rollup (
+            node TEXT NOT NULL, metric TEXT NOT NULL, labels TEXT NOT NULL DEFAULT '{}', bucket REAL NOT NULL,
+            span_s REAL NOT NULL, n INTEGER NOT NULL, vmin REAL, vmax REAL, vsum REAL,
+            PRIMARY KEY (node, metric, labels, bucket));
+        CREATE INDEX samples_rollup_bucket ON samples_rollup (bucket);
+    """),
+    ("0004_events_source_kind_ts", """
+        -- The watchdog looks up a job's start/resume events (and heartbeats) every tick: without this index each
+        -- lookup walked every event of the hour (a heartbeat per node every 5 s: 2.6 s a tick at 256 nodes).
+        CREATE INDEX events_source_kind_ts ON events (source, kind, ts);
+    """),
+    ("0005_kpis_ts", """
+        -- KPI rules read every job's rows of their window each tick: without this index that read scanned the
+        -- whole table, which retention lets grow to kpis_keep_s (90 days) of every rank's steps.
+        CREATE INDEX kpis_ts ON kpis (ts);
     """),
 ]
 
@@ -110,7 +129,8 @@ MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
 
 
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
-    conn = connect(path, readonly=readonly)
+    """The controller database: an SQLite file, or PostgreSQL for a postgresql:// URL (same migrations)."""
+    conn = open_store(path, readonly=readonly)
     if not readonly:
         migrate(conn, MIGRATIONS)
     return conn

@@ -29,6 +29,7 @@ from sigma.controller.act import jit
 from sigma.controller.db import open_db
 from sigma.controller.ingest.ratelog import RateLimitedLog
 from sigma.security.keys import KeyRing
+from sigma.store import is_url
 from sigma.telemetry import wire
 
 log = logging.getLogger("sigma.controller.ingest.batch")
@@ -70,13 +71,14 @@ class Ingest:
     def __init__(self, db_path: str | Path, keys: KeyRing | bytes, *,
                  max_clock_skew_s: float = wire.MAX_CLOCK_SKEW_S, max_row_age_s: float = MAX_ROW_AGE_S,
                  max_unverified_bytes: int = MAX_UNVERIFIED_BYTES):
-        self.db_path = Path(db_path)
+        self.db_path = db_path if is_url(db_path) else Path(db_path)
         self.keys = keys if isinstance(keys, KeyRing) else KeyRing(shared_secret=keys)
         self.max_clock_skew_s = max_clock_skew_s
         self.max_row_age_s = max_row_age_s
         self.max_unverified_bytes = max_unverified_bytes
         self.conn = open_db(self.db_path)
-        self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
+        if not is_url(db_path):
+            self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
         self.lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
         self.rejections: Counter = Counter()  # reason -> requests refused
