@@ -1,0 +1,140 @@
+"""Sources of throughput noise for `sigma chaos`, each the real mechanism at small scale (run in the background as
+`python -m sigma.chaos.noise KIND ...` until SIGTERM; the injector journals the pid):
+
+  cpu-hog     busy processes pinned to the CPUs the job's ranks may use: they compete for the same cores
+  page-cache  a filler file kept hot in the page cache while the pages the job's processes map (its code, libraries
+              and data) are evicted every period: what reclaim does to a job when the cache is full of other data
+  io-stall    synced writes saturating the disk under the job's data, whose pages are evicted every period: a
+              corpus larger than memory streams from a disk that another writer keeps busy
+
+Each process names itself (/proc/self/comm) so node telemetry lists it under that name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def name_self(name: str) -> None:
+    try:
+        Path("/proc/self/comm").write_text(name[:15])
+    except OSError:
+        pass
+
+
+def mapped_files(pids, data_only: bool = False) -> list[str]:
+    """Regular files mapped by the processes (from /proc/PID/maps); data_only leaves out shared libraries."""
+    files = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
+                continue
+            path = parts[5]
+            if data_only and (".so" in os.path.basename(path) or path.startswith(("/usr/", "/lib"))):
+                continue
+            files.add(path)
+    return sorted(files)
+
+
+def evict(files) -> int:
+    """Drop the files' clean pages from the page cache (POSIX_FADV_DONTNEED); return how many files it reached."""
+    done = 0
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            done += 1
+        finally:
+            os.close(fd)
+    return done
+
+
+class _Stop:
+    def __init__(self):
+        self.stopped = False
+        signal.signal(signal.SIGTERM, self._stop)
+
+    def _stop(self, *_):
+        self.stopped = True
+
+
+def cpu_hog(cpus: list[int]) -> None:
+    name_self("sigma-cpu-hog")
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    stop = _Stop()
+    x = 0
+    while not stop.stopped:
+        for _ in range(100000):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+
+
+def page_cache(pids: list[int], filler: Path, size_mb: int, period_s: float) -> None:
+    name_self("sigma-pagecache")
+    stop = _Stop()
+    block = os.urandom(CHUNK)
+    try:
+        with open(filler, "wb") as f:
+            for _ in range(size_mb):
+                f.write(block)
+        while not stop.stopped:
+            with open(filler, "rb") as f:  # the filler stays hot: it is what the cache holds instead
+                while f.read(CHUNK) and not stop.stopped:
+                    pass
+            evict(mapped_files(pids))
+            time.sleep(period_s)
+    finally:
+        filler.unlink(missing_ok=True)
+
+
+def io_stall(pids: list[int], target: Path, size_mb: int, period_s: float) -> None:
+    name_self("sigma-io-stall")
+    stop = _Stop()
+    block = os.urandom(CHUNK)
+    data = mapped_files(pids, data_only=True)
+    last_evict = 0.0
+    try:
+        with open(target, "wb") as f:
+            while not stop.stopped:
+                f.seek(0)
+                for _ in range(size_mb):
+                    f.write(block)
+                    os.fsync(f.fileno())  # every megabyte reaches the disk before the next
+                    if time.monotonic() - last_evict >= period_s:
+                        evict(data)
+                        last_evict = time.monotonic()
+                    if stop.stopped:
+                        break
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    kind, rest = argv[0], argv[1:]
+    if kind == "cpu-hog":
+        cpu_hog([int(c) for c in rest[0].split(",") if c])
+    elif kind == "page-cache":
+        page_cache([int(p) for p in rest[3:]], Path(rest[0]), int(rest[1]), float(rest[2]))
+    elif kind == "io-stall":
+        io_stall([int(p) for p in rest[3:]], Path(rest[0]), int(rest[1]), float(rest[2]))
+    else:
+        raise SystemExit(f"unknown noise kind {kind!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
