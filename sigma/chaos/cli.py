@@ -21,9 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--xid", type=int, default=None, help="log: an NVIDIA Xid code (79, 48, 74, ...)")
     p.add_argument("--signature", choices=sorted(SIGNATURES), default=None, help="log: a named signature")
     p.add_argument("--line", default=None, help="log: this text as the kernel message (a new signature)")
-    p.add_argument("--percent", type=float, default=50.0, help="straggler: share of time the ranks are stopped")
+    p.add_argument("--percent", type=float, default=50.0,
+                   help="straggler: share of time the ranks are stopped; cpu-hog: share of time the hog is busy")
     p.add_argument("--period", type=float, default=1.0,
-                   help="straggler: duty-cycle period; page-cache, io-stall: seconds between evictions")
+                   help="straggler, cpu-hog: duty-cycle period; page-cache, io-stall: seconds between evictions")
     p.add_argument("--workers", type=int, default=1, help="cpu-hog: busy processes to start")
     p.add_argument("--size-mb", type=int, default=256, help="page-cache: filler file size; io-stall: MiB per pass")
     p.add_argument("--objects", type=int, default=20000, help="gc-pressure: objects the trainer churns per step")
@@ -126,7 +127,7 @@ def _summary(r) -> str:
     if r.kind == "hang":
         return f"pids {r.params['pids']}"
     if r.kind == "cpu-hog":
-        return f"{r.params['workers']} busy process(es) on CPUs {r.params['cpus']}"
+        return f"{r.params['workers']} process(es) busy {r.params['percent']:.0f}% of the time on CPUs {r.params['cpus']}"
     if r.kind in ("page-cache", "io-stall"):
         return f"{r.params['size_mb']} MiB, evicting every {r.params['period_s']}s"
     if r.kind == "gc-pressure":

@@ -6,10 +6,10 @@ Kinds:
   straggler  duty-cycle SIGSTOP/SIGCONT of the job's processes on the node, slowing them by a percentage
   node-death SIGKILL the node's slurmd (undo: start it again)
   nan        ask the job's trainer ranks to produce a NaN loss (the trainer's testing-only fault hook)
-  cpu-hog    busy processes on the CPUs the job's ranks on the node use (undo: stop them)
+  cpu-hog    processes on the CPUs the job's ranks on the node use, busy --percent of each period (undo: stop them)
   page-cache a hot filler file while the job's mapped pages are evicted every period (undo: stop, delete the file)
   io-stall   synced writes saturating the disk while the job's data pages are evicted every period
-  gc-pressure  ask the job's trainer ranks to churn objects in reference cycles (the trainer's fault.gc_trigger)
+  gc-pressure  ask the job's trainer ranks on the node to churn objects in reference cycles (fault.gc_trigger)
 
 The journal (<cluster dir>/chaos.jsonl) records each injection with its time so reports can compute latencies.
 """
@@ -186,7 +186,7 @@ class Chaos:
             if not pids:
                 raise ChaosError(f"no processes of {'job ' + str(job_id) if job_id else 'any job'} on {node}")
             if kind in NOISE_KINDS:
-                return self._inject_noise(kind, node, job_id, pids, workers, size_mb, period_s)
+                return self._inject_noise(kind, node, job_id, pids, workers, size_mb, period_s, percent)
             if kind == "gc-pressure":
                 return self._inject_gc(node, job_id, pids, objects)
             if kind == "hang":
@@ -260,14 +260,14 @@ class Chaos:
         if objects < 1:
             raise ChaosError(f"--objects must be positive, not {objects}")
         job = self._one_job("gc-pressure", node, pids)
-        trigger = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job}" / "inject-gc"
+        trigger = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job}" / f"inject-gc.{node}"  # that node's ranks
         trigger.parent.mkdir(parents=True, exist_ok=True)
         trigger.write_text(f"{objects}\n")
         return self._record(Injection("gc-pressure", node, job_id=job,
                                       params={"trigger": str(trigger), "objects": objects}))
 
     def _inject_noise(self, kind: str, node: str, job_id: int | None, pids: list[int], workers: int,
-                      size_mb: int, period_s: float) -> Injection:
+                      size_mb: int, period_s: float, percent: float) -> Injection:
         if workers < 1 or size_mb < 1 or period_s <= 0:
             raise ChaosError("--workers and --size-mb must be positive and --period above 0")
         job = self._one_job(kind, node, pids)
@@ -276,9 +276,11 @@ class Chaos:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
         params: dict = {"pids": pids, "period_s": period_s}
         if kind == "cpu-hog":
+            if not 0 < percent <= 100:
+                raise ChaosError(f"--percent must be above 0 and at most 100, not {percent}")
             cpus = sorted(set().union(*(_affinity(p) for p in pids)))
-            params.update(cpus=cpus, workers=workers,
-                          noise_pids=[run(",".join(map(str, cpus))) for _ in range(workers)])
+            params.update(cpus=cpus, workers=workers, percent=percent,
+                          noise_pids=[run(",".join(map(str, cpus)), percent / 100, period_s) for _ in range(workers)])
         else:
             path = self.cluster.node_dir(node) / f"chaos-{kind}.{uuid.uuid4().hex[:6]}"
             params.update(file=str(path), size_mb=size_mb, noise_pids=[run(path, size_mb, period_s, *pids)])

@@ -1,7 +1,8 @@
 """Sources of throughput noise for `sigma chaos`, each the real mechanism at small scale (run in the background as
 `python -m sigma.chaos.noise KIND ...` until SIGTERM; the injector journals the pid):
 
-  cpu-hog     busy processes pinned to the CPUs the job's ranks may use: they compete for the same cores
+  cpu-hog     processes pinned to the CPUs the job's ranks may use, busy for `percent` of every period (a cron job,
+              a monitoring agent, another user's process): they compete for the same cores
   page-cache  a filler file kept hot in the page cache while the pages the job's processes map (its code, libraries
               and data) are evicted every period: what reclaim does to a job when the cache is full of other data
   io-stall    synced writes saturating the disk under the job's data, whose pages are evicted every period: a
@@ -72,15 +73,19 @@ class _Stop:
         self.stopped = True
 
 
-def cpu_hog(cpus: list[int]) -> None:
+def cpu_hog(cpus: list[int], busy_fraction: float = 1.0, period_s: float = 1.0) -> None:
     name_self("sigma-cpu-hog")
     if cpus:
         os.sched_setaffinity(0, cpus)
     stop = _Stop()
     x = 0
     while not stop.stopped:
-        for _ in range(100000):
-            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        start = time.monotonic()
+        while time.monotonic() - start < busy_fraction * period_s and not stop.stopped:
+            for _ in range(10000):
+                x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        if busy_fraction < 1.0 and not stop.stopped:
+            time.sleep(period_s * (1.0 - busy_fraction))
 
 
 def page_cache(pids: list[int], filler: Path, size_mb: int, period_s: float) -> None:
@@ -126,7 +131,7 @@ def io_stall(pids: list[int], target: Path, size_mb: int, period_s: float) -> No
 def main(argv: list[str]) -> int:
     kind, rest = argv[0], argv[1:]
     if kind == "cpu-hog":
-        cpu_hog([int(c) for c in rest[0].split(",") if c])
+        cpu_hog([int(c) for c in rest[0].split(",") if c], *(float(x) for x in rest[1:3]))
     elif kind == "page-cache":
         page_cache([int(p) for p in rest[3:]], Path(rest[0]), int(rest[1]), float(rest[2]))
     elif kind == "io-stall":

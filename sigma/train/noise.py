@@ -4,7 +4,10 @@
 - majflt: major page faults (a page of a mapped data shard or of the program that had to come from disk, e.g.
   after the page cache evicted it under memory pressure), from /proc/self/stat;
 - cpu_wait_s: time this process's threads were runnable but waited for a CPU (another process had it), summed
-  over /proc/self/task/*/schedstat;
+  over /proc/self/task/*/schedstat; cpu_s: the CPU time they got (the same files), which the wait is judged
+  against;
+- blocked_s: time the training thread was neither running nor runnable (off the CPU, asleep: reading data,
+  page faults, locks, collectives; the attribution takes the KPI line's collective `wait_s` off it);
 - io_wait_s: time blocked on block I/O (delay accounting, only where the kernel has it on:
   /proc/sys/kernel/task_delayacct = 1; otherwise the key is absent rather than a misleading 0).
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +37,7 @@ class StepNoise:
     def __init__(self, proc: str = "/proc/self"):
         self.proc = proc
         self.io = _delayacct_on()
+        self.tid = str(threading.get_native_id())  # the thread that runs the steps
         self._gc_s = 0.0
         self._gc_t0: float | None = None
         self._last = None
@@ -49,20 +54,23 @@ class StepNoise:
             self._gc_s += time.perf_counter() - self._gc_t0
             self._gc_t0 = None
 
-    def _counters(self) -> tuple[float, int, float, float]:
+    def _counters(self) -> tuple:
         fields = Path(self.proc, "stat").read_text().rpartition(")")[2].split()  # fields 3.. of proc(5)
         majflt, blkio = int(fields[9]), int(fields[39]) / CLK_TCK if len(fields) > 39 else 0.0
-        wait_ns = 0
+        wait_ns, run_ns, on_cpu_ns = 0, 0, 0
         try:
             tasks = os.listdir(os.path.join(self.proc, "task"))
         except OSError:
             tasks = []
         for tid in tasks:
             try:
-                wait_ns += int(Path(self.proc, "task", tid, "schedstat").read_text().split()[1])
-            except (OSError, IndexError, ValueError):
+                run, wait = Path(self.proc, "task", tid, "schedstat").read_text().split()[:2]
+            except (OSError, ValueError):
                 continue  # the thread ended meanwhile
-        return self._gc_s, majflt, wait_ns / 1e9, blkio
+            wait_ns, run_ns = wait_ns + int(wait), run_ns + int(run)
+            if tid == self.tid:
+                on_cpu_ns = int(run) + int(wait)
+        return self._gc_s, majflt, wait_ns / 1e9, blkio, time.perf_counter() - on_cpu_ns / 1e9, run_ns / 1e9
 
     def begin(self) -> None:
         self._last = self._counters()
@@ -73,7 +81,8 @@ class StepNoise:
         last = self._last or now
         self._last = now
         out = {"gc_s": round(now[0] - last[0], 6), "majflt": now[1] - last[1],
-               "cpu_wait_s": round(now[2] - last[2], 6)}
+               "cpu_wait_s": round(now[2] - last[2], 6), "cpu_s": round(now[5] - last[5], 6),
+               "blocked_s": round(max(0.0, now[4] - last[4]), 6)}
         if self.io:
             out["io_wait_s"] = round(now[3] - last[3], 6)
         return out

@@ -123,7 +123,7 @@ class FaultConfig:
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
     step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
     nan_trigger: bool = False  # poison the logits when <KPI dir>/job-<id>/inject-nan appears; consumed (`sigma chaos nan`)
-    gc_trigger: bool = False  # while <KPI dir>/job-<id>/inject-gc exists, make garbage cycles every step (`sigma chaos gc-pressure`)
+    gc_trigger: bool = False  # while <KPI dir>/job-<id>/inject-gc.<node> exists, make garbage cycles every step (`sigma chaos gc-pressure`)
 
 
 @dataclass

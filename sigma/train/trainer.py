@@ -401,10 +401,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
     started_fresh = latest is None
     gc.collect()
+    if cfg.gc_manual:
+        gc.freeze()  # the model, optimiser and imports live all run long: later collections skip them
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
     # noise control: what each step waited for (GC, page faults, CPU) goes on its KPI line
     noise = StepNoise()
-    pressure = GcPressure(kpi.path.parent / "inject-gc" if cfg.fault.gc_trigger else None)
+    pressure = GcPressure(kpi.path.parent / f"inject-gc.{kpi.node}" if cfg.fault.gc_trigger else None)
 
     def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))

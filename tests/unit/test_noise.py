@@ -123,16 +123,20 @@ def test_throughput_stability_is_table_11():
 # ---------------------------------------------------------------- attribution over a controller database
 
 
-def run_rank(steps, slow_at, inject, *, base=None) -> list[dict]:
-    """KPI rows of one rank: each step sleeps 10 ms (its steady work) and runs `inject` on the steps in slow_at;
-    the noise counters come from the real StepNoise."""
+def run_rank(steps, slow_at, inject, *, place=None) -> list[dict]:
+    """KPI rows of one rank: each step computes for 3 ms of CPU time (its steady work) and runs `inject` on the
+    steps in slow_at (`place(slow)` first, on every step); the noise counters come from the real StepNoise."""
     noise = StepNoise()
     rows = []
     try:
         for step in range(1, steps + 1):
+            if place:
+                place(step in slow_at)
             t0 = time.perf_counter()
             noise.begin()
-            time.sleep(0.01)
+            cpu0 = time.thread_time()
+            while time.thread_time() - cpu0 < 0.003:  # the step's steady work: 3 ms of CPU
+                pass
             if step in slow_at:
                 inject()
             dt = time.perf_counter() - t0
@@ -171,29 +175,38 @@ def test_each_rank_is_named_for_the_cause_its_own_counters_show(tmp_path):
 
     store(conn, 7, 1, "node1", run_rank(24, slow, reclaimed))
     before = os.sched_getaffinity(0)
-    cpu = min(before)
-    hog = None
+    hog_cpu, *others = sorted(before)
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(hog_cpu)]) for _ in range(3)]
 
-    def contended():
-        nonlocal hog
-        os.sched_setaffinity(0, {cpu})
-        hog = hog or subprocess.Popen([sys.executable, "-c", HOG, str(cpu)])
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.3:
-            pass
+    def place(slow_step):  # the slow steps run beside busy processes on their CPU, the others away from them
+        os.sched_setaffinity(0, {hog_cpu} if slow_step or not others else set(others))
 
     try:
-        store(conn, 7, 2, "node2", run_rank(24, slow, contended))
+        store(conn, 7, 2, "node2", run_rank(24, slow, lambda: None, place=place))
     finally:
-        if hog:
+        for hog in hogs:
             hog.kill()
             hog.wait()
         os.sched_setaffinity(0, before)
+    corpus = tmp_path / "corpus.bin"
+    evicted_mapping(corpus, 96 << 20).close()
+
+    buf = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT wants
+
+    def read_from_disk():  # a data loader reading a shard straight from the disk: blocked, no page faults
+        fd = os.open(corpus, os.O_RDONLY | os.O_DIRECT)
+        offset = 0
+        while (n := os.preadv(fd, [buf], offset)) > 0:
+            offset += n
+        os.close(fd)
+
+    store(conn, 7, 3, "node2", run_rank(24, slow, read_from_disk))
     noise = job_noise(conn, 7)
     causes = {r.rank: r.cause for r in noise.ranks}
-    assert causes == {0: "gc", 1: "page-cache", 2: "cpu-contention"}, [(r.rank, r.explained, r.excess_s) for r in noise.ranks]
-    assert all(r.slow_steps >= 3 for r in noise.ranks)
-    assert noise.causes() == {"gc": [0], "page-cache": [1], "cpu-contention": [2]}
+    assert causes == {0: "gc", 1: "page-cache", 2: "cpu-contention", 3: "io-stall"}, \
+        [(r.rank, r.explained, r.excess_s) for r in noise.ranks]
+    assert all(r.slow_steps >= 3 for r in noise.ranks), [(r.rank, r.slow_steps) for r in noise.ranks]
+    assert noise.causes() == {"gc": [0], "page-cache": [1], "cpu-contention": [2], "io-stall": [3]}
     assert noise.stability["min_over_peak"] < 0.5  # the job's pace: the slowest rank at each step
     mapped.close()
     assert live

@@ -5,12 +5,14 @@ A synchronous job runs at the pace of its slowest rank, so every local pause on 
 above the rank's median by more than `slow_fraction`) carry an excess over that median; the excess is explained,
 step by step, by:
 
-- the rank's own counters on its KPI lines (sigma.train.noise): `gc_s` (GC pauses), `cpu_wait_s` (runnable but
-  no CPU: another process had it), `io_wait_s` (blocked on block I/O, where delay accounting is on) — each in
-  seconds beyond its usual share of the rank's fast steps' time, in that order (time waiting for a CPU inside a
+- the rank's own counters on its KPI lines (sigma.train.noise): `gc_s` (GC pauses), `io_wait_s` (blocked on block
+  I/O, where delay accounting is on), `blocked_s` (the training thread off the CPU, less its collective wait
+  `wait_s`: reading data behind a busy disk), `cpu_wait_s` (runnable but no CPU: another process had it) — each in
+  seconds beyond its mean over the rank's fast steps (CPU wait: beyond the fast steps' wait per second of CPU the
+  step used, `cpu_s`, so a step that copies more data on a busy host is not more contention), in that order (time waiting for a CPU inside a
   GC pause is the pause's); but the rest of a step with many major faults (`majflt`) is page-cache reclaim (the
-  rank's code or data had been evicted and came back from disk; on a busy host every fault's wake-up also waits
-  for a CPU, which is the faults' cost, not more contention);
+  rank's code or data had been evicted and came back from disk; it blocks the rank, and on a busy host every
+  fault's wake-up also waits for a CPU: the faults' cost, not more contention);
 - what is left, from its node's telemetry over exactly the rank's slow steps against its fast ones (any trainer,
   no counters needed): pressure stall time (PSI) of memory (with major faults: page-cache reclaim), CPU, I/O, and
   hardware throttling counters.
@@ -37,7 +39,8 @@ FIXES = {
     "io-stall": "find what saturates the node's disk (checkpoint writers, other jobs' I/O) or stage data locally",
     "throttling": "the hardware slowed its clocks (thermal or power): check cooling and power capping on the node",
 }
-TIME_SIGNALS = (("gc_s", "gc"), ("io_wait_s", "io-stall"), ("cpu_wait_s", "cpu-contention"))
+TIME_SIGNALS = (("gc_s", "gc"), ("io_wait_s", "io-stall"), ("blocked_s", "io-stall"),
+                ("cpu_wait_s", "cpu-contention"))
 # node counters (cumulative) compared over a rank's slow steps against its fast steps: metric -> cause
 NODE_COUNTERS = {"host.pressure.memory.some.total_us": "page-cache", "host.pressure.cpu.some.total_us":
                  "cpu-contention", "host.pressure.io.some.total_us": "io-stall",
@@ -181,13 +184,18 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
     if not slow or out.jitter < cfg.min_jitter:
         return out
     payloads = {r["step"]: _payload(r) for r in rows}
+    for p in payloads.values():  # waiting in a collective for a slower peer is the peer's noise, not this rank's
+        if "blocked_s" in p:
+            p["blocked_s"] = max(0.0, float(p["blocked_s"] or 0.0) - float(p.get("wait_s") or 0.0))
     explained = dict.fromkeys(CAUSES, 0.0)
     residual = {}
-    # a time signal explains what it took beyond its usual share of a step (on a busy host every step waits for
-    # CPU; a longer step waits longer at the same share, and that is not contention getting worse)
-    fast_time = sum(r["step_time_s"] for r in fast) or 1.0
-    typical = {key: sum(float(payloads[r["step"]].get(key) or 0.0) for r in fast) / fast_time
-               for key, _ in TIME_SIGNALS}
+    # a time signal explains what it took beyond what it takes in a usual (fast) step; waiting for a CPU is judged
+    # per second of CPU the step used (`cpu_s`): a step that copies more data on a busy host waits longer at the
+    # same contention
+    value = lambda r, key: float(payloads[r["step"]].get(key) or 0.0)
+    typical = {key: statistics.fmean(value(r, key) for r in fast) if fast else 0.0 for key, _ in TIME_SIGNALS}
+    fast_cpu = sum(value(r, "cpu_s") for r in fast)
+    wait_per_cpu = sum(value(r, "cpu_wait_s") for r in fast) / fast_cpu if fast_cpu > 0 else None
     mf_typical = statistics.median(float(payloads[r["step"]].get("majflt") or 0) for r in rows)
     for r in slow:
         left = r["step_time_s"] - med
@@ -195,9 +203,11 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
         faulted = float(p.get("majflt") or 0) >= max(cfg.majflt_min, 4 * mf_typical)
         for key, cause in TIME_SIGNALS:
             if key in p and left > 0:
-                if faulted and cause == "cpu-contention":
-                    break  # each fault's wake-up waits for a CPU on a busy host: the faults are what changed
-                part = min(left, max(0.0, float(p[key] or 0.0) - typical[key] * r["step_time_s"]))
+                if faulted and key in ("blocked_s", "cpu_wait_s"):
+                    break  # a fault storm blocks the rank, and on a busy host each wake-up waits for a CPU
+                per_cpu = key == "cpu_wait_s" and wait_per_cpu is not None and "cpu_s" in p
+                usual = wait_per_cpu * float(p["cpu_s"] or 0.0) if per_cpu else typical[key]
+                part = min(left, max(0.0, float(p[key] or 0.0) - usual))
                 explained[cause] += part
                 left -= part
         if faulted and left > 0:
