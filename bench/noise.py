@@ -10,17 +10,19 @@ kind, two jobs:
   cpu-hog       `sigma chaos cpu-hog --workers 2 --percent 50    the hog moved to a CPU no rank uses
                 --period 2` on node1: processes busy 1 s of
                 every 2 s on the CPU its rank uses
-  page-cache    `sigma chaos page-cache` on node1: filler kept   caches dropped and the filler gone (the rank's
-                hot, the job's mapped pages evicted every 1 s    pages stay resident: `drop_page_cache: true`)
+  page-cache    `sigma chaos page-cache` on node1: a filler in   caches dropped and the filler gone (the rank's
+                the cache, the job's mapped pages reclaimed     pages stay resident: `drop_page_cache: true`)
+                every 1 s (process_madvise MADV_PAGEOUT)
   io-stall      `sigma chaos io-stall` on node1: synced writes   the writer moved off the node
-                + the job's data evicted every 1 s
+                + the job's data pages reclaimed every 1 s
   gc-pressure   `sigma chaos gc-pressure` on node1: its rank     the same churn with synchronised manual GC
                 churns objects; Python's automatic GC           (`gc_manual: true`, `gc_every: 50`)
                 (`gc_manual: false`)
 
 Figures: per kind the cause `sigma noise` names for the ranks (from the controller database, over the steps after
 the injection) against the injected one, and the job's step-throughput std, cv, min/peak and mean/peak before and
-after (each step at its slowest rank's tokens/s); at the end causes attributed correctly / injected.
+after (each step at its slowest rank's tokens/s), with the machine's load average (the build VM is shared: its
+other work is noise in every figure); at the end causes attributed correctly / injected.
 
 usage: python bench/noise.py [--kinds cpu-hog page-cache io-stall gc-pressure] [--steps 60] [--state-dir DIR]
 """
@@ -112,7 +114,7 @@ def run(p: Pipeline, slurm: Slurm, cluster: LocalCluster, workdir: Path, data: P
                                               "AND step IS NOT NULL", (job_id, t_inject))]
     finally:
         conn.close()
-    return {"job": job_id, "stability": job_stability(rows), "causes": noise.causes(),
+    return {"job": job_id, "stability": job_stability(rows), "causes": noise.causes(), "load1": os.getloadavg()[0],
             "node1": next((r.cause for r in noise.ranks if r.node == "node1"), None),
             "ranks": [(r.rank, r.node, r.cause, round(r.jitter, 3), r.explained) for r in noise.ranks]}
 
@@ -153,8 +155,8 @@ def main() -> int:
                 for phase in ("before", "after"):
                     r = results[(kind, phase)] = run(p, slurm, cluster, state, data, args.steps, kind, phase, cpu,
                                                      spare)
-                    print(f"{kind:12s} {phase:6s} job {r['job']}: {fmt(r['stability'])}; ranks: {r['ranks']}",
-                          flush=True)
+                    print(f"{kind:12s} {phase:6s} job {r['job']}: {fmt(r['stability'])}; load {r['load1']:.1f}; "
+                          f"ranks: {r['ranks']}", flush=True)
     finally:
         cluster.down(keep_munge=True)
     print(f"\nthroughput noise on the local cluster (2-rank debug job on node1+node2, gloo, both ranks on CPU {cpu}, "
@@ -169,8 +171,9 @@ def main() -> int:
         ratio = f"{b['std'] / a['std']:.2f}x" if b and a and a["std"] else "-"
         print(f"  {kind:12s} node1's rank: {before['node1']:15s} {'correct' if ok else 'WRONG'} "
               f"(all ranks: {','.join(named) or 'steady'})")
-        print(f"    before: {fmt(b)}")
-        print(f"    after : {fmt(a)}   std before/after {ratio}; after named {sorted(after['causes']) or 'steady'}")
+        print(f"    before: {fmt(b)}  (load average {before['load1']:.1f})")
+        print(f"    after : {fmt(a)}  (load average {after['load1']:.1f})  std before/after {ratio}; after named "
+              f"{sorted(after['causes']) or 'steady'}")
     print(f"  causes attributed correctly / injected: {correct}/{len(args.kinds)}")
     return 0
 

@@ -13,7 +13,8 @@ from sigma.chaos.inject import KINDS, SIGNATURES
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chaos", help="inject a fault at its source on a local-cluster node (and undo it)",
                        description="Inject faults where they really arise: a kernel-log line, stopped or slowed "
-                                   "job processes, a killed slurmd, a NaN loss. Every injection is journaled.")
+                                   "job processes, a killed slurmd, a NaN loss, and throughput noise (a CPU hog, page-cache "
+                                   "reclaim, an I/O stall, GC pressure). Every injection is journaled.")
     p.add_argument("kind", choices=KINDS + ("list", "undo"), help="what to inject, or list / undo")
     p.add_argument("target", nargs="?", help="with undo: the injection id")
     p.add_argument("--node", help="emulated node to hit (e.g. node3)")

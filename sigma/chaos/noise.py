@@ -3,16 +3,20 @@
 
   cpu-hog     processes pinned to the CPUs the job's ranks may use, busy for `percent` of every period (a cron job,
               a monitoring agent, another user's process): they compete for the same cores
-  page-cache  a filler file kept hot in the page cache while the pages the job's processes map (its code, libraries
-              and data) are evicted every period: what reclaim does to a job when the cache is full of other data
-  io-stall    synced writes saturating the disk under the job's data, whose pages are evicted every period: a
+  page-cache  a filler file read into the page cache while the pages the job's processes map (its code, libraries
+              and data) are reclaimed every period: what reclaim does to a job when the cache is full of other data
+  io-stall    synced writes saturating the disk under the job's data, whose pages are reclaimed every period: a
               corpus larger than memory streams from a disk that another writer keeps busy
+
+Reclaiming another process's mapped pages is process_madvise(MADV_PAGEOUT) (Linux 5.10+, root or CAP_SYS_NICE),
+the kernel's own reclaim path; posix_fadvise(DONTNEED) is the fallback, which drops only pages nobody maps.
 
 Each process names itself (/proc/self/comm) so node telemetry lists it under that name.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -20,6 +24,8 @@ import time
 from pathlib import Path
 
 CHUNK = 1 << 20
+MADV_PAGEOUT = 21
+SYS_PROCESS_MADVISE = 440  # the same number on every architecture (added after the syscall table unification)
 
 
 def name_self(name: str) -> None:
@@ -29,23 +35,58 @@ def name_self(name: str) -> None:
         pass
 
 
+def file_mappings(pid: int, data_only: bool = False) -> list[tuple[int, int, str]]:
+    """(start, end, path) of the regular files a process maps (/proc/PID/maps); data_only leaves out code."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
+            continue
+        path = parts[5]
+        if path.startswith("/dev/") or data_only and (".so" in os.path.basename(path)
+                                                       or path.startswith(("/usr/", "/lib"))):
+            continue
+        start, _, end = parts[0].partition("-")
+        out.append((int(start, 16), int(end, 16), path))
+    return out
+
+
 def mapped_files(pids, data_only: bool = False) -> list[str]:
-    """Regular files mapped by the processes (from /proc/PID/maps); data_only leaves out shared libraries."""
-    files = set()
+    return sorted({path for pid in pids for _, _, path in file_mappings(pid, data_only)})
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def page_out(pids, data_only: bool = False) -> bool:
+    """Reclaim the processes' file-backed pages now, as memory pressure does (process_madvise MADV_PAGEOUT);
+    where the kernel refuses (older than 5.10, no privilege) evict the files with posix_fadvise instead.
+    True when the kernel's reclaim path was used."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    reclaimed = True
     for pid in pids:
+        ranges = file_mappings(pid, data_only)
         try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
+            pidfd = os.pidfd_open(pid)
         except OSError:
             continue
-        for line in maps.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
-                continue
-            path = parts[5]
-            if data_only and (".so" in os.path.basename(path) or path.startswith(("/usr/", "/lib"))):
-                continue
-            files.add(path)
-    return sorted(files)
+        try:
+            for at in range(0, len(ranges), 512):  # IOV_MAX is 1024
+                chunk = ranges[at:at + 512]
+                iov = (_Iovec * len(chunk))(*[_Iovec(start, end - start) for start, end, _ in chunk])
+                if libc.syscall(SYS_PROCESS_MADVISE, pidfd, iov, len(chunk), MADV_PAGEOUT, 0) < 0:
+                    reclaimed = False
+                    break
+        finally:
+            os.close(pidfd)
+    if not reclaimed:
+        evict(mapped_files(pids, data_only))
+    return reclaimed
 
 
 def evict(files) -> int:
@@ -96,11 +137,11 @@ def page_cache(pids: list[int], filler: Path, size_mb: int, period_s: float) -> 
         with open(filler, "wb") as f:
             for _ in range(size_mb):
                 f.write(block)
+        with open(filler, "rb") as f:  # the filler is what the cache holds instead
+            while f.read(CHUNK) and not stop.stopped:
+                pass
         while not stop.stopped:
-            with open(filler, "rb") as f:  # the filler stays hot: it is what the cache holds instead
-                while f.read(CHUNK) and not stop.stopped:
-                    pass
-            evict(mapped_files(pids))
+            page_out(pids)
             time.sleep(period_s)
     finally:
         filler.unlink(missing_ok=True)
@@ -110,7 +151,6 @@ def io_stall(pids: list[int], target: Path, size_mb: int, period_s: float) -> No
     name_self("sigma-io-stall")
     stop = _Stop()
     block = os.urandom(CHUNK)
-    data = mapped_files(pids, data_only=True)
     last_evict = 0.0
     try:
         with open(target, "wb") as f:
@@ -120,7 +160,7 @@ def io_stall(pids: list[int], target: Path, size_mb: int, period_s: float) -> No
                     f.write(block)
                     os.fsync(f.fileno())  # every megabyte reaches the disk before the next
                     if time.monotonic() - last_evict >= period_s:
-                        evict(data)
+                        page_out(pids, data_only=True)
                         last_evict = time.monotonic()
                     if stop.stopped:
                         break

@@ -300,6 +300,13 @@ def test_report_and_cli_show_stability_and_causes(tmp_path, capsys):
     assert main(["noise", "--db", str(tmp_path / "controller.db"), "--config", "configs/controller.yaml",
                  "--job", "12"]) == 2
     assert "no step KPIs of job 12" in capsys.readouterr().err
+    db = ["--db", str(tmp_path / "controller.db"), "--config", "configs/controller.yaml", "--since", "1.0"]
+    assert main(["report", *db]) == 0
+    assert "throughput stability per job" in capsys.readouterr().out
+    assert main(["report", *db, "--json"]) == 0
+    assert [j["job_id"] for j in json.loads(capsys.readouterr().out)["stability"]] == [11]
+    assert main(["report", *db, "--html", str(tmp_path / "r.html")]) == 0
+    assert "Throughput stability per job" in (tmp_path / "r.html").read_text()
 
 
 # ---------------------------------------------------------------- the watchdog
