@@ -300,6 +300,14 @@ def test_report_and_cli_show_stability_and_causes(tmp_path, capsys):
     assert main(["noise", "--db", str(tmp_path / "controller.db"), "--config", "configs/controller.yaml",
                  "--job", "12"]) == 2
     assert "no step KPIs of job 12" in capsys.readouterr().err
+    with conn:  # the watchdog's jitter incident for the job: `sigma explain` carries the attribution
+        conn.execute("INSERT INTO incidents (key, opened_at, updated_at, rule_id, source, scope, job_id, severity, "
+                     "action, category, summary, fault_ts, status) VALUES ('k', ?, ?, 'watchdog-throughput-jitter', "
+                     "'watchdog', 'job', 11, 'warning', 'notify', 'noise', 'step throughput jitters', ?, 'notified')",
+                     (rows[-1]["ts"], rows[-1]["ts"], rows[0]["ts"]))
+    assert main(["explain", "1", "--db", str(tmp_path / "controller.db"), "--config", "configs/controller.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "noise attribution:" in out and "rank 0 on node1: gc" in out
     db = ["--db", str(tmp_path / "controller.db"), "--config", "configs/controller.yaml", "--since", "1.0"]
     assert main(["report", *db]) == 0
     assert "throughput stability per job" in capsys.readouterr().out

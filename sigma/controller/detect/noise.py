@@ -154,7 +154,7 @@ def attribute(job_id: int, kpis: Iterable[Mapping], node_samples: Iterable[Mappi
     for k in sorted(kpis, key=lambda r: r["ts"]):
         if k.get("step_time_s") and k["step_time_s"] > 0:
             by_rank.setdefault(int(k.get("rank") or 0), {})[k["step"]] = k  # a resumed run's step replaces
-    counters: dict[tuple[str, str], list] = {}
+    counters: dict[tuple[str, str, str], list] = {}  # (node, metric, labels) -> [(ts, value)]
     procs: dict[str, list[Mapping]] = {}
     throttle: dict[str, list[tuple[float, int]]] = {}
     for s in node_samples:
@@ -224,8 +224,10 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
         elevated = {}
         rates: dict[str, list] = {}  # metric -> [rate over slow steps, over fast steps], summed over its labels
         for (n, metric, _), counter in series.items():
+            if n != node:
+                continue
             hot, cold = counter.rate(spans(slow)), counter.rate(spans(fast))
-            if n == node and hot is not None:
+            if hot is not None:
                 acc = rates.setdefault(metric, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + hot, acc[1] + (cold or 0.0)
         for metric, (hot, cold) in rates.items():
