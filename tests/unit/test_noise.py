@@ -159,13 +159,13 @@ def test_each_rank_is_named_for_the_cause_its_own_counters_show(tmp_path):
     """Three ranks, each slowed on a few steps by a real cause: a full collection of many live objects, a mapped
     file evicted from the page cache, a busy process on its CPU. Stored in a controller database, attributed."""
     conn = open_db(tmp_path / "controller.db")
-    slow = {8, 14, 20}
+    slow = {6, 10, 14, 18, 22}
     live = [{"i": i} for i in range(300_000)]  # long-lived objects every full collection walks
 
     def gc_pause():
         gc.collect()
 
-    store(conn, 7, 0, "node1", run_rank(24, slow, gc_pause))
+    store(conn, 7, 0, "node1", run_rank(26, slow, gc_pause))
     path = tmp_path / "shard.bin"
     mapped = evicted_mapping(path, 32 << 20)
 
@@ -173,7 +173,7 @@ def test_each_rank_is_named_for_the_cause_its_own_counters_show(tmp_path):
         evicted_mapping(path, 32 << 20).close()  # the kernel took the pages back
         touch(mapped)
 
-    store(conn, 7, 1, "node1", run_rank(24, slow, reclaimed))
+    store(conn, 7, 1, "node1", run_rank(26, slow, reclaimed))
     before = os.sched_getaffinity(0)
     hog_cpu, *others = sorted(before)
     hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(hog_cpu)]) for _ in range(3)]
@@ -182,7 +182,7 @@ def test_each_rank_is_named_for_the_cause_its_own_counters_show(tmp_path):
         os.sched_setaffinity(0, {hog_cpu} if slow_step or not others else set(others))
 
     try:
-        store(conn, 7, 2, "node2", run_rank(24, slow, lambda: None, place=place))
+        store(conn, 7, 2, "node2", run_rank(26, slow, lambda: None, place=place))
     finally:
         for hog in hogs:
             hog.kill()
@@ -200,7 +200,7 @@ def test_each_rank_is_named_for_the_cause_its_own_counters_show(tmp_path):
             offset += n
         os.close(fd)
 
-    store(conn, 7, 3, "node2", run_rank(24, slow, read_from_disk))
+    store(conn, 7, 3, "node2", run_rank(26, slow, read_from_disk))
     noise = job_noise(conn, 7)
     causes = {r.rank: r.cause for r in noise.ranks}
     assert causes == {0: "gc", 1: "page-cache", 2: "cpu-contention", 3: "io-stall"}, \
