@@ -15,7 +15,7 @@ shared pages, which the kernel's per-process reclaim leaves alone. For each kind
                 the cache, the job's mapped pages reclaimed     pages stay resident: `drop_page_cache: true`)
                 every 1 s (process_madvise MADV_PAGEOUT)
   io-stall      `sigma chaos io-stall` on node1: synced writes   the writer moved off the node
-                + the job's data pages reclaimed every 1 s
+                + the job's mapped pages reclaimed every 1 s
   gc-pressure   `sigma chaos gc-pressure` on node1: its rank     the same churn with manual GC after a freeze of
                 churns objects; Python's automatic GC           the setup's objects (`gc_manual: true`,
                 (`gc_manual: false`)                            `gc_every: 50`)

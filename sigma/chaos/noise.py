@@ -5,8 +5,8 @@
               a monitoring agent, another user's process): they compete for the same cores
   page-cache  a filler file read into the page cache while the pages the job's processes map (its code, libraries
               and data) are reclaimed every period: what reclaim does to a job when the cache is full of other data
-  io-stall    synced writes saturating the disk under the job's data, whose pages are reclaimed every period: a
-              corpus larger than memory streams from a disk that another writer keeps busy
+  io-stall    synced writes saturating the disk while the job's mapped pages are reclaimed every period: what it
+              reads comes from a disk that another writer keeps busy
 
 Reclaiming another process's mapped pages is process_madvise(MADV_PAGEOUT) (Linux 5.10+, root or CAP_SYS_NICE),
 the kernel's own reclaim path; posix_fadvise(DONTNEED) is the fallback, which drops only pages nobody maps.
@@ -35,8 +35,8 @@ def name_self(name: str) -> None:
         pass
 
 
-def file_mappings(pid: int, data_only: bool = False) -> list[tuple[int, int, str]]:
-    """(start, end, path) of the regular files a process maps (/proc/PID/maps); data_only leaves out code."""
+def file_mappings(pid: int) -> list[tuple[int, int, str]]:
+    """(start, end, path) of the regular files a process maps (/proc/PID/maps): its code, libraries and data."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
@@ -47,30 +47,29 @@ def file_mappings(pid: int, data_only: bool = False) -> list[tuple[int, int, str
         if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
             continue
         path = parts[5]
-        if path.startswith("/dev/") or data_only and (".so" in os.path.basename(path)
-                                                       or path.startswith(("/usr/", "/lib"))):
+        if path.startswith("/dev/"):
             continue
         start, _, end = parts[0].partition("-")
         out.append((int(start, 16), int(end, 16), path))
     return out
 
 
-def mapped_files(pids, data_only: bool = False) -> list[str]:
-    return sorted({path for pid in pids for _, _, path in file_mappings(pid, data_only)})
+def mapped_files(pids) -> list[str]:
+    return sorted({path for pid in pids for _, _, path in file_mappings(pid)})
 
 
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def page_out(pids, data_only: bool = False) -> bool:
+def page_out(pids) -> bool:
     """Reclaim the processes' file-backed pages now, as memory pressure does (process_madvise MADV_PAGEOUT);
     where the kernel refuses (older than 5.10, no privilege) evict the files with posix_fadvise instead.
     True when the kernel's reclaim path was used."""
     libc = ctypes.CDLL(None, use_errno=True)
     reclaimed = True
     for pid in pids:
-        ranges = file_mappings(pid, data_only)
+        ranges = file_mappings(pid)
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
@@ -85,7 +84,7 @@ def page_out(pids, data_only: bool = False) -> bool:
         finally:
             os.close(pidfd)
     if not reclaimed:
-        evict(mapped_files(pids, data_only))
+        evict(mapped_files(pids))
     return reclaimed
 
 
@@ -160,7 +159,7 @@ def io_stall(pids: list[int], target: Path, size_mb: int, period_s: float) -> No
                     f.write(block)
                     os.fsync(f.fileno())  # every megabyte reaches the disk before the next
                     if time.monotonic() - last_evict >= period_s:
-                        page_out(pids, data_only=True)
+                        page_out(pids)
                         last_evict = time.monotonic()
                     if stop.stopped:
                         break

@@ -256,9 +256,16 @@ def test_node_telemetry_names_the_cause_for_a_trainer_without_counters(tmp_path)
                            '{"gpu":"0"}') for r in rows]
                          + [("node3", t0 + 5, "host.proc.cpu_pct", 97.0, '{"pid":"4242","comm":"miner"}')])
     # node4: nothing rose
+    # node5 and node6: a fault storm on the slow steps (the rank's counters); node5's disk is busy all along
+    faulting = [{**r, "payload": json.dumps({"majflt": 900 if r["step"] in slow else 0})} for r in rows]
+    store(conn, 9, 4, "node5", faulting)
+    store(conn, 9, 5, "node6", faulting)
+    add_counter(conn, "node5", "host.pressure.io.some.total_us", t0, t1, lambda t: 700_000)
+    add_counter(conn, "node6", "host.pressure.io.some.total_us", t0, t1, lambda t: 600_000 if during(t) else 10_000)
     noise = job_noise(conn, 9)
     causes = {r.node: r.cause for r in noise.ranks}
-    assert causes == {"node1": "io-stall", "node2": "page-cache", "node3": "throttling", "node4": "unexplained"}
+    assert causes == {"node1": "io-stall", "node2": "page-cache", "node3": "throttling", "node4": "unexplained",
+                      "node5": "io-stall", "node6": "page-cache"}
     node3 = next(r for r in noise.ranks if r.node == "node3")
     assert any("miner[4242] 97% CPU" in e for e in node3.evidence)
 

@@ -12,7 +12,8 @@ step by step, by:
   step used, `cpu_s`, so a step that copies more data on a busy host is not more contention), in that order (time waiting for a CPU inside a
   GC pause is the pause's); but the rest of a step with many major faults (`majflt`) is page-cache reclaim (the
   rank's code or data had been evicted and came back from disk; it blocks the rank, and on a busy host every
-  fault's wake-up also waits for a CPU: the faults' cost, not more contention);
+  fault's wake-up also waits for a CPU: the faults' cost, not more contention) — unless its node's I/O stalled
+  `busy_disk` of the time over the fast steps too: then the faults queued behind other I/O, an I/O stall;
 - what is left, from its node's telemetry over exactly the rank's slow steps against its fast ones (any trainer,
   no counters needed): pressure stall time (PSI) of memory (with major faults: page-cache reclaim), CPU, I/O, and
   hardware throttling counters.
@@ -57,6 +58,7 @@ class NoiseConfig:
     min_share: float = 0.2  # a cause must explain at least this share of the excess to be named
     majflt_min: int = 8  # major faults in a step that count as elevated (and above 4x the rank's median)
     node_ratio: float = 2.0  # a node counter's rate over slow steps must exceed this x its rate over fast steps
+    busy_disk: float = 0.3  # node I/O stall share (PSI) over the fast steps too: faults queued behind other I/O
     top_processes: int = 3  # other processes listed as CPU-contention evidence
 
 
@@ -214,13 +216,21 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
             explained["page-cache"] += left
             left = 0.0
         residual[r["step"]] = left
+    spans = lambda rs: [(r["ts"] - r["step_time_s"], r["ts"]) for r in rs]
+    if explained["page-cache"] > 0:  # faults on a disk busy with other I/O all along: an I/O stall, not reclaim
+        busy = sum(c.rate(spans(fast)) or 0.0 for (n, m, _), c in series.items()
+                   if n == node and m == "host.pressure.io.some.total_us") * 1e-6
+        if busy >= cfg.busy_disk:
+            out.evidence.append(f"node {node}: I/O stalled {100 * busy:.0f}% of the time even over fast steps: "
+                                f"the faults queued behind other I/O")
+            explained["io-stall"] += explained.pop("page-cache")
+            explained["page-cache"] = 0.0
     for cause, seconds in explained.items():
         if seconds > 0:
             out.evidence.append(f"{cause}: {seconds:.3f}s of the {excess:.3f}s excess from the rank's own counters")
     # what the rank's counters leave unexplained: its node's telemetry over its slow steps against its fast steps
     left_total = sum(residual.values())
     if left_total > cfg.min_share * excess:
-        spans = lambda rs: [(r["ts"] - r["step_time_s"], r["ts"]) for r in rs]
         elevated = {}
         rates: dict[str, list] = {}  # metric -> [rate over slow steps, over fast steps], summed over its labels
         for (n, metric, _), counter in series.items():
