@@ -58,7 +58,7 @@ class NoiseConfig:
     min_share: float = 0.2  # a cause must explain at least this share of the excess to be named
     majflt_min: int = 8  # major faults in a step that count as elevated (and above 4x the rank's median)
     node_ratio: float = 2.0  # a node counter's rate over slow steps must exceed this x its rate over fast steps
-    busy_disk: float = 0.3  # node I/O stall share (PSI) over the fast steps too: faults queued behind other I/O
+    busy_disk: float = 0.1  # node I/O stall share (PSI) over the fast steps too: faults queued behind other I/O
     top_processes: int = 3  # other processes listed as CPU-contention evidence
 
 
