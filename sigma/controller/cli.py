@@ -1,4 +1,4 @@
-"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`."""
+"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    noise = common(sub.add_parser(
+        "noise", help="why a job's step times jitter: the likely local cause per rank",
+        description="Throughput stability of a job (min/peak, mean/peak, std of step throughput) and, per rank, the "
+                    "likely local cause of its slow steps: page-cache reclaim, GC pauses, CPU contention from other "
+                    "processes, I/O stalls, throttling; from the ranks' KPI counters and their nodes' telemetry."))
+    noise.add_argument("--job", type=int, required=True, help="SLURM job id")
+    noise.add_argument("--since", help="only steps since (e.g. 30m, 2026-11-21T10:00; default: the whole job)")
+    noise.add_argument("--json", action="store_true", help="machine-readable output")
+    noise.set_defaults(func=_noise)
 
     rep = common(sub.add_parser(
         "report", help="utilisation, MTBF, recovery and recycling times, automation",
@@ -324,6 +334,8 @@ def _explain(args) -> int:
         c.print(f"  job {cost['job_id']}: {cost['steps_lost']} step(s) lost (reached {cost['step_reached']}, resumed "
                 f"from a {cost['source']} checkpoint of step {cost['resume_step']}), back after "
                 f"{cost['time_lost_s']:.1f}s", highlight=False)
+    if inc.job_id and inc.category in ("performance", "isolation", "noise"):
+        _explain_noise(conn, inc, c)
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -356,6 +368,34 @@ def _print_losses(c, lost: dict) -> None:
     t.add_row("total", str(tot["faults"]), str(tot["steps_lost"]), f"{tot['time_lost_s']:.1f}s",
               f"at most {tot['steps_lost_max']} step(s) per fault" if tot["faults"] else "")
     c.print(t)
+
+
+def _explain_noise(conn, inc, c) -> None:
+    """A slow or jittery job's incident: what its ranks waited for around the fault."""
+    from sigma.controller.report.noise import NoJobData, job_noise, render
+
+    try:
+        noise = job_noise(conn, inc.job_id, since=inc.fault_ts - 600.0, until=max(inc.updated_at, inc.opened_at))
+    except NoJobData:
+        return
+    c.print("  noise attribution:")
+    render(noise, c, indent="    ")
+
+
+def _noise(args) -> int:
+    from sigma.cli import CommandError
+    from sigma.controller.report.noise import NoJobData, job_noise, render
+
+    conn = _conn(args)
+    try:
+        noise = job_noise(conn, args.job, since=parse_since(args.since))
+    except NoJobData as exc:
+        raise CommandError(str(exc)) from None
+    if args.json:
+        print(json.dumps(noise.to_dict(), indent=2))
+        return 0
+    render(noise, _console())
+    return 0
 
 
 def _report(args) -> int:
@@ -410,6 +450,14 @@ def _report(args) -> int:
     for h in rep["shadow_hits"]:
         c.print(f"shadow hits: {h['rule']} would have acted on {', '.join(h['targets'])} ({h['hits']} hits, "
                 f"last {_ts(h['last'])})", soft_wrap=True)
+    if rep["stability"]:
+        t = Table(title="throughput stability per job (step tokens/s; sigma noise --job J says why)")
+        for col in ("job", "steps", "peak", "min/peak", "mean/peak", "std", "cv"):
+            t.add_column(col, justify="right")
+        for s in rep["stability"]:
+            t.add_row(str(s["job_id"]), str(s["steps"]), f"{s['peak']:.4g}", f"{s['min_over_peak']:.3f}",
+                      f"{s['mean_over_peak']:.3f}", f"{s['std']:.4g}", f"{s['cv']:.3f}")
+        c.print(t)
     t = Table(title="incidents")
     for col in ("rule", "status", "count", "detect latency"):
         t.add_column(col)

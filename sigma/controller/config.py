@@ -33,6 +33,8 @@ class WatchdogConfig:
     history_jobs: int = 20  # finished jobs of the same model config used as historical baseline
     crash_loop_restarts: int = 3  # a job restarted this many times ...
     crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
+    jitter_window_s: float = 120.0  # step throughput stability judged over this window ...
+    jitter_cv: float = 0.25  # ... std above this share of the mean is jitter (notify; 0 turns it off)
 
 
 @dataclass

@@ -127,6 +127,7 @@ class FaultConfig:
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
     step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
     nan_trigger: bool = False  # poison the logits when <KPI dir>/job-<id>/inject-nan appears; consumed (`sigma chaos nan`)
+    gc_trigger: bool = False  # while <KPI dir>/job-<id>/inject-gc.<node> exists, make garbage cycles every step (`sigma chaos gc-pressure`)
 
 
 @dataclass
@@ -161,6 +162,7 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype of the forward pass
     threads: int = 2  # torch CPU threads per rank
     gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
+    gc_manual: bool = True  # false: keep Python's automatic GC (unsynchronised pauses; to measure what manual GC buys)
     drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
     peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0: datasheet table (GPUs) or `sigma train calibrate` (CPUs)
     data: DataConfig = field(default_factory=DataConfig)

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
 from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
-from sigma.train.kpi import KpiWriter
+from sigma.train.kpi import KpiWriter, throughput_stability
+from sigma.train.noise import GcPressure, StepNoise
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
 from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
@@ -238,7 +239,8 @@ def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float,
 def train(cfg: TrainConfig, out=None) -> RunSummary:
     out = out or sys.stdout  # looked up per call: a default bound at import outlives a replaced stdout
     gc_was_enabled = gc.isenabled()
-    gc.disable()
+    if cfg.gc_manual:
+        gc.disable()
     try:
         torch.set_num_threads(max(1, cfg.threads))
         ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
@@ -429,7 +431,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
     started_fresh = step == 0
     gc.collect()
+    if cfg.gc_manual:
+        gc.freeze()  # the model, optimiser and imports live all run long: later collections skip them
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
+    # noise control: what each step waited for (GC, page faults, CPU) goes on its KPI line
+    noise = StepNoise()
+    pressure = GcPressure(kpi.path.parent / f"inject-gc.{kpi.node}" if cfg.fault.gc_trigger else None)
 
     def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
@@ -452,6 +459,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 kpi.close()
                 os.kill(os.getpid(), signal.SIGKILL)
             t0, wait0 = time.perf_counter(), collective_wait_s()
+            noise.begin()
+            pressure.step()
             if cfg.fault.step_delay_s:
                 time.sleep(cfg.fault.step_delay_s)
             lr = lr_at(step, cfg.optim, cfg.steps)
@@ -492,6 +501,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                     model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
+            if cfg.gc_manual and cfg.gc_every and step % cfg.gc_every == 0:
+                gc.collect()  # the same step on every rank, counted in the step's time: one pause all ranks share
             dt = time.perf_counter() - t0
             tps = tokens_per_step / dt
             mfu = tps / ctx.world_size * flops_token / peak.flops if peak else None
@@ -519,12 +530,11 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                     print(f"eval   {step:>6}/{cfg.steps} | loss {eval_loss:7.4f} | ppl {extra['eval_ppl']:9.2f}",
                           file=out, flush=True)
             kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt,
-                        tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **extra)
+                        tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **noise.sample(),
+                        **extra)
             if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
                 print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
                       flush=True)
-            if cfg.gc_every and step % cfg.gc_every == 0:
-                gc.collect()
             if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
                 trainer_state = {"step": step, "sampler": sampler.state_dict()}
                 state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
@@ -544,9 +554,13 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
         if replicas is not None:
             replicas.close()
+        noise.close()
     if replicas is not None:
         replicas.close(finished=True)  # the final checkpoint is on disk: free the nodes' memory
-    kpi.event("stop", f"finished at step {step}", step=step)
+    stability = throughput_stability(summary.tokens_per_s)  # the run's Table 11 figures, on its stop event
+    kpi.event("stop", f"finished at step {step}" + (
+        f"; step throughput min/peak {stability['min_over_peak']:.3f}, mean/peak {stability['mean_over_peak']:.3f},"
+        f" std {stability['std']:.4g} tokens/s" if stability else ""), step=step, throughput_stability=stability)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,10 +173,17 @@ def report(conn: sqlite3.Connection, since: float | None = None, now: float | No
         "automation": automation(conn, since),
         "losses": losses(conn, since),
         "shadow_hits": shadow_hits(conn, since),
+        "stability": stability_table(conn, since, now),
         "incidents": [{"rule": r["rule_id"], "status": r["status"], "count": r["n"],
                        "detect_latency_s": round(r["latency"], 2) if r["latency"] is not None else None}
                       for r in incidents],
     }
+
+
+def stability_table(conn: sqlite3.Connection, since: float, now: float) -> list[dict]:
+    from sigma.controller.report.noise import stability_table as table
+
+    return table(conn, since, now)
 
 
 def shadow_hits(conn: sqlite3.Connection, since: float) -> list[dict]:
