@@ -25,7 +25,7 @@ the injection) against the injected one, and the job's step-throughput std, cv, 
 after (each step at its slowest rank's tokens/s), with the machine's load average (the build VM is shared: its
 other work is noise in every figure); at the end causes attributed correctly / injected.
 
-usage: python bench/noise.py [--kinds cpu-hog page-cache io-stall gc-pressure] [--steps 60] [--state-dir DIR]
+usage: python bench/noise.py [--kinds cpu-hog page-cache io-stall gc-pressure] [--steps 1000] [--state-dir DIR]
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def fmt(s: dict | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    ap.add_argument("--steps", type=int, default=300, help="training steps per job")
+    ap.add_argument("--steps", type=int, default=1000, help="training steps per job")
     ap.add_argument("--state-dir", default=None)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster and the daemons on the way out
