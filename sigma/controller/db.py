@@ -105,6 +105,24 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
         -- Small persistent detector state (isolation streaks, job baselines, cursors).
         CREATE TABLE detector_state (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL);
     """),
+    ("0150_jit_checkpoints_and_losses", """
+        -- Just-in-time checkpoint requests: the controller asks a job's healthy nodes to save before it requeues;
+        -- the ingest reply hands each node its open requests, the node's sidecar writes the trainer's control file.
+        CREATE TABLE checkpoint_requests (
+            id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL, node TEXT NOT NULL, incident_id INTEGER,
+            requested_at REAL NOT NULL, deadline REAL NOT NULL,
+            delivered_at REAL,               -- first ingest reply that carried it to the node's sidecar
+            acked_at REAL, ack_step INTEGER);  -- the trainer's checkpoint event for this request
+        CREATE INDEX checkpoint_requests_node ON checkpoint_requests (node, deadline);
+        CREATE INDEX checkpoint_requests_incident ON checkpoint_requests (incident_id);
+        -- What each requeue cost the job, once its new run is back at the step the old one had reached.
+        CREATE TABLE job_losses (
+            incident_id INTEGER NOT NULL, job_id INTEGER NOT NULL, fault_ts REAL NOT NULL,
+            step_reached INTEGER NOT NULL,   -- highest step the old run reported before the requeue
+            resume_step INTEGER NOT NULL,    -- step the new run started from (0: from scratch)
+            steps_lost INTEGER NOT NULL, time_lost_s REAL, source TEXT NOT NULL DEFAULT '',
+            recorded_at REAL NOT NULL, PRIMARY KEY (incident_id, job_id));
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS

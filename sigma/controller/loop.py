@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
+from sigma.controller.act.jit import JitGate
+from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
@@ -67,7 +69,8 @@ class Controller:
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
-        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
+        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
+                                                        jit_gate=JitGate(self.conn, clock)),
                                clock=clock,
                                max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
         self.incidents = Incidents(self.conn, clock)
@@ -200,6 +203,7 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings

@@ -127,10 +127,14 @@ class Remediator:
                              self._reservation(lc), incident_id=lc.incident_id)
             self._move(lc, "returned", note)
 
+    def unfinished(self) -> list[Lifecycle]:
+        """Cycles still under way (a tick reads only these: finished ones pile up over months)."""
+        return [Lifecycle.from_row(r) for r in self.conn.execute(
+            f"SELECT * FROM node_lifecycle WHERE state NOT IN ({','.join('?' * len(TERMINAL))}) ORDER BY node",
+            TERMINAL)]
+
     def tick(self, nodes: dict[str, Node], jobs: list[Job]) -> None:
-        for lc in self.all():
-            if lc.state in TERMINAL:
-                continue
+        for lc in self.unfinished():
             n = nodes.get(lc.node)
             if n is None:
                 continue

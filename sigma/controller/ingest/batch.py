@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from pathlib import Path
 
+from sigma.controller.act import jit
 from sigma.controller.db import open_db
 from sigma.controller.ingest.ratelog import RateLimitedLog
 from sigma.security.keys import KeyRing
@@ -107,9 +108,20 @@ class Ingest:
                 reply = self._store(caller.node, batch)
             except OverflowError as exc:  # an integer SQLite cannot hold (rolled back)
                 raise Rejected(400, f"number out of range: {exc}", "bad_batch") from None
+            self._attach_requests(caller.node, reply)
             return 200, reply
         except Rejected as exc:
             return self._refuse(exc, caller.node, peer)
+
+    def _attach_requests(self, node: str, reply: dict) -> None:
+        """The node's open just-in-time checkpoint requests ride on the reply; its sidecar hands them to the
+        trainer (sigma/controller/act/jit.py)."""
+        with self.lock:
+            requests = jit.pending_for_node(self.conn, node, time.time())
+            if requests:
+                self.conn.commit()
+        if requests:
+            reply["checkpoint_requests"] = requests
 
     def verify(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict] | None:
         """For routes other than ingest that share its authentication: None when the body is the signed one."""

@@ -1,0 +1,583 @@
+"""The discrete-event simulation: a virtual clock, simulated nodes, jobs and SLURM, and either the controller's
+own code deciding (arm "policy") or a person noticing and acting after a delay (arm "manual").
+
+Under the policy the real `sigma.controller.loop.Controller` ticks against `SimSlurm` with the virtual clock: its
+rules match the events the real sidecar makes of each fault's log line, it sees dead nodes through SLURM's flags,
+and it decides, journals, drains, requeues, reboots, validates and resumes through the real decide / guards /
+journal / remediation code and the real SLURM executors. Two things are not simulated step by step and come
+from the fault model instead: the KPI stream of the jobs (the watchdog's and isolation's culprit arrives after the
+soak-measured delay as the Finding isolation would make) and the people (tickets and manual playbooks are
+repaired after the fault's repair time, escalations handled like the manual baseline).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sigma.controller.act.actions import SlurmActions
+from sigma.controller.act.decisionlog import DecisionLog
+from sigma.controller.act.remediation import REBOOT_SETTLE_S
+from sigma.controller.loop import Controller
+from sigma.findings import Finding
+from sigma.simulate.faults import KINDS
+from sigma.simulate.slurm import KILL_WAIT_S, REQUEUE_BEGIN_S, SLURMD_TIMEOUT_S, SimJob, SimSlurm
+from sigma.simulate.trace import Outage
+from sigma.simulate.workload import JobSpec
+
+WATCH_S = 900.0  # while remediation is under way, tick at least this often (its timeouts are minutes long)
+TOKENS_PER_S = 1000.0  # what a healthy simulated job reports after a restart (isolation verification reads it)
+
+
+@dataclass
+class Params:
+    reboot_s: float = 600.0  # a GPU server's reboot until slurmd registers again
+    validation_s: float = 900.0  # the comprehensive validation job
+    human_median_min: float = 30.0  # a person notices a fault / picks up an escalation: lognormal, this median
+    human_sigma: float = 1.08  # ... and this log-spread (90th percentile about 4x the median)
+    poll_s: float = 1.0  # the controller's tick period when something is happening
+
+
+@dataclass
+class Fault:
+    outage: Outage
+    kind: str
+    start: float
+    detected_at: float | None = None
+    noticed_at: float | None = None  # manual arm: the person saw it
+    repaired_at: float | None = None
+    repair_start: float | None = None
+
+
+@dataclass
+class Result:
+    arm: str
+    start: float
+    end: float
+    nodes: int
+    faults: int = 0
+    absorbed: list[str] = field(default_factory=list)  # faults on a node already out of service
+    jobs: list[SimJob] = field(default_factory=list)
+    node_s: dict = field(default_factory=lambda: {"available": 0.0, "allocated": 0.0})
+    series: list[tuple] = field(default_factory=list)  # (t, available, allocated, training) node counts
+    recycle: list[dict] = field(default_factory=list)
+    automation: dict = field(default_factory=dict)
+    incidents: dict = field(default_factory=dict)
+    escalations: int = 0
+    detect_s: list[float] = field(default_factory=list)  # fault -> the controller has what names the node
+    ticks: int = 0
+    events: int = 0
+
+
+class SimActions(SlurmActions):
+    """The real SLURM executors against SimSlurm; a playbook command or the after-repair check succeeds on the
+    simulated node, and a ticket goes to the simulated people."""
+
+    def __init__(self, slurm, engine, adopt_reasons):
+        super().__init__(slurm, adopt_reasons=adopt_reasons)
+        self.engine = engine
+
+    def _command(self, node, params, key):
+        return json.dumps({"ok": True, "returncode": 0, "output": "simulated"})
+
+    def _ticket(self, node, params, key):
+        self.engine.ticket(node, key)
+        return "ticket to the simulated admins"
+
+
+class SimLog(DecisionLog):
+    """Keeps nothing on disk; counts events (a tick that logged something may have more to do next tick) and
+    hands "waiting for an admin" to the simulated people."""
+
+    def __init__(self, engine):
+        super().__init__(None, keep=50)
+        self.engine = engine
+        self.count = 0
+
+    def event(self, what, human=None, **fields):
+        self.count += 1
+        if what == "waiting_for_admin":
+            self.engine.ticket(fields["node"], f"manual:{fields['node']}")
+        if self.engine.verbose and human:
+            print(f"{self.engine.stamp()} {human}")
+
+
+class SimController(Controller):
+    """The controller with the KPI stream replaced by the fault model's watchdog/isolation outcomes."""
+
+    engine: "Engine"
+
+    def _watch(self, job, now, rule_findings, since_job):
+        return self.engine.outcomes_for(job, now)
+
+    def _snapshot(self, nodes, jobs, now):
+        """Node snapshots feed `sigma report`'s utilisation; the simulation integrates utilisation exactly."""
+
+
+class Engine:
+    def __init__(self, *, arm: str, names: list[str], outages: list[Outage], specs: list[JobSpec], start: float,
+                 end: float, rng: np.random.Generator, params: Params, policy=None, log_events=None,
+                 db: str = ":memory:", verbose: bool = False):
+        self.arm, self.names, self.start, self.end = arm, names, start, end
+        self.rng, self.p, self.verbose = rng, params, verbose
+        self.now = start
+        self.heap: list = []
+        self.seq = 0
+        self.dirty = False
+        self._wake_at: float | None = None
+        self.slurm = SimSlurm(names, self)
+        self.faults: dict[str, Fault] = {}
+        self.repairing: set[str] = set()  # nodes a person is repairing
+        self.pending_outcomes: dict[int, list[tuple[float, Finding]]] = {}
+        self.result = Result(arm, start, end, len(names))
+        self._last_account = start
+        self._counted = (-1, 0, 0)  # (SimSlurm.version, available, allocated)
+        self.user_jobs: list[SimJob] = []
+        self._training_nodes = 0
+        self.log_events = log_events or {}
+        for o in outages:
+            if start <= o.start < end:
+                self.at(o.start, self.fault, o)
+        for spec in specs:
+            self.at(start + spec.submit_h * 3600.0, self.submit, spec)
+        self.ctrl = None
+        if arm == "policy":
+            cfg, rcfg, rules = policy
+            from sigma.controller.db import open_db
+            from sigma.paths import project_root
+
+            self.ctrl = SimController(cfg, conn=open_db(db), slurm=self.slurm, rules=rules, remediation=rcfg,
+                                      log=SimLog(self), clock=lambda: self.now, root=project_root())
+            self.ctrl.engine = self
+            self.ctrl.journal.executor = SimActions(self.slurm, self, tuple(cfg.adopt_drain_reasons))
+            self.ctrl.start()
+
+    # ---------- the event loop ----------
+    def at(self, t: float, fn, *args) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, args))
+
+    def changed(self) -> None:
+        self.dirty = True
+
+    def run(self) -> Result:
+        while self.heap and self.heap[0][0] <= self.end:
+            t = self.heap[0][0]
+            self._account(t)
+            self.now = t
+            while self.heap and self.heap[0][0] == t:
+                _, _, fn, args = heapq.heappop(self.heap)
+                self.result.events += 1
+                fn(*args)
+            self.schedule()
+            if self.ctrl is not None and self.dirty:
+                self.tick()
+        self._account(self.end)
+        self.now = self.end
+        for j in self.slurm.job_map.values():
+            if j.state == "RUNNING" and j.validation_of is None:
+                self._end_run(j, "end of simulation")
+        self.result.jobs = [j for j in self.slurm.job_map.values() if j.validation_of is None]
+        if self.ctrl is not None:
+            from sigma.controller.report.metrics import automation, recycling
+
+            self.result.recycle = recycling(self.ctrl.conn, self.start)
+            self.result.automation = automation(self.ctrl.conn, self.start)
+            self.result.incidents = {f"{r[0]} {r[1]}": r[2] for r in self.ctrl.conn.execute(
+                "SELECT rule_id, status, COUNT(*) FROM incidents GROUP BY rule_id, status ORDER BY 1, 2")}
+        return self.result
+
+    def tick(self) -> None:
+        self.dirty = False
+        before = self.ctrl.log.count
+        self.ctrl.tick()
+        self.result.ticks += 1
+        self.schedule()
+        if self.ctrl.log.count != before or self.dirty:
+            self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
+        elif self._timers_running():
+            self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
+        self.dirty = False
+
+    def _timers_running(self) -> bool:
+        """Something in the controller may time out or retry: a planned action, or a remediation step other than
+        waiting for a person (a manual or ticket playbook waits without a deadline; the repair wakes it)."""
+        if self.ctrl.journal.pending():
+            return True
+        rem = self.ctrl.remediator
+        return any(not (lc.state == "remediating" and rem._playbook(lc).kind in ("manual", "ticket"))
+                   for lc in rem.unfinished())
+
+    def _wake(self, t: float) -> None:
+        """One pending wake-up at a time: an earlier one already due covers a later request."""
+        if self._wake_at is not None and self.now < self._wake_at <= t:
+            return
+        self._wake_at = t
+        self.at(t, self._woken, t)
+
+    def _woken(self, t: float) -> None:
+        if self._wake_at == t:
+            self._wake_at = None
+        self.changed()
+
+    def stamp(self) -> str:
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(self.now, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+    # ---------- utilisation (integrated exactly between events) ----------
+    def _account(self, t: float) -> None:
+        dt = t - self._last_account
+        if dt <= 0:
+            return
+        if self._counted[0] != self.slurm.version:
+            reserved = self.slurm.reserved
+            nodes = [n for n in self.slurm.node_map.values() if n.name not in reserved]
+            self._counted = (self.slurm.version, sum(1 for n in nodes if n.available),
+                             sum(1 for n in nodes if n.alloc_cpus))
+        _, avail, alloc = self._counted
+        training = sum(len(j.nodes) * (j.runs[-1]["speed"] if j.runs[-1]["first_step"] <= self._last_account else 0)
+                       for j in self.user_jobs if j.state == "RUNNING")
+        self.result.node_s["available"] += avail * dt
+        self.result.node_s["allocated"] += alloc * dt
+        series = self.result.series
+        point = (self._last_account, avail, alloc, training)
+        if not series or series[-1][1:] != point[1:]:
+            series.append(point)
+        self._last_account = t
+
+    # ---------- jobs ----------
+    def submit(self, spec: JobSpec) -> None:
+        self.user_jobs.append(self.slurm.new_job(spec.name, spec.nodes, spec.hours * 3600.0 if spec.hours else None,
+                           spec.checkpoint_min * 60.0, spec.restart_min * 60.0))
+        self.changed()
+
+    def schedule(self) -> None:
+        """SLURM's scheduler: pending jobs in submission order onto free, available nodes outside reservations;
+        a validation job onto its node inside its reservation."""
+        s = self.slurm
+        pending = [j for j in s.job_map.values() if j.state == "PENDING"]
+        if not pending:
+            return
+        free = [n for n in self.names if s.node_map[n].available and not s.node_map[n].alloc_cpus]
+        for j in pending:
+            if j.begin_at > self.now or j.reason not in ("None", "BeginTime", "Priority", "Resources"):
+                continue
+            if j.validation_of is not None:
+                node = j.validation_of
+                if node in free and s.reserved.get(node) == j.reservation:
+                    free.remove(node)
+                    self._start(j, (node,))
+                continue
+            usable = [n for n in free if n not in s.reserved]
+            if len(usable) >= j.nodes_needed:
+                chosen = tuple(usable[:j.nodes_needed])
+                for n in chosen:
+                    free.remove(n)
+                self._start(j, chosen)
+            else:
+                j.reason = "Resources"
+
+    def _start(self, j: SimJob, nodes: tuple[str, ...]) -> None:
+        s = self.slurm
+        j.state, j.reason, j.nodes, j.start_time = "RUNNING", "None", nodes, self.now
+        j.run += 1
+        for n in nodes:
+            s.set_node(n, state="allocated", alloc_cpus=s.node_map[n].cpus)
+        self.changed()
+        if j.validation_of is not None:
+            self.at(self.now + self.p.validation_s, self._validation_done, j, j.run)
+            return
+        run = {"start": self.now, "first_step": self.now + j.restart_s, "fault": None, "speed": 1.0,
+               "nodes": len(nodes), "restart": j.restarts}
+        j.runs.append(run)
+        for n in nodes:
+            f = self.faults.get(n)
+            if f is not None:  # an undetected fault: the job stalls on it from the start
+                self._degrade(j, f)
+        if j.work_s is not None and run["fault"] is None:
+            self.at(run["first_step"] + (j.work_s - j.saved_s), self._complete, j, j.run)
+        self.at(run["first_step"], self._first_step, j, j.run)
+
+    def _first_step(self, j: SimJob, run: int) -> None:
+        """The trainer's first KPIs after a (re)start: a start event and a few steps (isolation verifies on them)."""
+        if self.ctrl is None or j.run != run or j.state != "RUNNING" or j.runs[-1]["fault"] is not None:
+            return
+        conn, jid = self.ctrl.conn, json.dumps([j.job_id])
+        with conn:
+            conn.execute("INSERT INTO events (node, ts, source, kind, job_ids) VALUES (?,?,'kpi','start',?)",
+                         (j.nodes[0], self.now, jid))
+            conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
+                             "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
+                                                     TOKENS_PER_S) for i in range(6)])
+
+    def _degrade(self, j: SimJob, f: Fault) -> None:
+        run = j.runs[-1]
+        kind = KINDS[f.kind]
+        if run["fault"] is None:
+            run["fault"] = max(self.now, run["first_step"]) if kind.speed else self.now
+            run["fault_kind"] = f.kind
+        run["speed"] = min(run["speed"], kind.speed)
+        if kind.detect in ("watchdog", "isolation") and self.arm == "policy":
+            self.at(self.now + self._delay(kind), self._outcome, j, j.run, f)
+
+    def _end_run(self, j: SimJob, why: str, completed: bool = False) -> None:
+        run = j.runs[-1]
+        end = self.now
+        fault = run["fault"] if run["fault"] is not None else end
+        healthy = max(0.0, min(fault, end) - run["first_step"])
+        slow = run["speed"] * max(0.0, end - max(fault, run["first_step"])) if run["fault"] is not None else 0.0
+        progress = healthy + slow
+        kept = progress if completed else math.floor(progress / j.checkpoint_s) * j.checkpoint_s
+        if j.work_s is not None:
+            kept = min(kept, j.work_s - j.saved_s)
+        run.update(end=end, why=why, progress=progress, kept=kept)
+        j.saved_s += kept
+
+    def _complete(self, j: SimJob, run: int) -> None:
+        if j.run != run or j.state != "RUNNING" or j.runs[-1]["fault"] is not None:
+            return
+        self._end_run(j, "completed", completed=True)
+        j.state, j.end_time = "COMPLETED", self.now
+        self._free(j.nodes)
+        j.nodes = ()
+
+    def requeue(self, j: SimJob, hold: bool = False) -> None:
+        """scontrol requeue (or SLURM's own after a node failure): the run ends, the old processes get KillWait,
+        the job waits on its BeginTime."""
+        self._end_run(j, "requeued")
+        nodes = j.nodes
+        j.state, j.reason, j.nodes = "PENDING", "JobHeldAdmin" if hold else "BeginTime", ()
+        j.restarts += 1
+        j.requeued_at = self.now
+        j.begin_at = self.now + REQUEUE_BEGIN_S
+        self.at(self.now + KILL_WAIT_S, self._free, nodes)
+        self.at(j.begin_at, self.changed)
+        self.changed()
+
+    def cancel(self, j: SimJob) -> None:
+        if j.state == "RUNNING":
+            if j.validation_of is None:
+                self._end_run(j, "cancelled")
+            self._free(j.nodes)
+        j.state, j.nodes = "CANCELLED", ()
+        if j.validation_of is not None:
+            self._record(j, "CANCELLED", 0)
+        self.changed()
+
+    def _free(self, nodes) -> None:
+        s = self.slurm
+        for n in nodes:
+            busy = any(n in j.nodes and j.state == "RUNNING" for j in s.job_map.values())
+            if not busy:
+                s.set_node(n, alloc_cpus=0, state="down" if s.node_map[n].state == "down" else "idle")
+                if "REBOOT_REQUESTED" in s.node_map[n].flags:
+                    self._reboot(n)
+        self.changed()
+
+    def _validation_done(self, j: SimJob, run: int) -> None:
+        if j.run != run or j.state != "RUNNING":
+            return
+        healthy = j.validation_of not in self.faults
+        j.state = "COMPLETED" if healthy else "FAILED"
+        self._record(j, j.state, 0 if healthy else 1)
+        self._free(j.nodes)
+        j.nodes = ()
+        j.state = "DONE"
+
+    def _record(self, j: SimJob, state: str, rc: int) -> None:
+        from sigma.slurm.types import AccountingRecord
+
+        self.slurm.records[j.job_id] = AccountingRecord(job_id=j.job_id, name=j.name, state=state,
+                                                        nodes=(j.validation_of,), start_time=int(j.start_time),
+                                                        end_time=int(self.now), return_code=rc)
+
+    # ---------- faults ----------
+    def fault(self, o: Outage) -> None:
+        node = self.names[o.node]
+        n = self.slurm.node_map[node]
+        self.result.faults += 1
+        if node in self.faults or node in self.repairing or not n.responding:
+            self.result.absorbed.append(o.origin)  # already down or under repair: one outage, counted
+            return
+        f = self.faults[node] = Fault(o, o.kind, self.now)
+        kind = KINDS[o.kind]
+        for j in list(self.slurm.job_map.values()):
+            if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
+                self._degrade(j, f)
+        if kind.detect == "slurm":
+            self.at(self.now + self._delay(kind), self._not_responding, node, f)
+        elif self.arm == "policy" and kind.detect == "log":
+            self.at(self.now + self._delay(kind), self._ingest, node, f)
+        if self.arm == "manual":
+            f.noticed_at = self.now + self._human()
+            self.at(f.noticed_at, self.human_repair, node, f)
+
+    def _delay(self, kind) -> float:
+        lo, hi = kind.delay_s
+        if kind.detect == "watchdog":
+            extra = self.ctrl.cfg.watchdog.hang_timeout_s if self.ctrl else 120.0
+            lo, hi = lo + extra, hi + extra
+        return float(self.rng.uniform(lo, hi))
+
+    def _human(self) -> float:
+        return float(self.rng.lognormal(math.log(self.p.human_median_min * 60.0), self.p.human_sigma))
+
+    def _ingest(self, node: str, f: Fault) -> None:
+        """The fault's log line, as the real sidecar turns it into an event, arrives in the controller database."""
+        if self.faults.get(node) is not f:
+            return
+        e = self.log_events[f.kind]
+        jobs = [j.job_id for j in self.slurm.job_map.values() if node in j.nodes and j.state == "RUNNING"]
+        fields = e["fields"] if isinstance(e["fields"], str) else json.dumps(e["fields"])
+        with self.ctrl.conn:
+            self.ctrl.conn.execute("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids)"
+                                   " VALUES (?,?,?,?,?,?,?,?)", (node, f.start, e["source"], e["kind"], e["severity"],
+                                                                 e["message"], fields, json.dumps(jobs)))
+        self._detected(f)
+        self.changed()
+
+    def _detected(self, f: Fault) -> None:
+        f.detected_at = self.now
+        self.result.detect_s.append(self.now - f.start)
+
+    def _not_responding(self, node: str, f: Fault) -> None:
+        if self.faults.get(node) is not f:
+            return
+        self.slurm.add_flag(node, "NOT_RESPONDING")
+        if self.arm == "policy":
+            self._detected(f)
+        self.at(self.now + SLURMD_TIMEOUT_S - (self.now - f.start), self._slurmd_timeout, node, f)
+        self.changed()
+
+    def _slurmd_timeout(self, node: str, f: Fault) -> None:
+        """SLURM sets the silent node DOWN and requeues what still runs there."""
+        if self.faults.get(node) is not f:
+            return
+        n = self.slurm.node_map[node]
+        self.slurm.set_node(node, state="down", reason=n.reason or "Not responding")
+        for j in list(self.slurm.job_map.values()):
+            if j.state == "RUNNING" and node in j.nodes:
+                if j.validation_of is None:
+                    self.requeue(j)
+                else:
+                    self.cancel(j)
+        self.changed()
+
+    def _outcome(self, j: SimJob, run: int, f: Fault) -> None:
+        """The watchdog / isolation outcome (the culprit), after the measured delay, for the controller's next
+        tick: the Finding loop.Controller._isolate makes."""
+        node = self.names[f.outage.node]
+        if j.run != run or j.state != "RUNNING" or self.faults.get(node) is not f:
+            return
+        kind = KINDS[f.kind]
+        hang = kind.detect == "watchdog"
+        rule_id = "watchdog-hang" if hang else "isolation-outlier"
+        summary = (f"job {j.job_id} made no progress; {node} stopped its heartbeats" if hang else
+                   f"job {j.job_id} throughput dropped; the other ranks wait for {node}")
+        finding = Finding(rule_id=rule_id, source="isolation", scope="node", severity="error", action="drain",
+                          summary=f"{summary}; {node} is the culprit"[:100], first_ts=f.start, last_ts=self.now,
+                          node=node, job_id=j.job_id, category="hang" if hang else "isolation",
+                          evidence={"verify": {"job_id": j.job_id, "kind": "watchdog-hang" if hang else
+                                               "watchdog-throughput-drop", "baseline": None if hang else
+                                               TOKENS_PER_S}})
+        self.pending_outcomes.setdefault(j.job_id, []).append((self.now, finding))
+        self._detected(f)
+        self.changed()
+
+    def outcomes_for(self, job, now: float) -> list[Finding]:
+        waiting = self.pending_outcomes.pop(job.job_id, [])
+        return [f for t, f in waiting if t <= now and f.node in job.nodes]
+
+    # ---------- repairs ----------
+    def reboot_requested(self, node: str) -> None:
+        if not self.slurm.node_map[node].alloc_cpus:
+            self._reboot(node)
+
+    def _reboot(self, node: str) -> None:
+        self.slurm.drop_flag(node, "REBOOT_REQUESTED")
+        self.slurm.add_flag(node, "REBOOT_ISSUED")
+        self.at(self.now + self.p.reboot_s, self._booted, node)
+
+    def _booted(self, node: str) -> None:
+        f = self.faults.get(node)
+        if f is not None and KINDS[f.kind].reboot_fixes:
+            self._fixed(node, f)
+        n = self.slurm.node_map[node]
+        flags = tuple(x for x in n.flags if x not in ("REBOOT_ISSUED", "REBOOT_REQUESTED", "NOT_RESPONDING"))
+        if f is not None and f is self.faults.get(node) and f.kind == "node-death":
+            flags += ("NOT_RESPONDING",)  # a dead host does not come back from a reboot
+        self.slurm.set_node(node, state="down", flags=tuple(sorted(set(flags) | {"DRAIN"})),
+                            slurmd_start_time=int(self.now), boot_time=int(self.now))
+        self.at(self.now + REBOOT_SETTLE_S + 0.5, self.changed)
+        self.changed()
+
+    def _fixed(self, node: str, f: Fault) -> None:
+        f.repaired_at = self.now
+        self.faults.pop(node, None)
+        self.slurm.drop_flag(node, "NOT_RESPONDING")
+
+    def ticket(self, node: str, key: str) -> None:
+        """A ticket or a manual playbook reaches the people: a remediation one is repaired after the fault's
+        repair time and marked repaired (`sigma nodes --repaired`); an escalation is handled by hand."""
+        if key.startswith("escalate:"):
+            self.result.escalations += 1
+            self.at(self.now + self._human(), self.human_repair, node, self.faults.get(node))
+            return
+        f = self.faults.get(node)
+        self.at(self.now + self._repair_time(f), self._repaired, node, f)
+
+    def _repair_time(self, f: Fault | None) -> float:
+        """A ticket's time to repaired: a reboot-fixable fault waits for someone, then a reboot; a hardware fault
+        takes its recorded (or modelled) outage time, which already includes waiting for people."""
+        if f is None or KINDS[f.kind].reboot_fixes:
+            return self._human() + self.p.reboot_s
+        return self._hands_on(f)
+
+    def _hands_on(self, f: Fault | None) -> float:
+        if f is None or KINDS[f.kind].reboot_fixes or not f.outage.repair_s:
+            return self.p.reboot_s
+        return f.outage.repair_s
+
+    def _repaired(self, node: str, f: Fault | None) -> None:
+        if f is not None and self.faults.get(node) is f:
+            self._fixed(node, f)
+        self.slurm.set_node(node, slurmd_start_time=int(self.now))
+        try:
+            self.ctrl.remediator.mark_repaired(node, by="admin")
+        except ValueError:
+            lc = self.ctrl.remediator.get(node)
+            if lc is not None and lc.state in ("drained", "waiting_jobs"):
+                self.at(self.now + 60.0, self._repaired, node, None)  # not waiting for it yet: try again
+        self.changed()
+
+    def human_repair(self, node: str, f: Fault | None) -> None:
+        """What a person does without automation (and with an escalation): drain the node with their own reason,
+        requeue its jobs, repair it (a reboot, or the fault's hands-on repair time), resume it."""
+        if node in self.repairing or (f is not None and self.faults.get(node) is not f):
+            return
+        self.repairing.add(node)
+        n = self.slurm.node_map[node]
+        if not n.drained or n.drained_by_sigma:
+            self.slurm.admin_drain(node, "admin: repair")
+        for j in list(self.slurm.job_map.values()):
+            if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
+                self.requeue(j)
+        if f is not None:
+            f.repair_start = self.now
+        self.at(self.now + self._hands_on(f), self._human_done, node, f)
+
+    def _human_done(self, node: str, f: Fault | None) -> None:
+        if f is not None and self.faults.get(node) is f:
+            self._fixed(node, f)
+        self.repairing.discard(node)
+        self.slurm.set_node(node, state="down" if node in self.faults else "idle")
+        self.slurm.resume([node], force=True)
+        self.result.recycle.append({"node": node, "detect_s": (f.noticed_at or self.now) - f.start if f else None,
+                                    "repair_s": self.now - (f.repair_start or self.now) if f else None,
+                                    "total_s": self.now - f.start if f else None})
+        self.changed()
