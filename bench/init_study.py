@@ -45,7 +45,8 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"{args.config} + {' '.join(DEPTH)}, lr {args.lr}, {args.steps} steps, seeds {seeds}; "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'init':<9} {'seed':>4} {'final loss':>10} {'spikes':>6}  {'verdict':<10} end profile (MoE layer norms)")
+    print(f"{'init':<9} {'seed':>4} {'final loss':>10} {'spikes':>6}  {'verdict':<10} "
+          f"{'end profile (MoE layer norms)':<42} signals (first step)")
     runs, t0 = {}, time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for init, overrides in INITS.items():
@@ -58,7 +59,9 @@ def main() -> int:
                 verdict = assess(metrics)
                 profile = verdict.norms[-1][1] if verdict.norms else []
                 print(f"{init:<9} {seed:>4} {statistics.mean(losses[-20:]):>10.4f} {spikes(grads):>6}  "
-                      f"{verdict.state:<10} [{', '.join(f'{n:.2f}' for n in profile)}]", flush=True)
+                      f"{verdict.state:<10} {'[' + ', '.join(f'{n:.2f}' for n in profile) + ']':<42} "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(verdict.first.items(), key=lambda kv: kv[1]))
+                         or "-"), flush=True)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -147,7 +148,6 @@ def kpi_files(job: int | None, kpi: str | None, kpi_dir: str | None) -> list[Pat
             raise FileNotFoundError(f"{path}: no such KPI file")
         return [path]
     from sigma.train.kpi import DEFAULT_KPI_DIR
-    import os
 
     root = Path(kpi_dir or os.environ.get("SIGMA_KPI_DIR") or DEFAULT_KPI_DIR) / f"job-{job}"
     files = sorted(root.glob("rank-0.*.jsonl")) or sorted(p for p in root.glob("rank-*.jsonl")
@@ -199,6 +199,10 @@ def emit(kpi_file: Path, verdict: Verdict) -> Path:
         return out
     with open(out, "a", encoding="utf-8") as f:
         f.write(json.dumps(_clean(line), separators=(",", ":")) + "\n")
+    owner = kpi_file.stat()
+    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+        # The sidecar reads only files of the job's user: run from root's cron, hand the file to that user.
+        os.chown(out, owner.st_uid, owner.st_gid)
     return out
 
 
