@@ -177,6 +177,8 @@ class Engine:
             if self.ctrl is not None and self.dirty:
                 self.tick()
         self._account(self.end)
+        if self.result.series:
+            self.result.series.append((self.end, *self.result.series[-1][1:]))  # the plot runs to the end
         self.now = self.end
         for j in self.slurm.job_map.values():
             if j.state == "RUNNING" and j.validation_of is None:
