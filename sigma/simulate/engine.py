@@ -21,7 +21,7 @@ import numpy as np
 
 from sigma.controller.act.actions import SlurmActions
 from sigma.controller.act.decisionlog import DecisionLog
-from sigma.controller.act.remediation import REBOOT_SETTLE_S
+from sigma.controller.act.remediation import REBOOT_SETTLE_S, TERMINAL
 from sigma.controller.loop import Controller
 from sigma.findings import Finding
 from sigma.simulate.faults import KINDS
@@ -97,9 +97,12 @@ class SimLog(DecisionLog):
         super().__init__(None, keep=50)
         self.engine = engine
         self.count = 0
+        self.next_step = False  # a decision or a move to a state whose handler runs on the next tick
 
     def event(self, what, human=None, **fields):
         self.count += 1
+        if what == "decision" or (what == "lifecycle" and fields.get("to_state") not in TERMINAL):
+            self.next_step = True
         if what == "waiting_for_admin":
             self.engine.ticket(fields["node"], f"manual:{fields['node']}")
         if self.engine.verbose and human:
@@ -195,11 +198,11 @@ class Engine:
 
     def tick(self) -> None:
         self.dirty = False
-        before = self.ctrl.log.count
+        self.ctrl.log.next_step = False
         self.ctrl.tick()
         self.result.ticks += 1
         self.schedule()
-        if self.ctrl.log.count != before or self.dirty:
+        if self.ctrl.log.next_step:
             self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
         elif self._timers_running():
             self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
