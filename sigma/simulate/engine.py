@@ -319,6 +319,7 @@ class Engine:
             conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
                              "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
                                                      TOKENS_PER_S) for i in range(6)])
+        self.at(self.now + 61.0, self.changed)  # isolation's verification reads these steps on a tick
 
     def _degrade(self, j: SimJob, f: Fault) -> None:
         run = j.runs[-1]
