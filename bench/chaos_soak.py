@@ -1,13 +1,18 @@
 """Chaos soak: train on the local cluster while a seeded schedule injects faults of every kind, one at a time.
 
     python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
-                               [--signatures all|N|NAME ...]
+                               [--signatures all|N|NAME ...] [--no-jit | --compare]
 
 Uses only what a user or an admin could do: `sigma stack up`, `sigma train`, `sigma chaos` (its Python API),
 `sbatch`, `sigma nodes --repaired`, `sigma report`; the controller database is read (read-only) for measurements.
 One row per fault: kind, node, what detected it, detection latency, whether the right node was acted on, whether
 the training job recovered, recovery time (fault -> first training step after the restart) and steps lost; then
 false drains, lost jobs, effective training time, and the `sigma report` figures.
+
+Just-in-time checkpoints (docs/train.md) are on, as shipped. --no-jit runs the soak as before them: the controller
+requeues at once (jit_checkpoint_timeout_s=0) and the trainer neither polls for requests nor saves its last healthy
+step on a NaN. --compare runs both, same seed, same machine, one after the other, and prints steps lost, time
+lost and effective training time side by side.
 
 Fault kinds (each injected at its source by `sigma chaos`, on a node of the running training job unless noted):
   xid         an Xid 79 line in the node's kernel log
@@ -110,6 +115,11 @@ class FaultRow:
     def window_end(self) -> float:
         return self.caught_up_ts or self.recovered_ts or self.detected_ts or self.ts
 
+    @property
+    def time_lost_s(self) -> float | None:
+        """Fault -> training past the step it had reached (new work again)."""
+        return None if self.caught_up_ts is None else self.caught_up_ts - self.ts
+
 
 @dataclass
 class SoakResult:
@@ -136,7 +146,7 @@ def _sigma(env: dict, *args: str, check: bool = True) -> str:
 class Soak:
     def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
                  fault_timeout: float, throughput_window: float = 30.0, say=print,
-                 signatures: list[str] | None = None, per_round: int | None = None):
+                 signatures: list[str] | None = None, per_round: int | None = None, jit: bool = True):
         """signatures: the catalogue rules the log kind injects (default: every one that can run here);
         per_round: how many of them each round samples (default: all that have not run yet)."""
         from sigma.chaos.inject import Chaos
@@ -162,7 +172,9 @@ class Soak:
                         "--set", "watchdog.crash_loop_window_s=300",
                         # 4 nodes: the shipped global limit (half the cluster) would count the soak's own
                         # back-to-back faults, each repaired before the next, as one wave
-                        "--set", "breaker.wave_max_fraction=0.75", *self.state_args]
+                        "--set", "breaker.wave_max_fraction=0.75",
+                        *([] if jit else ["--set", "jit_checkpoint_timeout_s=0"]), *self.state_args]
+        self.train_args = [] if jit else ["checkpoint.jit_poll_every=0", "checkpoint.nan_rollback=false"]
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
         self.slurm = Slurm(self.cluster.conf)
@@ -194,7 +206,7 @@ class Soak:
         out = _sigma(self.env, "train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait",
                      "name=soak", "parallel.ep=2", "steps=1000000", f"checkpoint.every={CHECKPOINT_EVERY}",
                      f"checkpoint.dir={self.run_dir}/checkpoints", f"launch.folder={self.run_dir}/submitit",
-                     "fault.step_delay_s=0.05", "fault.nan_trigger=true", "kpi.progress_every=0")
+                     "fault.step_delay_s=0.05", "fault.nan_trigger=true", "kpi.progress_every=0", *self.train_args)
         match = re.search(r"job (\d+)", out)
         if not match:
             raise RuntimeError(f"no job id in `sigma train` output: {out!r}")
@@ -510,6 +522,45 @@ def print_result(res: SoakResult) -> None:
     print(res.report)
 
 
+def print_comparison(before: SoakResult, after: SoakResult) -> None:
+    """Steps and time lost per fault kind, and effective training time, without and with just-in-time
+    checkpoints (same seed, same machine)."""
+    def per_kind(res: SoakResult) -> dict[str, list[FaultRow]]:
+        out: dict[str, list[FaultRow]] = {}
+        for r in res.rows:
+            if r.job_affected:
+                out.setdefault(r.label, []).append(r)
+        return out
+
+    def cell(rows: list[FaultRow], value) -> str:
+        vals = [value(r) for r in rows]
+        vals = [v for v in vals if v is not None]
+        return "-" if not vals else "/".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in vals)
+
+    b, a = per_kind(before), per_kind(after)
+    head = ("kind", "steps lost before", "after", "time lost before (s)", "after", "detection after (s)",
+            "after - detection (s)")
+    table = [head]
+    for kind in sorted(set(b) | set(a)):
+        rb, ra = b.get(kind, []), a.get(kind, [])
+        table.append((kind, cell(rb, lambda r: r.steps_lost), cell(ra, lambda r: r.steps_lost),
+                      cell(rb, lambda r: r.time_lost_s), cell(ra, lambda r: r.time_lost_s),
+                      cell(ra, lambda r: r.latency),
+                      cell(ra, lambda r: None if r.time_lost_s is None or r.latency is None
+                           else r.time_lost_s - r.latency)))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    print("without (before) and with (after) just-in-time checkpoints, same seed:")
+    for i, row in enumerate(table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    for name, res in (("before", before), ("after", after)):
+        lost = [r.steps_lost for r in res.rows if r.steps_lost is not None]
+        print(f"{name}: steps lost {sum(lost)} in {len(lost)} faults (max {max(lost, default=0)}); effective "
+              f"training time {100 * res.effective:.1f} % overall, {100 * res.effective_outside:.1f} % outside the "
+              f"fault windows ({res.wall_s / 60:.1f} min)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=20.0, help="soak length (at least one fault of each kind)")
@@ -528,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
     p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
     p.add_argument("--json", type=Path, default=None, help="also write the rows and totals here")
+    jit = p.add_mutually_exclusive_group()
+    jit.add_argument("--no-jit", action="store_true", help="as before just-in-time checkpoints (see above)")
+    jit.add_argument("--compare", action="store_true", help="run without, then with just-in-time checkpoints")
     args = p.parse_args(argv)
     t = time.monotonic()
     say = lambda s: print(f"[{time.monotonic() - t:6.1f}s] {s}", flush=True)  # noqa: E731
@@ -537,17 +591,28 @@ def main(argv: list[str] | None = None) -> int:
             per_round = int(args.signatures[0])
         else:
             signatures = args.signatures
-    soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout, args.throughput_window,
-                say=say, signatures=signatures, per_round=per_round)
-    try:
-        res = soak.run(args.minutes, args.kinds, args.port_base)
-    finally:
-        if not args.keep:
-            soak.stop_platform(with_cluster=True)
-    print_result(res)
+    def soak_once(jit: bool, keep: bool) -> tuple[Soak, SoakResult]:
+        say(f"soak {'with' if jit else 'without'} just-in-time checkpoints, seed {args.seed}")
+        soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
+                    args.throughput_window, say=say, signatures=signatures, per_round=per_round, jit=jit)
+        try:
+            res = soak.run(args.minutes, args.kinds, args.port_base)
+        finally:
+            if not keep:
+                soak.stop_platform(with_cluster=True)
+        print_result(res)
+        return soak, res
+
+    if args.compare:
+        _, before = soak_once(False, False)
+        soak, res = soak_once(True, args.keep)
+        print_comparison(before, res)
+    else:
+        soak, res = soak_once(not args.no_jit, args.keep)
     if args.json:
         args.json.write_text(json.dumps({"rows": [{**r.__dict__, "latency": r.latency, "recovery_s": r.recovery_s,
-                                                   "steps_lost": r.steps_lost, "right_node": r.right_node}
+                                                   "steps_lost": r.steps_lost, "time_lost_s": r.time_lost_s,
+                                                   "right_node": r.right_node}
                                                   for r in res.rows],
                                          "false_drains": res.false_drains, "lost_jobs": res.lost_jobs,
                                          "effective": res.effective, "effective_outside": res.effective_outside},

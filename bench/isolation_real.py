@@ -103,6 +103,8 @@ def load_nab(root: Path, files: int) -> list[tuple[str, np.ndarray, list[tuple[i
 class Engine:
     name = "engine"
 
+    threshold = ISO.min_score
+
     def __init__(self, history: np.ndarray, peers: bool = True):
         self.base = isolation.baseline(history)
         self.peers = peers
@@ -114,12 +116,13 @@ class Engine:
         return isolation.top_k_mean(z, 3), z
 
     def pick(self, names, scores, hint=None):
-        return isolation.pick_outlier(names, scores, ISO.min_score, ISO.dominance).culprit
+        return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
 
 
 class ThreeSigma:
     """Per metric, the entity's own history mean/std; the entity with the largest excursion beyond 3 sigma."""
     name = "3-sigma"
+    threshold = 3.0
 
     def __init__(self, history: np.ndarray):
         self.mean = np.nanmean(history, axis=1)
@@ -131,7 +134,7 @@ class ThreeSigma:
 
     def pick(self, names, scores, hint=None):
         i = int(np.argmax(scores))
-        return names[i] if scores[i] > 3.0 and np.sum(scores == scores[i]) == 1 else None
+        return names[i] if scores[i] > self.threshold and np.sum(scores == scores[i]) == 1 else None
 
 
 TODAY_REV = "d06369c"  # the last commit with the scorer before noise floors and the per-node score
@@ -153,6 +156,7 @@ def load_today() -> types.ModuleType | None:
 class Today:
     """The earlier scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
     name = "today"
+    threshold = ISO.min_score
 
     def __init__(self, mod, history: np.ndarray):
         self.mod = mod
@@ -165,7 +169,7 @@ class Today:
         return self.mod.top_k_mean(z, 3), z
 
     def pick(self, names, scores, hint=None):
-        return self.mod.pick_outlier(names, scores, ISO.min_score, ISO.dominance).culprit
+        return self.mod.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
 
 
 class Rolling:
@@ -191,24 +195,32 @@ def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
     return len(set(top.tolist()) & set(labelled)) / len(labelled)
 
 
-def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str]) -> dict:
-    """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows)."""
-    E, T, _ = test.shape
-    streaks = isolation.Streaks()
-    acts = np.full(T, -1)  # entity acted on at t (-1: none)
-    picked = np.full(T, -1)
-    metric_z = np.zeros((T, E, test.shape[2]))
+def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """One scoring pass over the test split: (node scores [T, E], metric scores [T, E, M], ms per round)."""
+    E, T, M = test.shape
+    node_scores, metric_z = np.zeros((T, E)), np.zeros((T, E, M))
     t0 = time.perf_counter()
     for t in range(T):
         if hasattr(method, "at"):
             method.at(t)
-        scores, z = method(test[:, t, :])
-        metric_z[t] = z
-        culprit = method.pick(names, scores)
+        node_scores[t], metric_z[t] = method(test[:, t, :])
+    return node_scores, metric_z, 1000 * (time.perf_counter() - t0) / T
+
+
+def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str],
+        scored: tuple | None = None) -> dict:
+    """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows).
+    scored: a previous `score` pass of this method, replayed at its current threshold."""
+    node_scores, metric_z, round_ms = scored or score(method, test)
+    T = test.shape[1]
+    streaks = isolation.Streaks()
+    acts = np.full(T, -1)  # entity acted on at t (-1: none)
+    picked = np.full(T, -1)
+    for t in range(T):
+        culprit = method.pick(names, node_scores[t])
         picked[t] = names.index(culprit) if culprit else -1
         if streaks.update("job", culprit) >= ISO.rounds:
             acts[t] = names.index(culprit)
-    elapsed = time.perf_counter() - t0
     anomalous = labels.any(axis=0)
     normal = ~anomalous
     false = int(np.sum((acts >= 0) & normal))
@@ -235,7 +247,7 @@ def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], n
             "false_per_window": false / max(1, int(normal.sum())), "false": false,
             "hit100": float(np.mean(hits[1.0])) if hits[1.0] else float("nan"),
             "hit150": float(np.mean(hits[1.5])) if hits[1.5] else float("nan"), "detected_segments": len(hits[1.0]),
-            "round_ms": 1000 * elapsed / T}
+            "round_ms": round_ms}
 
 
 def random_hit_rate(segments: list[Segment], metrics: int, rng: np.random.Generator) -> tuple[float, float]:
@@ -268,10 +280,41 @@ def asd(root: Path, servers: int, today_mod) -> None:
     methods = [Engine(train), Engine(train, peers=False), ThreeSigma(train)]
     if today_mod is not None:
         methods.append(Today(today_mod, train))
+    passes = {m.name: score(m, test) for m in methods}
     for m in methods:
-        print_row(m.name, run(m, test, labels, segments, names))
+        print_row(m.name, run(m, test, labels, segments, names, passes[m.name]))
     r100, r150 = random_hit_rate(segments, test.shape[2], np.random.default_rng(0))
     print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
+    equal_budget(methods, passes, test, labels, segments, names)
+
+
+# the score each method needs to act: a sweep that puts every method at the same false-action rates
+SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
+         "today": np.arange(2.0, 12.01, 0.5), "3-sigma": np.array([3, 4, 5, 7, 10, 15, 20, 30, 50, 100, 300, 1e3])}
+
+
+def equal_budget(methods, passes, test, labels, segments, names, budgets=(0.01, 0.03, 0.05)) -> None:
+    """Each method at the threshold giving its best top-1 within a false-action budget: methods compared at the same
+    false-alarm cost rather than at their own defaults (a threshold sweep on the scored split, as a detection-rate
+    curve at fixed false-positive rates is read; the shipped defaults are the rows above)."""
+    print("  at equal false-action budgets (best top-1 over a threshold sweep with false/win within the budget):")
+    print("  method      budget  threshold  top-1   wrong  top-1 solo  false/win")
+    for m in methods:
+        default = m.threshold
+        sweep = []
+        for th in SWEEP[m.name]:
+            m.threshold = float(th)
+            sweep.append((float(th), run(m, test, labels, segments, names, passes[m.name])))
+        m.threshold = default
+        for budget in budgets:
+            within = [(th, r) for th, r in sweep if r["false_per_window"] <= budget]
+            if not within:
+                print(f"  {m.name:11s} {100 * budget:5.0f}%   cannot stay within it (lowest false/win "
+                      f"{100 * min(r['false_per_window'] for _, r in sweep):.2f}%)")
+                continue
+            th, r = max(within, key=lambda x: (x[1]["top1"], -x[1]["wrong"]))
+            print(f"  {m.name:11s} {100 * budget:5.0f}%  {th:9.1f}  {100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  "
+                  f"{r['solo'][0]}/{r['solo'][1]:<7}  {100 * r['false_per_window']:6.2f}%")
 
 
 def nab(root: Path, files: int) -> None:

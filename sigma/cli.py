@@ -15,7 +15,8 @@ import time
 
 # Modules with register(subparsers), in the order of `sigma --help`; ones not present yet are skipped.
 COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
-    "slurm", "health", "telemetry", "controller", "companion", "rules", "train", "chaos", "security", "simulate")) + ("sigma.stack", "sigma.demo")
+    "slurm", "health", "telemetry", "controller", "companion", "rules", "train", "tune", "chaos", "security", "simulate")) + (
+    "sigma.train.numerics.cli", "sigma.train.collapse", "sigma.stack", "sigma.demo")
 
 
 # What SLURM commands print when slurmctld cannot be reached (down, wrong SLURM_CONF).

@@ -1,4 +1,5 @@
-"""SQLite helpers shared by the node store and the controller database: WAL, named migrations."""
+"""Store helpers shared by the node store and the controller database: WAL, named migrations; the controller's
+database may also be PostgreSQL, chosen by a postgresql:// URL (open_store)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 Migration = tuple[str, str]  # (unique name, SQL script)
+
+
+def is_url(target: str | Path) -> bool:
+    """A PostgreSQL URL (postgresql://user@host/db, postgres://...) rather than an SQLite file path."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(target: str | Path, *, readonly: bool = False):
+    """An SQLite file (sqlite3.Connection) or, for a postgresql:// URL, the PostgreSQL adapter with the same
+    interface (sigma.pgstore): the one place that knows which."""
+    if not is_url(target):
+        return connect(target, readonly=readonly)
+    from sigma.pgstore import PgConnection
+
+    conn = PgConnection(str(target))
+    if readonly:
+        conn.raw.execute("SET default_transaction_read_only = on")
+    return conn
 
 
 def connect(path: str | Path, *, readonly: bool = False, timeout: float = 30.0) -> sqlite3.Connection:
@@ -24,7 +43,7 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 30.0) 
     return conn
 
 
-def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:
+def migrate(conn, migrations: Sequence[Migration]) -> list[str]:
     """Apply migrations not yet recorded in the `migrations` table, in order; return the names applied."""
     conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     done = {row[0] for row in conn.execute("SELECT name FROM migrations")}

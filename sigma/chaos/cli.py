@@ -13,16 +13,22 @@ from sigma.chaos.inject import KINDS, SIGNATURES
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chaos", help="inject a fault at its source on a local-cluster node (and undo it)",
                        description="Inject faults where they really arise: a kernel-log line, stopped or slowed "
-                                   "job processes, a killed slurmd, a NaN loss. Every injection is journaled.")
+                                   "job processes, a killed slurmd, a NaN loss, and throughput noise (a CPU hog, page-cache "
+                                   "reclaim, an I/O stall, GC pressure). Every injection is journaled.")
     p.add_argument("kind", choices=KINDS + ("list", "undo"), help="what to inject, or list / undo")
     p.add_argument("target", nargs="?", help="with undo: the injection id")
     p.add_argument("--node", help="emulated node to hit (e.g. node3)")
-    p.add_argument("--job", type=int, default=None, help="only this job's processes (hang, straggler, nan)")
+    p.add_argument("--job", type=int, default=None, help="only this job's processes (every kind but log and node-death)")
     p.add_argument("--xid", type=int, default=None, help="log: an NVIDIA Xid code (79, 48, 74, ...)")
     p.add_argument("--signature", choices=sorted(SIGNATURES), default=None, help="log: a named signature")
     p.add_argument("--line", default=None, help="log: this text as the kernel message (a new signature)")
-    p.add_argument("--percent", type=float, default=50.0, help="straggler: share of time the ranks are stopped")
-    p.add_argument("--period", type=float, default=1.0, help="straggler: duty-cycle period in seconds")
+    p.add_argument("--percent", type=float, default=50.0,
+                   help="straggler: share of time the ranks are stopped; cpu-hog: share of time the hog is busy")
+    p.add_argument("--period", type=float, default=1.0,
+                   help="straggler, cpu-hog: duty-cycle period; page-cache, io-stall: seconds between evictions")
+    p.add_argument("--workers", type=int, default=1, help="cpu-hog: busy processes to start")
+    p.add_argument("--size-mb", type=int, default=256, help="page-cache: filler file size; io-stall: MiB per pass")
+    p.add_argument("--objects", type=int, default=20000, help="gc-pressure: objects the trainer churns per step")
     p.add_argument("--all", action="store_true", help="undo: every injection not yet undone")
     p.add_argument("--force", action="store_true",
                    help="inject even when no sidecar or controller watches the node (nothing will react)")
@@ -67,7 +73,8 @@ def _run(args) -> int:
                 raise CommandError(f"nothing would notice: {' and '.join(missing)} not running; start the platform "
                                    f"with `sigma stack up`, or inject anyway with --force")
         inj = chaos.inject(args.kind, args.node, job_id=args.job, xid=args.xid, signature=args.signature,
-                           percent=args.percent, period_s=args.period, line=args.line)
+                           percent=args.percent, period_s=args.period, line=args.line, workers=args.workers,
+                           size_mb=args.size_mb, objects=args.objects)
     except ChaosError as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(asdict(inj)) if args.json else f"injected {inj.kind} on {inj.node} as {inj.id} "
@@ -120,4 +127,10 @@ def _summary(r) -> str:
         return f"{r.params['percent']:.0f}% stopped, pids {r.params['pids']}"
     if r.kind == "hang":
         return f"pids {r.params['pids']}"
+    if r.kind == "cpu-hog":
+        return f"{r.params['workers']} process(es) busy {r.params['percent']:.0f}% of the time on CPUs {r.params['cpus']}"
+    if r.kind in ("page-cache", "io-stall"):
+        return f"{r.params['size_mb']} MiB, evicting every {r.params['period_s']}s"
+    if r.kind == "gc-pressure":
+        return f"{r.params['objects']} objects per step"
     return ""

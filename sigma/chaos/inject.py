@@ -6,6 +6,10 @@ Kinds:
   straggler  duty-cycle SIGSTOP/SIGCONT of the job's processes on the node, slowing them by a percentage
   node-death SIGKILL the node's slurmd (undo: start it again)
   nan        ask the job's trainer ranks to produce a NaN loss (the trainer's testing-only fault hook)
+  cpu-hog    processes on the CPUs the job's ranks on the node use, busy --percent of each period (undo: stop them)
+  page-cache a hot filler file while the job's mapped pages are evicted every period (undo: stop, delete the file)
+  io-stall   synced writes saturating the disk while the job's data pages are evicted every period
+  gc-pressure  ask the job's trainer ranks on the node to churn objects in reference cycles (fault.gc_trigger)
 
 The journal (<cluster dir>/chaos.jsonl) records each injection with its time so reports can compute latencies.
 """
@@ -24,7 +28,8 @@ from pathlib import Path
 
 from sigma.slurm.cluster import LocalCluster
 
-KINDS = ("log", "hang", "straggler", "node-death", "nan")
+KINDS = ("log", "hang", "straggler", "node-death", "nan", "cpu-hog", "page-cache", "io-stall", "gc-pressure")
+NOISE_KINDS = ("cpu-hog", "page-cache", "io-stall")  # background processes of sigma.chaos.noise
 
 # Xid texts as NVIDIA's driver prints them after the code (the rest of the catalogue's codes get a generic text).
 XID_TEXT = {
@@ -171,15 +176,19 @@ class Chaos:
     # ---------- inject ----------
     def inject(self, kind: str, node: str, *, job_id: int | None = None, xid: int | None = None,
                signature: str | None = None, percent: float = 50.0, period_s: float = 1.0,
-               line: str | None = None) -> Injection:
+               line: str | None = None, workers: int = 1, size_mb: int = 256, objects: int = 20000) -> Injection:
         if node not in self.cluster.node_names():
             raise ChaosError(f"unknown node {node!r}; nodes: {', '.join(self.cluster.node_names())}")
         if kind == "log":
             return self._inject_log(node, xid, signature, job_id, line)
-        if kind in ("hang", "straggler", "nan"):
+        if kind in ("hang", "straggler", "nan") + NOISE_KINDS + ("gc-pressure",):
             pids = job_pids(self.cluster, node, job_id)
             if not pids:
                 raise ChaosError(f"no processes of {'job ' + str(job_id) if job_id else 'any job'} on {node}")
+            if kind in NOISE_KINDS:
+                return self._inject_noise(kind, node, job_id, pids, workers, size_mb, period_s, percent)
+            if kind == "gc-pressure":
+                return self._inject_gc(node, job_id, pids, objects)
             if kind == "hang":
                 _signal_all(pids, signal.SIGSTOP)
                 return self._record(Injection("hang", node, job_id=job_id, params={"pids": pids}))
@@ -241,6 +250,42 @@ class Chaos:
         trigger.write_text(f"{time.time()}\n")
         return self._record(Injection("nan", node, job_id=job, params={"trigger": str(trigger)}))
 
+    def _one_job(self, kind: str, node: str, pids: list[int]) -> int:
+        jobs = {_environ(pid).get("SLURM_JOB_ID") for pid in pids} - {None}
+        if len(jobs) != 1:
+            raise ChaosError(f"{kind} needs one job on {node}; found {sorted(jobs)}: pass --job")
+        return int(jobs.pop())
+
+    def _inject_gc(self, node: str, job_id: int | None, pids: list[int], objects: int) -> Injection:
+        if objects < 1:
+            raise ChaosError(f"--objects must be positive, not {objects}")
+        job = self._one_job("gc-pressure", node, pids)
+        trigger = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job}" / f"inject-gc.{node}"  # that node's ranks
+        trigger.parent.mkdir(parents=True, exist_ok=True)
+        trigger.write_text(f"{objects}\n")
+        return self._record(Injection("gc-pressure", node, job_id=job,
+                                      params={"trigger": str(trigger), "objects": objects}))
+
+    def _inject_noise(self, kind: str, node: str, job_id: int | None, pids: list[int], workers: int,
+                      size_mb: int, period_s: float, percent: float) -> Injection:
+        if workers < 1 or size_mb < 1 or period_s <= 0:
+            raise ChaosError("--workers and --size-mb must be positive and --period above 0")
+        job = self._one_job(kind, node, pids)
+        run = lambda *args: subprocess.Popen(
+            [sys.executable, "-m", "sigma.chaos.noise", kind, *map(str, args)], start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+        params: dict = {"pids": pids, "period_s": period_s}
+        if kind == "cpu-hog":
+            if not 0 < percent <= 100:
+                raise ChaosError(f"--percent must be above 0 and at most 100, not {percent}")
+            cpus = sorted(set().union(*(_affinity(p) for p in pids)))
+            params.update(cpus=cpus, workers=workers, percent=percent,
+                          noise_pids=[run(",".join(map(str, cpus)), percent / 100, period_s) for _ in range(workers)])
+        else:
+            path = self.cluster.node_dir(node) / f"chaos-{kind}.{uuid.uuid4().hex[:6]}"
+            params.update(file=str(path), size_mb=size_mb, noise_pids=[run(path, size_mb, period_s, *pids)])
+        return self._record(Injection(kind, node, job_id=job, params=params))
+
     def _inject_straggler(self, node, job_id, pids, percent, period_s) -> Injection:
         if not 0 < percent < 100:
             raise ChaosError(f"--percent must be between 0 and 100, not {percent}")
@@ -274,8 +319,14 @@ class Chaos:
                 subprocess.run(["slurmd", "-N", inj.node], env={**os.environ, **self.cluster.env}, check=True,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                timeout=30)
-        elif inj.kind == "nan":
+        elif inj.kind in ("nan", "gc-pressure"):
             Path(inj.params["trigger"]).unlink(missing_ok=True)
+        elif inj.kind in NOISE_KINDS:
+            _signal_all(inj.params["noise_pids"], signal.SIGTERM)
+            for pid in inj.params["noise_pids"]:
+                _wait_gone(pid, timeout=10.0)
+            if inj.params.get("file"):
+                Path(inj.params["file"]).unlink(missing_ok=True)
         inj.undone_ts = time.time()
         return self._record(inj)
 
@@ -288,6 +339,13 @@ def _environ(pid: int) -> dict[str, str]:
     except OSError:
         return {}
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _affinity(pid: int) -> set[int]:
+    try:
+        return os.sched_getaffinity(pid)
+    except OSError:
+        return set()
 
 
 def job_pids(cluster: LocalCluster, node: str, job_id: int | None = None) -> list[int]:

@@ -1,4 +1,4 @@
-"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`."""
+"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rules.add_argument("--check", action="store_true",
                        help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
                             "report every problem, exit 1 on any (or on an empty knowledge base)")
+    rules.add_argument("--json", action="store_true", help="machine-readable output")
     rules.set_defaults(func=_rules)
 
     nodes = common(sub.add_parser(
@@ -60,6 +61,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    noise = common(sub.add_parser(
+        "noise", help="why a job's step times jitter: the likely local cause per rank",
+        description="Throughput stability of a job (min/peak, mean/peak, std of step throughput) and, per rank, the "
+                    "likely local cause of its slow steps: page-cache reclaim, GC pauses, CPU contention from other "
+                    "processes, I/O stalls, throttling; from the ranks' KPI counters and their nodes' telemetry."))
+    noise.add_argument("--job", type=int, required=True, help="SLURM job id")
+    noise.add_argument("--since", help="only steps since (e.g. 30m, 2026-11-21T10:00; default: the whole job)")
+    noise.add_argument("--json", action="store_true", help="machine-readable output")
+    noise.set_defaults(func=_noise)
 
     rep = common(sub.add_parser(
         "report", help="utilisation, MTBF, recovery and recycling times, automation",
@@ -166,16 +177,23 @@ def _rules(args) -> int:
         return 1 if errors else 0
     rules = load_rules(location)
     disabled = _disabled_rules(cfg.db)
-    table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
-        table.add_column(col)
+    rows = []
     for r in rules:
-        shadow = " (shadow)" if r.shadow or r.id in cfg.shadow_rules else ""
         off = disabled.get(r.id)
         status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
                   else "disabled" if not r.enabled else "ok")
-        table.add_row(r.id, str(r.version), r.scope, r.match_kind, r.severity, r.action + shadow, r.description,
-                      status)
+        rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
+                     "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
+                     "description": r.description, "status": status})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title=f"{len(rules)} rules")
+    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"],
+                      row["action"] + (" (shadow)" if row["shadow"] else ""), row["description"], row["status"])
     _console().print(table)
     return 0
 
@@ -284,8 +302,10 @@ def _explain(args) -> int:
     acts = [dict(r) for r in conn.execute("SELECT * FROM actions WHERE incident_id = ? ORDER BY id", (inc.id,))]
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
+    costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves}, indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
+                         indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -310,6 +330,12 @@ def _explain(args) -> int:
     for key in ("series", "kpis", "laggards", "condition", "value", "verification", "jobs", "conditions"):
         if key in ev:
             c.print(f"  {key}: {json.dumps(ev[key], default=str)[:300]}")
+    for cost in costs:  # what the requeue cost the job, and which checkpoint it resumed from (report/losses.py)
+        c.print(f"  job {cost['job_id']}: {cost['steps_lost']} step(s) lost (reached {cost['step_reached']}, resumed "
+                f"from a {cost['source']} checkpoint of step {cost['resume_step']}), back after "
+                f"{cost['time_lost_s']:.1f}s", highlight=False)
+    if inc.job_id and inc.category in ("performance", "isolation", "noise"):
+        _explain_noise(conn, inc, c)
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -324,6 +350,51 @@ def _explain(args) -> int:
         for m in moves:
             table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
+    return 0
+
+
+def _print_losses(c, lost: dict) -> None:
+    """Steps and time each fault cost, per job and in total (report/losses.py)."""
+    from rich.table import Table
+
+    t = Table(title="steps lost per fault")
+    for col in ("job", "faults", "steps lost", "time lost", "per fault (rule: steps, seconds, resumed from)"):
+        t.add_column(col, justify="right" if col != "per fault (rule: steps, seconds, resumed from)" else "left")
+    for j in lost["jobs"]:
+        mine = [f for f in lost["faults"] if f["job_id"] == j["job_id"]]
+        t.add_row(str(j["job_id"]), str(j["faults"]), str(j["steps_lost"]), f"{j['time_lost_s']:.1f}s",
+                  "; ".join(f"{f['rule']}: {f['steps_lost']}, {f['time_lost_s']:.1f}s, {f['source']}" for f in mine))
+    tot = lost["total"]
+    t.add_row("total", str(tot["faults"]), str(tot["steps_lost"]), f"{tot['time_lost_s']:.1f}s",
+              f"at most {tot['steps_lost_max']} step(s) per fault" if tot["faults"] else "")
+    c.print(t)
+
+
+def _explain_noise(conn, inc, c) -> None:
+    """A slow or jittery job's incident: what its ranks waited for around the fault."""
+    from sigma.controller.report.noise import NoJobData, job_noise, render
+
+    try:
+        noise = job_noise(conn, inc.job_id, since=inc.fault_ts - 600.0, until=max(inc.updated_at, inc.opened_at))
+    except NoJobData:
+        return
+    c.print("  noise attribution:")
+    render(noise, c, indent="    ")
+
+
+def _noise(args) -> int:
+    from sigma.cli import CommandError
+    from sigma.controller.report.noise import NoJobData, job_noise, render
+
+    conn = _conn(args)
+    try:
+        noise = job_noise(conn, args.job, since=parse_since(args.since))
+    except NoJobData as exc:
+        raise CommandError(str(exc)) from None
+    if args.json:
+        print(json.dumps(noise.to_dict(), indent=2))
+        return 0
+    render(noise, _console())
     return 0
 
 
@@ -372,12 +443,21 @@ def _report(args) -> int:
     t.add_row(str(len(r["cycles"])), mean(r["detect_s"]), mean(r["triage_s"]), mean(r["repair_s"]),
               mean(r["validate_s"]), mean(r["total_s"]))
     c.print(t)
+    _print_losses(c, rep["losses"])
     a = rep["automation"]
     c.print(f"automation ratio: {a['ratio'] if a['ratio'] is not None else '-'} "
             f"({a['automatic']} automatic, {a['manual']} needed a person)")
     for h in rep["shadow_hits"]:
         c.print(f"shadow hits: {h['rule']} would have acted on {', '.join(h['targets'])} ({h['hits']} hits, "
                 f"last {_ts(h['last'])})", soft_wrap=True)
+    if rep["stability"]:
+        t = Table(title="throughput stability per job (step tokens/s; sigma noise --job J says why)")
+        for col in ("job", "steps", "peak", "min/peak", "mean/peak", "std", "cv"):
+            t.add_column(col, justify="right")
+        for s in rep["stability"]:
+            t.add_row(str(s["job_id"]), str(s["steps"]), f"{s['peak']:.4g}", f"{s['min_over_peak']:.3f}",
+                      f"{s['mean_over_peak']:.3f}", f"{s['std']:.4g}", f"{s['cv']:.3f}")
+        c.print(t)
     t = Table(title="incidents")
     for col in ("rule", "status", "count", "detect latency"):
         t.add_column(col)

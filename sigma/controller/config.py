@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from sigma.config import ConfigError, _Source, load_config, load_yaml
+from sigma.controller.retention import RetentionConfig
 from sigma.paths import project_root
 
 
@@ -32,6 +33,8 @@ class WatchdogConfig:
     history_jobs: int = 20  # finished jobs of the same model config used as historical baseline
     crash_loop_restarts: int = 3  # a job restarted this many times ...
     crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
+    jitter_window_s: float = 120.0  # step throughput stability judged over this window ...
+    jitter_cv: float = 0.25  # ... std above this share of the mean is jitter (notify; 0 turns it off)
 
 
 @dataclass
@@ -73,10 +76,13 @@ class ControllerConfig:
     # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
     max_action_attempts: int = 5  # a failing action is retried this many times
     snapshot_every_s: float = 10.0  # how often node states are recorded for utilisation
+    jit_checkpoint_timeout_s: float = 30.0  # before a requeue, wait this long for the job's just-in-time
+    # checkpoint of its current step (asked of its healthy nodes through their sidecars); 0 requeues at once
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # circuit breaker for drains
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # KPI watchdog
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
     ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)  # database pruning and downsampling
 
 
 @dataclass

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from sigma.controller.config import ControllerConfig
 from sigma.controller.loop import Controller
+from sigma.controller.retention import RetentionThread
 from sigma.controller.report.prometheus import registry
 
 
@@ -117,6 +118,11 @@ def start_http(cfg: ControllerConfig, metrics_body, reg=None):
     return server
 
 
+def detection_reads_s(ctl: Controller) -> float:
+    """How far back detection reads raw samples: retention keeps at least this much."""
+    return max([r.window_s for r in ctl.rules] + [ctl.cfg.isolation.history_s + ctl.cfg.isolation.window_s])
+
+
 def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | None = None,
         config_path: str | None = None) -> int:
     """config_path: the policy file SIGHUP reloads (with its rules and playbooks); None: rules and playbooks only."""
@@ -126,6 +132,10 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
     reg = registry(cfg.db, stats=lambda: {"ticks_total": ctl.ticks, "tick_seconds": ctl.last_tick_s})
     reg.register(CountsCollector(ctl))
     http = None if once else start_http(cfg, lambda: generate_latest(reg), reg)
+    pruner = None if once else RetentionThread(cfg.db, cfg.retention, on_pass=lambda deleted, took: ctl.log.event(
+        "retention", None, deleted=deleted, seconds=round(took, 3)), floor_s=detection_reads_s(ctl))
+    if pruner is not None:
+        pruner.start()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -156,5 +166,7 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
     finally:
         if http is not None:
             http.stop()
+        if pruner is not None:
+            pruner.stop()
         ctl.log.event("stop", "STOP controller")
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from sigma.store import Migration, connect, migrate
+from sigma.store import Migration, migrate, open_store
 
 INGEST_MIGRATIONS: list[Migration] = [
     ("0001_ingest", """
@@ -42,6 +42,25 @@ INGEST_MIGRATIONS: list[Migration] = [
         -- Every sample insert paid for two indexes; time-window reads now go per node through
         -- samples_node_metric_ts (sigma.controller.detect.samples), which makes this one redundant.
         DROP INDEX IF EXISTS samples_ts;
+    """),
+    ("0003_samples_rollup", """
+        -- Raw samples past retention.samples_raw_s, folded per series into buckets of retention.rollup_s
+        -- (sigma.controller.retention): mean = vsum / n over the n non-null values.
+        CREATE TABLE samples_rollup (
+            node TEXT NOT NULL, metric TEXT NOT NULL, labels TEXT NOT NULL DEFAULT '{}', bucket REAL NOT NULL,
+            span_s REAL NOT NULL, n INTEGER NOT NULL, vmin REAL, vmax REAL, vsum REAL,
+            PRIMARY KEY (node, metric, labels, bucket));
+        CREATE INDEX samples_rollup_bucket ON samples_rollup (bucket);
+    """),
+    ("0004_events_source_kind_ts", """
+        -- The watchdog looks up a job's start/resume events (and heartbeats) every tick: without this index each
+        -- lookup walked every event of the hour (a heartbeat per node every 5 s: 2.6 s a tick at 256 nodes).
+        CREATE INDEX events_source_kind_ts ON events (source, kind, ts);
+    """),
+    ("0005_kpis_ts", """
+        -- KPI rules read every job's rows of their window each tick: without this index that read scanned the
+        -- whole table, which retention lets grow to kpis_keep_s (90 days) of every rank's steps.
+        CREATE INDEX kpis_ts ON kpis (ts);
     """),
 ]
 
@@ -86,13 +105,32 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
         -- Small persistent detector state (isolation streaks, job baselines, cursors).
         CREATE TABLE detector_state (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL);
     """),
+    ("0150_jit_checkpoints_and_losses", """
+        -- Just-in-time checkpoint requests: the controller asks a job's healthy nodes to save before it requeues;
+        -- the ingest reply hands each node its open requests, the node's sidecar writes the trainer's control file.
+        CREATE TABLE checkpoint_requests (
+            id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL, node TEXT NOT NULL, incident_id INTEGER,
+            requested_at REAL NOT NULL, deadline REAL NOT NULL,
+            delivered_at REAL,               -- first ingest reply that carried it to the node's sidecar
+            acked_at REAL, ack_step INTEGER);  -- the trainer's checkpoint event for this request
+        CREATE INDEX checkpoint_requests_node ON checkpoint_requests (node, deadline);
+        CREATE INDEX checkpoint_requests_incident ON checkpoint_requests (incident_id);
+        -- What each requeue cost the job, once its new run is back at the step the old one had reached.
+        CREATE TABLE job_losses (
+            incident_id INTEGER NOT NULL, job_id INTEGER NOT NULL, fault_ts REAL NOT NULL,
+            step_reached INTEGER NOT NULL,   -- highest step the old run reported before the requeue
+            resume_step INTEGER NOT NULL,    -- step the new run started from (0: from scratch)
+            steps_lost INTEGER NOT NULL, time_lost_s REAL, source TEXT NOT NULL DEFAULT '',
+            recorded_at REAL NOT NULL, PRIMARY KEY (incident_id, job_id));
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
 
 
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
-    conn = connect(path, readonly=readonly)
+    """The controller database: an SQLite file, or PostgreSQL for a postgresql:// URL (same migrations)."""
+    conn = open_store(path, readonly=readonly)
     if not readonly:
         migrate(conn, MIGRATIONS)
     return conn

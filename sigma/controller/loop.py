@@ -13,10 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
+from sigma.controller.act.jit import JitGate
+from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
 from sigma.controller.db import open_db
+from sigma.store import is_url
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
@@ -27,9 +30,11 @@ from sigma.controller.detect.laggard import behind_node, heartbeats_settled, sil
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
+from sigma.controller.detect.series import SeriesWindows
 from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
 from sigma.rules.loader import load_rules
-from sigma.rules.matcher import MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series, normalise
+from sigma.rules.matcher import (MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series,
+                                 metric_findings, normalise)
 from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
@@ -51,6 +56,10 @@ class Controller:
         self.cfg = cfg
         self.clock = clock
         self.root = root
+        if is_url(cfg.db) and conn is None:
+            raise NotImplementedError(f"db {cfg.db.split('@')[-1]}: the detection loop runs on SQLite only (it reads "
+                                      f"with SQLite's JSON functions); PostgreSQL holds the schema, ingest and "
+                                      f"retention so far (docs/controller.md, Database)")
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
@@ -60,7 +69,8 @@ class Controller:
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
-        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons)),
+        self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
+                                                        jit_gate=JitGate(self.conn, clock)),
                                clock=clock,
                                max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
         self.incidents = Incidents(self.conn, clock)
@@ -79,6 +89,7 @@ class Controller:
         self.disabled: dict[str, dict] = {}  # rules that raised at run time: id -> error (until reload/restart)
         self._save_state("disabled_rules", self.disabled)
         self.windows = EventWindows(self.rules)
+        self.series = SeriesWindows(self.conn)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -192,6 +203,7 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings
@@ -218,7 +230,8 @@ class Controller:
                            node=node, rule=rule_id, count=count)
         self.windows.newly_capped.clear()
         samples, kpis = self._samples(now), self._rule_kpis(now)
-        findings += evaluate_series(self.active_rules, now=now, samples=samples, kpis=kpis,
+        findings += self._metric_rules(now, since)
+        findings += evaluate_series([r for r in self.active_rules if not r.metric], now=now, kpis=kpis,
                                     since=since, since_job=since_job, on_error=self._rule_failed)
         findings += evaluate_composites(self.active_rules, now=now, events=self._composite_events(now),
                                         samples=samples, kpis=kpis, since=since, jobs_on_node=jobs_on_node,
@@ -287,12 +300,27 @@ class Controller:
                                  (now - max(windows), MAX_NEW_EVENTS_PER_TICK)).fetchall()
         return [normalise(r) for r in reversed(rows)]
 
+    def _metric_rules(self, now: float, since: dict[str, float]) -> list[Finding]:
+        """Metric rules over their windows' series stats, kept up to date from the newest samples (series.py)."""
+        rules = [r for r in self.active_rules if r.metric]
+        windows: dict[str, float] = {}
+        for r in rules:
+            windows[r.metric.metric] = max(windows.get(r.metric.metric, 0.0), r.metric.window_s)
+        self.series.update(windows, now)
+        out = []
+        for r in rules:
+            try:
+                out += metric_findings(r, r.metric, self.series.window(r.metric.metric, r.metric.window_s, now,
+                                                                       since))
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
+                self._rule_failed(r, exc)
+        return out
+
     def _samples(self, now: float) -> list[dict]:
+        """Raw samples for the composite (learned) rules that read metrics."""
         wanted = {}
         for r in self.active_rules:
-            if r.metric:
-                wanted[r.metric.metric] = max(wanted.get(r.metric.metric, 0.0), r.metric.window_s)
-            elif r.composite:
+            if r.composite:
                 for name, w in r.composite.needs()["metrics"].items():
                     wanted[name] = max(wanted.get(name, 0.0), w)
         if not wanted:

@@ -359,27 +359,93 @@ def aggregate(values: list[float], agg: str) -> float:
     raise ValueError(f"unknown aggregate {agg!r}")
 
 
+@dataclass
+class SeriesStats:
+    """What every metric aggregate needs of one series' window, however many samples it holds: mergeable, so a
+    caller can keep it per time bucket and combine buckets (sigma.controller.detect.series)."""
+
+    n: int
+    first_ts: float
+    first: float
+    last_ts: float
+    last: float
+    vmin: float
+    vmax: float
+    vsum: float
+
+    @classmethod
+    def of(cls, ts: float, value: float) -> "SeriesStats":
+        return cls(1, ts, value, ts, value, value, value, value)
+
+    def add(self, ts: float, value: float) -> None:
+        self.n += 1
+        self.vsum += value
+        self.vmin = min(self.vmin, value)
+        self.vmax = max(self.vmax, value)
+        if ts < self.first_ts:
+            self.first_ts, self.first = ts, value
+        if ts >= self.last_ts:
+            self.last_ts, self.last = ts, value
+
+    def merge(self, other: "SeriesStats") -> None:
+        self.n += other.n
+        self.vsum += other.vsum
+        self.vmin = min(self.vmin, other.vmin)
+        self.vmax = max(self.vmax, other.vmax)
+        if other.first_ts < self.first_ts:
+            self.first_ts, self.first = other.first_ts, other.first
+        if other.last_ts >= self.last_ts:
+            self.last_ts, self.last = other.last_ts, other.last
+
+    def aggregate(self, agg: str) -> float:
+        """aggregate() of the series' values in time order."""
+        if agg == "delta":
+            return self.last - self.first
+        if agg == "max":
+            return self.vmax
+        if agg == "range":
+            return self.vmax - self.vmin
+        if agg == "min":
+            return self.vmin
+        if agg == "last":
+            return self.last
+        if agg == "mean":
+            return self.vsum / self.n
+        if agg == "count":
+            return float(self.n)
+        raise ValueError(f"unknown aggregate {agg!r}")
+
+
 def _metric(rule: Rule, m: MetricMatch, samples: list[dict]) -> list[Finding]:
-    series: dict[tuple, list[dict]] = defaultdict(list)
+    series: dict[tuple, SeriesStats] = {}
     for s in samples:
         if s.get("metric") != m.metric or s.get("value") is None:
             continue
-        labels = s.get("labels") or {}
-        if any(str(labels.get(k)) != str(v) for k, v in m.labels.items()):
-            continue
-        series[(s["node"], json.dumps(labels, sort_keys=True))].append(s)
+        key = (s["node"], json.dumps(s.get("labels") or {}, sort_keys=True))
+        st = series.get(key)
+        if st is None:
+            series[key] = SeriesStats.of(s["ts"], float(s["value"]))
+        else:
+            st.add(s["ts"], float(s["value"]))
+    return metric_findings(rule, m, series)
+
+
+def metric_findings(rule: Rule, m: MetricMatch, series: Mapping[tuple[str, str], SeriesStats]) -> list[Finding]:
+    """A metric rule judged on its window's series: {(node, labels JSON): stats of the samples in the window}."""
     per_node: dict[str, list[dict]] = defaultdict(list)
-    for (node, labels), rows in series.items():
-        if len(rows) < m.min_samples:
+    for (node, labels_json), st in series.items():
+        if st.n < m.min_samples:
             continue
-        rows.sort(key=lambda r: r["ts"])
-        value = aggregate([float(r["value"]) for r in rows], m.agg)
-        if OPS[m.op](value, m.value):
-            per_node[node].append({"labels": json.loads(labels), "agg": m.agg, "value": value,
-                                   "first_ts": rows[0]["ts"], "last_ts": rows[-1]["ts"], "samples": len(rows)})
+        value = st.aggregate(m.agg)
+        if not OPS[m.op](value, m.value):
+            continue
+        labels = json.loads(labels_json) if isinstance(labels_json, str) else dict(labels_json)
+        if all(str(labels.get(k)) == str(v) for k, v in m.labels.items()):
+            per_node[node].append({"labels": labels, "agg": m.agg, "value": value,
+                                   "first_ts": st.first_ts, "last_ts": st.last_ts, "samples": st.n})
     return [_finding(rule, node, None, min(h["first_ts"] for h in hits), max(h["last_ts"] for h in hits),
                      {"metric": m.metric, "condition": f"{m.agg} {m.op} {m.value}", "series": clean(hits)})
-            for node, hits in per_node.items()]
+            for node, hits in sorted(per_node.items())]
 
 
 def _kpi(rule: Rule, m: KpiMatch, kpis: list[dict]) -> list[Finding]:

@@ -8,6 +8,7 @@ node's push.secret_file; the sidecar picks a changed file up by itself (or on SI
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help=f"seconds the old key is still accepted (default {DEFAULT_GRACE_S:.0f})")
     revoke = common(ks.add_parser("revoke", help="remove a key (by id) or every key of a node, at once"))
     revoke.add_argument("names", nargs="+", metavar="NODE_OR_KEY_ID")
-    common(ks.add_parser("list", help="keys in the table (never their secrets)"))
+    listing = common(ks.add_parser("list", help="keys in the table (never their secrets)"))
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_run)
 
 
@@ -52,8 +54,13 @@ def _act(args) -> int:
     table = KeyTable(args.table).load(missing_ok=action == "issue")
     now = time.time()
     if action == "list":
+        keys = sorted(table.keys, key=lambda k: (k.node, k.created))
+        if args.json:
+            print(json.dumps([{"id": k.id, "node": k.node, "created": k.created, "expires": k.expires,
+                               "active": k.active(now)} for k in keys], indent=2))
+            return 0
         print(f"{'key id':24} {'node':16} {'created':20} expires")
-        for k in sorted(table.keys, key=lambda k: (k.node, k.created)):
+        for k in keys:
             expires = "-" if k.expires is None else _ts(k.expires) + ("" if k.active(now) else " (expired)")
             print(f"{k.id:24} {k.node:16} {_ts(k.created):20} {expires}")
         return 0

@@ -24,6 +24,7 @@ from sigma.config import ConfigError
 from sigma.telemetry.base import REGISTRY, CollectorUnavailable, Context, Output
 from sigma.telemetry.config import Loaded, load
 from sigma.telemetry.jobs import JobTracker
+from sigma.telemetry.control import write_checkpoint_requests
 from sigma.telemetry.push import Pusher
 from sigma.telemetry.store import NodeStore
 from sigma.security.keys import KeyFileError, read_node_key
@@ -185,7 +186,14 @@ class Sidecar:
         self.pusher = Pusher(self.store, self.node, cfg.push.url, key, key_file=cfg.push.secret_file,
                              interval_s=cfg.push.interval_s,
                              max_records=cfg.push.max_records, timeout_s=cfg.push.timeout_s,
-                             max_backoff_s=cfg.push.max_backoff_s, report=self.report)
+                             max_backoff_s=cfg.push.max_backoff_s, report=self.report,
+                             on_requests=self._checkpoint_requests)
+
+    def _checkpoint_requests(self, requests: list[dict]) -> None:
+        """The controller asks this node's trainer ranks for a just-in-time checkpoint: hand it on as the control
+        file they poll between steps (sigma/telemetry/control.py)."""
+        for problem in write_checkpoint_requests(self.loaded.variables["kpi_dir"], self.node, requests):
+            self.report("control_error", problem, "warning", {})
 
     def _start_collectors(self) -> None:
         cfg = self.loaded.config

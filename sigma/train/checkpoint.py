@@ -105,6 +105,7 @@ class CheckpointManager:
         self.barrier = barrier or (lambda: None)
         self.async_group = async_group  # a gloo group of all ranks for background saves (None: one process)
         self._pending: Future | None = None
+        self.last_saved_step: int | None = None  # the step of the last save() or load(): the same on every rank
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.root)
@@ -117,6 +118,7 @@ class CheckpointManager:
         import torch.distributed.checkpoint as dcp
 
         self.wait()
+        self.last_saved_step = step
         final = self.root / step_dir_name(step)
         tmp = self.root / f".{step_dir_name(step)}.tmp"
         if self.rank == 0:
@@ -201,4 +203,6 @@ class CheckpointManager:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
-        return read_meta(path)
+        meta = read_meta(path)
+        self.last_saved_step = int(meta["step"])
+        return meta

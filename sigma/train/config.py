@@ -55,6 +55,8 @@ class ModelConfig:
     router_z_loss_coef: float = 0.0  # ST-MoE router z-loss weight: mean squared logsumexp of the router logits
     router_jitter: float = 0.0  # training only: router input times U(1 - jitter, 1 + jitter) noise (Switch, Mixtral)
     activation_checkpointing: bool = False  # recompute each block's forward in the backward (less memory, more FLOPs)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (OLMo 2, Qwen 3): bounds attention logits
+    dropout: float = 0.0  # training only: dropout on each block's attention and FFN outputs before the residual add
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len", "n_experts", "top_k",
@@ -86,6 +88,8 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "init_std", "route_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0 <= self.router_jitter < 1:
             raise ValueError(f"router_jitter must be in [0, 1), got {self.router_jitter!r}")
         for name in ("aux_loss_coef", "bias_update_speed", "router_z_loss_coef"):

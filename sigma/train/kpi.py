@@ -118,3 +118,16 @@ def read_kpis(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def throughput_stability(values) -> dict | None:
+    """Throughput stability of one run (the Sigma paper's Table 11): from per-step throughputs, the worst and the
+    average step against the best one (min/peak, mean/peak), the standard deviation, and the coefficient of
+    variation (std/mean, comparable across models). Non-positive values are ignored; None with fewer than 2."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    if len(xs) < 2:
+        return None
+    peak, mean = max(xs), sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return {"steps": len(xs), "peak": peak, "min": min(xs), "mean": mean, "std": std,
+            "min_over_peak": min(xs) / peak, "mean_over_peak": mean / peak, "cv": std / mean}

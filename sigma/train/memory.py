@@ -110,8 +110,11 @@ def in_flight_microbatches(dims: ParallelDims, pp_rank: int) -> float:
 
 def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch: int = 1, seq_len: int = 128,
              act_bytes: int = 4, param_bytes: int = 4, shard_optimizer: bool = False,
-             recompute_layers: tuple[int, ...] = (), capacity: float = 1.0) -> MemoryEstimate:
-    """Predicted peak bytes of one rank: pp_rank's stages, micro_batch sequences of seq_len per micro-batch."""
+             recompute_layers: tuple[int, ...] = (), capacity: float = 1.0,
+             keep_outputs: bool = True) -> MemoryEstimate:
+    """Predicted peak bytes of one rank: pp_rank's stages, micro_batch sequences of seq_len per micro-batch.
+    keep_outputs: the last stage keeps every micro-batch's logits (torch.distributed.pipelining does; a trainer
+    that computes the loss per micro-batch on the last stage, as Megatron-LM does, does not)."""
     n_params, n_expert = stage_param_counts(cfg, dims, pp_rank)
     params = n_params * param_bytes
     grads = params
@@ -135,7 +138,7 @@ def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch
     activations = int(per_mb * flight)
     # The head's transients are gone before backward reaches a recomputed layer: the larger of the two counts.
     transient = max(HEAD_TRANSIENTS * tokens * cfg.vocab_size * 4 if last else 0, biggest if recompute_layers else 0)
-    if last and dims.pp > 1:
+    if last and dims.pp > 1 and keep_outputs:
         activations += (dims.microbatches - 1) * tokens * cfg.vocab_size * 4  # the schedule keeps every output
     step_temp = params  # foreach AdamW's intermediate of one parameter-sized buffer
     # Backward frees activations while gradients appear: when every forward precedes every backward (one

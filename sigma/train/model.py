@@ -50,12 +50,16 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
@@ -71,14 +75,18 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.is_moe = layer_id >= cfg.n_dense_layers
         self.ffn = MoELayer(cfg) if self.is_moe else FeedForward(cfg.dim, cfg.dense_hidden)
+        self.dropout = cfg.dropout
+
+    def drop(self, y: torch.Tensor) -> torch.Tensor:
+        return F.dropout(y, self.dropout, self.training) if self.dropout else y
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin))
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
-            return x + y, aux
-        return x + self.ffn(self.ffn_norm(x)), None
+            return x + self.drop(y), aux
+        return x + self.drop(self.ffn(self.ffn_norm(x))), None
 
 
 class MoETransformer(nn.Module):

@@ -126,6 +126,7 @@ class Stage(nn.Module):
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
         self.aux_values: list[float] = []
         self.clock = StageClock()
+        self.poison = False  # testing only (fault.nan_at_step): the last stage's logits become NaN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -142,6 +143,8 @@ class Stage(nn.Module):
                 x = _AuxLoss.apply(x, aux)
         if self.output is not None:
             x = self.output(self.norm(x))
+            if self.poison:
+                x = x * float("nan")
         self.clock.busy_s += time.perf_counter() - t0
         return _BackwardClock.apply(x, self.clock, True) if torch.is_grad_enabled() else x
 
@@ -375,8 +378,9 @@ def sync_and_clip(run: ParallelRun, named, max_norm: float) -> float:
     return norm
 
 
-def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, float]:
-    """This dp rank's rows [b, T+1]: forward and backward over its micro-batches; (mean CE, mean aux) over them."""
+def forward_backward(run: ParallelRun, batch: torch.Tensor, poison: bool = False) -> tuple[float, float]:
+    """This dp rank's rows [b, T+1]: forward and backward over its micro-batches; (mean CE, mean aux) over them.
+    poison (testing only): the logits become NaN, a numerical fault inside the forward pass."""
     dims = run.dims
     inputs, targets = batch[:, :-1], batch[:, 1:]
     run.load_sum.clear()
@@ -384,6 +388,8 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
         ces, auxes = [], []
         for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
             logits, aux = run.module(mb_in)
+            if poison:
+                logits = logits * float("nan")
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1))
             ((ce + aux) / dims.microbatches).backward()
             ces.append(float(ce.detach()))
@@ -392,6 +398,7 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
     for module in run.stage_modules:
         module.aux_values.clear()
         module.clock.busy_s = 0.0
+        module.poison = poison
     c = run.coords
     losses: list[torch.Tensor] = []
     first = c["pp"] == 0
@@ -411,6 +418,31 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor) -> tuple[float, floa
     return float(values[0]), float(values[1])
 
 
+@torch.no_grad()
+def eval_loss_sum(run: ParallelRun, batch: torch.Tensor) -> float:
+    """Sum over this dp rank's micro-batches of the mean CE (forward only; with pp, the schedule's eval run)."""
+    dims = run.dims
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    if dims.pp == 1:
+        total = 0.0
+        for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
+            logits, _ = run.module(mb_in)
+            total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1)))
+        return total
+    last = dims.n_stages - 1 in dims.stages_of(run.coords["pp"])
+    losses: list[torch.Tensor] = []
+    kwargs = {"target": targets, "losses": losses} if last else {}
+    schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
+    if run.coords["pp"] == 0:
+        schedule.eval(inputs, **kwargs)
+    else:
+        schedule.eval(**kwargs)
+    value = torch.tensor([sum(float(x) for x in losses)], dtype=torch.float64)
+    with _collective():
+        dist.all_reduce(value, group=run.group("pp"))
+    return float(value[0])
+
+
 def global_loads(run: ParallelRun) -> torch.Tensor | None:
     """Tokens per expert of every MoE layer [n_moe, E], summed over all data-parallel ranks and micro-batches."""
     cfg = run.model_cfg
@@ -426,16 +458,15 @@ def global_loads(run: ParallelRun) -> torch.Tensor | None:
     return loads
 
 
-def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm: float = 1.0
-               ) -> tuple[float, float, float]:
-    """One optimiser step on the global batch [B, T+1] (each dp rank takes its rows): (loss, aux, grad norm)."""
-    dims, c = run.dims, run.coords
+def local_step(run: ParallelRun, optimizer, named, local: torch.Tensor, max_norm: float = 1.0,
+               poison: bool = False) -> tuple[float, float, float, torch.Tensor | None]:
+    """One optimiser step on this dp rank's rows [b, T+1]: (loss, aux, grad norm) averaged over the dp ranks, and
+    the step's tokens per expert [n_moe, E] summed over all ranks (None without MoE layers)."""
+    dims = run.dims
     t0 = time.perf_counter()
-    rows = batch.shape[0] // dims.dp
-    local = batch[c["dp"] * rows:(c["dp"] + 1) * rows]
     optimizer.zero_grad(set_to_none=True)
     t_fb = time.perf_counter()
-    ce, aux = forward_backward(run, local)
+    ce, aux = forward_backward(run, local, poison)
     fb_s = time.perf_counter() - t_fb
     values = torch.tensor([ce, aux], dtype=torch.float64)
     if dims.dp > 1:
@@ -456,7 +487,16 @@ def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm
                 layer.update_bias(loads[layer_id - run.model_cfg.n_dense_layers])
         if run.recompute is not None:
             run.recompute.update({i + run.model_cfg.n_dense_layers: row for i, row in enumerate(loads)})
-    return float(values[0]), float(values[1]), gnorm
+    return float(values[0]), float(values[1]), gnorm, loads
+
+
+def train_step(run: ParallelRun, optimizer, named, batch: torch.Tensor, max_norm: float = 1.0
+               ) -> tuple[float, float, float]:
+    """One optimiser step on the global batch [B, T+1] (each dp rank takes its rows): (loss, aux, grad norm)."""
+    rows = batch.shape[0] // run.dims.dp
+    dp = run.coords["dp"]
+    loss, aux, gnorm, _ = local_step(run, optimizer, named, batch[dp * rows:(dp + 1) * rows], max_norm)
+    return loss, aux, gnorm
 
 
 # ---------------------------------------------------------------- checkpoints that reshard
@@ -496,6 +536,12 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
 
     state = checkpoint_state(run, optimizer, named, 0)
     dcp.load(state, checkpoint_id=path)
+    restore_loaded(run, optimizer, named, state)
+    return int(state["step"])
+
+
+def restore_loaded(run: ParallelRun, optimizer, named, state: dict) -> None:
+    """After an in-place DCP load of checkpoint_state's dict, make sure the live tensors hold the loaded values."""
     with torch.no_grad():
         live = run.module.state_dict()
         for n, holder in state["model"].items():
@@ -508,7 +554,6 @@ def load_checkpoint(run: ParallelRun, optimizer, named, path: str) -> int:
             for key in ("step", "exp_avg", "exp_avg_sq"):
                 if _local(state["optim"][n][key]).data_ptr() != _local(st[key]).data_ptr():
                     _local(st[key]).copy_(_local(state["optim"][n][key]))
-    return int(state["step"])
 
 
 def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
@@ -531,13 +576,16 @@ def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
     return optimizer, named, fused
 
 
-def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False) -> None:
-    """`sigma train`'s loop drives dp x ep, gradient accumulation over micro-batches and recompute; tp, pp and
-    ZeRO-1 run through this module's train_step (tests, bench/parallel.py) until the loop calls it."""
-    if dims.tp > 1 or dims.pp > 1 or shard_optimizer:
+def is_dp_ep_only(dims: ParallelDims, shard_optimizer: bool = False) -> bool:
+    """A layout the trainer's plain data x expert parallel loop runs; any other goes through local_step."""
+    return dims.tp == 1 and dims.pp == 1 and not shard_optimizer
+
+
+def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False, dtype: str = "float32") -> None:
+    """What `sigma train` cannot run yet, refused before launch: autocast under tp, pp or ZeRO-1."""
+    if dtype != "float32" and not is_dp_ep_only(dims, shard_optimizer):
         from sigma.config import ConfigError
 
         layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
-        raise ConfigError("[parallel]", f"layout {layout}: the sigma train loop runs dp x ep only; tp, pp "
-                                        "and shard_optimizer are driven by "
-                                        "sigma.train.parallelize.train_step (docs/train-parallel.md)")
+        raise ConfigError("[dtype]", f"dtype {dtype} (autocast) under layout {layout} is not implemented: the "
+                                     "tp/pp/ZeRO-1 step runs float32; use dtype float32 or a dp x ep layout")

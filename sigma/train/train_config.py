@@ -101,10 +101,14 @@ class CheckpointConfig:
     keep: int = 3  # newest complete checkpoints kept
     resume: bool = True  # start from the newest complete checkpoint under dir when there is one
     background: bool = True  # write checkpoints from a thread while training goes on (state copied to CPU first)
+    nan_rollback: bool = True  # on a NaN/Inf loss, save the last healthy step (unless saved) before stopping
+    replica_every: int = 0  # in-memory peer replica every this many steps (sigma/train/replica.py); 0 off
+    replica_dir: str = "/dev/shm/sigma-replicas"  # node-local host memory (tmpfs) holding the replicas
+    jit_poll_every: int = 1  # look for the controller's just-in-time checkpoint request every this many steps; 0 never
 
     def __post_init__(self):
-        if self.every < 0 or self.keep < 1:
-            raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
+        if self.every < 0 or self.keep < 1 or self.jit_poll_every < 0:
+            raise ValueError("checkpoint.every and checkpoint.jit_poll_every must be >= 0 and checkpoint.keep >= 1")
 
 
 @dataclass
@@ -123,6 +127,7 @@ class FaultConfig:
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
     step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
     nan_trigger: bool = False  # poison the logits when <KPI dir>/job-<id>/inject-nan appears; consumed (`sigma chaos nan`)
+    gc_trigger: bool = False  # while <KPI dir>/job-<id>/inject-gc.<node> exists, make garbage cycles every step (`sigma chaos gc-pressure`)
 
 
 @dataclass
@@ -157,6 +162,7 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype of the forward pass
     threads: int = 2  # torch CPU threads per rank
     gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
+    gc_manual: bool = True  # false: keep Python's automatic GC (unsynchronised pauses; to measure what manual GC buys)
     drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
     peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0: datasheet table (GPUs) or `sigma train calibrate` (CPUs)
     data: DataConfig = field(default_factory=DataConfig)

@@ -6,6 +6,8 @@ Per step: the rank's slice of the global batch -> forward (+ optional autocast) 
 on NaN/Inf and stop together with a `nan_loss` event) -> backward -> gradient averaging (parallel.py) -> global
 norm clip -> AdamW (fused where the device has it) with warm-up + cosine LR -> aux-loss-free bias update from
 the load summed over ranks -> KPI line -> progress line (rank 0) -> periodic checkpoint.
+Layouts with tensor or pipeline parallelism or ZeRO-1 compute that step through sigma.train.layout_step (the
+rest of the loop is the same).
 
 Noise control (Sigma paper): automatic GC is disabled and run every `gc_every` steps and after each checkpoint,
 so collections never land at random inside steps of different ranks; `drop_page_cache` empties the page cache
@@ -29,9 +31,13 @@ import torch.nn.functional as F
 
 from sigma.train import data as data_mod
 from sigma.train.checkpoint import CheckpointManager
-from sigma.train.kpi import KpiWriter
+from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
+from sigma.train.kpi import KpiWriter, throughput_stability
+from sigma.train.noise import GcPressure, StepNoise
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
                                   init_distributed, is_expert_param, shutdown, sync_gradients)
+from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
+from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,8 +77,7 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
     dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    from sigma.train.parallelize import check_trainer_layout
-    check_trainer_layout(dims, cfg.parallel.shard_optimizer)
+    check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
     if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":
@@ -234,7 +239,8 @@ def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float,
 def train(cfg: TrainConfig, out=None) -> RunSummary:
     out = out or sys.stdout  # looked up per call: a default bound at import outlives a replaced stdout
     gc_was_enabled = gc.isenabled()
-    gc.disable()
+    if cfg.gc_manual:
+        gc.disable()
     try:
         torch.set_num_threads(max(1, cfg.threads))
         ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
@@ -315,8 +321,12 @@ def stated_peak(cfg: TrainConfig, ctx: DistContext, amp_dtype: torch.dtype):
         return None, str(exc)
 
 
-def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int):
-    """Train and held-out samplers over the prepared data (rank 0 prepares it first when missing)."""
+def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int, dp_rank: int | None = None,
+              dp_size: int | None = None):
+    """Train and held-out samplers over the prepared data (rank 0 prepares it first when missing); each
+    data-parallel rank reads its rows (every rank is one, unless tp or pp ranks share them)."""
+    dp_rank = ctx.rank if dp_rank is None else dp_rank
+    dp_size = ctx.world_size if dp_size is None else dp_size
     data_path = cfg.data.resolved_path(vocab_size)
     if ctx.rank == 0 and cfg.data.prepare_if_missing and not (data_path / data_mod.META_NAME).exists():
         data_mod.prepare(data_path, max_mb=cfg.data.prepare_max_mb, tokenizer=cfg.data.tokenizer,
@@ -327,12 +337,12 @@ def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int):
         raise ValueError(f"data vocabulary ({shards.vocab_size}, {data_path}) is larger than the model's "
                          f"vocab_size ({vocab_size}): prepare the data with --vocab-size {vocab_size}")
     sampler = data_mod.WindowSampler(shards, cfg.data.seq_len, cfg.data.global_batch, cfg.data.seed,
-                                     dp_rank=ctx.rank, dp_size=ctx.world_size)
+                                     dp_rank=dp_rank, dp_size=dp_size)
     held_out = None
     if cfg.eval.every:
         held_out = data_mod.WindowSampler(data_mod.TokenShards(data_path, split="eval"), cfg.data.seq_len,
-                                          cfg.data.global_batch, cfg.data.seed, dp_rank=ctx.rank,
-                                          dp_size=ctx.world_size)
+                                          cfg.data.global_batch, cfg.data.seed, dp_rank=dp_rank,
+                                          dp_size=dp_size)
     return shards, sampler, held_out
 
 
@@ -346,9 +356,18 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     if cfg.data.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
     dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
-    model, model_cfg = build_model(cfg, ctx)
-    optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
+    layout = None  # dp x ep: this module's loop; tp, pp, ZeRO-1: sigma.train.layout_step
+    if not is_dp_ep_only(dims, cfg.parallel.shard_optimizer):
+        from sigma.train.layout_step import LayoutStep
+
+        check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
+        layout = LayoutStep(cfg, ctx, model_cfg, dims)
+        model, optimizer, named, fused = layout.run.module, layout.optimizer, layout.named, layout.fused
+        shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size, layout.dp_rank, dims.dp)
+    else:
+        shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size)
+        model, model_cfg = build_model(cfg, ctx)
+        optimizer, named, fused = build_optimizer(model, cfg.optim, ctx.device)
     async_group = None
     if cfg.checkpoint.background and ctx.distributed:
         import torch.distributed as dist
@@ -360,21 +379,32 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
 
     step = 0
+    meta = {}
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     if latest is not None:
-        state = checkpoint_state(model, optimizer, named, ctx, {"step": 0, "sampler": sampler.state_dict()})
+        trainer_state = {"step": 0, "sampler": sampler.state_dict()}
+        state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                 else checkpoint_state(model, optimizer, named, ctx, trainer_state))
         has_rng = f"rng.{rng_key(ctx.rank)}.cpu" in saved_keys(latest)
         if not has_rng:  # an older checkpoint, or one written by fewer ranks
             del state["rng"]
         meta = ckpt.load(latest, state)
-        restore_state(state, model, optimizer, named)
+        if layout is not None:
+            layout.restore(state)
+        else:
+            restore_state(state, model, optimizer, named)
         if has_rng:
             restore_rng(state["rng"], ctx)
         sampler.load_state_dict(state["trainer"]["sampler"])
         step = int(state["trainer"]["step"])
         summary.resumed_from = str(latest)
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
-                  saved_world_size=meta.get("world_size"), rng_restored=has_rng)
+                  saved_world_size=meta.get("world_size"), rng_restored=has_rng,
+                  checkpoint_kind=meta.get("kind", "periodic"))
+    # in-memory peer replicas (sigma/train/replica.py): a newer complete set than the disk checkpoint wins
+    replicas = peer_replicas(cfg, ctx, kpi, ckpt.root)
+    if replicas is not None and cfg.checkpoint.resume:
+        step = resume_from_replicas(replicas, step, model, optimizer, named, sampler, ctx, kpi, restore_rng)
     summary.start_step = step
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
@@ -386,57 +416,83 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                        f"ep={ctx.ep_size}, {ctx.device.type}/{ctx.backend}, fused AdamW={fused}, "
                        f"{micro_batches} micro-batch(es)/step; "
                        + (f"MFU against {peak.flops:.4g} FLOP/s ({peak.source})" if peak else f"no MFU: {no_peak}"),
-              step=step, world_size=ctx.world_size, ep=ctx.ep_size, flops_per_token=flops_token,
+              step=step, world_size=ctx.world_size, ep=ctx.ep_size, layout=dims.describe(), flops_per_token=flops_token,
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
-              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()))
+              data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
+              jit_poll_every=cfg.checkpoint.jit_poll_every)
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
-              f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}, steps {step + 1}.."
+              f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}"
+              + (f" ({dims.describe()})" if layout is not None else "") + f", steps {step + 1}.."
               f"{cfg.steps}, {tokens_per_step} tokens/step" + (f", resumed from {latest}" if latest else ""),
               file=out, flush=True)
         if peak is None:
             print(f"sigma train: MFU not reported: {no_peak}", file=out, flush=True)
-    started_fresh = latest is None
+    started_fresh = step == 0
     gc.collect()
+    if cfg.gc_manual:
+        gc.freeze()  # the model, optimiser and imports live all run long: later collections skip them
     kpi.start_heartbeat(cfg.kpi.heartbeat_s)
+    # noise control: what each step waited for (GC, page faults, CPU) goes on its KPI line
+    noise = StepNoise()
+    pressure = GcPressure(kpi.path.parent / f"inject-gc.{kpi.node}" if cfg.fault.gc_trigger else None)
 
     def checkpoint_done(path: Path, save_s: float, at_step: int) -> None:
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
+
+    # just-in-time checkpoints asked for by the controller, and the NaN rollback (sigma/train/jit.py)
+    jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta))
+
+    def full_state(trainer_state: dict) -> dict:
+        return (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                else checkpoint_state(model, optimizer, named, ctx, trainer_state))
 
     try:
         while step < cfg.steps:
             step += 1
             if cfg.fault.kill_at_step == step and started_fresh:
                 ckpt.wait()  # the checkpoints before the kill are on disk, so the test knows what a resume finds
+                if replicas is not None:
+                    replicas.wait()  # ... and the replicas in memory
                 kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
                 kpi.close()
                 os.kill(os.getpid(), signal.SIGKILL)
             t0, wait0 = time.perf_counter(), collective_wait_s()
+            noise.begin()
+            pressure.step()
             if cfg.fault.step_delay_s:
                 time.sleep(cfg.fault.step_delay_s)
             lr = lr_at(step, cfg.optim, cfg.steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            jit.begin_step(sampler.state_dict(), rng_state(ctx))
             batch = torch.from_numpy(sampler.next()).to(ctx.device, non_blocking=True)
             poison = cfg.fault.nan_at_step == step or (cfg.fault.nan_trigger
                                                        and _consume(kpi.path.parent / "inject-nan"))
-            optimizer.zero_grad(set_to_none=True)
-            ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
-            losses = torch.stack([ce, aux])
-            ctx.all_reduce_sum(losses)
-            loss_value, aux_value = (losses / ctx.world_size).tolist()
+            layout_kpi = {}
+            if layout is not None:  # the whole optimiser step, bias update and recompute re-pick included
+                loss_value, aux_value, gnorm, loads, layout_kpi = layout.step(batch, poison)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
+                losses = torch.stack([ce, aux])
+                ctx.all_reduce_sum(losses)
+                loss_value, aux_value = (losses / ctx.world_size).tolist()
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
                 message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
                            f"the newest checkpoint is {ckpt.latest()}")
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
+                if cfg.checkpoint.nan_rollback:
+                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 raise TrainingStopped(message)
-            sync_gradients(ctx, named)
-            gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
-            optimizer.step()
-            if loads is not None:
+            if layout is None:
+                sync_gradients(ctx, named)
+                gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
+                optimizer.step()
+            if loads is not None and layout is None:
                 ctx.all_reduce_sum(loads)
                 if aux_free:
                     for layer, load in zip(model.moe_layers(), loads):
@@ -445,6 +501,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                     model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
+            if cfg.gc_manual and cfg.gc_every and step % cfg.gc_every == 0:
+                gc.collect()  # the same step on every rank, counted in the step's time: one pause all ranks share
             dt = time.perf_counter() - t0
             tps = tokens_per_step / dt
             mfu = tps / ctx.world_size * flops_token / peak.flops if peak else None
@@ -452,15 +510,17 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             summary.tokens_per_s.append(tps)
             summary.mfu.append(mfu)
             summary.last_step = step
-            extra = {}
+            extra = dict(layout_kpi)  # with pp: pipeline_s, stage_busy_s, bubble of this rank
             if peak:
                 extra["hfu"] = tps / ctx.world_size * hw_flops_token / peak.flops
             if loads is not None:
                 extra["expert_load"] = loads.to(torch.int64).tolist()
             if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
-                extra["moe_param_norm"] = moe_param_norms(model, ctx)
+                extra["moe_param_norm"] = (layout.moe_param_norms() if layout is not None
+                                           else moe_param_norms(model, ctx))
             if held_out is not None and (step % cfg.eval.every == 0 or step == cfg.steps):
-                eval_loss = evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx)
+                eval_loss = (layout.evaluate(held_out, cfg.eval.batches, ctx.device) if layout is not None
+                             else evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx))
                 extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)))
                 summary.eval_losses[step] = eval_loss
                 kpi.event("eval", f"held-out loss {eval_loss:.4f}, perplexity {extra['eval_ppl']:.2f} at step "
@@ -470,22 +530,37 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                     print(f"eval   {step:>6}/{cfg.steps} | loss {eval_loss:7.4f} | ppl {extra['eval_ppl']:9.2f}",
                           file=out, flush=True)
             kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt,
-                        tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **extra)
+                        tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **noise.sample(),
+                        **extra)
             if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
                 print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
                       flush=True)
-            if cfg.gc_every and step % cfg.gc_every == 0:
-                gc.collect()
             if step == cfg.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                state = checkpoint_state(model, optimizer, named, ctx,
-                                         {"step": step, "sampler": sampler.state_dict()})
-                ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "loss": loss_value},
+                trainer_state = {"step": step, "sampler": sampler.state_dict()}
+                state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
+                         else checkpoint_state(model, optimizer, named, ctx, trainer_state))
+                ckpt.save(step, state, {"world_size": ctx.world_size, "ep": ctx.ep_size, "layout": dims.describe(),
+                                        "loss": loss_value},
                           background=cfg.checkpoint.background,
                           on_complete=lambda path, save_s, at=step: checkpoint_done(path, save_s, at))
                 gc.collect()
+            if (request := jit.requested(step))[0]:
+                save_requested(request, ckpt, step, full_state({"step": step, "sampler": sampler.state_dict()}), ctx,
+                               kpi, loss_value)
+            if replicas is not None:
+                replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
+                    "step": step, "sampler": sampler.state_dict()}))
     finally:
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
-    kpi.event("stop", f"finished at step {step}", step=step)
+        if replicas is not None:
+            replicas.close()
+        noise.close()
+    if replicas is not None:
+        replicas.close(finished=True)  # the final checkpoint is on disk: free the nodes' memory
+    stability = throughput_stability(summary.tokens_per_s)  # the run's Table 11 figures, on its stop event
+    kpi.event("stop", f"finished at step {step}" + (
+        f"; step throughput min/peak {stability['min_over_peak']:.3f}, mean/peak {stability['mean_over_peak']:.3f},"
+        f" std {stability['std']:.4g} tokens/s" if stability else ""), step=step, throughput_stability=stability)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,3 +141,23 @@ def test_train_refuses_local_processes_when_the_local_cluster_is_down(tmp_path, 
     err = capsys.readouterr().err
     assert f"the local SLURM cluster under {tmp_path} is not running" in err and "sigma cluster up" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_rule_and_key_listings_have_json(tmp_path, monkeypatch, capsys):
+    import json
+
+    from sigma.paths import configs_dir
+
+    monkeypatch.delenv("SIGMA_CONTROLLER_CONFIG", raising=False)
+    monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
+    assert main(["controller", "rules", "--config", str(configs_dir() / "controller.yaml"), "--json"]) == 0
+    rules = json.loads(capsys.readouterr().out)
+    xid79 = [r for r in rules if "79" in r["id"]]
+    assert xid79 and {"id", "scope", "match", "action", "status"} <= set(xid79[0]) and xid79[0]["status"] == "ok"
+
+    table = tmp_path / "keys.json"
+    assert main(["keys", "issue", "node1", "--table", str(table), "--out", str(tmp_path / "k")]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--table", str(table), "--json"]) == 0
+    (key,) = json.loads(capsys.readouterr().out)
+    assert key["node"] == "node1" and key["active"] and "secret" not in key

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from sigma.controller.act.guards import admin_hold
+from sigma.controller.act.jit import JitGate
 from sigma.controller.act.journal import NotYet, Skip
 from sigma.slurm.client import Slurm
 
@@ -25,8 +26,9 @@ HELD_REASONS = ("launch failed requeued held", "JobHeldAdmin", "job requeued in 
 
 class SlurmActions:
     def __init__(self, slurm: Slurm, *, command_timeout_s: float = 600.0, webhook_timeout_s: float = 10.0,
-                 adopt_reasons: tuple[str, ...] = ()):
+                 adopt_reasons: tuple[str, ...] = (), jit_gate: JitGate | None = None):
         self.slurm = slurm
+        self.jit_gate = jit_gate  # just-in-time checkpoint asked for before a requeue (act/jit.py)
         self.adopt_reasons = tuple(adopt_reasons)
         self.command_timeout_s = command_timeout_s
         self.webhook_timeout_s = webhook_timeout_s
@@ -75,8 +77,9 @@ class SlurmActions:
             return f"already requeued (restarts={job.restarts}, state={job.state})"
         if job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED") and not failed:
             raise NotYet(f"job is {job.state}")
+        saved = self.jit_gate.check(params) if self.jit_gate else ""  # NotYet while the checkpoint may come
         self.slurm.requeue(int(job_id))
-        return "requeued"
+        return f"requeued; {saved}" if saved else "requeued"
 
     def _start_now(self, job_id: str, params: dict, key: str) -> str:
         """Clear the requeue BeginTime once the job is pending again and the bad nodes are out."""

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from sigma.controller.config import ControllerConfig, RemediationConfig
+from sigma.controller.act import jit
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.findings import Finding
 from sigma.controller.act.guards import admin_hold, breaker_limit, breaker_trips, in_shadow, wave_trips
@@ -218,6 +219,9 @@ class Decider:
         if crash_guard and recent >= w.crash_loop_restarts:
             return False
         params = {"restarts_before": job.restarts, **({"restart_failed": True} if restart_failed else {})}
+        key = f"requeue:{job.job_id}:i{inc.id}"
+        if self.journal.get(key) is None:  # a replay after a crash keeps the requests it already opened
+            params.update(self._ask_for_checkpoint(job, inc, avoid))
         requeue = self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id),
                                     incident_id=inc.id, params=params)
         start = self.journal.plan(f"start_now:{job.job_id}:i{inc.id}", "start_now", str(job.job_id),
@@ -226,6 +230,22 @@ class Decider:
         self.journal.execute(requeue)
         self.journal.execute(start)
         return True
+
+    def _ask_for_checkpoint(self, job: Job, inc: Incident, avoid: list[str]) -> dict:
+        """Before a running job is requeued, ask its healthy nodes for a just-in-time checkpoint of the current
+        step; the requeue waits for the answer up to jit_checkpoint_timeout_s (act/jit.py). A job that already
+        stopped (NaN: the trainer saved its last healthy step itself), whose trainer does not poll the control
+        file (no `jit_poll_every` in its start event), or that made no step within the timeout (hung: its ranks
+        are stuck in a collective and cannot save) is requeued at once."""
+        timeout = self.cfg.jit_checkpoint_timeout_s
+        healthy = [n for n in job.nodes if n not in avoid]
+        if (timeout <= 0 or job.state != "RUNNING" or not healthy
+                or not jit.answers_requests(self.conn, job.job_id, list(job.nodes), job.start_time)
+                or jit.trainer_stopped(self.conn, job.job_id, job.start_time)
+                or not jit.stepping(self.conn, job.job_id, self.clock() - timeout)):
+            return {}
+        ids = jit.request(self.conn, job.job_id, healthy, inc.id, timeout, self.clock())
+        return {"jit_requests": ids, "jit_deadline": self.clock() + timeout, "jit_timeout_s": timeout}
 
     def _ensure_start_now(self, inc: Incident, avoid: list[str]) -> None:
         """After a crash between planning a requeue and its start_now, the job is no longer on the node:

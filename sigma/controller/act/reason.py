@@ -18,6 +18,7 @@ SHORT_IDS = {
     "watchdog-crash-loop": "crash-loop",
     "watchdog-throughput-drop": "throughput",
     "watchdog-below-history": "below-history",
+    "watchdog-throughput-jitter": "jitter",
     "gpu-ecc-uncorrectable": "ecc-uncorr",
     "gpu-ecc-uncorrectable-log": "ecc-uncorr",
     "gpu-nvml-unresponsive": "nvml-silent",

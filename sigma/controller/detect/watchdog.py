@@ -3,6 +3,9 @@
 - hang: the job's highest step has not advanced for hang_timeout_s (NCCL would sit for 30 minutes);
 - throughput drop: recent throughput below (1 - drop_fraction) x the job's own earlier throughput, or below the
   history of jobs with the same model config;
+- throughput jitter: no drop, but the job's step throughput over jitter_window_s is unstable (its coefficient of
+  variation above jitter_cv): a local noise source (page-cache reclaim, GC, another process) that `sigma noise`
+  attributes per rank;
 - crash loop: the job (re)started crash_loop_restarts times within the window.
 NaN/Inf loss is a knowledge-base rule (configs/rules/job.yaml).
 """
@@ -14,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sigma.controller.config import WatchdogConfig
+from sigma.controller.detect.noise import job_stability
 from sigma.findings import Finding
 
 
@@ -113,6 +117,8 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
     # a hung job's throughput is nil: the hang says it all (and one finding per job keeps isolation's rounds whole)
     if not findings:
         findings += _throughput_findings(job, current, now, cfg, history_median, base)
+    if not findings and cfg.jitter_cv > 0:
+        findings += _jitter_findings(job, current, now, cfg, base)
     # crash loop
     starts = sorted(t for t in start_times if now - t <= cfg.crash_loop_window_s)
     if len(starts) >= cfg.crash_loop_restarts:
@@ -121,6 +127,20 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
                                         f"no more automatic requeues", first_ts=starts[0], last_ts=starts[-1],
                                 category="crash-loop", evidence={"starts": starts}, **base))
     return findings
+
+
+def _jitter_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
+                     base: dict) -> list[Finding]:
+    window = [k for k in current if k["ts"] >= now - cfg.jitter_window_s]
+    stability = job_stability(window)
+    if stability is None or stability["steps"] < 2 * cfg.min_points or stability["cv"] <= cfg.jitter_cv:
+        return []
+    return [Finding(rule_id="watchdog-throughput-jitter", severity="warning", action="notify",
+                    summary=f"step throughput jitters: std {stability['std']:.3g} ({100 * stability['cv']:.0f}% of "
+                            f"the mean), min/peak {stability['min_over_peak']:.2f}, mean/peak "
+                            f"{stability['mean_over_peak']:.2f} over {stability['steps']} steps; see sigma noise "
+                            f"--job {job.job_id}", first_ts=now - cfg.jitter_window_s, last_ts=now, category="noise",
+                    evidence={"stability": stability, "nodes": list(job.nodes)}, **base)]
 
 
 def _throughput_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from pathlib import Path
 
+from sigma.controller.act import jit
 from sigma.controller.db import open_db
 from sigma.controller.ingest.ratelog import RateLimitedLog
 from sigma.security.keys import KeyRing
+from sigma.store import is_url
 from sigma.telemetry import wire
 
 log = logging.getLogger("sigma.controller.ingest.batch")
@@ -69,13 +71,14 @@ class Ingest:
     def __init__(self, db_path: str | Path, keys: KeyRing | bytes, *,
                  max_clock_skew_s: float = wire.MAX_CLOCK_SKEW_S, max_row_age_s: float = MAX_ROW_AGE_S,
                  max_unverified_bytes: int = MAX_UNVERIFIED_BYTES):
-        self.db_path = Path(db_path)
+        self.db_path = db_path if is_url(db_path) else Path(db_path)
         self.keys = keys if isinstance(keys, KeyRing) else KeyRing(shared_secret=keys)
         self.max_clock_skew_s = max_clock_skew_s
         self.max_row_age_s = max_row_age_s
         self.max_unverified_bytes = max_unverified_bytes
         self.conn = open_db(self.db_path)
-        self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
+        if not is_url(db_path):
+            self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
         self.lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
         self.rejections: Counter = Counter()  # reason -> requests refused
@@ -105,9 +108,20 @@ class Ingest:
                 reply = self._store(caller.node, batch)
             except OverflowError as exc:  # an integer SQLite cannot hold (rolled back)
                 raise Rejected(400, f"number out of range: {exc}", "bad_batch") from None
+            self._attach_requests(caller.node, reply)
             return 200, reply
         except Rejected as exc:
             return self._refuse(exc, caller.node, peer)
+
+    def _attach_requests(self, node: str, reply: dict) -> None:
+        """The node's open just-in-time checkpoint requests ride on the reply; its sidecar hands them to the
+        trainer (sigma/controller/act/jit.py)."""
+        with self.lock:
+            requests = jit.pending_for_node(self.conn, node, time.time())
+            if requests:
+                self.conn.commit()
+        if requests:
+            reply["checkpoint_requests"] = requests
 
     def verify(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict] | None:
         """For routes other than ingest that share its authentication: None when the body is the signed one."""

@@ -59,6 +59,12 @@ def render(conn: sqlite3.Connection, rep: dict, title: str = "Sigma cluster repo
         "<h2>Automation</h2>", _img(plot_automation(a), "automation ratio"),
         f"<p>automation ratio {ratio}: {a['automatic']} incident(s) handled end to end without a person, "
         f"{a['manual']} needed one.</p>",
+        "<h2>Throughput stability per job</h2>",
+        _table(["job", "steps", "peak tokens/s", "min/peak", "mean/peak", "std", "cv"],
+               [[j["job_id"], j["steps"], f"{j['peak']:.4g}", f"{j['min_over_peak']:.3f}",
+                 f"{j['mean_over_peak']:.3f}", f"{j['std']:.4g}", f"{j['cv']:.3f}"]
+                for j in rep.get("stability", [])],
+               caption="step throughput, each step at its slowest rank (sigma noise --job J says why)"),
         "<h2>Incidents</h2>",
         _table(["rule", "status", "count", "detect latency"],
                [[i["rule"], i["status"], i["count"],

@@ -19,6 +19,8 @@ import statistics
 import time
 from collections import defaultdict
 
+from sigma.controller.report.losses import losses
+
 IN_SERVICE = ("idle", "allocated", "mixed", "completing")
 
 
@@ -169,11 +171,19 @@ def report(conn: sqlite3.Connection, since: float | None = None, now: float | No
                       **{k: _stats([c[k] for c in cycles if k in c])
                          for k in ("detect_s", "triage_s", "repair_s", "validate_s", "total_s")}},
         "automation": automation(conn, since),
+        "losses": losses(conn, since),
         "shadow_hits": shadow_hits(conn, since),
+        "stability": stability_table(conn, since, now),
         "incidents": [{"rule": r["rule_id"], "status": r["status"], "count": r["n"],
                        "detect_latency_s": round(r["latency"], 2) if r["latency"] is not None else None}
                       for r in incidents],
     }
+
+
+def stability_table(conn: sqlite3.Connection, since: float, now: float) -> list[dict]:
+    from sigma.controller.report.noise import stability_table as table
+
+    return table(conn, since, now)
 
 
 def shadow_hits(conn: sqlite3.Connection, since: float) -> list[dict]:

@@ -4,6 +4,7 @@ import dataclasses
 import re
 
 from sigma.cli import build_parser
+from sigma.controller.retention import RetentionConfig
 from sigma.controller.config import (BreakerConfig, ControllerConfig, IngestConfig, IsolationConfig, Playbook,
                                      RemediationConfig, ValidationConfig, WatchdogConfig, load_controller_config,
                                      load_remediation_config)
@@ -14,7 +15,7 @@ DOC = (project_root() / "docs" / "controller.md").read_text()
 
 def test_every_config_key_is_documented():
     for cls in (ControllerConfig, BreakerConfig, WatchdogConfig, IsolationConfig, IngestConfig, RemediationConfig,
-                ValidationConfig, Playbook):
+                ValidationConfig, Playbook, RetentionConfig):
         for f in dataclasses.fields(cls):
             assert re.search(rf"`[^`]*\b{f.name}\b[^`]*`", DOC), f"{cls.__name__}.{f.name} not in docs/controller.md"
 

@@ -1,0 +1,48 @@
+"""Control files: how the controller's requests reach a job's trainer ranks on this node.
+
+The sidecar gets the controller's requests on the ingest reply and writes them, atomically, next to the job's KPI
+files; trainers poll them between steps (sigma/train/jit.py). Files, not a socket: any trainer can read them, and a
+trainer never runs a network service.
+
+    <kpi dir>/job-<id>/checkpoint-request.<node>.json   {"id": 17, "job_id": 42, "deadline": 1763942400.5}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REQUEST_NAME = "checkpoint-request.{node}.json"
+
+
+def request_path(kpi_dir: str | Path, job_id: int, node: str) -> Path:
+    return Path(kpi_dir) / f"job-{int(job_id)}" / REQUEST_NAME.format(node=node)
+
+
+def write_checkpoint_requests(kpi_dir: str | Path, node: str, requests: list[dict]) -> list[str]:
+    """Write each request's control file (temp file + rename, so a rank never reads half of one); return the
+    problems (a request without a job id, a job directory that cannot be written), one line each."""
+    problems = []
+    for req in requests:
+        try:
+            path = request_path(kpi_dir, req["job_id"], node)
+            body = json.dumps({"id": int(req["id"]), "job_id": int(req["job_id"]),
+                               "deadline": float(req.get("deadline") or 0)})
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"checkpoint request {req!r} malformed: {exc}")
+            continue
+        if path.is_file():
+            try:
+                if json.loads(path.read_text()).get("id") == int(req["id"]):
+                    continue  # already handed on (the request rides on every ack until it is answered)
+            except (OSError, ValueError):
+                pass
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(body)
+            os.replace(tmp, path)
+        except OSError as exc:
+            problems.append(f"cannot write {path}: {exc}")
+    return problems

@@ -1,0 +1,139 @@
+"""Just-in-time checkpoints: save the current step when the controller asks, and the last healthy step on NaN.
+
+The controller, about to requeue a job, asks its healthy nodes through their sidecars; each sidecar writes the
+control file `<KPI dir>/job-<id>/checkpoint-request.<node>.json` (sigma/telemetry/control.py). Between steps every
+rank reads its node's file and the ranks agree on the newest request with one small all-reduce (a rank whose node
+was not asked, the bad node, learns it from the others), then all save the step they have just finished and each
+logs a `checkpoint` event naming the request: the controller's answer. A request is answered once: the checkpoint
+records its id, so a run resumed from it does not save again for the same request.
+
+On a NaN/Inf loss the ranks stop before the optimiser applies the bad gradient, so the model and optimiser still
+hold the previous step; `JitCheckpoints.rollback` saves that step (with the sampler position and RNG state from
+before the poisoned step) when no checkpoint of it exists yet, and the requeued run resumes from the last healthy
+step, never from a NaN state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+REQUEST_NAME = "checkpoint-request.{node}.json"  # written by the node's sidecar (sigma/telemetry/control.py)
+from torch.distributed.checkpoint.api import CheckpointException
+
+SAVE_ERRORS = (Exception, CheckpointException)  # DCP wraps a rank's ENOSPC/EFBIG/EIO in a BaseException subclass
+MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
+
+
+def read_request(path: Path, now: float) -> tuple[int, float]:
+    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable or its deadline
+    passed (the controller has requeued by then)."""
+    try:
+        req = json.loads(path.read_text())
+        deadline = float(req.get("deadline") or 0)
+        return (int(req["id"]), deadline) if not deadline or now < deadline else (0, 0.0)
+    except FileNotFoundError:
+        return 0, 0.0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, 0.0  # a half-written or foreign file is no request; the sidecar writes by rename
+
+
+class JitCheckpoints:
+    """Per rank: poll the control file, agree on requests, save; and the NaN rollback save."""
+
+    def __init__(self, job_dir: Path, node: str, ctx, poll_every: int = 1, answered: int = 0):
+        self.path = Path(job_dir) / REQUEST_NAME.format(node=node)
+        self.ctx = ctx
+        self.poll_every = poll_every
+        self.answered = answered  # newest request id already answered (from the checkpoint resumed)
+        self._before_step = None  # (sampler state, RNG state) at the start of the current step
+
+    def requested(self, step: int) -> tuple[int, float]:
+        """Collective every poll_every steps: (id, deadline) of the newest unanswered request any rank's node was
+        given, or (0, 0.0)."""
+        if not self.poll_every or step % self.poll_every:
+            return 0, 0.0
+        found, deadline = read_request(self.path, time.time())
+        newest = torch.tensor([found, deadline] if found > self.answered else [0, 0], dtype=torch.float64)
+        if self.ctx.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(newest, op=dist.ReduceOp.MAX)  # ids and deadlines: float64 holds both exactly
+        found, deadline = int(newest[0].item()), float(newest[1].item())
+        if found:
+            self.answered = found
+        return found, deadline
+
+    def begin_step(self, sampler_state: dict, rng: dict) -> None:
+        """Remember where the step starts from: a NaN rollback saves exactly this."""
+        self._before_step = (sampler_state, rng)
+
+    def rollback_state(self, state: dict, step: int) -> dict | None:
+        """The checkpoint state of step - 1 (model and optimiser untouched by the poisoned step), or None when
+        there is nothing to roll back to."""
+        if self._before_step is None or step < 2:
+            return None
+        sampler_state, rng = self._before_step
+        state["trainer"] = {"step": step - 1, "sampler": sampler_state}
+        state["rng"] = rng
+        return state
+
+
+def saved_request(meta: dict) -> int:
+    """The request id a checkpoint answered (0: a periodic one)."""
+    try:
+        return int(meta.get("request") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _meta(ctx, kind: str, **extra) -> dict:
+    return {"world_size": ctx.world_size, "ep": ctx.ep_size, "kind": kind, **extra}
+
+
+def save_requested(request: tuple[int, float], ckpt, step: int, state: dict, ctx, kpi, loss: float) -> Path | None:
+    """Every rank together: save the step just finished for request (id, deadline) (unless this very step's
+    periodic checkpoint is already on its way), answer with a `checkpoint` event naming the request, then hold
+    until the deadline: the requeue is coming, and a step trained now would be lost with it. Should the requeue
+    not come (the controller went away), training goes on after the deadline."""
+    request, deadline = request
+    from sigma.train.checkpoint import step_dir_name
+
+    started = time.monotonic()
+    if ckpt.last_saved_step == step:  # decided alike on every rank: each called save() for this step
+        ckpt.wait()
+        path = ckpt.root / step_dir_name(step)
+    else:
+        try:
+            path = ckpt.save(step, state, _meta(ctx, "jit", loss=loss, request=request), background=False)
+        except SAVE_ERRORS as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
+            kpi.event("checkpoint_failed", f"just-in-time checkpoint of step {step} for request {request} failed: "
+                                           f"{exc}; the newest complete checkpoint is {ckpt.latest()}", step=step,
+                      request=request)
+            return None
+    save_s = round(time.monotonic() - started, 3)
+    kpi.event("checkpoint", f"just-in-time checkpoint of step {step} for request {request}: {path}", step=step,
+              path=str(path), save_s=save_s, kind="jit", request=request)
+    if deadline:
+        time.sleep(max(0.0, min(deadline - time.time(), MAX_HOLD_S)))
+    return path
+
+
+def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -> Path | None:
+    """Every rank together, on a NaN/Inf loss at `step`: save step - 1 (the last healthy one) unless a checkpoint
+    of it exists; a failed save is logged, never raised (the NaN stop is what the run reports)."""
+    ckpt.wait()
+    if ckpt.last_saved_step == step - 1 or jit.rollback_state(state, step) is None:
+        return None
+    started = time.monotonic()
+    try:
+        path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
+    except SAVE_ERRORS as exc:  # a full disk: the older checkpoints are left as they are
+        kpi.event("checkpoint_failed", f"rollback checkpoint of step {step - 1} failed: {exc}", step=step - 1)
+        return None
+    kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: {path}",
+              step=step - 1, path=str(path), save_s=round(time.monotonic() - started, 3), kind="rollback")
+    return path

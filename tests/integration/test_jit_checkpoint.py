@@ -1,0 +1,119 @@
+"""Just-in-time checkpoints through the real pipeline: a 2-node expert-parallel training job on the local cluster,
+real sidecars pushing to `sigma controller run`, faults injected at their source.
+
+- Xid 79 in one node's kernel log: the controller drains that node, asks the other for a just-in-time checkpoint
+  (ingest reply -> sidecar -> control file -> trainer), requeues once the answer is back, and the job resumes from
+  the step it had reached: no step is lost, and the loss curve is the one a single uninterrupted process computes.
+- NaN (`sigma chaos nan`): the ranks stop before applying the bad gradient and save the last healthy step; the
+  controller requeues the failed job, which resumes from that step, never from a NaN state.
+"""
+
+import time
+
+import pytest
+
+from sigma.chaos.inject import Chaos
+from sigma.train.kpi import read_kpis
+from tests.conftest import wait_for
+from tests.integration.pipeline import Pipeline
+from tests.integration.test_train_requeue import losses, wait_end
+
+pytestmark = pytest.mark.integration
+
+STEPS = 60
+
+
+def job_overrides(train_data, tmp_path, *extra):
+    # no periodic checkpoint before the end: whatever the resume finds was saved for the fault
+    return [f"data.path={train_data}", "data.prepare_if_missing=false", "data.seq_len=32", "data.global_batch=4",
+            "threads=1", f"steps={STEPS}", "checkpoint.every=0", "optim.warmup_steps=3",
+            "model_overrides.balance=aux_free", "model_overrides.bias_update_speed=0.01",
+            f"checkpoint.dir={tmp_path / 'ckpt'}", "kpi.progress_every=5", *extra]
+
+
+def submit(cluster, train_data, tmp_path, monkeypatch, *extra):
+    from pathlib import Path
+
+    from sigma.train.launch import submit as submit_job
+    from sigma.train.train_config import load_train_config
+    from tests.integration.test_train_requeue import DEBUG
+
+    for key, value in cluster.env.items():
+        monkeypatch.setenv(key, value)
+    cfg = load_train_config(DEBUG, job_overrides(train_data, tmp_path, *extra) + [
+        "launch.executor=slurm", "launch.nodes=2", "launch.gpus_per_node=1", "parallel.ep=2",
+        "launch.timeout_min=10", f"launch.folder={tmp_path / 'submitit'}", "fault.step_delay_s=0.15"])
+    submitted = time.time()
+    job = submit_job(cfg)
+    kpi_dir = Path(cluster.env["SIGMA_KPI_DIR"]) / f"job-{job.job_id}"
+    rank0 = wait_for(lambda: next(iter(kpi_dir.glob("rank-0.*.jsonl")), None), timeout=120, what="rank 0 KPI file")
+    return job, int(job.job_id), rank0, submitted
+
+
+def records_since(rank0, submitted):
+    """Rank 0's lines, on whichever node each run put it, oldest first. A fresh test cluster numbers jobs from 1
+    again: lines an earlier cluster's job left in the files are ignored."""
+    lines = [r for path in rank0.parent.glob("rank-0.*.jsonl") for r in read_kpis(path) if r["ts"] >= submitted]
+    return sorted(lines, key=lambda r: r["ts"])
+
+
+def assert_reference_curve(curve, train_data, tmp_path, monkeypatch):
+    from sigma.train.train_config import load_train_config
+    from sigma.train.trainer import train
+    from tests.integration.test_train_requeue import DEBUG
+
+    monkeypatch.setenv("SIGMA_KPI_DIR", str(tmp_path / "reference-kpi"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    reference = train(load_train_config(DEBUG, job_overrides(train_data, tmp_path / "reference")))
+    assert sorted(curve) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):  # 2 EP ranks against 1 process: the same sums in another order
+        assert curve[step] == pytest.approx(reference.losses[step], abs=1e-4), step
+
+
+def test_xid_saves_a_just_in_time_checkpoint_and_loses_no_step(slurm, cluster, train_data, tmp_path, monkeypatch):
+    with Pipeline(cluster, tmp_path / "pipeline") as p:
+        job, job_id, rank0, submitted = submit(cluster, train_data, tmp_path, monkeypatch)
+        wait_for(lambda: max(losses(records_since(rank0, submitted)), default=0) >= 12, timeout=120,
+                 what="step 12")
+        victim = slurm.job(job_id).nodes[-1]
+        p.inject_xid79(victim)
+
+        done = wait_end(slurm, job_id, timeout=300)
+        assert done.state == "COMPLETED" and done.restarts == 1, done
+        (req,) = p.query("SELECT node, ack_step, delivered_at FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        assert req["node"] != victim and req["delivered_at"] is not None and req["ack_step"] >= 12
+        (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
+        assert f"just-in-time checkpoint of step {req['ack_step']} saved" in requeue["result"]
+
+        records = records_since(rank0, submitted)
+        (resume,) = [r for r in records if r.get("event") == "resume"]
+        assert resume["step"] == req["ack_step"] and resume["checkpoint_kind"] == "jit"
+        before = max(r["step"] for r in records if "event" not in r and r["ts"] < resume["ts"])
+        assert before - resume["step"] <= 1  # at most the step SLURM interrupted is redone
+
+        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=30,
+                           what="steps lost recorded")
+        assert lost["steps_lost"] <= 1 and lost["source"] == "jit" and lost["time_lost_s"] > 0
+    assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
+
+
+def test_nan_resumes_from_the_last_healthy_step(slurm, cluster, train_data, tmp_path, monkeypatch):
+    with Pipeline(cluster, tmp_path / "pipeline") as p:
+        job, job_id, rank0, submitted = submit(cluster, train_data, tmp_path, monkeypatch, "fault.nan_trigger=true")
+        wait_for(lambda: max(losses(records_since(rank0, submitted)), default=0) >= 12, timeout=120,
+                 what="step 12")
+        Chaos(cluster).inject("nan", slurm.job(job_id).nodes[0], job_id=job_id)
+
+        done = wait_end(slurm, job_id, timeout=300)
+        assert done.state == "COMPLETED" and done.restarts == 1, done
+        records = records_since(rank0, submitted)
+        (nan,) = [r for r in records if r.get("event") == "nan_loss"]
+        (rollback,) = [r for r in records if r.get("event") == "checkpoint" and r.get("kind") == "rollback"]
+        (resume,) = [r for r in records if r.get("event") == "resume"]
+        assert rollback["step"] == nan["step"] - 1 == resume["step"] and resume["checkpoint_kind"] == "rollback"
+        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=30,
+                           what="steps lost recorded")
+        assert lost["steps_lost"] == 0 and lost["source"] == "rollback"
+        assert not p.query("SELECT 1 FROM checkpoint_requests WHERE job_id = ?", (job_id,))  # nothing to wait for
+    # the poisoned step's batch is trained again, cleanly: the curve is the uninterrupted one
+    assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
