@@ -89,7 +89,10 @@ def plots(out: dict, directory: Path) -> list[Path]:
             ax.hist([v / 60.0 for v in a["recovery"]], bins=bins, alpha=0.6, label=arm)
     ax.set_xlabel("job recovery: fault -> first step after restart (min)")
     ax.set_ylabel("interruptions")
-    ax.legend()
+    if values:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no job was interrupted", ha="center", transform=ax.transAxes)
     paths.append(directory / "recovery.png")
     fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)
