@@ -1,6 +1,6 @@
 """How fast `sigma simulate` runs: simulated days of a cluster per CPU second, on one core.
 
-    python bench/simulate.py [--nodes 256] [--gpus-per-node 8] [--days 30 365] [--seed 0]
+    python bench/simulate.py [--nodes 256] [--gpus-per-node 8] [--days 30 365] [--seed 0] [--node-mtbf-h H]
 
 For each period it runs the bare command's work (failures from the model fitted to the LANL clusters, the default
 workload, the packaged policy, the manual baseline beside it) and prints the CPU seconds of the whole run and of
@@ -26,18 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--days", type=float, nargs="+", default=[30.0, 365.0])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--node-mtbf-h", type=float, help="a faultier cluster: the fitted shape at this mean uptime")
     args = p.parse_args(argv)
 
     from sigma.cli import build_parser
     from sigma.simulate.runner import simulate
 
     print(f"{args.nodes} nodes x {args.gpus_per_node} = {args.nodes * args.gpus_per_node} accelerators, seed "
-          f"{args.seed}, one process (CPU seconds: time.process_time)")
+          f"{args.seed}, node MTBF {args.node_mtbf_h or 'as fitted'} h, one process (CPU seconds: time.process_time)")
     print(f"{'days':>6} {'cpu total s':>12} {'policy arm s':>13} {'manual arm s':>13} {'faults':>7} {'ticks':>7} "
           f"{'decisions':>9}  goal")
     for days in args.days:
         cli = build_parser().parse_args(["simulate", "--nodes", str(args.nodes), "--gpus-per-node",
-                                         str(args.gpus_per_node), "--days", str(days), "--seed", str(args.seed)])
+                                         str(args.gpus_per_node), "--days", str(days), "--seed", str(args.seed)]
+                                        + (["--node-mtbf-h", str(args.node_mtbf_h)] if args.node_mtbf_h else []))
         import sigma.simulate.engine as engine
 
         spent: dict[str, float] = {}

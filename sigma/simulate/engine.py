@@ -21,7 +21,7 @@ import numpy as np
 
 from sigma.controller.act.actions import SlurmActions
 from sigma.controller.act.decisionlog import DecisionLog
-from sigma.controller.act.remediation import REBOOT_SETTLE_S
+from sigma.controller.act.remediation import REBOOT_SETTLE_S, TERMINAL
 from sigma.controller.loop import Controller
 from sigma.findings import Finding
 from sigma.simulate.faults import KINDS
@@ -97,9 +97,12 @@ class SimLog(DecisionLog):
         super().__init__(None, keep=50)
         self.engine = engine
         self.count = 0
+        self.next_step = False  # a decision or a move to a state whose handler runs on the next tick
 
     def event(self, what, human=None, **fields):
         self.count += 1
+        if what == "decision" or (what == "lifecycle" and fields.get("to_state") not in TERMINAL):
+            self.next_step = True
         if what == "waiting_for_admin":
             self.engine.ticket(fields["node"], f"manual:{fields['node']}")
         if self.engine.verbose and human:
@@ -177,6 +180,8 @@ class Engine:
             if self.ctrl is not None and self.dirty:
                 self.tick()
         self._account(self.end)
+        if self.result.series:
+            self.result.series.append((self.end, *self.result.series[-1][1:]))  # the plot runs to the end
         self.now = self.end
         for j in self.slurm.job_map.values():
             if j.state == "RUNNING" and j.validation_of is None:
@@ -193,11 +198,11 @@ class Engine:
 
     def tick(self) -> None:
         self.dirty = False
-        before = self.ctrl.log.count
+        self.ctrl.log.next_step = False
         self.ctrl.tick()
         self.result.ticks += 1
         self.schedule()
-        if self.ctrl.log.count != before or self.dirty:
+        if self.ctrl.log.next_step:
             self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
         elif self._timers_running():
             self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
@@ -314,6 +319,7 @@ class Engine:
             conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
                              "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
                                                      TOKENS_PER_S) for i in range(6)])
+        self.at(self.now + 61.0, self.changed)  # isolation's verification reads these steps on a tick
 
     def _degrade(self, j: SimJob, f: Fault) -> None:
         run = j.runs[-1]

@@ -61,16 +61,26 @@ def log_events(rules) -> dict[str, dict]:
 
 def generate(model: FailureModel, nodes: int, start: float, end: float, rng: np.random.Generator) -> list[Outage]:
     """Each node a renewal process: time to failure from the model, then its repair time, then the next. The
-    sequence is drawn once, so the policy and the baseline see the same faults."""
+    sequence is drawn once, so the policy and the baseline see the same faults. At the start each node is found
+    part-way through an uptime as a node looked at a random moment is: in a length-biased one (a long uptime is
+    more likely to contain the moment), at a uniform point of it; a fresh draw instead would make a decreasing
+    hazard look like a burst of failures in the first weeks."""
     kinds = list(model.kinds)
     shares = np.asarray([model.kinds[k] for k in kinds], dtype=float)
     shares /= shares.sum()
     out = []
     for node in range(nodes):
-        t = start + float(model.uptime_h.sample(rng)) * 3600.0 * rng.random()  # already part-way through an uptime
+        t = start + _residual_h(model, rng) * 3600.0
         while t < end:
             repair = float(model.repair_h.sample(rng)) * 3600.0
             kind = kinds[int(rng.choice(len(kinds), p=shares))]
             out.append(Outage(node, t, t + repair, kind, f"model {model.name}, node {node}"))
             t += repair + float(model.uptime_h.sample(rng)) * 3600.0
     return sorted(out, key=lambda o: (o.start, o.node))
+
+
+def _residual_h(model: FailureModel, rng: np.random.Generator, candidates: int = 256) -> float:
+    """Time left in the uptime a node is in at a random moment (length-biased pick, uniform point)."""
+    ups = np.asarray(model.uptime_h.sample(rng, candidates), dtype=float)
+    chosen = ups[int(rng.choice(candidates, p=ups / ups.sum()))]
+    return float(chosen * rng.random())

@@ -60,6 +60,7 @@ def plots(out: dict, directory: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -70,8 +71,9 @@ def plots(out: dict, directory: Path) -> list[Path]:
             continue
         t0 = s[0][0]
         days = [(p[0] - t0) / 86400.0 for p in s]
-        ax.step(days, [p[3] / out["nodes"] for p in s], where="post", label=f"{arm}: training")
-        ax.step(days, [p[1] / out["nodes"] for p in s], where="post", alpha=0.5, label=f"{arm}: available")
+        style = "-" if arm == "policy" else "--"
+        ax.step(days, [p[3] / out["nodes"] for p in s], style, where="post", label=f"{arm}: training")
+        ax.step(days, [p[1] / out["nodes"] for p in s], style, where="post", alpha=0.5, label=f"{arm}: available")
     ax.set_xlabel("day")
     ax.set_ylabel("share of nodes")
     ax.set_title("utilisation over time")
@@ -80,12 +82,17 @@ def plots(out: dict, directory: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4))
+    values = [v / 60.0 for a in out["arms"].values() for v in a["recovery"]]
+    bins = np.linspace(0.0, max(values) * 1.02, 41) if values else 10
     for arm, a in out["arms"].items():
         if a["recovery"]:
-            ax.hist([v / 60.0 for v in a["recovery"]], bins=40, alpha=0.6, label=arm)
+            ax.hist([v / 60.0 for v in a["recovery"]], bins=bins, alpha=0.6, label=arm)
     ax.set_xlabel("job recovery: fault -> first step after restart (min)")
     ax.set_ylabel("interruptions")
-    ax.legend()
+    if values:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no job was interrupted", ha="center", transform=ax.transAxes)
     paths.append(directory / "recovery.png")
     fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)

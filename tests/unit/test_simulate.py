@@ -168,3 +168,21 @@ def test_node_mtbf_keeps_the_fitted_shape_at_the_sites_rate():
     assert scaled["uptime_h"]["family"] == fitted["family"]
     assert scaled["uptime_h"].get("shape", scaled["uptime_h"].get("sigma")) == \
         fitted.get("shape", fitted.get("sigma"))
+
+
+def test_hang_and_straggler_are_isolated_and_verified(tmp_path):
+    path = trace(tmp_path, "node0001,2026-01-01T06:00:00,,hang", "node0006,2026-01-01T09:00:00,,straggler")
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("name,nodes,count,restart_min\ntrain,4,1,1\n")
+    out = simulate(args("--nodes", "8", "--days", "1", "--failures", path, "--jobs", str(jobs)))
+    policy = out["arms"]["policy"]
+    # the job's first steps after its restart (within verify_after_s) confirm both decisions
+    assert policy["incidents"] == {"isolation-outlier confirmed": 1, "watchdog-hang confirmed": 1}
+
+
+def test_isolation_is_misdiagnosed_when_the_restart_outlasts_verification(tmp_path):
+    """A 10-minute restart reaches its first step after the shipped verify_after_s (600 s): the decision cannot be
+    confirmed in time and the node goes back (a policy setting to raise for large jobs)."""
+    path = trace(tmp_path, "node0001,2026-01-01T06:00:00,,hang")
+    out = simulate(args("--nodes", "8", "--days", "0.5", "--failures", path, "--compare", "none"))
+    assert out["arms"]["policy"]["incidents"] == {"watchdog-hang misdiagnosed": 1}
