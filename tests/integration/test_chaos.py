@@ -54,8 +54,14 @@ def test_hang_stops_only_that_nodes_job_processes(slurm, cluster):
 def test_straggler_duty_cycle_and_undo(slurm, cluster):
     job_id = slurm.submit(None, "-N1", "-w", "node2", wrap="python3 -c 'while True: pass'")
 
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:  # a short-lived process of the job step (its shell, srun) already gone
+            return b""
+
     def spinner():
-        return [p for p in job_pids(cluster, "node2", job_id) if b"while" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return [p for p in job_pids(cluster, "node2", job_id) if b"while" in cmdline(p)]
 
     pid = wait_for(spinner, what="the job's spinning process")[0]
     inj = Chaos(cluster).inject("straggler", "node2", job_id=job_id, percent=60, period_s=0.5)
