@@ -16,6 +16,7 @@ Each process names itself (/proc/self/comm) so node telemetry lists it under tha
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -29,10 +30,8 @@ SYS_PROCESS_MADVISE = 440  # the same number on every architecture (added after 
 
 
 def name_self(name: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text(name[:15])
-    except OSError:
-        pass
 
 
 def file_mappings(pid: int) -> list[tuple[int, int, str]]:

@@ -8,6 +8,7 @@ time the node was repaired, empty for a fault that needs no repair beyond a rebo
 from __future__ import annotations
 
 import calendar
+import contextlib
 import csv
 import datetime as dt
 from dataclasses import dataclass
@@ -138,24 +139,21 @@ def _lanl_time(text: str, where: str, column: str) -> float:
         day, clock = text.split(" ")
         month, mday, year = (int(x) for x in day.split("/"))
         hour, minute = (int(x) for x in clock.split(":"))
-        return float(calendar.timegm((year, month, mday, hour, minute, 0))) if (
-            1 <= month <= 12 and 1 <= mday <= 31 and hour < 24 and minute < 60) else _bad()
     except ValueError:
-        raise TraceError(f"{where}: {column} {text!r} is not a time like 6/21/2005 10:54") from None
-
-
-def _bad() -> float:
-    raise ValueError
+        ok = False
+    else:
+        ok = 1 <= month <= 12 and 1 <= mday <= 31 and hour < 24 and minute < 60
+    if not ok:
+        raise TraceError(f"{where}: {column} {text!r} is not a time like 6/21/2005 10:54")
+    return float(calendar.timegm((year, month, mday, hour, minute, 0)))
 
 
 def _plain_time(text: str, where: str, column: str) -> float:
     text = (text or "").strip()
     if not text:
         raise TraceError(f"{where}: missing {column}")
-    try:
+    with contextlib.suppress(ValueError):  # epoch seconds, else an ISO time below
         return float(text)
-    except ValueError:
-        pass
     try:
         t = dt.datetime.fromisoformat(text)
     except ValueError:

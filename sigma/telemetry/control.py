@@ -20,6 +20,14 @@ def request_path(kpi_dir: str | Path, job_id: int, node: str) -> Path:
     return Path(kpi_dir) / f"job-{int(job_id)}" / REQUEST_NAME.format(node=node)
 
 
+def _handed_on(path: Path, request_id: int) -> bool:
+    """The control file already holds this request (an unreadable or half-written one does not count)."""
+    try:
+        return json.loads(path.read_text()).get("id") == request_id
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def write_checkpoint_requests(kpi_dir: str | Path, node: str, requests: list[dict]) -> list[str]:
     """Write each request's control file (temp file + rename, so a rank never reads half of one); return the
     problems (a request without a job id, a job directory that cannot be written), one line each."""
@@ -32,12 +40,8 @@ def write_checkpoint_requests(kpi_dir: str | Path, node: str, requests: list[dic
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(f"checkpoint request {req!r} malformed: {exc}")
             continue
-        if path.is_file():
-            try:
-                if json.loads(path.read_text()).get("id") == int(req["id"]):
-                    continue  # already handed on (the request rides on every ack until it is answered)
-            except (OSError, ValueError):
-                pass
+        if _handed_on(path, int(req["id"])):
+            continue  # the request rides on every ack until it is answered
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")

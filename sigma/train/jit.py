@@ -57,7 +57,8 @@ class JitCheckpoints:
         if not self.poll_every or step % self.poll_every:
             return 0, 0.0
         found, deadline = read_request(self.path, time.time())
-        newest = torch.tensor([found, deadline] if found > self.answered else [0, 0], dtype=torch.float64)
+        newest = torch.tensor([found, deadline] if found > self.answered else [0, 0], dtype=torch.float64,
+                              device=self.ctx.device)  # NCCL reduces only device tensors
         if self.ctx.distributed:
             import torch.distributed as dist
 

@@ -10,7 +10,7 @@ from sigma.train.kpi import throughput_stability
 
 
 class NoJobData(LookupError):
-    pass
+    """The job has no step lines in the window asked about (unknown job, or none since --since)."""
 
 
 def job_noise(conn: sqlite3.Connection, job_id: int, since: float | None = None, until: float | None = None,

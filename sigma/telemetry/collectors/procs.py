@@ -10,6 +10,7 @@ Kernel threads and the sidecar itself are left out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -73,12 +74,9 @@ class ProcsCollector(Collector):
 
 
 def _job_process(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "cgroup")) as f:
-            if "/job_" in f.read():
-                return True
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup")) as f:
+        if "/job_" in f.read():
+            return True
     try:
         with open(os.path.join(path, "environ"), "rb") as f:
             return b"\0SLURM_JOB_ID=" in b"\0" + f.read()

@@ -326,22 +326,15 @@ class Replayer:
         records = ref["records"]
         if not any(name.startswith(prefix) for name in ref["forward_order"]):
             return None  # a unit without sub-operations
-        if forward:
-            for name in ref["forward_order"]:
-                mine = tape.records.get(name)
-                if not name.startswith(prefix) or mine is None:
-                    continue
-                for a, b in zip(mine.out, records[name]["out"]):
-                    if a is not None and b is not None and self._diverges(a, b, unit, "out"):
-                        return f"{name} (output)"
-            return f"{unit} itself (its sub-operations agree)"
-        for name in ref["backward_order"]:
+        order, field, metric, what = (("forward_order", "out", "out", "output") if forward
+                                      else ("backward_order", "grad_in", "grad", "gradient"))
+        for name in ref[order]:
             mine = tape.records.get(name)
             if not name.startswith(prefix) or mine is None:
                 continue
-            for a, b in zip(mine.grad_in, records[name]["grad_in"]):
-                if a is not None and b is not None and self._diverges(a, b, unit, "grad"):
-                    return f"{name} (gradient)"
+            for a, b in zip(getattr(mine, field), records[name][field]):
+                if a is not None and b is not None and self._diverges(a, b, unit, metric):
+                    return f"{name} ({what})"
         return f"{unit} itself (its sub-operations agree)"
 
     def _diverges(self, a: torch.Tensor, b: torch.Tensor, unit: str, metric: str) -> bool:
