@@ -1,7 +1,7 @@
 """Chaos soak: train on the local cluster while a seeded schedule injects faults of every kind, one at a time.
 
     python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
-                               [--signatures all|N|NAME ...] [--no-jit | --compare]
+                               [--signatures all|N|NAME ...] [--shard I/N] [--no-jit | --compare]
 
 Uses only what a user or an admin could do: `sigma stack up`, `sigma train`, `sigma chaos` (its Python API),
 `sbatch`, `sigma nodes --repaired`, `sigma report`; the controller database is read (read-only) for measurements.
@@ -27,6 +27,12 @@ Fault kinds (each injected at its source by `sigma chaos`, on a node of the runn
               decided its action: a drain takes out that node only, a job restart or a record / notification
               takes out none. --signatures says which: all (default: the run lasts until every one ran), N per
               round (sampled), or names.
+
+--shard I/N runs the I-th of N shares of the faults (the non-log kinds and the signatures, in one sorted list, every
+N-th from the I-th), so that a full run can be split over several machines or sittings; the N shards together run
+every kind and every signature once. Exit code 0 when every fault of the run (or shard) was detected, the right node
+(and only it) acted on, the job recovered, every selected kind and signature ran, with no false drains and no lost
+jobs.
 """
 
 from __future__ import annotations
@@ -492,6 +498,26 @@ def runnable_signatures(say=print) -> list[str]:
     return out
 
 
+def shard(kinds: list[str], signatures: list[str], spec: str) -> tuple[list[str], list[str]]:
+    """The kinds and signatures of shard I of N (spec "I/N", 1-based): every N-th fault of one sorted list of the
+    non-log kinds and the log signatures, so that the N shards together run each exactly once."""
+    match = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise ValueError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, e.g. 2/4")
+    i, n = int(match.group(1)), int(match.group(2))
+    faults = sorted(k for k in kinds if k != "log") + sorted(f"log:{s}" for s in signatures if "log" in kinds)
+    mine = faults[i - 1::n]
+    sigs = [f.split(":", 1)[1] for f in mine if f.startswith("log:")]
+    return [k for k in mine if not k.startswith("log:")] + (["log"] if sigs else []), sigs
+
+
+def not_run(kinds: list[str], signatures: list[str], rows: list[FaultRow]) -> list[str]:
+    """The selected kinds and signatures the run never injected (the exit condition covers every one)."""
+    ran = {r.label for r in rows}
+    expected = [k for k in kinds if k != "log"] + ([f"log:{s}" for s in signatures] if "log" in kinds else [])
+    return sorted(set(expected) - ran)
+
+
 def _fmt(v, spec: str = ".1f", unit: str = " s") -> str:
     return "-" if v is None else f"{v:{spec}}{unit}"
 
@@ -571,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signatures", nargs="+", default=["all"],
                    help="log kind: 'all' (every catalogue signature, the run lasts until each ran), a number to "
                         "sample per round, or rule ids")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run the I-th of N shares of the kinds and signatures (with --signatures all or names)")
     p.add_argument("--hang-timeout", type=float, default=None,
                    help="controller watchdog hang timeout (s; default: the shipped one)")
     p.add_argument("--throughput-window", type=float, default=30.0,
@@ -591,12 +619,21 @@ def main(argv: list[str] | None = None) -> int:
             per_round = int(args.signatures[0])
         else:
             signatures = args.signatures
+    kinds = args.kinds
+    if args.shard:
+        if per_round is not None:
+            p.error("--shard needs --signatures all or names, not a number per round")
+        kinds, signatures = shard(kinds, signatures if signatures is not None else runnable_signatures(say),
+                                  args.shard)
+        say(f"shard {args.shard}: kinds {' '.join(k for k in kinds if k != 'log') or '-'}; "
+            f"signatures {' '.join(signatures) or '-'}")
+
     def soak_once(jit: bool, keep: bool) -> tuple[Soak, SoakResult]:
         say(f"soak {'with' if jit else 'without'} just-in-time checkpoints, seed {args.seed}")
         soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
                     args.throughput_window, say=say, signatures=signatures, per_round=per_round, jit=jit)
         try:
-            res = soak.run(args.minutes, args.kinds, args.port_base)
+            res = soak.run(args.minutes, kinds, args.port_base)
         finally:
             if not keep:
                 soak.stop_platform(with_cluster=True)
@@ -617,10 +654,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "false_drains": res.false_drains, "lost_jobs": res.lost_jobs,
                                          "effective": res.effective, "effective_outside": res.effective_outside},
                                         indent=2))
-    ran = {r.signature for r in res.rows if r.kind == "log"}
-    missing = set(soak.signatures) - ran if "log" in args.kinds and soak.per_round is None else set()
+    missing = not_run(kinds, soak.signatures if soak.per_round is None else [], res.rows)
     if missing:
-        print(f"signatures never injected: {', '.join(sorted(missing))}")
+        print(f"never injected: {', '.join(missing)}")
     ok = (all(r.detected and r.right_node and r.recovered for r in res.rows) and not res.false_drains
           and not res.lost_jobs and not missing)
     return 0 if ok else 1

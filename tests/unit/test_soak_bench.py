@@ -1,0 +1,67 @@
+"""bench/chaos_soak.py's fault selection and exit condition, and bench/ingest_abuse.py's per-round ratios (the
+parts that decide what a soak runs and what it reports; the soak itself runs in tests/integration/test_soak.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _bench("chaos_soak")
+KINDS = list(soak.KINDS)
+SIGS = ["gpu-xid-reset", "ib-port-down", "nic-lost-carrier", "disk-full", "nccl-watchdog-timeout"]
+
+
+def test_shards_together_run_every_kind_and_signature_once():
+    seen: list[str] = []
+    for i in range(1, 4):
+        kinds, sigs = soak.shard(KINDS, SIGS, f"{i}/3")
+        assert ("log" in kinds) == bool(sigs)
+        seen += [k for k in kinds if k != "log"] + [f"log:{s}" for s in sigs]
+    assert sorted(seen) == sorted([k for k in KINDS if k != "log"] + [f"log:{s}" for s in SIGS])
+
+
+def test_one_shard_is_the_whole_run():
+    kinds, sigs = soak.shard(KINDS, SIGS, "1/1")
+    assert sorted(kinds) == sorted(KINDS) and sorted(sigs) == sorted(SIGS)
+
+
+def test_shard_without_the_log_kind_runs_no_signature():
+    kinds, sigs = soak.shard(["xid", "hang"], SIGS, "1/1")
+    assert kinds == ["hang", "xid"] and sigs == []
+
+
+@pytest.mark.parametrize("spec", ["0/3", "4/3", "1", "a/b", "1/0"])
+def test_bad_shard_is_refused_with_its_text(spec):
+    with pytest.raises(ValueError, match=f"--shard '{spec}'"):
+        soak.shard(KINDS, SIGS, spec)
+
+
+def row(kind: str, signature: str = "") -> "soak.FaultRow":
+    return soak.FaultRow(kind, "node1", 0.0, 1, signature=signature)
+
+
+def test_exit_condition_names_every_kind_and_signature_that_never_ran():
+    rows = [row("xid"), row("hang"), row("log", "ib-port-down")]
+    missing = soak.not_run(["xid", "hang", "nan", "log"], ["ib-port-down", "nic-lost-carrier"], rows)
+    assert missing == ["log:nic-lost-carrier", "nan"]
+    assert soak.not_run(["xid", "hang", "log"], ["ib-port-down"], rows) == []
+
+
+def test_abuse_ratio_compares_each_loaded_round_with_the_unloaded_rounds_around_it():
+    abuse = _bench("ingest_abuse")
+    unloaded = [{"samples_s": v} for v in (100.0, 200.0, 100.0)]
+    loaded = [{"samples_s": v} for v in (135.0, 150.0)]
+    assert abuse.round_ratios(unloaded, loaded) == pytest.approx([0.9, 1.0])
