@@ -15,6 +15,7 @@ rule ids may differ, so there a line counts when some rule decided the expected 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--telemetry", type=Path, default=ROOT / "configs" / "telemetry.yaml")
     p.add_argument("--lines", type=Path, default=None, help="extra RULE-ID<TAB>LINE lines to try in every format")
     p.add_argument("--baseline", default=None, help="git revision whose rules and telemetry config to compare with")
-    p.add_argument("--samples", type=Path, default=ROOT.parent / "shared" / "data" / "loghub",
-                   help="directory of public log samples (*.log) to run through the kernel section")
+    p.add_argument("--samples", type=Path, default=Path(os.environ.get("SIGMA_DATA") or ROOT.parent / "shared" / "data") / "loghub",
+                   help="directory of public log samples (*.log) to run through the kernel section (default: $SIGMA_DATA/loghub, the shared data sets beside the checkout)")
     args = p.parse_args(argv)
 
     rules = load_rules(args.rules)

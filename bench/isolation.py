@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -34,7 +35,7 @@ from sigma.controller.detect.isolation import Streaks, baseline, pick_outlier, s
 from isolation_real import load_today  # noqa: E402
 
 ISO = IsolationConfig()  # the controller's defaults
-NAB = REPO.parent / "shared" / "data" / "nab" / "data"
+NAB = Path(os.environ.get("SIGMA_DATA") or REPO.parent / "shared" / "data") / "nab" / "data"  # $SIGMA_DATA: the shared data sets
 NOISE = 0.5  # per-sample noise scale of every metric
 WINDOW = 6  # samples averaged per isolation round (e.g. 60 s of 10 s samples)
 SIZE = (2.0, 8.0)  # fault size range, in sigmas of the per-sample noise
@@ -49,7 +50,7 @@ def load_shapes(length: int, rng: np.random.Generator) -> tuple[list[np.ndarray]
     healthy, anomalous = [], []
     files = sorted(NAB.glob("*/*.csv"))
     if not files:
-        raise SystemExit(f"no NAB data under {NAB}")
+        raise SystemExit(f"no NAB data under {NAB}: set SIGMA_DATA to the directory of the shared data sets")
     import json
 
     labels = json.loads((NAB.parent / "labels" / "combined_labels.json").read_text())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def load_asd(root: Path, servers: int) -> tuple[list[str], np.ndarray, np.ndarra
     """(names, train [entities, time, metrics], test [entities, time, metrics], labels [entities, time], segments)."""
     dirs = sorted((root / "asd").glob("omi-*"), key=lambda p: int(p.name.split("-")[1]))[:servers]
     if not dirs:
-        raise SystemExit(f"no ASD data under {root / 'asd'}")
+        raise SystemExit(f"no ASD data under {root / 'asd'}: pass --data or set SIGMA_DATA to the shared data sets")
     trains = [read_matrix(d / "train.csv") for d in dirs]
     tests = [read_matrix(d / "test.csv") for d in dirs]
     T = max(len(t) for t in trains)
@@ -376,7 +377,8 @@ class _Shifted:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=Path(os.environ.get("SIGMA_DATA") or REPO.parent / "shared" / "data"),
+                    help="the shared data sets (default: $SIGMA_DATA, else ../shared/data beside the checkout)")
     ap.add_argument("--servers", type=int, default=12, help="ASD servers (omi-1..omi-N)")
     ap.add_argument("--nab-files", type=int, default=24)
     ap.add_argument("--only", choices=("asd", "nab"), default=None, help="one data set only")

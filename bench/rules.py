@@ -28,6 +28,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -45,7 +46,7 @@ from sigma.rules.learn.learner import learn  # noqa: E402
 from sigma.rules.learn.propose import DeterministicProposer  # noqa: E402
 from sigma.rules.learn.review import hits, repair  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("SIGMA_DATA") or REPO.parent / "shared" / "data")  # $SIGMA_DATA: the shared data sets
 KEYWORDS = re.compile(r"(?i)\b(error|fail\w*|fatal|exception|critical|panic|abort\w*|corrupt\w*|severe)\b")
 HPC_PROXY_STATES = ("error", "state_change.unavailable", "clusterfilesystem.not_served",
                     "clusterfilesystem.no_server", "bcast-error")
@@ -258,6 +259,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=12, help="NAB: samples per example window")
     ap.add_argument("--nab-files", type=int, default=None, help="NAB: only the first N files (quick runs)")
     args = ap.parse_args()
+    if not (DATA / "loghub").is_dir() or not (DATA / "nab").is_dir():
+        raise SystemExit(f"no loghub or NAB data under {DATA}: set SIGMA_DATA to the directory of the shared data sets")
     print(f"rule learning, learn on the oldest {args.split:.0%}, score on the rest (deterministic proposer, "
           f"fp_budget {DEFAULTS.fp_budget}, max_iterations {DEFAULTS.max_iterations})\n")
     bgl = None
