@@ -54,6 +54,10 @@ KINDS = ("xid", "hang", "straggler", "node-death", "prolog", "nan", "log")
 NODE_KINDS = ("xid", "hang", "straggler", "node-death", "prolog")  # the node itself is at fault
 DRAINS = ("drain", "drain+reboot", "drain+ticket")
 CHECKPOINT_EVERY = 20
+# The controller stops requeueing a job after CRASH_LOOP_RESTARTS job-level requeues within the window (the shipped
+# restarts, a shorter window): the soak's faults are independent, so it spaces its job-level ones to stay under it.
+CRASH_LOOP_RESTARTS = 3
+CRASH_LOOP_WINDOW_S = 300.0
 TRAINING_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED")
 
 
@@ -171,11 +175,11 @@ class Soak:
         # a straggler is judged on the last throughput_window seconds against the job's earlier throughput, so the
         # first fault waits until the job has that baseline (baseline_s)
         self.baseline_s = 2 * throughput_window
-        # every round injects a NaN loss: independent faults minutes apart, not a job failing at each restart,
-        # so a crash loop is counted over 5 minutes here (a round takes longer)
+        # every round injects a NaN loss and job-level catalogue faults: independent faults, not a job failing at
+        # each restart, so a crash loop is counted over 5 minutes here and the soak spaces those faults (fault())
         # detection runs at the shipped defaults (configs/controller.yaml); --hang-timeout only where given
         self.up_args = [*(["--hang-timeout", str(hang_timeout)] if hang_timeout else []),
-                        "--set", "watchdog.crash_loop_window_s=300",
+                        "--set", f"watchdog.crash_loop_window_s={CRASH_LOOP_WINDOW_S:.0f}",
                         # 4 nodes: the shipped global limit (half the cluster) would count the soak's own
                         # back-to-back faults, each repaired before the next, as one wave
                         "--set", "breaker.wave_max_fraction=0.75",
@@ -352,8 +356,27 @@ class Soak:
             _sigma(self.env, "nodes", "--repaired", node, "--config", str(self.stack.controller_config))
             self.say(f"  admin: `sigma nodes --repaired {node}`")
 
+    def job_requeue_times(self) -> list[float]:
+        """When the controller requeued the training job for a job-level fault (what its crash-loop guard counts)."""
+        return [r[0] for r in self.db.execute(
+            "SELECT a.created_at FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind = 'requeue' "
+            "AND a.target = ? AND a.state IN ('done', 'planned') AND i.scope = 'job'", (str(self.job_id),))]
+
+    def requeues_at_job_level(self, kind: str) -> bool:
+        if kind == "nan":
+            return True
+        rule = self.rules.get(kind.split(":", 1)[1]) if kind.startswith("log:") else None
+        return rule is not None and rule.action == "requeue"
+
     def fault(self, kind: str) -> FaultRow:
         self.wait_steady(self.fault_timeout)
+        if self.requeues_at_job_level(kind):
+            wait = crash_loop_wait(self.job_requeue_times(), time.time())
+            if wait > 0:
+                self.say(f"  {kind}: waiting {wait:.0f}s, so that this job-level fault is not a crash loop with the "
+                         f"ones before it ({CRASH_LOOP_RESTARTS} requeues in {CRASH_LOOP_WINDOW_S:.0f}s)")
+                time.sleep(wait)
+                self.wait_steady(self.fault_timeout)
         row, inj, probe = self.inject(kind)
         self.say(f"fault {row.label} on {row.node} (job {row.job_id or probe}) at step "
                  f"{(self.last_step(self.job_id) or (0, '?'))[1]}")
@@ -463,6 +486,16 @@ class Soak:
     def stop_platform(self, with_cluster: bool = False) -> None:
         _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.state_args,
                check=False)
+
+
+def crash_loop_wait(requeues: list[float], now: float, restarts: int = CRASH_LOOP_RESTARTS,
+                    window_s: float = CRASH_LOOP_WINDOW_S) -> float:
+    """Seconds until one more job-level requeue would leave the job under the crash-loop guard: fewer than `restarts`
+    requeues within `window_s` before it (the guard refuses the requeue that finds `restarts` already there)."""
+    recent = sorted(t for t in requeues if now - t < window_s)
+    if len(recent) < restarts:
+        return 0.0
+    return recent[-restarts] + window_s - now + 1.0
 
 
 def _load_rules():

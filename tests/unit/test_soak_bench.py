@@ -65,3 +65,12 @@ def test_abuse_ratio_compares_each_loaded_round_with_the_unloaded_rounds_around_
     unloaded = [{"samples_s": v} for v in (100.0, 200.0, 100.0)]
     loaded = [{"samples_s": v} for v in (135.0, 150.0)]
     assert abuse.round_ratios(unloaded, loaded) == pytest.approx([0.9, 1.0])
+
+
+def test_job_level_faults_wait_until_the_crash_loop_guard_would_let_the_requeue_through():
+    window, restarts = 300.0, 3
+    assert soak.crash_loop_wait([], 1000.0, restarts, window) == 0.0
+    assert soak.crash_loop_wait([900.0, 950.0], 1000.0, restarts, window) == 0.0  # the third is still requeued
+    # three in the window: the next waits until the oldest of them leaves it (and a second more)
+    assert soak.crash_loop_wait([800.0, 900.0, 950.0], 1000.0, restarts, window) == pytest.approx(101.0)
+    assert soak.crash_loop_wait([100.0, 900.0, 950.0], 1000.0, restarts, window) == 0.0  # one is long past
