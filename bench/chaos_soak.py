@@ -205,7 +205,8 @@ class Soak:
             digest = int(hashlib.sha1(str(self.cluster.state_dir).encode()).hexdigest()[:8], 16)
             port_base = 30000 + (digest % 200) * 25
         _sigma(self.env, "cluster", "up", "--port-base", str(port_base), *self.state_args)
-        _sigma(self.env, "stack", "up", *self.up_args)
+        remediation = write_site_remediation(self.cluster.state_dir)
+        _sigma(self.env, "stack", "up", *self.up_args, "--set", f"remediation={remediation}")
         shutil.rmtree(self.run_dir, ignore_errors=True)  # a new soak trains from step 0, not a previous one's checkpoint
         self.env = {**os.environ, **self.cluster.env}
         from sigma.controller.db import open_db
@@ -505,9 +506,50 @@ def _load_rules():
     return load_rules(project_root() / "configs" / "rules")
 
 
+# The site's own programs that command playbooks run, for the local cluster's emulated nodes, where the shipped
+# path is not installed (an admin provides these on a real cluster: configs/remediation.yaml).
+SITE_PROGRAMS = {
+    "disk-cleanup": """#!/bin/sh
+# clean-scratch NODE: empty the emulated node's local scratch directory (the soak's site program for the
+# disk-cleanup playbook; a real site's script frees its nodes' scratch file systems)
+set -eu
+scratch="{state}/nodes/$1/scratch"
+mkdir -p "$scratch"
+find "$scratch" -mindepth 1 -delete
+echo "cleaned $scratch"
+""",
+}
+
+
+def write_site_remediation(state_dir: Path) -> Path:
+    """The shipped playbooks, with validation logs in the state directory and each command playbook whose program
+    is not installed here running the site program above: written under the state directory for `sigma stack up
+    --set remediation=...`."""
+    import yaml
+
+    from sigma.paths import project_root
+
+    site = state_dir / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((project_root() / "configs" / "remediation.yaml").read_text())
+    config.setdefault("validation", {})["output_dir"] = str(state_dir / "log")
+    for playbook in config.get("playbooks") or []:
+        if playbook.get("kind") == "command" and not shutil.which(playbook["command"][0]) \
+                and playbook["name"] in SITE_PROGRAMS:
+            program = site / playbook["name"]
+            program.write_text(SITE_PROGRAMS[playbook["name"]].replace("{state}", str(state_dir)))
+            program.chmod(0o755)
+            playbook["command"] = [str(program), "{node}"]
+    path = site / "remediation.yaml"
+    path.write_text("# written by bench/chaos_soak.py from configs/remediation.yaml\n"
+                    + yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def runnable_signatures(say=print) -> list[str]:
     """Every catalogue rule `sigma chaos log --signature` can inject, less those whose repair cannot run on the local
-    cluster (a command playbook whose program is not installed here: the node would stay out for good)."""
+    cluster (a command playbook whose program is not installed here and that the soak has no site program for:
+    the node would stay out for good)."""
     import shutil as _shutil
 
     from sigma.chaos.inject import ALIASES, SIGNATURES
@@ -523,7 +565,8 @@ def runnable_signatures(say=print) -> list[str]:
         rule = rules[name]
         if rule.action in DRAINS:
             playbook = remediation.playbook_for(rule.id, rule.category, rule.action)
-            if playbook.kind == "command" and not _shutil.which(playbook.command[0]):
+            if (playbook.kind == "command" and not _shutil.which(playbook.command[0])
+                    and playbook.name not in SITE_PROGRAMS):
                 say(f"signature {name} skipped: its playbook {playbook.name} runs {playbook.command[0]}, "
                     f"not installed here")
                 continue

@@ -74,3 +74,22 @@ def test_job_level_faults_wait_until_the_crash_loop_guard_would_let_the_requeue_
     # three in the window: the next waits until the oldest of them leaves it (and a second more)
     assert soak.crash_loop_wait([800.0, 900.0, 950.0], 1000.0, restarts, window) == pytest.approx(101.0)
     assert soak.crash_loop_wait([100.0, 900.0, 950.0], 1000.0, restarts, window) == 0.0  # one is long past
+
+
+def test_soak_site_program_runs_the_disk_cleanup_playbook_here(tmp_path):
+    """disk-full's playbook runs the site's scratch cleanup; where it is not installed the soak writes one for the
+    emulated nodes, so the signature runs and its node comes back."""
+    import subprocess
+
+    from sigma.controller.config import load_remediation_config
+
+    path = soak.write_site_remediation(tmp_path)
+    playbook = load_remediation_config(path).playbook_for("disk-full", "disk", "drain")
+    assert playbook.kind == "command" and playbook.command[0] == str(tmp_path / "site" / "disk-cleanup")
+    scratch = tmp_path / "nodes" / "node3" / "scratch"
+    scratch.mkdir(parents=True)
+    (scratch / "checkpoint.tmp").write_text("x")
+    argv = [a.replace("{node}", "node3") for a in playbook.command]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip() == f"cleaned {scratch}"
+    assert list(scratch.iterdir()) == []
+    assert "disk-full" in soak.runnable_signatures(say=lambda s: None)
