@@ -1,9 +1,9 @@
 """Fault kinds: how each is detected, how long detection takes, and what repairs it.
 
-Detection delays are uniform over the ranges an earlier 20-minute chaos soak measured on the local cluster (docs/
-simulate.md: 30 faults, a 20 s hang timeout; xid 1.0-1.8 s, straggler 11.3-15.6 s, node-death 12.6-26.0 s, hang 6.8-21.8 s with a 20 s hang
-timeout, so a hang's delay here is that range minus 20 s plus the policy's `watchdog.hang_timeout_s`). Kernel-log
-faults other than the Xid take the same sidecar -> controller path as the Xid line and use its range.
+Detection delays are uniform over the ranges an earlier 20-minute chaos soak measured on the local cluster
+(docs/simulate.md: 30 faults, a 20 s hang timeout): xid 1.0-1.8 s, straggler 11.3-15.6 s, node-death 12.6-26.0 s,
+hang 6.8-21.8 s, so a hang's delay here is that range minus 20 s plus the policy's `watchdog.hang_timeout_s`.
+Kernel-log faults other than the Xid take the same sidecar -> controller path as the Xid line and use its range.
 """
 
 from __future__ import annotations
