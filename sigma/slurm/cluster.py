@@ -253,15 +253,20 @@ class LocalCluster:
     def _start_mariadb(self, spec: ClusterSpec) -> None:
         datadir = self.state_dir / "mysql"
         sock = self.state_dir / "run" / "mariadb.sock"
+        # its own temporary directory: temporary table names in a shared /tmp collided between two clusters
+        # initialising at once (processes of other PID namespaces can have the same PID)
+        tmpdir = self.state_dir / "mysql-tmp"
+        tmpdir.mkdir(exist_ok=True)
         if not (datadir / "mysql").is_dir():
             _checked(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={datadir}",
-                      "--auth-root-authentication-method=socket", "--skip-test-db"],
+                      "--auth-root-authentication-method=socket", "--skip-test-db", f"--tmpdir={tmpdir}"],
                      self.state_dir / "log" / "mariadb-install.log", "initialising the MariaDB data directory")
         if not self._alive("mariadb"):
             log = open(self.state_dir / "log" / "mariadb.log", "ab")
             subprocess.Popen(
                 [_which("mariadbd"), "--no-defaults", "--user=root", f"--datadir={datadir}", f"--socket={sock}",
-                 f"--port={spec.port_base + 2}", "--bind-address=127.0.0.1", f"--pid-file={self._pid_file('mariadb')}",
+                 f"--tmpdir={tmpdir}", f"--port={spec.port_base + 2}", "--bind-address=127.0.0.1",
+                 f"--pid-file={self._pid_file('mariadb')}",
                  "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
