@@ -52,8 +52,9 @@ def main() -> int:
     src = args.src
     if src is None:
         state = Path(tempfile.mkdtemp(prefix="sigma-companion-soak-"))
+        # two catalogue signatures a round: every signature would make it a run of over an hour
         subprocess.run([sys.executable, str(REPO / "bench" / "chaos_soak.py"), "--minutes", str(args.minutes),
-                        "--state-dir", str(state)], check=True)
+                        "--signatures", "2", "--state-dir", str(state)], check=True)
         src = state / "controller.db"
     export(src, args.out)
     return 0
