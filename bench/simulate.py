@@ -30,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from sigma.cli import build_parser
+    from sigma.simulate.cli import lanl_path
     from sigma.simulate.runner import simulate
+
+    if not lanl_path(None).is_file():
+        raise SystemExit(f"no LANL failure records at {lanl_path(None)}: set SIGMA_DATA to the shared data sets")
 
     print(f"{args.nodes} nodes x {args.gpus_per_node} = {args.nodes * args.gpus_per_node} accelerators, seed "
           f"{args.seed}, node MTBF {args.node_mtbf_h or 'as fitted'} h, one process (CPU seconds: time.process_time)")

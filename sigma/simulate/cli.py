@@ -25,7 +25,7 @@ def register(sub) -> None:
                    help="with a fitted model: keep its shape, scale the time between a node's failures to this mean "
                         "(a site's own rate; the rate differs tenfold between LANL systems, the shape much less)")
     p.add_argument("--system", type=int, help="with a LANL-layout trace file: the system to replay")
-    p.add_argument("--lanl", default=None, help="the LANL failure records (default: ../shared/data/lanl)")
+    p.add_argument("--lanl", default=None, help="the LANL failure records (default: $SIGMA_DATA/lanl, else ../shared/data/lanl)")
     p.add_argument("--overlaps", choices=("error", "merge"), default="error",
                    help="overlapping outages of one node in a trace: an error naming both rows, or merged")
     p.add_argument("--jobs", help="workload CSV (name,nodes,count,hours,checkpoint_min,restart_min,submit_h); "
@@ -51,9 +51,12 @@ def register(sub) -> None:
 def lanl_path(arg: str | None) -> Path:
     if arg:
         return Path(arg)
+    import os
+
     from sigma.paths import project_root
 
-    return project_root().parent / "shared" / "data" / "lanl" / "failures-systems-2-10.csv"
+    data = os.environ.get("SIGMA_DATA") or project_root().parent / "shared" / "data"  # the shared data sets
+    return Path(data) / "lanl" / "failures-systems-2-10.csv"
 
 
 def run(args: argparse.Namespace) -> int:

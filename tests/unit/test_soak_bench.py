@@ -93,3 +93,17 @@ def test_soak_site_program_runs_the_disk_cleanup_playbook_here(tmp_path):
     assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip() == f"cleaned {scratch}"
     assert list(scratch.iterdir()) == []
     assert "disk-full" in soak.runnable_signatures(say=lambda s: None)
+
+
+def test_shared_data_sets_are_found_through_sigma_data(monkeypatch, tmp_path):
+    """A fresh machine keeps the data sets elsewhere than ../shared/data: SIGMA_DATA names the directory, and a bench
+    without it says which path it looked at."""
+    import subprocess
+
+    from sigma.simulate.cli import lanl_path
+
+    monkeypatch.setenv("SIGMA_DATA", str(tmp_path))
+    assert lanl_path(None) == tmp_path / "lanl" / "failures-systems-2-10.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--nodes", "4", "--days", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and f"no LANL failure records at {tmp_path}/lanl" in proc.stderr
