@@ -302,6 +302,10 @@ def main() -> int:
     ap.add_argument("--raw-hours", type=float, default=6.0, help="retention.samples_raw_s in hours (the bound printed)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    need = GPU_METRICS.index("gpu.ecc.volatile.uncorrected") * GPUS + 4  # GPU 3's series, which the ECC fault sets
+    if args.metrics < need:
+        ap.error(f"--metrics {args.metrics}: at least {need}, so that each node has the GPU ECC series its fault "
+                 f"writes (GPU metrics first, {GPUS} GPUs each)")
     if args.serve:
         serve(args.serve)
         return 0

@@ -53,6 +53,17 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
+def wait_store(sidecar: subprocess.Popen, db: Path, log: Path, timeout: float = 120.0) -> None:
+    """The sidecar has created its node store (start-up takes longer than the warm-up on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not db.exists():
+        if sidecar.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise SystemExit(f"the sidecar {'exited' if sidecar.poll() is not None else 'did not create'} "
+                             f"{db} within {timeout:.0f} s; its log ({log}):\n{tail}")
+        time.sleep(0.2)
+
+
 def start_controller(tmp: Path, secret: Path, cpu: int | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     argv = [sys.executable, "-m", "sigma.controller.ingest.server", "--db", str(tmp / "controller.db"),
@@ -91,7 +102,7 @@ def bench_sidecar(duration: float, tmp: Path, secret: Path, overrides: list[str]
         [sys.executable, "-m", "sigma.cli", "sidecar", "--config", str(REPO / "configs" / "telemetry.yaml"),
          "--node", "bench", "--node-dir", str(node_dir), "--controller", f"http://127.0.0.1:{port}/v1/ingest",
          "--secret-file", str(secret), "--log-level", "WARNING", *(f"--set={o}" for o in overrides)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
     ne_port = free_port()
     ne = subprocess.Popen([exporter, f"--web.listen-address=127.0.0.1:{ne_port}"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -115,6 +126,7 @@ def bench_sidecar(duration: float, tmp: Path, secret: Path, overrides: list[str]
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         time.sleep(5.0)  # warm-up: imports, first runs, first scrapes
+        wait_store(sidecar, node_dir / "telemetry.db", tmp / "sidecar.log")  # a busy machine starts it later
         sp, np_ = psutil.Process(sidecar.pid), psutil.Process(ne.pid)
         s_cpu0, n_cpu0 = cpu_seconds(sp), cpu_seconds(np_)
         rows0, scrapes0 = store_rows(node_dir / "telemetry.db"), len(scraped)
