@@ -312,10 +312,7 @@ class Soak:
         if inc:
             row.detected_ts = inc[0]
             row.detected_by = f"{inc[1]} ({inc[2]})"
-        drains = self.db.execute(
-            "SELECT a.target, i.rule_id, i.source FROM actions a LEFT JOIN incidents i ON i.id = a.incident_id "
-            "WHERE a.kind = 'drain' AND a.state = 'done' AND a.created_at >= ? ORDER BY a.created_at",
-            (since,)).fetchall()
+        drains = drains_since(self.db, since)
         row.acted_nodes = sorted({d[0] for d in drains})
         acting = next((f"{d[1]} ({d[2]})" for d in drains if d[0] == row.node), None)
         if acting and inc and acting.split()[0] != inc[1]:
@@ -352,10 +349,15 @@ class Soak:
 
     def repair(self, node: str) -> None:
         """What an admin does for a node waiting for a person (manual playbook): mark it repaired."""
-        state = self.db.execute("SELECT state, playbook FROM node_lifecycle WHERE node = ?", (node,)).fetchone()
-        if state and state[0] == "remediating" and state[1] in ("manual", "nvlink-ticket"):
-            _sigma(self.env, "nodes", "--repaired", node, "--config", str(self.stack.controller_config))
-            self.say(f"  admin: `sigma nodes --repaired {node}`")
+        from sigma.paths import project_root
+
+        if waits_for_admin(self.db, node):
+            proc = subprocess.run([sys.executable, "-m", "sigma.cli", "nodes", "--repaired", node, "--config",
+                                   str(self.stack.controller_config)], env=self.env, capture_output=True, text=True,
+                                  timeout=120, cwd=project_root())
+            # the controller may have moved the node on between the read above and the command: said, not fatal
+            self.say(f"  admin: `sigma nodes --repaired {node}`"
+                     + ("" if proc.returncode == 0 else f": {proc.stderr.strip() or proc.stdout.strip()}"))
 
     def job_requeue_times(self) -> list[float]:
         """When the controller requeued the training job for a job-level fault (what its crash-loop guard counts)."""
@@ -487,6 +489,24 @@ class Soak:
     def stop_platform(self, with_cluster: bool = False) -> None:
         _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.state_args,
                check=False)
+
+
+def drains_since(db, since: float) -> list[tuple]:
+    """(node, rule, source) of each drain done since `since` for an incident opened since then. A drain for an
+    incident opened before is an earlier fault's remediation draining its node again after a failed validation:
+    not a decision about a fault injected since."""
+    return db.execute(
+        "SELECT a.target, i.rule_id, i.source FROM actions a LEFT JOIN incidents i ON i.id = a.incident_id "
+        "WHERE a.kind = 'drain' AND a.state = 'done' AND a.created_at >= ? AND "
+        "COALESCE(i.opened_at, a.created_at) >= ? ORDER BY a.created_at", (since, since)).fetchall()
+
+
+def waits_for_admin(db, node: str) -> bool:
+    """The node waits for a person (manual or ticket playbook) and nobody has marked it repaired yet: marked once,
+    not again while the controller has still to move it on (a second mark would find it validating)."""
+    row = db.execute("SELECT state, playbook, data FROM node_lifecycle WHERE node = ?", (node,)).fetchone()
+    return bool(row and row[0] == "remediating" and row[1] in ("manual", "nvlink-ticket")
+                and "repaired_at" not in json.loads(row[2] or "{}"))
 
 
 def crash_loop_wait(requeues: list[float], now: float, restarts: int = CRASH_LOOP_RESTARTS,

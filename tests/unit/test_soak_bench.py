@@ -107,3 +107,52 @@ def test_shared_data_sets_are_found_through_sigma_data(monkeypatch, tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--nodes", "4", "--days", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and f"no LANL failure records at {tmp_path}/lanl" in proc.stderr
+
+
+def _controller_db(tmp_path):
+    from sigma.controller.db import open_db
+
+    return open_db(tmp_path / "controller.db")
+
+
+def _incident(db, iid: int, opened_at: float, node: str) -> None:
+    db.execute("INSERT INTO incidents (id, key, opened_at, updated_at, rule_id, source, scope, node, severity, "
+               "action, fault_ts, status) VALUES (?, ?, ?, ?, 'gpu-xid-79', 'rule', 'node', ?, 'error', "
+               "'drain+reboot', ?, 'acted')", (iid, f"k{iid}", opened_at, opened_at, node, opened_at))
+
+
+def _drain(db, key: str, node: str, at: float, incident: int) -> None:
+    db.execute("INSERT INTO actions (key, incident_id, kind, target, state, created_at, updated_at) "
+               "VALUES (?, ?, 'drain', ?, 'done', ?, ?)", (key, incident, node, at, at))
+
+
+def test_a_remediation_draining_an_earlier_faults_node_again_is_not_acting_on_this_fault(tmp_path):
+    """Seen in the full soak: node3's validation failed after its hang, the remediation drained it again while
+    node2's fault was handled, and the soak counted node3 as acted on for node2's fault."""
+    db = _controller_db(tmp_path)
+    _incident(db, 1, 100.0, "node3")
+    _drain(db, "drain:node3:i1", "node3", 100.5, 1)
+    _incident(db, 2, 200.0, "node2")
+    _drain(db, "drain:node2:i2", "node2", 200.5, 2)
+    _drain(db, "drain:node3:c1:f0:failed", "node3", 210.0, 1)  # node3's validation failed: drained again
+    db.commit()
+    assert [d[0] for d in soak.drains_since(db, 199.0)] == ["node2"]
+    assert [d[0] for d in soak.drains_since(db, 99.0)] == ["node3", "node2", "node3"]
+
+
+def test_a_node_waiting_for_an_admin_is_marked_repaired_once(tmp_path):
+    """Seen in the full soak: the soak marked node4 repaired, read it as still remediating before the controller's
+    next tick, marked it again after the controller had moved it to validating, and stopped on the error."""
+    import json
+
+    db = _controller_db(tmp_path)
+    db.execute("INSERT INTO node_lifecycle (node, state, playbook, entered_at, data, updated_at) "
+               "VALUES ('node4', 'remediating', 'nvlink-ticket', 0, '{}', 0)")
+    db.commit()
+    assert soak.waits_for_admin(db, "node4")
+    db.execute("UPDATE node_lifecycle SET data = ? WHERE node = 'node4'", (json.dumps({"repaired_at": 5.0}),))
+    db.commit()
+    assert not soak.waits_for_admin(db, "node4")
+    db.execute("UPDATE node_lifecycle SET state = 'remediating', playbook = 'reboot', data = '{}'")
+    assert not soak.waits_for_admin(db, "node4")  # the controller reboots it: nothing for a person to do
+    assert not soak.waits_for_admin(db, "node1")
