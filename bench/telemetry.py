@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -54,14 +55,25 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
 
 
 def wait_store(sidecar: subprocess.Popen, db: Path, log: Path, timeout: float = 120.0) -> None:
-    """The sidecar has created its node store (start-up takes longer than the warm-up on a busy machine)."""
+    """The sidecar has created its node store and its tables (start-up takes longer than the warm-up on a busy
+    machine)."""
     deadline = time.monotonic() + timeout
-    while not db.exists():
+    while not _has_tables(db):
         if sidecar.poll() is not None or time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise SystemExit(f"the sidecar {'exited' if sidecar.poll() is not None else 'did not create'} "
                              f"{db} within {timeout:.0f} s; its log ({log}):\n{tail}")
         time.sleep(0.2)
+
+
+def _has_tables(db: Path) -> bool:
+    if not db.exists():
+        return False
+    try:
+        store_rows(db)
+        return True
+    except sqlite3.OperationalError:  # created, its schema not yet
+        return False
 
 
 def start_controller(tmp: Path, secret: Path, cpu: int | None = None) -> tuple[subprocess.Popen, int]:
