@@ -303,6 +303,9 @@ def main() -> int:
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
     need = GPU_METRICS.index("gpu.ecc.volatile.uncorrected") * GPUS + 4  # GPU 3's series, which the ECC fault sets
+    if args.jobs * args.job_nodes != args.nodes:
+        ap.error(f"--jobs {args.jobs} x --job-nodes {args.job_nodes} must cover the --nodes {args.nodes} exactly "
+                 f"(every node streams its job's KPIs)")
     if args.metrics < need:
         ap.error(f"--metrics {args.metrics}: at least {need}, so that each node has the GPU ECC series its fault "
                  f"writes (GPU metrics first, {GPUS} GPUs each)")
