@@ -73,9 +73,10 @@ def main() -> None:
     # a run past its budget is ended by the prolog's watchdog: its report has the verdict, not the checks
     results = [r for r in runs if "checks" in r]
     over = len(runs) - len(results)
-    if not results:
-        raise SystemExit(f"every one of {len(runs)} prolog runs exceeded its budget (the machine is too busy to "
-                         f"measure; see {node_dir / 'health' / 'health.log'})")
+    if not results:  # none finished within its budget, or the hook's hard timeout killed it before any result
+        raise SystemExit(f"no prolog run of {args.runs} finished its checks ({len(runs)} ended by the budget "
+                         f"watchdog, {args.runs - len(runs)} killed by the hook's hard timeout): the machine is too "
+                         f"busy to measure; see {node_dir / 'health' / 'health.log'}")
     drop_s = [r["page_cache_drop"]["duration_s"] for r in results]
     check_s = [sum(c["duration_s"] for c in r["checks"]) for r in results]
     med = statistics.median(walls)
