@@ -146,8 +146,9 @@ class SoakResult:
 def _sigma(env: dict, *args: str, check: bool = True) -> str:
     from sigma.paths import project_root
 
+    # generous: on a machine at load 100+ `sigma train` (torch, submitit) took over two minutes to submit
     proc = subprocess.run([sys.executable, "-m", "sigma.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=project_root())
+                          timeout=600, cwd=project_root())
     if check and proc.returncode != 0:
         raise RuntimeError(f"`sigma {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
