@@ -43,7 +43,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 20.0) -> None:
+def wait_http(url: str, timeout: float = 120.0) -> None:  # a busy machine starts the controller slowly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
