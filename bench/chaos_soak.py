@@ -623,7 +623,8 @@ def print_result(res: SoakResult) -> None:
     head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost")
     table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
                        "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
-                       ("n/a (idle node)" if not r.job_affected else "yes" if r.recovered else "NO"),
+                       ("n/a (idle node)" if r.kind == "prolog" else "n/a (not requeued)" if not r.job_affected
+                        else "yes" if r.recovered else "NO"),
                        _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost)) for r in res.rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for i, row in enumerate(table):

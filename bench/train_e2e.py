@@ -68,6 +68,8 @@ def main() -> int:
     parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak per process (default: the "
                                                                        "trainer's: `sigma train calibrate`)")
     args = parser.parse_args()
+    if args.steps <= 2:
+        parser.error(f"--steps {args.steps}: the first 2 steps are warm-up and left out; give at least 3")
     from sigma.train.config import load_model_config
 
     with tempfile.TemporaryDirectory(prefix="sigma-bench-train-") as tmp:
