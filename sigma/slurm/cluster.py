@@ -409,9 +409,14 @@ def _which(program: str, required: bool = True) -> str | None:
 
 
 def _checked(argv: list[str], log_path: Path, what: str, env: dict | None = None) -> None:
+    timeout_s = 300  # MariaDB's first initialisation took over a minute on a machine at load 200
     with open(log_path, "ab") as log:
-        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **(env or {})}, timeout=60)
+        try:
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, **(env or {})}, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"{what} did not finish within {timeout_s} s ({argv[0]}; the machine may be too "
+                               f"busy); see {log_path}") from None
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
         raise ClusterError(f"{what} failed ({' '.join(argv)} exited {proc.returncode}); {log_path}:\n{tail}")
