@@ -408,8 +408,9 @@ def _which(program: str, required: bool = True) -> str | None:
     return path
 
 
-def _checked(argv: list[str], log_path: Path, what: str, env: dict | None = None) -> None:
-    timeout_s = 300  # MariaDB's first initialisation took over a minute on a machine at load 200
+def _checked(argv: list[str], log_path: Path, what: str, env: dict | None = None, timeout_s: float = 300) -> None:
+    """Run a set-up step into its log. The timeout is generous: MariaDB's first initialisation took over a minute
+    on a machine at load 200."""
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
