@@ -78,6 +78,7 @@ class FaultRow:
     note: str = ""
     signature: str = ""  # log: the catalogue rule injected ...
     expected_action: str = ""  # ... and the action it must decide
+    requeues: bool = True  # a drain of that rule requeues the node's jobs (requeue_jobs: false lets them finish)
 
     @property
     def label(self) -> str:
@@ -104,7 +105,7 @@ class FaultRow:
     @property
     def job_affected(self) -> bool:
         if self.kind == "log":
-            return self.expected_action in DRAINS + ("requeue",)
+            return self.expected_action == "requeue" or (self.expected_action in DRAINS and self.requeues)
         return self.kind != "prolog"
 
     @property
@@ -288,7 +289,8 @@ class Soak:
                           for _ in range(lines)]
             inj = injections[0]
             inj.params["all"] = [i.id for i in injections]
-            row = FaultRow("log", node, inj.ts, self.job_id, signature=signature, expected_action=rule.action)
+            row = FaultRow("log", node, inj.ts, self.job_id, signature=signature, expected_action=rule.action,
+                           requeues=rule.requeue_jobs)
             return row, inj, None
         else:
             node = self.rng.choice(sorted(job.nodes))
@@ -623,7 +625,7 @@ def print_result(res: SoakResult) -> None:
     head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost")
     table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
                        "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
-                       ("n/a (idle node)" if r.kind == "prolog" else "n/a (not requeued)" if not r.job_affected
+                       ("n/a (idle node)" if r.kind == "prolog" else "n/a (left running)" if not r.job_affected
                         else "yes" if r.recovered else "NO"),
                        _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost)) for r in res.rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]

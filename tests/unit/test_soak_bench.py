@@ -186,3 +186,15 @@ def test_a_cluster_step_that_hangs_is_a_cluster_error_naming_its_log(tmp_path):
 
     with pytest.raises(cluster.ClusterError, match=r"initialising the data directory did not finish within 0.5 s"):
         cluster._checked(["sleep", "5"], tmp_path / "install.log", "initialising the data directory", timeout_s=0.5)
+
+
+def test_a_drain_that_lets_jobs_finish_does_not_wait_for_the_job_to_restart():
+    """disk-full drains its node with requeue_jobs: false (the running job may finish): the soak waited for a
+    restart that the rule never asks for."""
+    rules = {r.id: r for r in soak._load_rules()}
+    assert rules["disk-full"].requeue_jobs is False
+    drain_only = soak.FaultRow("log", "node2", 0.0, 1, signature="disk-full", expected_action="drain",
+                               requeues=False)
+    assert drain_only.node_fault and not drain_only.job_affected and drain_only.recovered
+    xid = soak.FaultRow("log", "node2", 0.0, 1, signature="gpu-xid-79", expected_action="drain+reboot")
+    assert xid.job_affected and not xid.recovered
