@@ -10,10 +10,12 @@ node (its ranks stopped P % of every second).
 Printed per run, in seconds after the injection (the chaos journal's time):
   kpi      the first step of the victim's ranks at least twice the healthy median step time (trainer clock), and
            when the bench first saw it in the controller database (trainer -> sidecar -> ingest)
-  watchdog the throughput-drop incident opened (the watchdog's finding)
+  watchdog the throughput-drop incident opened (the watchdog's finding; negative: the CPU noise had opened it before
+           the injection and it was still open)
   verdict  the drain finding's incident opened (isolation named the node, `rounds` rounds in a row)
   drain    SLURM lists the node drained (polled every 0.5 s)
-then the node drained (and whether it is the victim), false drains (any other node, before or after), the
+then the node drained (and whether it is the victim), false drains (any other node, before or after), throughput
+drop notifications opened before the injection (`early`: the CPU noise alone, a notification, never a drain), the
 isolation's reason, the controller's slowest tick (its /metrics gauge, sampled), and the 1-minute load average
 (the machine is shared: its other work is noise in every figure). A run without a drain within `--timeout` says so.
 
@@ -106,7 +108,10 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
             slow = p.query("SELECT min(ts) AS t FROM kpis WHERE job_id = ? AND node = ? AND ts >= ? AND "
                            "step_time_s >= ?", (job_id, victim, t0, SLOW * median))[0]["t"]
             incidents = p.incidents()
-            drop = [i for i in incidents if i["rule_id"] == "watchdog-throughput-drop" and i["opened_at"] >= t0]
+            # the drop incident open at or after the injection (noise may have opened it before: then < 0)
+            drop = [i for i in incidents if i["rule_id"] == "watchdog-throughput-drop" and i["updated_at"] >= t0]
+            res["early_drops"] = sum(i["rule_id"] == "watchdog-throughput-drop" and i["opened_at"] < t0
+                                     for i in incidents)
             drains = [i for i in incidents if i["action"].startswith("drain")]
             res.update(
                 kpi=None if slow is None else slow - t0, kpi_seen=None if seen_slow is None else seen_slow - t0,
@@ -155,7 +160,7 @@ def main() -> int:
     print(f"{os.cpu_count()} CPUs; CPU hog: {'no' if args.no_noise else 'yes'}; baseline {args.baseline_s:.0f} s; "
           f"shipped watchdog/isolation defaults", flush=True)
     print(f"{'run':>4} {'pct':>4} {'kpi':>5} {'seen':>5} {'wdog':>5} {'verdict':>7} {'drain':>6} {'node':>6} "
-          f"{'right':>5} {'false':>5} {'tick_max':>8} {'load1':>5}  reason", flush=True)
+          f"{'right':>5} {'false':>5} {'early':>5} {'tick_max':>8} {'load1':>5}  reason", flush=True)
     results = []
     try:
         for percent in args.percent:
@@ -166,7 +171,7 @@ def main() -> int:
                 print(f"{i + 1:>4} {percent:>4.0f} {fmt(r['kpi'], '.1f'):>5} {fmt(r['kpi_seen'], '.1f'):>5} "
                       f"{fmt(r['watchdog']):>5} {fmt(r['verdict']):>7} {fmt(r.get('drain')):>6} "
                       f"{r['node'] or '-':>6} {'yes' if r['node'] == r['victim'] else 'NO':>5} "
-                      f"{len(r['false_drains']):>5} {fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
+                      f"{len(r['false_drains']):>5} {r['early_drops']:>5} {fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
                       f"{(r['reason'] or 'no drain within ' + str(int(args.timeout)) + ' s')[:90]}", flush=True)
     finally:
         cluster.down(keep_munge=True)

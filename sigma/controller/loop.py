@@ -39,7 +39,7 @@ from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
 
-LAGGARD_WINDOW_S = 20.0  # recent steps that say which node the others wait for (bench/straggler.py)
+LAGGARD_WINDOW_S = 30.0  # recent steps that say which node the others wait for
 WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's rate and jitter per bucket)
 HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets

@@ -591,3 +591,23 @@ def test_several_outliers_in_a_job_are_escalated_not_drained(tmp_path):
     assert inc.status == "notified" and "cannot be told apart" in inc.summary
     assert {n for n, _ in inc.evidence["isolation"]["ranked"][:2]} == {"node2", "node4"}
     assert "gpu.clock.sm_mhz{\"gpu\": \"0\"}" in dict(inc.evidence["isolation"]["top_metrics"]["node2"])
+
+
+def _shares_rows(wait, t1=30.0, dt=0.5):
+    """2 ranks on each of node1/node2 stepping every dt s; wait(t, node) -> the share of the step in collectives."""
+    return [{"node": n, "ts": t / 2, "rank": 2 * i + r, "step_time_s": dt, "payload": {"wait_s": wait(t / 2, n) * dt}}
+            for t in range(int(2 * t1)) for i, n in enumerate(("node1", "node2")) for r in range(2)]
+
+
+def test_on_a_busy_host_the_node_waited_for_is_told_by_its_busy_share():
+    """Every rank already waits half of its step (CPU contention), and the straggler's ranks, stopped inside
+    collectives too, wait 55 % against the others' 80 %: a wait ratio of 0.69, but busy 45 % against 20 %."""
+    from sigma.controller.detect.laggard import waited_for_node
+
+    node, shares = waited_for_node(["node1", "node2"], _shares_rows(lambda t, n: 0.55 if n == "node2" else 0.8))
+    assert node == "node2" and round(shares["node2"], 2) == 0.55
+    # the same host without a straggler: both sides wait alike, nobody is named
+    assert waited_for_node(["node1", "node2"], _shares_rows(lambda t, n: 0.5 + 0.05 * (n == "node2")))[0] is None
+    # ... and load that moves from one side to the other every 8 s names nobody either
+    moving = _shares_rows(lambda t, n: 0.55 if (n == "node1") == ((t // 8) % 2 == 0) else 0.8)
+    assert waited_for_node(["node1", "node2"], moving)[0] is None
