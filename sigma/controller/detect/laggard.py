@@ -5,12 +5,17 @@ synchronous job tell it directly:
 - hang: every rank stops stepping, but only the stuck node's ranks stop sending their `heartbeat` events (the
   others are alive, blocked in a collective waiting for it); where the step is split in phases the others can
   finish without the stuck node, its ranks are also the only ones behind the job's highest step;
-- slowdown: the slow node's ranks spend little of their time waiting in collectives (`wait_s` in the KPI line),
-  while every other node's ranks wait for it, and they do so all along: the same node is the one waited for in
-  nearly every slice of the window. Load that comes and goes on a shared host (another process taking the CPU)
-  slows one side, then the other; a stopped or throttled node slows its side every time.
+- slowdown: the slow node's ranks spend less of their time waiting in collectives (`wait_s` in the KPI line) and
+  more of it busy than every other node's ranks, which wait for it, and they do so all along: the same node is the
+  one waited for in nearly every slice of the window. Load that comes and goes on a shared host (another process
+  taking the CPU) slows one side, then the other; a stopped or throttled node slows its side every time.
 Shares are weighted by time (sum of waits over sum of step times): a straggler stopped for half of every second
 makes a few long steps among many fast ones, and the time, not the count of steps, is what the others lose.
+Beyond the gap, the slow node's share must differ from theirs by a ratio: a wait share at most CULPRIT_RATIO x
+theirs (where ranks wait little), or a busy share (1 - wait share) at least BUSY_RATIO x theirs (where they wait a
+lot: on a busy host every rank already waits half of its step, and a rank stopped inside a collective counts the
+stop as waiting, so a 50 % straggler waits 45-60 % of its time against the others' 75-85 %, a wait ratio near 0.7,
+while it is busy about twice as much of its time as they are).
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
-WAIT_GAP = 0.15  # the other nodes' ranks wait at least this much more of their time than the slow node's ...
-CULPRIT_RATIO = 0.6  # ... and the slow node's ranks at most this fraction of the least-waiting other node's share
-# (not ~0: a rank stopped while inside a collective counts the stop as time in the collective)
+WAIT_GAP = 0.1  # the other nodes' ranks wait at least this much more of their time than the slow node's ...
+CULPRIT_RATIO = 0.6  # ... and the slow node's ranks wait at most this fraction of the least-waiting other's share
+BUSY_RATIO = 1.5  # ... or are busy (not waiting) at least this many times as much of their time
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
 
@@ -74,7 +79,8 @@ def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None
         return None
     least = min(nodes, key=lambda n: shares[n])
     others = min(shares[n] for n in nodes if n != least)
-    return least if others - shares[least] >= WAIT_GAP and shares[least] <= CULPRIT_RATIO * others else None
+    ratio = shares[least] <= CULPRIT_RATIO * others or 1 - shares[least] >= BUSY_RATIO * (1 - others)
+    return least if others - shares[least] >= WAIT_GAP and ratio else None
 
 
 def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:

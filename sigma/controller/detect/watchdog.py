@@ -78,17 +78,13 @@ def rates(rows: Iterable[Mapping]) -> list[tuple[float, float]]:
 
 
 def throughput(rows: Iterable[Mapping]) -> float | None:
-    """The throughput the job ran at for most of the time: the median over time, not over rows. (A straggler
-    alternates a few long steps with fast ones; a median over rows would see the many fast steps and miss it.)"""
-    points = sorted(rates(rows))
-    if not points:
-        return None
-    half, seen = sum(w for _, w in points) / 2, 0.0
-    for value, weight in points:
-        seen += weight
-        if seen >= half:
-            return value
-    return points[-1][0]
+    """The throughput the job delivered: work done over the time it took (the mean rate weighted by each row's
+    step time, i.e. tokens / seconds, or steps / seconds). A straggler stopped 30 % of every second alternates a
+    few long steps with many fast ones; its long steps fill less than half of the time, so a median (over rows or
+    over time) sees the fast steps and misses the 30 % the job loses."""
+    points = rates(rows)
+    total = sum(w for _, w in points)
+    return sum(v * w for v, w in points) / total if total > 0 else None
 
 
 def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
@@ -152,20 +148,21 @@ def _throughput_findings(job: JobInfo, current: list[Mapping], now: float, cfg: 
                < now - cfg.recent_window_s]
     if len(rates(recent)) < cfg.min_points:
         return findings
-    r_med = throughput(recent)
+    recent_tp = throughput(recent)
     if len(rates(earlier)) >= cfg.min_points:
-        b_med = throughput(earlier)
-        if r_med < (1 - cfg.drop_fraction) * b_med:
+        base_tp = throughput(earlier)
+        if recent_tp < (1 - cfg.drop_fraction) * base_tp:
             findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
-                                    summary=f"throughput {r_med:.3g} is {100 * (1 - r_med / b_med):.0f}% below the "
-                                            f"job's baseline {b_med:.3g}", first_ts=now - cfg.recent_window_s,
-                                    last_ts=now, category="performance",
-                                    evidence={"recent": r_med, "baseline": b_med, "nodes": list(job.nodes)}, **base))
-    if history_median and r_med < (1 - cfg.drop_fraction) * history_median:
+                                    summary=f"throughput {recent_tp:.3g} is {100 * (1 - recent_tp / base_tp):.0f}% "
+                                            f"below the job's baseline {base_tp:.3g}",
+                                    first_ts=now - cfg.recent_window_s, last_ts=now, category="performance",
+                                    evidence={"recent": recent_tp, "baseline": base_tp, "nodes": list(job.nodes)},
+                                    **base))
+    if history_median and recent_tp < (1 - cfg.drop_fraction) * history_median:
         findings.append(Finding(rule_id="watchdog-below-history", severity="warning", action="notify",
-                                summary=f"throughput {r_med:.3g} below the model config's history "
+                                summary=f"throughput {recent_tp:.3g} below the model config's history "
                                         f"{history_median:.3g}", first_ts=now - cfg.recent_window_s,
                                 last_ts=now, category="performance",
-                                evidence={"recent": r_med, "history": history_median, "nodes": list(job.nodes)},
+                                evidence={"recent": recent_tp, "history": history_median, "nodes": list(job.nodes)},
                                 **base))
     return findings

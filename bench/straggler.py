@@ -1,0 +1,189 @@
+"""Where the time goes from a straggler's injection to its node's drain, on the real local cluster at the shipped
+watchdog and isolation defaults, under background CPU noise (the scenario of tests/integration/test_isolation.py).
+
+Setup: a 4-node local SLURM cluster, a sidecar per node pushing to `sigma controller run` (a fresh database per run,
+every watchdog and isolation key at its dataclass default); a 2-node training job (`sigma train`, debug preset,
+expert parallel); a process spinning on the CPU the emulated nodes share (started before the job's baseline, so
+the noise is part of it); after `--baseline-s` of training, `sigma chaos straggler --percent P` on the job's second
+node (its ranks stopped P % of every second).
+
+Printed per run, in seconds after the injection (the chaos journal's time):
+  kpi      the first step of the victim's ranks at least twice the healthy median step time (trainer clock), and
+           when the bench first saw it in the controller database (trainer -> sidecar -> ingest)
+  watchdog the throughput-drop incident opened (the watchdog's finding; negative: the CPU noise had opened it before
+           the injection and it was still open)
+  verdict  the drain finding's incident opened (isolation named the node, `rounds` rounds in a row)
+  drain    SLURM lists the node drained (polled every 0.5 s)
+then the node drained (and whether it is the victim), false drains (any other node, before or after), throughput
+drop notifications opened before the injection (`early`: the CPU noise alone, a notification, never a drain), the
+isolation's reason, the controller's slowest tick (its /metrics gauge, sampled), and the 1-minute load average
+(the machine is shared: its other work is noise in every figure). A run without a drain within `--timeout` says so.
+
+usage: python bench/straggler.py [--runs 3] [--percent 50 30] [--baseline-s 90] [--timeout 180] [--no-noise]
+                                 [--state-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sigma.chaos.inject import Chaos  # noqa: E402
+from sigma.slurm.client import Slurm  # noqa: E402
+from sigma.slurm.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from tests.conftest import reset_cluster  # noqa: E402
+from tests.integration.pipeline import SIGMA, Pipeline, wait_for  # noqa: E402
+
+SLOW = 2.0  # a step at least this many times the healthy median is a slow one
+
+
+def submit(p: Pipeline, data: Path, workdir: Path) -> int:
+    out = subprocess.run(
+        [SIGMA, "train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait", "name=straggler",
+         "parallel.ep=2", "steps=1000000", "threads=1", f"data.path={data}", "data.prepare_if_missing=false",
+         f"checkpoint.dir={workdir}/checkpoints", f"launch.folder={workdir}/submitit", "fault.step_delay_s=0.05",
+         "kpi.progress_every=0"], env=p.env, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"job (\d+)", out).group(1))
+
+
+def tick_seconds(p: Pipeline) -> float | None:
+    try:
+        m = re.search(r"^sigma_controller_tick_seconds\S* (\S+)$", p.metrics(), re.M)
+    except OSError:
+        return None
+    return float(m.group(1)) if m else None
+
+
+def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, percent: float, noise: bool,
+            baseline_s: float, timeout: float) -> dict:
+    res: dict = {"percent": percent}
+    with Pipeline(cluster, workdir, remediation={"playbooks": [{"name": "manual", "kind": "manual"}]}) as p:
+        job_id = submit(p, data, workdir)
+        job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j, timeout=180,
+                       what="training job running")
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if noise else None
+        chaos, injection = Chaos(cluster), None
+        try:
+            first = wait_for(lambda: p.query("SELECT min(ts) AS t FROM kpis WHERE job_id = ? AND step IS NOT NULL",
+                                             (job_id,))[0]["t"], timeout=240, what="first training step")
+            wait_for(lambda: p.steps_since(job_id, first + baseline_s - 15) >= 10, timeout=baseline_s + 240,
+                     what="the baseline's training")
+            victim = job.nodes[1]
+            healthy = [r["step_time_s"] for r in p.query(
+                "SELECT step_time_s FROM kpis WHERE job_id = ? AND node = ? AND step_time_s IS NOT NULL", (job_id,
+                                                                                                        victim))]
+            median = statistics.median(healthy)
+            res.update(victim=victim, healthy_step_s=round(median, 3))
+            early = [i["node"] for i in p.incidents() if i["action"].startswith("drain")]
+            injection = chaos.inject("straggler", victim, job_id=job_id, percent=percent)
+            t0 = injection.ts
+            seen_slow, ticks, loads, drained = None, [], [], None
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                loads.append(os.getloadavg()[0])
+                if (t := tick_seconds(p)) is not None:
+                    ticks.append(t)
+                if seen_slow is None and p.query(
+                        "SELECT 1 FROM kpis WHERE job_id = ? AND node = ? AND ts >= ? AND step_time_s >= ? LIMIT 1",
+                        (job_id, victim, t0, SLOW * median)):
+                    seen_slow = time.time()
+                drained = [n.name for n in slurm.nodes() if n.drained]
+                if drained:
+                    res["drain"] = time.time() - t0
+                    break
+                time.sleep(0.5)
+            time.sleep(2)  # a second drain in the same wave would show now
+            slow = p.query("SELECT min(ts) AS t FROM kpis WHERE job_id = ? AND node = ? AND ts >= ? AND "
+                           "step_time_s >= ?", (job_id, victim, t0, SLOW * median))[0]["t"]
+            incidents = p.incidents()
+            # the drop incident open at or after the injection (noise may have opened it before: then < 0)
+            drop = [i for i in incidents if i["rule_id"] == "watchdog-throughput-drop" and i["updated_at"] >= t0]
+            res["early_drops"] = sum(i["rule_id"] == "watchdog-throughput-drop" and i["opened_at"] < t0
+                                     for i in incidents)
+            drains = [i for i in incidents if i["action"].startswith("drain")]
+            res.update(
+                kpi=None if slow is None else slow - t0, kpi_seen=None if seen_slow is None else seen_slow - t0,
+                watchdog=drop[0]["opened_at"] - t0 if drop else None,
+                verdict=drains[0]["opened_at"] - t0 if drains else None,
+                node=drains[0]["node"] if drains else None,
+                reason=(drains[0]["evidence"].get("isolation") or {}).get("reason", drains[0]["rule_id"])
+                if drains else None,
+                false_drains=early + [i["node"] for i in drains if i["node"] != victim],
+                nodes_drained=sorted(n.name for n in slurm.nodes() if n.drained),
+                tick_max=max(ticks) if ticks else None, load=statistics.mean(loads) if loads else os.getloadavg()[0])
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+            if injection is not None:
+                chaos.undo(injection.id)
+            reset_cluster(slurm, cluster)
+    return res
+
+
+def fmt(v, spec=".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3, help="runs per percent")
+    ap.add_argument("--percent", type=float, nargs="+", default=[50.0])
+    ap.add_argument("--baseline-s", type=float, default=90.0, help="training before the injection")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a drain after the injection")
+    ap.add_argument("--no-noise", action="store_true", help="no CPU hog")
+    ap.add_argument("--state-dir", default=None)
+    args = ap.parse_args()
+    state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-straggler-"))
+    from sigma.train.data import prepare
+
+    data = state / "train-data"
+    if not data.exists():
+        prepare(data, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
+    cluster = LocalCluster(state)
+    digest = int(hashlib.sha1(str(state).encode()).hexdigest()[:8], 16)
+    cluster.up(ClusterSpec(nodes=4, port_base=30100 + (digest % 200) * 25))
+    slurm = Slurm(cluster.conf)
+    slurm.env["SBATCH_OUTPUT"] = str(state / "slurm-%j.out")
+    print(f"{os.cpu_count()} CPUs; CPU hog: {'no' if args.no_noise else 'yes'}; baseline {args.baseline_s:.0f} s; "
+          f"shipped watchdog/isolation defaults", flush=True)
+    print(f"{'run':>4} {'pct':>4} {'kpi':>5} {'seen':>5} {'wdog':>5} {'verdict':>7} {'drain':>6} {'node':>6} "
+          f"{'right':>5} {'false':>5} {'early':>5} {'tick_max':>8} {'load1':>5}  reason", flush=True)
+    results = []
+    try:
+        for percent in args.percent:
+            for i in range(args.runs):
+                r = one_run(cluster, slurm, state / f"run-{int(percent)}-{i}", data, percent, not args.no_noise,
+                            args.baseline_s, args.timeout)
+                results.append(r)
+                print(f"{i + 1:>4} {percent:>4.0f} {fmt(r['kpi'], '.1f'):>5} {fmt(r['kpi_seen'], '.1f'):>5} "
+                      f"{fmt(r['watchdog']):>5} {fmt(r['verdict']):>7} {fmt(r.get('drain')):>6} "
+                      f"{r['node'] or '-':>6} {'yes' if r['node'] == r['victim'] else 'NO':>5} "
+                      f"{len(r['false_drains']):>5} {r['early_drops']:>5} {fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
+                      f"{(r['reason'] or 'no drain within ' + str(int(args.timeout)) + ' s')[:90]}", flush=True)
+    finally:
+        cluster.down(keep_munge=True)
+    for percent in args.percent:
+        rs = [r for r in results if r["percent"] == percent]
+        got = [r["drain"] for r in rs if r.get("drain") is not None and r["node"] == r["victim"]]
+        print(f"{percent:.0f} %: drained the right node in {len(got)}/{len(rs)} runs; injection -> drain "
+              f"{', '.join(f'{x:.0f}' for x in got) or '-'} s (max {fmt(max(got) if got else None)}); false drains "
+              f"{sum(len(r['false_drains']) for r in rs)}")
+    (state / "straggler.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
