@@ -206,7 +206,9 @@ class PeerReplicas:
     def restore(self, disk_step: int, model, optimizer, named) -> dict | None:
         """Every rank together: the newest replica set held across the nodes, if newer than disk_step, loaded into
         model and optimizer; returns its trainer/rng state ({"step", "sampler", "rng", "node"}) or None."""
-        mine = {"node": self.node, "held": self.held()}
+        # what the shared directory holds is rank 0's reading, so that every rank plans the same transfers
+        mine = {"node": self.node, "held": self.held(),
+                "shared": self._held_in(self.shared) if self.ctx.rank == 0 else {}}
         views = [mine]
         if self.ctx.distributed:
             import torch.distributed as dist
@@ -214,7 +216,7 @@ class PeerReplicas:
             views = [None] * self.ctx.world_size
             dist.all_gather_object(views, mine, group=self.group)
         holders: dict[tuple[int, int], int] = {}  # (source rank, step) -> the lowest rank on a node holding it
-        for src, steps in self._held_in(self.shared).items():  # on the shared disk: each rank reads its own
+        for src, steps in views[0]["shared"].items():  # on the shared disk: each rank reads its own
             for s in steps:
                 holders[(int(src), s)] = ON_DISK
         for rank, view in enumerate(views):

@@ -135,17 +135,15 @@ def replica_overrides(tmp_path, *extra):
     return ["checkpoint.replica_every=1", f"checkpoint.replica_dir={tmp_path / 'shm'}", *extra]
 
 
-def assert_resumed_from_replica(p, job_id, rank0, submitted, holder=None):
+def assert_resumed(p, job_id, rank0, submitted, kinds=("replica",)):
     records = records_since(rank0, submitted)
     (resume,) = [r for r in records if r.get("event") == "resume"]
-    assert resume["checkpoint_kind"] == "replica", resume
-    if holder is not None:
-        assert resume["holder"] == holder, resume
+    assert resume["checkpoint_kind"] in kinds, resume
     before = max(r["step"] for r in records if "event" not in r and r["ts"] < resume["ts"])
     assert before - resume["step"] <= 1  # at most the step the fault interrupted is redone
     (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=60,
                        what="steps lost recorded")
-    assert lost["steps_lost"] <= 1 and lost["source"] == "replica", lost
+    assert lost["steps_lost"] <= 1 and lost["source"] == resume["checkpoint_kind"], lost
     return records, resume
 
 
@@ -170,8 +168,12 @@ def test_hang_of_one_rank_is_answered_by_the_blocked_ranks(slurm, cluster, train
         assert answer["node"] != victim
         (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
         assert "while the job was blocked by a hung rank: every rank's state" in requeue["result"], requeue
-        records, resume = assert_resumed_from_replica(p, job_id, rank0, submitted,
-                                                      holder=str(tmp_path / "ckpt" / "replicas"))
+        # SLURM continues stopped processes (SIGCONT) before it terminates them on the requeue: the stopped rank
+        # comes back for a moment and, the request still open, the ranks may save the next step together (`jit`).
+        # A hang that SIGCONT does not end (a stuck GPU) leaves the set the blocked rank kept (`replica`).
+        records, resume = assert_resumed(p, job_id, rank0, submitted, kinds=("replica", "jit"))
+        if resume["checkpoint_kind"] == "replica":
+            assert resume["holder"] == str(tmp_path / "ckpt" / "replicas"), resume
     assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
 
 
@@ -198,5 +200,6 @@ def test_node_death_resumes_from_the_peer_replica(slurm, cluster, train_data, tm
             chaos.undo(death.id)
         assert done.state == "COMPLETED" and done.restarts == 1, done
         assert not p.query("SELECT 1 FROM checkpoint_requests WHERE job_id = ?", (job_id,))
-        records, resume = assert_resumed_from_replica(p, job_id, rank0, submitted, holder=survivor)
+        records, resume = assert_resumed(p, job_id, rank0, submitted)
+        assert resume["holder"] == survivor, resume
     assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
