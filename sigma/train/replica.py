@@ -301,10 +301,13 @@ def resume_from_replicas(replicas: PeerReplicas, step: int, model, optimizer, na
     restore_rng(restored["rng"], ctx)
     sampler.load_state_dict(restored["sampler"])
     newer = int(restored["step"])
+    where = (f"kept on the checkpoint filesystem by a rank that answered while blocked ({restored['holder']})"
+             if replicas.shared is not None and restored["holder"] == str(replicas.shared)
+             else f"held in the memory of {restored['holder']}")
     if ctx.rank == 0:  # the job's log says where the state came from
-        print(f"sigma train: resuming from the in-memory replica of step {newer} (disk checkpoint: step {step})",
+        print(f"sigma train: resuming from the replica of step {newer} {where} (disk checkpoint: step {step})",
               flush=True)
-    kpi.event("resume", f"resumed from the in-memory replica of step {newer} held on {restored['holder']} "
-                        f"(newer than the disk checkpoint of step {step})", step=newer, checkpoint="replica",
+    kpi.event("resume", f"resumed from the replica of step {newer} {where} (newer than the disk checkpoint of "
+                        f"step {step})", step=newer, checkpoint="replica",
               holder=restored["holder"], disk_step=step, rng_restored=True, checkpoint_kind="replica")
     return newer

@@ -9,9 +9,11 @@ real sidecars pushing to `sigma controller run`, faults injected at their source
 - Hang of one rank (`sigma chaos hang`, in-memory replicas on): the other rank, blocked in a collective, answers
   from its thread with the last finished step kept on the checkpoint filesystem (the hung rank's state from the
   replica it sent its peer); the requeued job resumes from it on other nodes, at most one step redone.
-- Node death without warning (`sigma chaos node-death`, and the node's ranks stopped as a powered-off machine's
-  would be: no error reaches the peers, which block), replicas on and no just-in-time answer: the job resumes from
-  the peer replica held in the surviving node's memory.
+- Node death without warning (`sigma chaos node-death`, the node's ranks stopped as a powered-off machine's would
+  be: no error reaches the peers, which block; its memory removed), replicas on: the controller drains the silent
+  node and asks the survivor, whose blocked rank keeps its state and the dead rank's peer replica on the checkpoint
+  filesystem; the job resumes from that peer replica on whichever nodes SLURM gives it (node memory alone would
+  not do: the restart may land on other nodes than the survivor).
 """
 
 import contextlib
@@ -181,9 +183,8 @@ def test_node_death_resumes_from_the_peer_replica(slurm, cluster, train_data, tm
     import shutil
 
     with Pipeline(cluster, tmp_path / "pipeline") as p:
-        # the trainer does not poll: nothing is asked, the replicas alone carry the state over
         job, job_id, rank0, submitted = submit(cluster, train_data, tmp_path, monkeypatch,
-                                               *replica_overrides(tmp_path, "checkpoint.jit_poll_every=0"))
+                                               *replica_overrides(tmp_path))
         wait_for(lambda: max(losses(records_since(rank0, submitted)), default=0) >= 12, timeout=120,
                  what="step 12")
         survivor, victim = slurm.job(job_id).nodes
@@ -199,7 +200,11 @@ def test_node_death_resumes_from_the_peer_replica(slurm, cluster, train_data, tm
                     os.kill(pid, signal.SIGKILL)
             chaos.undo(death.id)
         assert done.state == "COMPLETED" and done.restarts == 1, done
-        assert not p.query("SELECT 1 FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        (req,) = p.query("SELECT node FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        assert req["node"] == survivor
+        (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
+        assert "while the job was blocked by a hung rank: every rank's state" in requeue["result"], requeue
+        # the dead node's ranks are never continued (its slurmd is gone): the set the blocked rank kept is used
         records, resume = assert_resumed(p, job_id, rank0, submitted)
-        assert resume["holder"] == survivor, resume
+        assert resume["holder"] == str(tmp_path / "ckpt" / "replicas"), resume
     assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
