@@ -120,3 +120,28 @@ def test_the_thread_answers_only_a_stuck_training_thread_and_names_what_is_missi
     assert "rank(s) 1, 2 not held for step 8" in said["message"]
     kept = sorted(p.name for p in (tmp_path / "ckpt" / "replicas").glob("*.json"))
     assert kept == ["rank-0.step-00000008.json", "rank-2.step-00000007.json"]  # rank 2's older one kept as well
+
+
+def test_a_failed_keep_is_an_event_and_training_goes_on(tmp_path):
+    import torch
+    from types import SimpleNamespace
+
+    from sigma.train.jit import BLOCKED_AFTER_S, BlockedAnswer, JitCheckpoints
+    from sigma.train.replica import PeerReplicas
+
+    ctx = SimpleNamespace(distributed=False, rank=0, world_size=1, ep_size=1, device=torch.device("cpu"))
+    jit = JitCheckpoints(tmp_path / "kpi", "n1", ctx)
+    (tmp_path / "ckpt").write_text("not a directory")  # the checkpoint filesystem refuses the write
+    replicas = PeerReplicas(tmp_path / "shm", "n1", "run", "fp", ctx, 1, 1, shared=tmp_path / "ckpt" / "replicas")
+    kpi = Events()
+    jit.settled(3, {"seed": 0, "step": 3}, {})
+    (tmp_path / "kpi").mkdir()
+    (tmp_path / "kpi" / "checkpoint-request.n1.json").write_text('{"id": 2, "job_id": 1, "deadline": 0}')
+    answer = BlockedAnswer(jit, replicas, lambda step, sampler, rng: {"step": step}, kpi, interval_s=0.05)
+    try:
+        wait_for(lambda: kpi.seen, timeout=BLOCKED_AFTER_S + 30, what="the failure event")
+    finally:
+        answer.close()
+    (said,) = kpi.seen
+    assert said["event"] == "checkpoint_failed" and "answer while blocked failed" in said["message"]
+    assert (tmp_path / "ckpt").read_text() == "not a directory"
