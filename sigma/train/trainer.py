@@ -533,6 +533,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                         for layer, load in zip(model.moe_layers(), loads):
                             layer.update_bias(load)
                 jit.settled(step, sampler.state_dict(), rng_state(ctx))
+                if replicas is not None:  # at once: a rank stopped later in the step has sent its replica already
+                    replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
+                        "step": step, "sampler": sampler.state_dict()}))
             if loads is not None and layout is None and hasattr(model, "recompute"):
                 # the balanced policy re-picks its layers from the step's routing
                 model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
@@ -584,9 +587,6 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if (request := jit.requested(step))[0]:
                 save_requested(request, ckpt, step, full_state({"step": step, "sampler": sampler.state_dict()}), ctx,
                                kpi, loss_value)
-            if replicas is not None:
-                replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
-                    "step": step, "sampler": sampler.state_dict()}))
     finally:
         if blocked is not None:
             blocked.close()
