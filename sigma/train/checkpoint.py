@@ -56,6 +56,14 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint directory, from its name (`step-<N>`)."""
+    match = STEP_DIR.match(Path(path).name)
+    if not match:
+        raise ValueError(f"{path} is not a checkpoint directory (step-<N>)")
+    return int(match.group(1))
+
+
 def is_complete(path: Path) -> bool:
     match = STEP_DIR.match(path.name)
     marker = path / COMPLETE_NAME

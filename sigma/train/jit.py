@@ -15,7 +15,9 @@ step, never from a NaN state.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +52,12 @@ class JitCheckpoints:
         self.poll_every = poll_every
         self.answered = answered  # newest request id already answered (from the checkpoint resumed)
         self._before_step = None  # (sampler state, RNG state) at the start of the current step
+        # the newest step whose state the model and optimiser hold, with its sampler and RNG state; the lock is
+        # held while the training thread changes them (optimiser step, bias update), which needs no collective
+        self.lock = threading.Lock()
+        self.boundary: tuple[int, dict, dict] | None = None
+        self.settled_at = time.monotonic()
+        self.step_s = 0.0  # between the last two settled steps
 
     def requested(self, step: int) -> tuple[int, float]:
         """Collective every poll_every steps: (id, deadline) of the newest unanswered request any rank's node was
@@ -71,6 +79,19 @@ class JitCheckpoints:
     def begin_step(self, sampler_state: dict, rng: dict) -> None:
         """Remember where the step starts from: a NaN rollback saves exactly this."""
         self._before_step = (sampler_state, rng)
+
+    @contextlib.contextmanager
+    def mutating(self):
+        """Around the optimiser step and the bias update: the state is neither the last step's nor the next's."""
+        with self.lock:
+            yield
+
+    def settled(self, step: int, sampler_state: dict, rng: dict) -> None:
+        """Step `step` is complete: model and optimiser hold its state until the next `mutating`."""
+        with self.lock:
+            now = time.monotonic()
+            self.boundary = (step, sampler_state, rng)
+            self.step_s, self.settled_at = now - self.settled_at, now
 
     def rollback_state(self, state: dict, step: int) -> dict | None:
         """The checkpoint state of step - 1 (model and optimiser untouched by the poisoned step), or None when
@@ -138,3 +159,70 @@ def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -
     kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: {path}",
               step=step - 1, path=str(path), save_s=round(time.monotonic() - started, 3), kind="rollback")
     return path
+
+
+BLOCKED_AFTER_S = 2.0  # a request unanswered this long (or 3 step times) with no step finished: the thread is stuck
+
+
+class BlockedAnswer:
+    """A thread per rank that answers a request while the training thread cannot: blocked in a collective with a
+    hung rank, it never reaches the between-steps poll.
+
+    What is consistent then: the training thread changes model and optimiser only between `mutating` and
+    `settled` (optimiser step, bias update), a stretch with no collective in it, so a thread blocked in a collective
+    is either before the step's optimiser step (the state is the previous step's) or after the step's bias update
+    (the step's); `JitCheckpoints.boundary` names that step, with the sampler and RNG state taken when it ended.
+    This thread copies that state under the lock (a training thread that comes back waits for the copy) and keeps
+    it as a replica of the step on the checkpoint directory (replica.PeerReplicas.keep_on_disk), with the replicas
+    its node holds: the hung rank's state comes from the replica it sent its peer, as nothing can read it from the
+    stopped process. The requeued run resumes from that set when it is complete, else
+    from the newest complete set or the periodic checkpoint (its `resume` event says which)."""
+
+    def __init__(self, jit: JitCheckpoints, replicas, take_state, kpi, interval_s: float = 0.5):
+        self.jit, self.replicas, self.take_state, self.kpi = jit, replicas, take_state, kpi
+        self.interval_s = interval_s
+        self.answered = jit.answered
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sigma-jit-blocked", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll(time.time(), time.monotonic())
+            except Exception as exc:  # never a reason to stop training; the controller's deadline covers it
+                self.kpi.event("checkpoint_failed", f"answer while blocked failed: {exc}")
+
+    def poll(self, now: float, mono: float) -> int:
+        """Answer the newest request if the training thread has had it for BLOCKED_AFTER_S (or three of its step
+        times) without finishing a step; returns the step kept, or 0."""
+        found, _ = read_request(self.jit.path, now)
+        if not found or found <= max(self.answered, self.jit.answered):
+            return 0
+        seen = self._seen.setdefault(found, mono)
+        if mono - seen < max(BLOCKED_AFTER_S, 3 * self.jit.step_s) or self.jit.settled_at > seen:
+            return 0  # the training thread is stepping: it answers at its next poll
+        self.answered = found
+        started = time.monotonic()
+        with self.jit.lock:
+            if self.jit.boundary is None:
+                return 0
+            step, sampler_state, rng = self.jit.boundary
+            state = self.take_state(step, sampler_state, rng)
+        kept = self.replicas.keep_on_disk(step, state)
+        missing = [r for r in range(self.replicas.ctx.world_size) if r not in kept]
+        where = (f"every rank's state of step {step} is now on disk" if not missing else
+                 f"rank(s) {', '.join(map(str, missing))} not held for step {step} here: the resume takes them "
+                 f"from another node's answer or replica, else from the newest complete replica set or periodic "
+                 f"checkpoint")
+        self.kpi.event("checkpoint", f"just-in-time checkpoint of step {step} for request {found} while blocked in "
+                                     f"a collective: rank(s) {', '.join(map(str, kept))} kept under "
+                                     f"{self.replicas.shared}; {where}", step=step, kind="jit-blocked",
+                       request=found, blocked=True, ranks=kept, missing=missing, path=str(self.replicas.shared),
+                       save_s=round(time.monotonic() - started, 3))
+        return step

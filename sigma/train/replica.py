@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 
 KEEP = 2  # versions kept per source rank: a crash mid-replication leaves the previous complete set
+SHARED_NAME = "replicas"  # under the checkpoint directory: replicas kept on disk by a rank answering while blocked
+ON_DISK = -1  # holder of a replica on the shared checkpoint filesystem (every rank reads it itself)
 
 
 def fingerprint(cfg) -> str:
@@ -63,8 +65,11 @@ def apply_state(state: dict, model, optimizer, named) -> None:
 
 class PeerReplicas:
     def __init__(self, root: str | Path, node: str, run: str, fp: str, ctx, every: int, ranks_per_node: int,
-                 event=None):
+                 event=None, shared: str | Path | None = None):
         self.dir = Path(root) / node / run
+        # replicas kept on the shared checkpoint filesystem by ranks that answered a request while blocked
+        # (jit.BlockedAnswer): every node reads them, so they survive a restart on other nodes
+        self.shared = Path(shared) if shared is not None else None
         self.node = node
         self.run = run
         self.fp = fp
@@ -128,29 +133,54 @@ class PeerReplicas:
             r.wait()
         return data.numpy().tobytes()
 
-    def _write(self, src: int, step: int, payload: bytes) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def _write(self, src: int, step: int, payload: bytes, where: Path | None = None, durable: bool = False) -> None:
+        where = where or self.dir
+        where.mkdir(parents=True, exist_ok=True)
         name = f"rank-{src}.step-{step:08d}"
-        tmp = self.dir / f".{name}.pt.tmp-{self.ctx.rank}"  # ranks of one node may write the same replica
-        tmp.write_bytes(payload)
-        os.replace(tmp, self.dir / f"{name}.pt")
+        tag = f"{self.ctx.rank}-{threading.get_ident()}"  # ranks of one node, and two threads, may write one replica
         manifest = {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size,
                     "ep": self.ctx.ep_size, "step": step, "rank": src, "bytes": len(payload),
                     "sha256": hashlib.sha256(payload).hexdigest()}
-        tmp = self.dir / f".{name}.json.tmp-{self.ctx.rank}"
-        tmp.write_text(json.dumps(manifest))
-        os.replace(tmp, self.dir / f"{name}.json")
-        for old in sorted(self.dir.glob(f"rank-{src}.step-*.json"))[:-KEEP]:
+        for suffix, data in ((".pt", payload), (".json", json.dumps(manifest).encode())):
+            tmp = where / f".{name}{suffix}.tmp-{tag}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if durable:  # on disk, not tmpfs: written through before the rename makes it visible
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, where / f"{name}{suffix}")
+        for old in sorted(where.glob(f"rank-{src}.step-*.json"))[:-KEEP]:
             old.unlink(missing_ok=True)
             old.with_suffix(".pt").unlink(missing_ok=True)
+
+    def keep_on_disk(self, step: int, state: dict) -> list[int]:
+        """This rank's `state` of `step`, and every replica this node holds (the hung peer's among them; older
+        steps too, should `step` of the peer never have arrived), written to the shared directory; returns the
+        ranks now kept there for `step`."""
+        for src, steps in self.held().items():
+            for held in steps:
+                if (src, held) == (self.ctx.rank, step):
+                    continue
+                try:
+                    payload = (self.dir / f"rank-{src}.step-{held:08d}.pt").read_bytes()
+                except OSError:  # pruned by the replication thread meanwhile: a newer one is there
+                    continue
+                self._write(src, held, payload, self.shared, durable=True)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        self._write(self.ctx.rank, step, buf.getvalue(), self.shared, durable=True)  # last: never pruned
+        return sorted(src for src, steps in self._held_in(self.shared).items() if step in steps)
 
     # ---------- restore ----------
     def held(self) -> dict[int, list[int]]:
         """{source rank: [steps]} of the valid replicas on this node; every invalid one is an event."""
+        return self._held_in(self.dir)
+
+    def _held_in(self, where: Path | None) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
-        if not self.dir.is_dir():
+        if where is None or not where.is_dir():
             return out
-        for path in sorted(self.dir.glob("rank-*.step-*.json")):
+        for path in sorted(where.glob("rank-*.step-*.json")):
             problem = self._check(path)
             if problem:
                 self.event("replica_ignored", f"replica {path} ignored: {problem}", path=str(path))
@@ -176,7 +206,9 @@ class PeerReplicas:
     def restore(self, disk_step: int, model, optimizer, named) -> dict | None:
         """Every rank together: the newest replica set held across the nodes, if newer than disk_step, loaded into
         model and optimizer; returns its trainer/rng state ({"step", "sampler", "rng", "node"}) or None."""
-        mine = {"node": self.node, "held": self.held()}
+        # what the shared directory holds is rank 0's reading, so that every rank plans the same transfers
+        mine = {"node": self.node, "held": self.held(),
+                "shared": self._held_in(self.shared) if self.ctx.rank == 0 else {}}
         views = [mine]
         if self.ctx.distributed:
             import torch.distributed as dist
@@ -184,6 +216,9 @@ class PeerReplicas:
             views = [None] * self.ctx.world_size
             dist.all_gather_object(views, mine, group=self.group)
         holders: dict[tuple[int, int], int] = {}  # (source rank, step) -> the lowest rank on a node holding it
+        for src, steps in views[0]["shared"].items():  # on the shared disk: each rank reads its own
+            for s in steps:
+                holders[(int(src), s)] = ON_DISK
         for rank, view in enumerate(views):
             first_on_node = next(r for r, v in enumerate(views) if v["node"] == view["node"])
             for src, steps in view["held"].items():
@@ -197,7 +232,10 @@ class PeerReplicas:
         payload = None
         for src in range(self.ctx.world_size):  # the same order on every rank: one pair at a time
             holder = holders[(src, step)]
-            if holder == src == self.ctx.rank:
+            if holder == ON_DISK:
+                if src == self.ctx.rank:
+                    payload = (self.shared / f"rank-{src}.step-{step:08d}.pt").read_bytes()
+            elif holder == src == self.ctx.rank:
                 payload = (self.dir / f"rank-{src}.step-{step:08d}.pt").read_bytes()
             elif self.ctx.rank == holder:
                 data = (self.dir / f"rank-{src}.step-{step:08d}.pt").read_bytes()
@@ -206,7 +244,9 @@ class PeerReplicas:
                 payload = self._recv(holder)
         state = torch.load(io.BytesIO(payload), weights_only=False)
         apply_state(state, model, optimizer, named)
-        return {**state["trainer"], "rng": state["rng"], "holder": views[holders[(self.ctx.rank, step)]]["node"]}
+        holder = holders[(self.ctx.rank, step)]
+        return {**state["trainer"], "rng": state["rng"],
+                "holder": str(self.shared) if holder == ON_DISK else views[holder]["node"]}
 
     def _send(self, data: bytes, dst: int) -> None:
         import torch.distributed as dist
@@ -232,6 +272,8 @@ class PeerReplicas:
 
                 dist.barrier(group=self.group)
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self.ctx.rank == 0 and self.shared is not None:
+                shutil.rmtree(self.shared, ignore_errors=True)
 
 
 def peer_replicas(cfg, ctx, kpi, ckpt_root: Path) -> PeerReplicas | None:
@@ -245,23 +287,27 @@ def peer_replicas(cfg, ctx, kpi, ckpt_root: Path) -> PeerReplicas | None:
     run = hashlib.sha256(str(Path(ckpt_root).resolve()).encode()).hexdigest()[:12]
     ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or cfg.launch.gpus_per_node or 1)
     return PeerReplicas(cfg.checkpoint.replica_dir, kpi.node, run, fingerprint(cfg), ctx,
-                        cfg.checkpoint.replica_every, ranks_per_node, event=kpi.event)
+                        cfg.checkpoint.replica_every, ranks_per_node, event=kpi.event,
+                        shared=Path(ckpt_root) / SHARED_NAME)
 
 
 def resume_from_replicas(replicas: PeerReplicas, step: int, model, optimizer, named, sampler, ctx, kpi,
-                         restore_rng) -> int:
-    """Every rank together, after the disk checkpoint (step) was loaded: a newer replica set wins. Returns the
-    step to continue from."""
+                         restore_rng) -> int | None:
+    """Every rank together, before the disk checkpoint of `step` is read: a newer complete replica set is loaded;
+    returns its step, or None when the disk checkpoint is the newest (then nothing was changed)."""
     restored = replicas.restore(step, model, optimizer, named)
     if restored is None:
-        return step
+        return None
     restore_rng(restored["rng"], ctx)
     sampler.load_state_dict(restored["sampler"])
     newer = int(restored["step"])
+    where = (f"kept on the checkpoint filesystem by a rank that answered while blocked ({restored['holder']})"
+             if replicas.shared is not None and restored["holder"] == str(replicas.shared)
+             else f"held in the memory of {restored['holder']}")
     if ctx.rank == 0:  # the job's log says where the state came from
-        print(f"sigma train: resuming from the in-memory replica of step {newer} (disk checkpoint: step {step})",
+        print(f"sigma train: resuming from the replica of step {newer} {where} (disk checkpoint: step {step})",
               flush=True)
-    kpi.event("resume", f"resumed from the in-memory replica of step {newer} held on {restored['holder']} "
-                        f"(newer than the disk checkpoint of step {step})", step=newer, checkpoint="replica",
+    kpi.event("resume", f"resumed from the replica of step {newer} {where} (newer than the disk checkpoint of "
+                        f"step {step})", step=newer, checkpoint="replica",
               holder=restored["holder"], disk_step=step, rng_restored=True, checkpoint_kind="replica")
     return newer

@@ -125,6 +125,8 @@ class FaultConfig:
 
     nan_at_step: int | None = None  # poison the logits with NaN at this step (training must stop with an event)
     kill_at_step: int | None = None  # SIGKILL the rank as this step starts, once: only in a run that began at step 0
+    hang_at_step: int | None = None  # SIGSTOP rank `hang_rank` as this step starts (as `sigma chaos hang`), once: only in a run that began at step 0
+    hang_rank: int = 0  # the rank fault.hang_at_step stops
     step_delay_s: float = 0.0  # sleep this long in every step, like a slow node (gives tests time to act mid-run)
     nan_trigger: bool = False  # poison the logits when <KPI dir>/job-<id>/inject-nan appears; consumed (`sigma chaos nan`)
     gc_trigger: bool = False  # while <KPI dir>/job-<id>/inject-gc.<node> exists, make garbage cycles every step (`sigma chaos gc-pressure`)

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from sigma.train import data as data_mod
-from sigma.train.checkpoint import CheckpointManager
-from sigma.train.jit import JitCheckpoints, save_requested, save_rollback, saved_request
+from sigma.train.checkpoint import CheckpointManager, checkpoint_step
+from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
 from sigma.train.noise import GcPressure, StepNoise
 from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
@@ -238,17 +238,19 @@ def _progress_line(step: int, total: int, loss: float, aux: float, gnorm: float,
 
 def train(cfg: TrainConfig, out=None) -> RunSummary:
     out = out or sys.stdout  # looked up per call: a default bound at import outlives a replaced stdout
+    startup = {"process": _process_started(), "imported": time.time()}  # where a restart's time goes
     gc_was_enabled = gc.isenabled()
     if cfg.gc_manual:
         gc.disable()
     try:
         torch.set_num_threads(max(1, cfg.threads))
         ctx = init_distributed(cfg.parallel.ep, cfg.parallel.backend, cfg.device)
+        startup["process_group"] = time.time()
         try:
             kpi = KpiWriter(ctx.rank, cfg.kpi.dir or None)
             summary = RunSummary(world_size=ctx.world_size, kpi_path=str(kpi.path))
             try:
-                _train(cfg, ctx, kpi, summary, out)
+                _train(cfg, ctx, kpi, summary, out, startup)
             finally:
                 kpi.close()
         finally:
@@ -257,6 +259,17 @@ def train(cfg: TrainConfig, out=None) -> RunSummary:
         if gc_was_enabled:
             gc.enable()
     return summary
+
+
+def _process_started() -> float | None:
+    """When this process started (epoch seconds), from /proc: the restart bench splits interpreter start and
+    imports from what follows."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # not worth failing a run over
+        return None
 
 
 def _consume(trigger: Path) -> bool:
@@ -346,12 +359,14 @@ def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int, dp_rank: int 
     return shards, sampler, held_out
 
 
-def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out) -> None:
+def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out,
+           startup: dict | None = None) -> None:
     from sigma.train.checkpoint import saved_keys
     from sigma.train.config import load_model_config
     from sigma.train.flops import flops_per_token, hardware_flops_per_token
 
     is_main = ctx.rank == 0
+    startup = dict(startup or {})
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
     if cfg.data.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's max_seq_len {model_cfg.max_seq_len}")
@@ -378,9 +393,18 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     aux_free = model_cfg.balance == "aux_free"
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
 
+    startup["built"] = time.time()  # model, optimiser and data ready
     step = 0
     meta = {}
     latest = ckpt.latest() if cfg.checkpoint.resume else None
+    # in-memory peer replicas (sigma/train/replica.py): a complete set newer than the disk checkpoint wins, and
+    # then the disk checkpoint is not read at all (a restart's time goes to one load, not two)
+    replicas = peer_replicas(cfg, ctx, kpi, ckpt.root)
+    if replicas is not None and cfg.checkpoint.resume:
+        disk_step = checkpoint_step(latest) if latest is not None else 0
+        newer = resume_from_replicas(replicas, disk_step, model, optimizer, named, sampler, ctx, kpi, restore_rng)
+        if newer is not None:
+            step, latest = newer, None
     if latest is not None:
         trainer_state = {"step": 0, "sampler": sampler.state_dict()}
         state = (layout.state(trainer_state, rng_state(ctx)) if layout is not None
@@ -401,11 +425,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         kpi.event("resume", f"resumed from {latest} at step {step}", step=step, checkpoint=str(latest),
                   saved_world_size=meta.get("world_size"), rng_restored=has_rng,
                   checkpoint_kind=meta.get("kind", "periodic"))
-    # in-memory peer replicas (sigma/train/replica.py): a newer complete set than the disk checkpoint wins
-    replicas = peer_replicas(cfg, ctx, kpi, ckpt.root)
-    if replicas is not None and cfg.checkpoint.resume:
-        step = resume_from_replicas(replicas, step, model, optimizer, named, sampler, ctx, kpi, restore_rng)
     summary.start_step = step
+    startup["state_loaded"] = time.time()
     if cfg.drop_page_cache and ctx.local_rank == 0:
         kpi.event("page_cache", drop_page_cache(shards.files()))
     tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
@@ -420,7 +441,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
               data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
-              jit_poll_every=cfg.checkpoint.jit_poll_every)
+              jit_poll_every=cfg.checkpoint.jit_poll_every, startup=startup,
+              jit_when_blocked=bool(replicas is not None and layout is None and cfg.checkpoint.jit_poll_every))
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
               f"experts top-{model_cfg.top_k}), {ctx.world_size} rank(s) ep={ctx.ep_size}"
@@ -448,6 +470,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         return (layout.state(trainer_state, rng_state(ctx)) if layout is not None
                 else checkpoint_state(model, optimizer, named, ctx, trainer_state))
 
+    jit.settled(step, sampler.state_dict(), rng_state(ctx))
+    blocked = None  # answers a request while a hung rank blocks this one in a collective (needs the replicas)
+    if replicas is not None and layout is None and cfg.checkpoint.jit_poll_every:
+        blocked = BlockedAnswer(jit, replicas, lambda at, sampler_state, rng: local_state(
+            model, optimizer, named, rng, {"step": at, "sampler": sampler_state}), kpi)
+
     try:
         while step < cfg.steps:
             step += 1
@@ -458,6 +486,12 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 kpi.event("fault", f"fault.kill_at_step: killing rank {ctx.rank} at step {step}", step=step)
                 kpi.close()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if cfg.fault.hang_at_step == step and started_fresh and ctx.rank == cfg.fault.hang_rank:
+                ckpt.wait()
+                if replicas is not None:
+                    replicas.wait()  # the replica of the previous step has reached the peer
+                kpi.event("fault", f"fault.hang_at_step: stopping rank {ctx.rank} at step {step}", step=step)
+                os.kill(os.getpid(), signal.SIGSTOP)  # as `sigma chaos hang` does; the others block in a collective
             t0, wait0 = time.perf_counter(), collective_wait_s()
             noise.begin()
             pressure.step()
@@ -479,6 +513,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 losses = torch.stack([ce, aux])
                 ctx.all_reduce_sum(losses)
                 loss_value, aux_value = (losses / ctx.world_size).tolist()
+                if loads is not None:  # before the optimiser step: the state changes with no collective inside
+                    ctx.all_reduce_sum(loads)
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
                 message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
                            f"the newest checkpoint is {ckpt.latest()}")
@@ -491,14 +527,18 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if layout is None:
                 sync_gradients(ctx, named)
                 gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
-                optimizer.step()
-            if loads is not None and layout is None:
-                ctx.all_reduce_sum(loads)
-                if aux_free:
-                    for layer, load in zip(model.moe_layers(), loads):
-                        layer.update_bias(load)
-                if hasattr(model, "recompute"):  # the balanced policy re-picks its layers from the step's routing
-                    model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
+                with jit.mutating():  # no collective in here (jit.BlockedAnswer relies on it)
+                    optimizer.step()
+                    if loads is not None and aux_free:
+                        for layer, load in zip(model.moe_layers(), loads):
+                            layer.update_bias(load)
+                jit.settled(step, sampler.state_dict(), rng_state(ctx))
+                if replicas is not None:  # at once: a rank stopped later in the step has sent its replica already
+                    replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
+                        "step": step, "sampler": sampler.state_dict()}))
+            if loads is not None and layout is None and hasattr(model, "recompute"):
+                # the balanced policy re-picks its layers from the step's routing
+                model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             if cfg.gc_manual and cfg.gc_every and step % cfg.gc_every == 0:
@@ -547,10 +587,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if (request := jit.requested(step))[0]:
                 save_requested(request, ckpt, step, full_state({"step": step, "sampler": sampler.state_dict()}), ctx,
                                kpi, loss_value)
-            if replicas is not None:
-                replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
-                    "step": step, "sampler": sampler.state_dict()}))
     finally:
+        if blocked is not None:
+            blocked.close()
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
         if replicas is not None:
             replicas.close()

@@ -6,8 +6,19 @@ real sidecars pushing to `sigma controller run`, faults injected at their source
   the step it had reached: no step is lost, and the loss curve is the one a single uninterrupted process computes.
 - NaN (`sigma chaos nan`): the ranks stop before applying the bad gradient and save the last healthy step; the
   controller requeues the failed job, which resumes from that step, never from a NaN state.
+- Hang of one rank (`sigma chaos hang`, in-memory replicas on): the other rank, blocked in a collective, answers
+  from its thread with the last finished step kept on the checkpoint filesystem (the hung rank's state from the
+  replica it sent its peer); the requeued job resumes from it on other nodes, at most one step redone.
+- Node death without warning (`sigma chaos node-death`, the node's ranks stopped as a powered-off machine's would
+  be: no error reaches the peers, which block; its memory removed), replicas on: the controller drains the silent
+  node and asks the survivor, whose blocked rank keeps its state and the dead rank's peer replica on the checkpoint
+  filesystem; the job resumes from that peer replica on whichever nodes SLURM gives it (node memory alone would
+  not do: the restart may land on other nodes than the survivor).
 """
 
+import contextlib
+import os
+import signal
 import time
 
 import pytest
@@ -119,4 +130,83 @@ def test_nan_resumes_from_the_last_healthy_step(slurm, cluster, train_data, tmp_
         assert lost["steps_lost"] == 0 and lost["source"] == "rollback"
         assert not p.query("SELECT 1 FROM checkpoint_requests WHERE job_id = ?", (job_id,))  # nothing to wait for
     # the poisoned step's batch is trained again, cleanly: the curve is the uninterrupted one
+    assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
+
+
+def replica_overrides(tmp_path, *extra):
+    return ["checkpoint.replica_every=1", f"checkpoint.replica_dir={tmp_path / 'shm'}", *extra]
+
+
+def assert_resumed(p, job_id, rank0, submitted, kinds=("replica",)):
+    records = records_since(rank0, submitted)
+    (resume,) = [r for r in records if r.get("event") == "resume"]
+    assert resume["checkpoint_kind"] in kinds, resume
+    before = max(r["step"] for r in records if "event" not in r and r["ts"] < resume["ts"])
+    assert before - resume["step"] <= 1  # at most the step the fault interrupted is redone
+    (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=60,
+                       what="steps lost recorded")
+    assert lost["steps_lost"] <= 1 and lost["source"] == resume["checkpoint_kind"], lost
+    return records, resume
+
+
+def test_hang_of_one_rank_is_answered_by_the_blocked_ranks(slurm, cluster, train_data, tmp_path, monkeypatch):
+    with Pipeline(cluster, tmp_path / "pipeline", controller={"watchdog": {"hang_timeout_s": 15}},
+                  remediation={"playbooks": [{"name": "manual", "kind": "manual"}]}) as p:
+        job, job_id, rank0, submitted = submit(cluster, train_data, tmp_path, monkeypatch,
+                                               *replica_overrides(tmp_path))
+        wait_for(lambda: max(losses(records_since(rank0, submitted)), default=0) >= 12, timeout=120,
+                 what="step 12")
+        victim = slurm.job(job_id).nodes[-1]
+        chaos = Chaos(cluster)
+        hang = chaos.inject("hang", victim, job_id=job_id)
+        try:
+            done = wait_end(slurm, job_id, timeout=400)
+        finally:
+            chaos.undo(hang.id)
+        assert done.state == "COMPLETED" and done.restarts == 1, done
+        assert victim not in done.nodes
+        (answer,) = p.query("SELECT node, fields FROM events WHERE source = 'kpi' AND kind = 'checkpoint' AND"
+                            " fields LIKE '%jit-blocked%'")
+        assert answer["node"] != victim
+        (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
+        # every rank's state of the kept step, or (the stopped rank's replica of it never sent) a named fallback
+        assert "while the job was blocked by a hung rank" in requeue["result"], requeue
+        # SLURM continues stopped processes (SIGCONT) before it terminates them on the requeue: the stopped rank
+        # comes back for a moment and, the request still open, the ranks may save the next step together (`jit`).
+        # A hang that SIGCONT does not end (a stuck GPU) leaves the set the blocked rank kept (`replica`).
+        records, resume = assert_resumed(p, job_id, rank0, submitted, kinds=("replica", "jit"))
+        if resume["checkpoint_kind"] == "replica":
+            assert resume["holder"] == str(tmp_path / "ckpt" / "replicas"), resume
+    assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)
+
+
+def test_node_death_resumes_from_the_peer_replica(slurm, cluster, train_data, tmp_path, monkeypatch):
+    import shutil
+
+    with Pipeline(cluster, tmp_path / "pipeline") as p:
+        job, job_id, rank0, submitted = submit(cluster, train_data, tmp_path, monkeypatch,
+                                               *replica_overrides(tmp_path))
+        wait_for(lambda: max(losses(records_since(rank0, submitted)), default=0) >= 12, timeout=120,
+                 what="step 12")
+        survivor, victim = slurm.job(job_id).nodes
+        chaos = Chaos(cluster)
+        death = chaos.inject("node-death", victim)
+        frozen = chaos.inject("hang", victim, job_id=job_id)  # a powered-off node's ranks: silent, no error
+        shutil.rmtree(tmp_path / "shm" / victim)  # and its memory is gone
+        try:
+            done = wait_end(slurm, job_id, timeout=400)
+        finally:
+            for pid in frozen.params["pids"]:  # SLURM cannot reach them: the node "died" with them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            chaos.undo(death.id)
+        assert done.state == "COMPLETED" and done.restarts == 1, done
+        (req,) = p.query("SELECT node FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        assert req["node"] == survivor
+        (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
+        # every rank's state of the kept step, or (the stopped rank's replica of it never sent) a named fallback
+        assert "while the job was blocked by a hung rank" in requeue["result"], requeue
+        # the dead node's ranks are never continued (its slurmd is gone): the set the blocked rank kept is used
+        records, resume = assert_resumed(p, job_id, rank0, submitted)
+        assert resume["holder"] == str(tmp_path / "ckpt" / "replicas"), resume
     assert_reference_curve(losses(records), train_data, tmp_path, monkeypatch)

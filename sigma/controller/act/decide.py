@@ -236,13 +236,16 @@ class Decider:
         step; the requeue waits for the answer up to jit_checkpoint_timeout_s (act/jit.py). A job that already
         stopped (NaN: the trainer saved its last healthy step itself), whose trainer does not poll the control
         file (no `jit_poll_every` in its start event), or that made no step within the timeout (hung: its ranks
-        are stuck in a collective and cannot save) is requeued at once."""
+        are stuck in a collective and cannot reach the poll) unless its trainer answers while blocked
+        (`jit_when_blocked`), is requeued at once."""
         timeout = self.cfg.jit_checkpoint_timeout_s
         healthy = [n for n in job.nodes if n not in avoid]
+        nodes = list(job.nodes)
         if (timeout <= 0 or job.state != "RUNNING" or not healthy
-                or not jit.answers_requests(self.conn, job.job_id, list(job.nodes), job.start_time)
+                or not jit.answers_requests(self.conn, job.job_id, nodes, job.start_time)
                 or jit.trainer_stopped(self.conn, job.job_id, job.start_time)
-                or not jit.stepping(self.conn, job.job_id, self.clock() - timeout)):
+                or not (jit.stepping(self.conn, job.job_id, self.clock() - timeout)
+                        or jit.answers_when_blocked(self.conn, job.job_id, nodes, job.start_time))):
             return {}
         ids = jit.request(self.conn, job.job_id, healthy, inc.id, timeout, self.clock())
         return {"jit_requests": ids, "jit_deadline": self.clock() + timeout, "jit_timeout_s": timeout}

@@ -6,6 +6,12 @@ batch, the ingest reply carries the node's open requests (`pending_for_node`), a
 control file (`<kpi dir>/job-<id>/checkpoint-request.<node>.json`), which every rank polls between steps. The
 trainer answers with a KPI `checkpoint` event naming the request, which comes back through the same pipeline. No
 node is waited for beyond the deadline: a hung rank or a dead node simply never answers, and the requeue goes on.
+
+A hung job (no step within the timeout) is asked too when its trainer says it can answer while blocked (its start
+event carries `jit_when_blocked`: in-memory replicas on, sigma/train/jit.py BlockedAnswer): each healthy rank,
+stuck in a collective with the hung one, keeps the last finished step on the checkpoint filesystem, with the hung
+rank's state taken from the peer replica its node holds. Such answers (`blocked: true`) come one per node, each
+with the ranks it kept, so the requeue waits for every asked node (or the deadline), not for the first.
 """
 
 from __future__ import annotations
@@ -61,6 +67,11 @@ def answers_requests(conn: sqlite3.Connection, job_id: int, nodes: list[str], si
     return any(int(f.get("jit_poll_every") or 0) > 0 for _, f in _job_events(conn, job_id, "start", since, nodes))
 
 
+def answers_when_blocked(conn: sqlite3.Connection, job_id: int, nodes: list[str], since: float) -> bool:
+    """Whether the job's current run can answer while a hung rank blocks the others (`jit_when_blocked`)."""
+    return any(f.get("jit_when_blocked") for _, f in _job_events(conn, job_id, "start", since, nodes))
+
+
 def trainer_stopped(conn: sqlite3.Connection, job_id: int, since: float) -> bool:
     """Whether the job's trainer said it stopped (a `nan_loss` or `stop` KPI event) since `since`: it saves its own
     last healthy step on a NaN and answers no request after that."""
@@ -87,15 +98,53 @@ def acknowledge(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, float] |
                                  f" ({marks})", ids).fetchone()
     if job_id is None:
         return None
-    # any rank may answer, on any node of the job (the bad node's rank learns the request from the others)
-    for ts, fields in _job_events(conn, job_id, "checkpoint", since - 5.0):
-        if fields.get("request") in ids:
-            step = int(fields.get("step") or 0)
-            conn.execute(f"UPDATE checkpoint_requests SET acked_at = ?, ack_step = ? WHERE id IN ({marks})",
-                         (ts, step, *ids))
-            conn.commit()
-            return step, float(ts)
+    # any rank may answer, on any node of the job (the bad node's rank learns the request from the others);
+    # answers given while blocked count once every asked node has given one
+    asked = {r[0] for r in conn.execute(f"SELECT node FROM checkpoint_requests WHERE id IN ({marks})", ids)}
+    blocked: dict[str, tuple[float, int]] = {}
+    for ts, node, fields in _answers(conn, job_id, since - 5.0):
+        if fields.get("request") not in ids:
+            continue
+        step = int(fields.get("step") or 0)
+        if fields.get("blocked"):
+            blocked.setdefault(node, (ts, step))
+            if not asked <= set(blocked):
+                continue
+            ts, step = max(t for t, _ in blocked.values()), min(s for _, s in blocked.values())
+        conn.execute(f"UPDATE checkpoint_requests SET acked_at = ?, ack_step = ? WHERE id IN ({marks})",
+                     (ts, step, *ids))
+        conn.commit()
+        return step, float(ts)
     return None
+
+
+def _answers(conn: sqlite3.Connection, job_id: int, since: float) -> list[tuple[float, str, dict]]:
+    """(ts, node, fields) of the job's `checkpoint` KPI events since `since`, oldest first."""
+    rows = conn.execute("SELECT ts, node, fields, job_ids FROM events WHERE ts >= ? AND source = 'kpi' AND"
+                        " kind = 'checkpoint' ORDER BY ts", (since,)).fetchall()
+    return [(ts, node, json.loads(fields or "{}")) for ts, node, fields, job_ids in rows
+            if job_id in json.loads(job_ids or "[]")]
+
+
+def blocked_detail(conn: sqlite3.Connection, ids: list[int]) -> str:
+    """What the answers given while blocked kept: every rank on disk, or which ranks come from elsewhere."""
+    job_id, since = conn.execute(f"SELECT MIN(job_id), MIN(requested_at) FROM checkpoint_requests WHERE id IN"
+                                 f" ({','.join('?' * len(ids))})", ids).fetchone()
+    if job_id is None:
+        return ""
+    kept, missing = set(), set()
+    for _, _, fields in _answers(conn, job_id, since - 5.0):
+        if fields.get("request") in ids and fields.get("blocked"):
+            kept.update(fields.get("ranks") or [])
+            missing.update(fields.get("missing") or [])
+    missing -= kept
+    if not kept:
+        return ""
+    if not missing:
+        return (f" while the job was blocked by a hung rank: every rank's state on the checkpoint filesystem "
+                f"(the hung rank's from its peer replica)")
+    return (f" while the job was blocked by a hung rank: rank(s) {', '.join(map(str, sorted(missing)))} not kept; "
+            f"the resume takes the newest complete replica set or the periodic checkpoint")
 
 
 class JitGate:
@@ -113,12 +162,14 @@ class JitGate:
             return ""
         ack = acknowledge(self.conn, ids)
         if ack is not None:
-            return f"just-in-time checkpoint of step {ack[0]} saved"
+            return f"just-in-time checkpoint of step {ack[0]} saved" + blocked_detail(self.conn, ids)
         job_id, since = self.conn.execute(f"SELECT MIN(job_id), MIN(requested_at) FROM checkpoint_requests WHERE id"
                                           f" IN ({','.join('?' * len(ids))})", ids).fetchone()
         if job_id is not None and trainer_stopped(self.conn, job_id, since - 5.0):
             return "the trainer stopped by itself (NaN loss or end of run): requeued without waiting"
         if self.clock() < float(params.get("jit_deadline", 0)):
             raise NotYet("waiting for the just-in-time checkpoint")
-        return (f"no just-in-time checkpoint within {params.get('jit_timeout_s', '?')}s; the job resumes from its "
-                f"newest checkpoint or replica")
+        partial = blocked_detail(self.conn, ids)
+        return (f"no just-in-time checkpoint within {params.get('jit_timeout_s', '?')}s"
+                + (f" from every asked node; some answered{partial}" if partial else "")
+                + "; the job resumes from its newest checkpoint or replica")

@@ -163,3 +163,53 @@ def test_a_hung_job_is_requeued_without_asking(tmp_path):
     ctl.tick()
     assert slurm.count("requeue") == 1
     assert ctl.conn.execute("SELECT COUNT(*) FROM checkpoint_requests").fetchone()[0] == 0
+
+
+def hung_trainer(ctl, slurm, clock, nodes=("node2", "node3")):
+    """A job whose trainer answers while blocked (replicas on) and has made no step for longer than the timeout."""
+    running_trainer(ctl, slurm, clock, nodes=nodes)
+    for node in nodes:
+        add_event(ctl.conn, node, clock() - 89, source="kpi", kind="start", job_ids=[7],
+                  fields={"step": 0, "jit_poll_every": 1, "jit_when_blocked": True})
+    clock.advance(31)
+
+
+def blocked_answer(ctl, clock, node, req, ranks, missing=()):
+    add_event(ctl.conn, node, clock(), source="kpi", kind="checkpoint", job_ids=[7],
+              fields={"step": 10, "kind": "jit-blocked", "request": req, "blocked": True, "ranks": list(ranks),
+                      "missing": list(missing)})
+
+
+def test_a_hung_job_whose_ranks_answer_while_blocked_is_asked_and_waited_for(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    hung_trainer(ctl, slurm, clock)
+    xid79(ctl.conn, "node3", clock() - 1)  # the node of the hung rank is taken out: only node2 is asked
+    ctl.tick()
+    assert slurm.count("requeue") == 0
+    (req,) = [r[0] for r in ctl.conn.execute("SELECT id FROM checkpoint_requests WHERE node = 'node2'")]
+    blocked_answer(ctl, clock, "node2", req, ranks=[0, 1])
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    result = ctl.conn.execute("SELECT result FROM actions WHERE kind = 'requeue'").fetchone()[0]
+    assert "just-in-time checkpoint of step 10 saved while the job was blocked by a hung rank" in result
+    assert "the hung rank's from its peer replica" in result
+
+
+def test_answers_while_blocked_count_once_every_asked_node_gave_one(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    hung_trainer(ctl, slurm, clock, nodes=("node1", "node2", "node3"))
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    ids = dict(ctl.conn.execute("SELECT node, id FROM checkpoint_requests").fetchall())
+    assert sorted(ids) == ["node1", "node2"]
+    blocked_answer(ctl, clock, "node1", ids["node1"], ranks=[0], missing=[2])
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.count("requeue") == 0  # node2's ranks are still writing theirs
+    blocked_answer(ctl, clock, "node2", ids["node2"], ranks=[1])
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.count("requeue") == 1
+    result = ctl.conn.execute("SELECT result FROM actions WHERE kind = 'requeue'").fetchone()[0]
+    assert "rank(s) 2 not kept; the resume takes the newest complete replica set or the periodic checkpoint" in result

@@ -1,0 +1,139 @@
+"""Where a requeued job's restart time goes, on the local cluster: a 2-node expert-parallel `debug` job is requeued
+with `scontrol requeue` (what the controller does once it decided) and its time to the first step again is split:
+
+  requeue -> pending          SLURM ends the run (KillWait for the processes) and lists the job PENDING again
+  pending -> running          BeginTime: SLURM holds a requeued job ~2 minutes; `scontrol update StartTime=now`
+                              (the controller's start_now, --release) lets it start at once
+  running -> rank process     prolog, srun/submitit launching one process per rank
+  process -> imported         Python, torch, sigma and submitit imports, unpickling the task
+  imported -> process group   torch.distributed init (rendezvous of all ranks)
+  process group -> built      model, optimiser, data shards
+  built -> state loaded       the newest checkpoint (and a newer in-memory replica) read and applied
+  state loaded -> first step  the first training step after the resume
+
+usage: python bench/restart.py [--rounds 1] [--no-baseline] [--replicas] [--state-dir DIR]
+Each round requeues once with the BeginTime released (as the controller does) and, unless --no-baseline, once
+leaving SLURM's BeginTime alone, side by side. Starts its own local cluster (a temporary state directory unless
+given, ports derived from this checkout) and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sigma.slurm.client import Slurm  # noqa: E402
+from sigma.slurm.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from sigma.train.kpi import read_kpis  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
+
+PHASES = ["requeue -> pending", "pending -> running", "running -> rank process", "process -> imported",
+          "imported -> process group", "process group -> built", "built -> state loaded",
+          "state loaded -> first step"]
+
+
+def submit(cluster: LocalCluster, data: Path, work: Path, replicas: bool):
+    from sigma.train.launch import submit as submit_job
+    from sigma.train.train_config import load_train_config
+
+    os.environ.update(cluster.env)
+    cfg = load_train_config(REPO / "configs" / "train" / "debug.yaml", [
+        f"data.path={data}", "data.prepare_if_missing=false", "data.seq_len=32", "data.global_batch=4", "threads=1",
+        "steps=100000", "checkpoint.every=5", "kpi.progress_every=0", f"checkpoint.dir={work / 'ckpt'}",
+        "launch.executor=slurm", "launch.nodes=2", "launch.gpus_per_node=1", "parallel.ep=2", "launch.timeout_min=30",
+        f"launch.folder={work / 'submitit'}", "fault.step_delay_s=0.15", "checkpoint.jit_poll_every=0",
+        *([f"checkpoint.replica_every=1", f"checkpoint.replica_dir={work / 'shm'}"] if replicas else [])])
+    return int(submit_job(cfg).job_id)
+
+
+def rank0_records(cluster: LocalCluster, job_id: int, since: float) -> list[dict]:
+    kpi = Path(cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}"
+    return sorted((r for path in kpi.glob("rank-0.*.jsonl") for r in read_kpis(path) if r["ts"] >= since),
+                  key=lambda r: r["ts"])
+
+
+def steps(records: list[dict]) -> list[int]:
+    return [r["step"] for r in records if "event" not in r]
+
+
+def one_restart(slurm: Slurm, cluster: LocalCluster, job_id: int, release: bool) -> dict[str, float]:
+    before = time.time()
+    wait_for(lambda: len(steps(rank0_records(cluster, job_id, before))) >= 8, timeout=300, what="8 steps")
+    restarts = slurm.job(job_id).restarts
+    requeued = time.time()
+    slurm.requeue(job_id)
+    pending = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "PENDING" and j.restarts > restarts
+                       and time.time(), timeout=120, interval=0.1, what="pending")
+    if release:
+        wait_for(lambda: slurm.job(job_id).reason == "BeginTime", timeout=30, interval=0.1, what="BeginTime")
+        slurm.start_now(job_id)
+    running = wait_for(lambda: slurm.job(job_id).state == "RUNNING" and time.time(), timeout=400, interval=0.1,
+                       what="running again")
+    def new_run():  # the old run's last steps may land after the requeue: the new run starts with `start`
+        records = rank0_records(cluster, job_id, requeued)
+        start = next((r for r in records if r.get("event") == "start"), None)
+        first = start and next((r["ts"] for r in records if "event" not in r and r["ts"] > start["ts"]), None)
+        return first and (start, first)
+
+    start, first = wait_for(new_run, timeout=300, what="the first step after the restart")
+    up = start.get("startup") or {}
+    marks = [requeued, pending, running, up.get("process"), up.get("imported"), up.get("process_group"),
+             up.get("built"), up.get("state_loaded"), first]
+    if None in marks:
+        raise SystemExit(f"the trainer's start event has no startup times: {start}")
+    out = {name: b - a for name, a, b in zip(PHASES, marks, marks[1:])}
+    out["total: requeue -> first step"] = first - requeued
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--no-baseline", action="store_true", help="only the released BeginTime")
+    parser.add_argument("--replicas", action="store_true", help="checkpoint.replica_every=1 in the job")
+    parser.add_argument("--state-dir", default=None)
+    args = parser.parse_args()
+
+    digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
+    state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-restart-"))
+    work = Path(tempfile.mkdtemp(prefix="sigma-bench-restart-work-"))
+    cluster = LocalCluster(state)
+    cluster.up(ClusterSpec(nodes=4, port_base=30000 + (digest % 400) * 25))
+    try:
+        from sigma.train.data import prepare
+
+        prepare(work / "data", max_mb=0.5, shard_tokens=100_000, vocab_size=512)
+        slurm = Slurm(cluster.conf)
+        slurm.env["SBATCH_OUTPUT"] = str(work / "slurm-%j.out")
+        job_id = submit(cluster, work / "data", work, args.replicas)
+        modes = [("released (StartTime=now)", True)] + ([] if args.no_baseline else [("SLURM's BeginTime", False)])
+        results: dict[str, list[dict]] = {name: [] for name, _ in modes}
+        for _ in range(args.rounds):
+            for name, release in modes:
+                results[name].append(one_restart(slurm, cluster, job_id, release))
+        slurm.cancel(job_id)
+        load = os.getloadavg()
+        print(f"restart of a 2-node EP=2 debug job on the local cluster ({os.cpu_count()} CPUs, load average "
+              f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}), {args.rounds} round(s), median seconds"
+              + (", in-memory replicas on" if args.replicas else ""))
+        names = list(results)
+        print(f"{'phase':<30}" + "".join(f"{n:>28}" for n in names))
+        for phase in PHASES + ["total: requeue -> first step"]:
+            print(f"{phase:<30}" + "".join(f"{statistics.median(r[phase] for r in results[n]):>28.2f}"
+                                              for n in names))
+    finally:
+        cluster.down(keep_munge=True)  # munged may serve other clusters on this machine
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
