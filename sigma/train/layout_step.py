@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from sigma.train import parallelize as par
 from sigma.train.dims import ParallelDims
-from sigma.train.parallel import _collective, is_expert_param
+from sigma.train.parallel import EPDispatch, _collective, is_expert_param
 
 
 class LayoutStep:
@@ -24,7 +24,7 @@ class LayoutStep:
         self.dims, self.model_cfg, self.max_norm = dims, model_cfg, cfg.optim.grad_clip
         self.run = par.build_parallel(model_cfg, dims, ctx.rank, seed=cfg.seed, device=ctx.device,
                                       recompute_layers=list(rc.moe_layers), recompute_policy=rc.policy,
-                                      recompute_count=rc.count)
+                                      recompute_count=rc.count, ep_dispatch=EPDispatch.from_config(cfg.parallel))
         if dims.dp > 1 and model_cfg.balance_scope == "global_batch":
             dp_group = self.run.group("dp")
             for layer in self.run.moe_by_id.values():

@@ -8,7 +8,7 @@ Mesh ("pp", "edp", "ep", "tp") from ParallelDims; dp = edp x ep.
   RowwiseParallel; the heads per rank shrink by tp). Routed experts keep plain local slices of their hidden
   width (w1/w3 rows, w2 columns) between an identity-forward/all-reduce-backward op and an all-reduce-forward op,
   the same algebra for grouped GEMMs, which DTensor has no rule for.
-- Expert parallel: sigma.train.parallel.expert_parallel_compute over the ep group (after the tp split).
+- Expert parallel: sigma.train.parallel.ExpertParallel over the ep group (after the tp split).
 - Pipeline parallel: torch.distributed.pipelining with one PipelineStage per held stage (vpp per rank), built on
   the first step with the micro-batch's activation shapes (so no extra shape-inference forward); a stage
   module keeps the full model's parameter names (`layers.5.attn.wq.weight`), so checkpoints reshard across
@@ -30,7 +30,7 @@ from torch import nn
 
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
-from sigma.train.parallel import _collective, expert_parallel_compute, is_expert_param
+from sigma.train.parallel import EPDispatch, _collective, dropped_tokens, install_expert_parallel, is_expert_param
 
 
 # ---------------------------------------------------------------- tensor-parallel collectives for experts
@@ -181,6 +181,7 @@ class ParallelRun:
     load_sum: dict = field(default_factory=dict)  # layer id -> tokens per expert summed over this step's forwards
     stage_modules: list = field(default_factory=list)
     recompute: object = None
+    ep_dispatch: EPDispatch = field(default_factory=EPDispatch)
     kpi: dict = field(default_factory=dict)  # last step: step_s, and with pp: stage_busy_s, bubble (measured)
 
     def group(self, name: str):
@@ -221,22 +222,21 @@ def _shard_experts(layer, run: ParallelRun) -> None:
     tp_group = run.group("tp") if dims.tp > 1 else None
     ep_group = run.group("ep") if dims.ep > 1 else None
 
-    def local(x, counts, _experts=experts):
+    def local(x, counts=None, _experts=experts):
         if tp_group is None:
             return _experts(x, counts)
         return _ReduceFromTp.apply(_experts(_CopyToTp.apply(x, tp_group), counts), tp_group)
 
-    def compute(x_sorted, tokens_per_expert):
-        if ep_group is None:
-            return local(x_sorted, tokens_per_expert)
-        return expert_parallel_compute(x_sorted, tokens_per_expert, local, ep_group, dims.ep)
-
-    layer.compute_experts = compute
+    if ep_group is None:
+        layer.compute_experts = local
+    else:
+        install_expert_parallel(layer, local, ep_group, dims.ep, run.ep_dispatch)
 
 
 def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, seed: int = 0,
                    device: torch.device | None = None, recompute_layers: list[int] | None = None,
-                   recompute_policy: str = "none", recompute_count: int = 0) -> ParallelRun:
+                   recompute_policy: str = "none", recompute_count: int = 0,
+                   ep_dispatch: EPDispatch = EPDispatch()) -> ParallelRun:
     """Build the full model from `seed` (identical on every rank), then cut out and wire this rank's part."""
     from sigma.train.model import MoETransformer
     from sigma.train.recompute import Recompute
@@ -250,7 +250,7 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
 
         mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=ParallelDims.mesh_names)
         mesh["edp", "ep"]._flatten("dp")
-    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh)
+    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh, ep_dispatch=ep_dispatch)
     run.recompute = Recompute(model, recompute_layers, recompute_policy, recompute_count)
     c = run.coords
     held_ids = [i for s in dims.stages_of(c["pp"]) for i in dims.layers_of_stage(s)]
@@ -476,6 +476,9 @@ def local_step(run: ParallelRun, optimizer, named, local: torch.Tensor, max_norm
     gnorm = sync_and_clip(run, named, max_norm)
     optimizer.step()
     run.kpi = {"step_s": time.perf_counter() - t0}
+    dropped = dropped_tokens(run.moe_by_id.values())
+    if dropped is not None:
+        run.kpi["dropped_tokens"] = dropped  # share of this rank's routed copies over capacity
     if dims.pp > 1:
         busy = sum(m.clock.busy_s for m in run.stage_modules)
         # the share of the schedule's run this rank's stages did not compute: waits for its neighbours
