@@ -182,10 +182,16 @@ class ParallelRun:
     stage_modules: list = field(default_factory=list)
     recompute: object = None
     ep_dispatch: EPDispatch = field(default_factory=EPDispatch)
+    amp_dtype: torch.dtype = torch.float32  # autocast dtype of the forward (bfloat16: fp32 master weights)
     kpi: dict = field(default_factory=dict)  # last step: step_s, and with pp: stage_busy_s, bubble (measured)
 
     def group(self, name: str):
         return None if self.mesh is None else self.mesh.get_group(name)
+
+    def autocast(self):
+        """The forward's autocast context (off in float32); backward runs in the dtypes the forward recorded."""
+        device = next(self.module.parameters()).device.type
+        return torch.autocast(device, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
 
     @property
     def coords(self) -> dict:
@@ -236,7 +242,7 @@ def _shard_experts(layer, run: ParallelRun) -> None:
 def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, seed: int = 0,
                    device: torch.device | None = None, recompute_layers: list[int] | None = None,
                    recompute_policy: str = "none", recompute_count: int = 0,
-                   ep_dispatch: EPDispatch = EPDispatch()) -> ParallelRun:
+                   ep_dispatch: EPDispatch = EPDispatch(), amp_dtype: torch.dtype = torch.float32) -> ParallelRun:
     """Build the full model from `seed` (identical on every rank), then cut out and wire this rank's part."""
     from sigma.train.model import MoETransformer
     from sigma.train.recompute import Recompute
@@ -250,7 +256,8 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
 
         mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=ParallelDims.mesh_names)
         mesh["edp", "ep"]._flatten("dp")
-    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh, ep_dispatch=ep_dispatch)
+    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh, ep_dispatch=ep_dispatch,
+                      amp_dtype=amp_dtype)
     run.recompute = Recompute(model, recompute_layers, recompute_policy, recompute_count)
     c = run.coords
     held_ids = [i for s in dims.stages_of(c["pp"]) for i in dims.layers_of_stage(s)]
@@ -294,7 +301,9 @@ def pipeline_schedule(run: ParallelRun, rows: int, seq: int):
     weight = next(run.module.parameters())
     hidden = torch.empty(rows, seq, cfg.dim, dtype=weight.dtype, device="meta", requires_grad=True)
     tokens = torch.empty(rows, seq, dtype=torch.long, device="meta")
-    logits = torch.empty(rows, seq, cfg.vocab_size, dtype=weight.dtype, device="meta", requires_grad=True)
+    # under autocast the head's GEMM gives logits in the autocast dtype; the residual stream stays float32
+    logits_dtype = weight.dtype if run.amp_dtype == torch.float32 else run.amp_dtype
+    logits = torch.empty(rows, seq, cfg.vocab_size, dtype=logits_dtype, device="meta", requires_grad=True)
     run.stages = []
     for s, module in zip(dims.stages_of(run.coords["pp"]), run.stage_modules):
         run.stages.append(PipelineStage(
@@ -387,11 +396,12 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor, poison: bool = False
     if dims.pp == 1:
         ces, auxes = [], []
         for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
-            logits, aux = run.module(mb_in)
+            with run.autocast():
+                logits, aux = run.module(mb_in)
             if poison:
                 logits = logits * float("nan")
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1))
-            ((ce + aux) / dims.microbatches).backward()
+            ((ce + aux.float()) / dims.microbatches).backward()
             ces.append(float(ce.detach()))
             auxes.append(float(aux.detach()))
         return sum(ces) / len(ces), sum(auxes) / len(auxes)
@@ -405,10 +415,11 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor, poison: bool = False
     last = dims.n_stages - 1 in dims.stages_of(c["pp"])
     kwargs = {"target": targets, "losses": losses} if last else {}
     schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
-    if first:
-        schedule.step(inputs, **kwargs)
-    else:
-        schedule.step(**kwargs)
+    with run.autocast():  # the schedule runs forwards and backwards in this thread
+        if first:
+            schedule.step(inputs, **kwargs)
+        else:
+            schedule.step(**kwargs)
     # CE lives on the last stage, aux on every stage: sum both over the pp group
     ce_sum = sum(float(x.detach()) for x in losses) / dims.microbatches if last else 0.0
     aux_sum = sum(v for m in run.stage_modules for v in m.aux_values) / dims.microbatches
@@ -426,17 +437,19 @@ def eval_loss_sum(run: ParallelRun, batch: torch.Tensor) -> float:
     if dims.pp == 1:
         total = 0.0
         for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
-            logits, _ = run.module(mb_in)
+            with run.autocast():
+                logits, _ = run.module(mb_in)
             total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1)))
         return total
     last = dims.n_stages - 1 in dims.stages_of(run.coords["pp"])
     losses: list[torch.Tensor] = []
     kwargs = {"target": targets, "losses": losses} if last else {}
     schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
-    if run.coords["pp"] == 0:
-        schedule.eval(inputs, **kwargs)
-    else:
-        schedule.eval(**kwargs)
+    with run.autocast():
+        if run.coords["pp"] == 0:
+            schedule.eval(inputs, **kwargs)
+        else:
+            schedule.eval(**kwargs)
     value = torch.tensor([sum(float(x) for x in losses)], dtype=torch.float64)
     with _collective():
         dist.all_reduce(value, group=run.group("pp"))
