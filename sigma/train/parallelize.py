@@ -595,13 +595,3 @@ def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
 def is_dp_ep_only(dims: ParallelDims, shard_optimizer: bool = False) -> bool:
     """A layout the trainer's plain data x expert parallel loop runs; any other goes through local_step."""
     return dims.tp == 1 and dims.pp == 1 and not shard_optimizer
-
-
-def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False, dtype: str = "float32") -> None:
-    """What `sigma train` cannot run yet, refused before launch: autocast under tp, pp or ZeRO-1."""
-    if dtype != "float32" and not is_dp_ep_only(dims, shard_optimizer):
-        from sigma.config import ConfigError
-
-        layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
-        raise ConfigError("[dtype]", f"dtype {dtype} (autocast) under layout {layout} is not implemented: the "
-                                     "tp/pp/ZeRO-1 step runs float32; use dtype float32 or a dp x ep layout")

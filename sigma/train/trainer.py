@@ -37,7 +37,7 @@ from sigma.train.noise import GcPressure, StepNoise
 from sigma.train.parallel import (DistContext, EPDispatch, clip_gradients, collective_wait_s, dropped_tokens,
                                   init_distributed, install_expert_parallel, is_expert_param, shutdown,
                                   sync_gradients)
-from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
+from sigma.train.parallelize import is_dp_ep_only
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
@@ -77,8 +77,7 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
     from sigma.train.model import MoETransformer
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
-    dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
+    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
     if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":
@@ -357,7 +356,6 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     if not is_dp_ep_only(dims, cfg.parallel.shard_optimizer):
         from sigma.train.layout_step import LayoutStep
 
-        check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
         layout = LayoutStep(cfg, ctx, model_cfg, dims)
         model, optimizer, named, fused = layout.run.module, layout.optimizer, layout.named, layout.fused
         shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size, layout.dp_rank, dims.dp)
