@@ -10,8 +10,9 @@ the contributions of their whole EP group (the all-to-all backward brings them h
 edp group only. Manual bucketed all-reduce instead of DDP keeps the two kinds of parameters under one rule.
 
 Model code stays single-device: expert parallelism shards each MoE layer's expert weights in place and
-replaces the layer's `compute_experts(x_sorted, tokens_per_expert)` hook with dispatch -> local experts ->
-combine.
+replaces the layer's `start_experts` / `compute_experts(x_sorted, tokens_per_expert)` hooks with dispatch ->
+local experts -> combine (ExpertParallel): by default a fixed-capacity all-to-all that reads nothing back to the
+host and overlaps with the shared expert and the next chunk, or the dropless one with one host read per layer.
 """
 
 from __future__ import annotations

@@ -76,8 +76,9 @@ def direct_dispatch(rank):
             "capacity": options.capacity(x.shape[0], E, 1), "dropped": ep.take_dropped()}
 
 
-def model_steps(rank, options):
-    """STEPS optimiser steps of `debug` under dp2 x ep2; the first forward and backward with host reads refused."""
+def model_steps(rank, options, recompute=()):
+    """STEPS optimiser steps of `debug` under dp2 x ep2; the first forward and backward with host reads refused.
+    recompute: MoE layers whose forward (dispatch included) runs again in backward."""
     from sigma.train.config import load_model_config
     from sigma.train.dims import ParallelDims
     from sigma.train.parallelize import build_optimizer, build_parallel, train_step
@@ -86,7 +87,7 @@ def model_steps(rank, options):
     cfg = load_model_config("debug", OVERRIDES)
     dims = ParallelDims.build(2, ep=2, n_layers=cfg.n_layers, n_experts=cfg.n_experts, n_heads=cfg.n_heads,
                               n_kv_heads=cfg.n_kv_heads, global_batch=BATCH)
-    run = build_parallel(cfg, dims, rank, seed=0, ep_dispatch=options)
+    run = build_parallel(cfg, dims, rank, seed=0, ep_dispatch=options, recompute_layers=list(recompute))
     optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False, lr=3e-3, warmup_steps=0))
     data = batches(cfg.vocab_size)
     rows = data[0][rank * 2:(rank + 1) * 2]
@@ -122,7 +123,7 @@ def worker(rank, port, queue):
     try:
         result = {"direct": direct_dispatch(rank),
                   "capacity": model_steps(rank, EPDispatch()),
-                  "one_chunk": model_steps(rank, EPDispatch(chunks=1)),
+                  "one_chunk_recompute": model_steps(rank, EPDispatch(chunks=1), recompute=(1, 2)),
                   "dropless": model_steps(rank, EPDispatch("dropless"))}
         queue.put((rank, result))
         dist.barrier()
@@ -143,7 +144,7 @@ def results():
     procs = [ctx.Process(target=worker, args=(rank, port, queue)) for rank in range(2)]
     for p in procs:
         p.start()
-    out = dict(queue.get(timeout=300) for _ in procs)
+    out = dict(queue.get(timeout=900) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
@@ -167,18 +168,18 @@ def one_process_steps():
 def test_capacity_dispatch_reads_nothing_back_to_the_host(results):
     for rank in (0, 1):
         assert results[rank]["capacity"]["host_read"] is None
-        assert results[rank]["one_chunk"]["host_read"] is None
+        assert results[rank]["one_chunk_recompute"]["host_read"] is None
         # the probe is live: the dropless dispatch reads its split sizes
         assert "Tensor.tolist" in results[rank]["dropless"]["host_read"]
 
 
 def test_capacity_dispatch_trains_like_one_process(results):
     """dp2 x ep2 with the default capacity factor, which cannot drop here (E / top_k = 2), matches one process
-    running the same two micro-batches of 2 rows: loss and gradient norm at every step, chunked or not, and so
-    does the dropless dispatch."""
+    running the same two micro-batches of 2 rows: loss and gradient norm at every step, chunked or not (and with
+    the MoE layers recomputed in backward, which dispatches again), and so does the dropless dispatch."""
     torch.set_num_threads(1)
     reference = one_process_steps()
-    for mode in ("capacity", "one_chunk", "dropless"):
+    for mode in ("capacity", "one_chunk_recompute", "dropless"):
         for rank in (0, 1):
             for (loss, gnorm, dropped), (ref_loss, _, ref_gnorm) in zip(results[rank][mode]["steps"], reference):
                 assert loss == pytest.approx(ref_loss, abs=2e-5), mode

@@ -61,7 +61,7 @@ def results():
         p.start()
     out = {}
     for _ in range(WORLD * len(LAYOUTS)):
-        name, rank, steps = queue.get(timeout=600)
+        name, rank, steps = queue.get(timeout=900)
         out[name, rank] = steps
     for p in procs:
         p.join(timeout=60)
