@@ -171,9 +171,14 @@ class GroupedExperts(nn.Module):
         return grouped_mm(h, w2, offs)
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
-        """Batched GEMMs over [E, R, dim]: equal groups need no offsets, so no count is read (zero rows give zero)."""
-        if x.shape[0] != self.n_experts:
-            raise ValueError(f"padded expert input has {x.shape[0]} groups for {self.n_experts} experts")
+        """[E, R, dim], R rows per expert (zero rows give zero): equal groups, so the grouped GEMM's offsets are a
+        constant made on the device (no count is read); batched GEMMs where the grouped GEMM does not apply."""
+        groups, rows, dim = x.shape
+        if groups != self.n_experts:
+            raise ValueError(f"padded expert input has {groups} groups for {self.n_experts} experts")
+        if self.resolved_impl(x) == "grouped_mm":
+            counts = torch.full((groups,), rows, dtype=torch.int32, device=x.device)
+            return self._grouped(x.reshape(groups * rows, dim), counts).view(groups, rows, -1)
         dtype = self.compute_dtype(x)
         x = x.to(dtype)
         w1, w2, w3 = (w.to(dtype).transpose(1, 2) for w in (self.w1, self.w2, self.w3))

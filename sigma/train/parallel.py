@@ -427,7 +427,7 @@ class ExpertParallel:
             self.routed += rows
 
         send = _PaddedGather.apply(x_sorted, row_of_slot, slot_of_row).view(n, E * width, dim)
-        arrivals = [exchange_async(send[k], self.group) for k in range(n)]
+        arrivals = [exchange_async(piece, self.group) for piece in send.unbind(0)]  # one backward node for all
 
         def finish() -> torch.Tensor:
             returns = []
