@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from sigma.train.config import load_model_config  # noqa: E402
 from sigma.train.dims import ParallelDims  # noqa: E402
 from sigma.train.memory import PeakTracker, estimate, tensor_bytes  # noqa: E402
+from sigma.train.parallel import EPDispatch  # noqa: E402
 
 # name, model preset, overrides, layout, micro-batch, micro-batches, seq_len, recomputed MoE layers
 LAYOUTS = [
@@ -40,6 +41,10 @@ LAYOUTS = [
     ("tiny 8 layers tp2 mb2 T256", "tiny", {"n_layers": 8}, {"tp": 2}, 2, 1, 256, ()),
     ("tiny 8 layers dp2 ep2 zero1 mb2 T256", "tiny", {"n_layers": 8},
      {"world": 2, "ep": 2, "shard_optimizer": True}, 2, 1, 256, ()),
+    ("tiny 8 layers dp2 ep2 dropless mb2 T256", "tiny", {"n_layers": 8},
+     {"world": 2, "ep": 2, "ep_dispatch": EPDispatch("dropless")}, 2, 1, 256, ()),
+    ("tiny 8 layers dp2 ep2 cf1.25 mb2 T256", "tiny", {"n_layers": 8},
+     {"world": 2, "ep": 2, "ep_dispatch": EPDispatch(capacity_factor=1.25)}, 2, 1, 256, ()),
 ]
 
 
@@ -49,7 +54,7 @@ def world_of(layout) -> int:
 
 def build_dims(model_cfg, layout, mb, n_mb):
     world = world_of(layout)
-    layout = {k: v for k, v in layout.items() if k not in ("world", "shard_optimizer")}
+    layout = {k: v for k, v in layout.items() if k not in ("world", "shard_optimizer", "ep_dispatch")}
     dp = world // (layout.get("pp", 1) * layout.get("tp", 1))
     return ParallelDims.build(world, n_layers=model_cfg.n_layers, n_experts=model_cfg.n_experts,
                               n_heads=model_cfg.n_heads, n_kv_heads=model_cfg.n_kv_heads,
@@ -68,7 +73,8 @@ def measure_rank(rank, port, preset, overrides, layout, mb, n_mb, seq_len, recom
     shard = layout.get("shard_optimizer", False)
     if dims.world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dims.world)
-    run = build_parallel(model_cfg, dims, rank, seed=0, recompute_layers=list(recompute))
+    ep_dispatch = layout.get("ep_dispatch", EPDispatch())  # the trainer's default: capacity 2.0
+    run = build_parallel(model_cfg, dims, rank, seed=0, recompute_layers=list(recompute), ep_dispatch=ep_dispatch)
     optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False), shard=shard)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, model_cfg.vocab_size, (mb * n_mb * dims.dp, seq_len + 1), generator=g)
@@ -80,7 +86,7 @@ def measure_rank(rank, port, preset, overrides, layout, mb, n_mb, seq_len, recom
         train_step(run, optimizer, named, batch, max_norm=1.0)
     pp_rank = dims.coords(rank)["pp"]
     predicted = estimate(model_cfg, dims, pp_rank, micro_batch=mb, seq_len=seq_len,
-                         recompute_layers=tuple(recompute), shard_optimizer=shard).peak
+                         recompute_layers=tuple(recompute), shard_optimizer=shard, ep_dispatch=ep_dispatch).peak
     queue.put((rank, tracker.peak, predicted))
     if dims.world > 1:
         dist.barrier()

@@ -1,4 +1,4 @@
-"""The trainer's step under a tp, pp (GPipe, 1F1B, interleaved) or ZeRO-1 layout.
+"""The trainer's step under a tp, pp (GPipe, 1F1B, interleaved) or ZeRO-1 layout, in float32 or bfloat16 autocast.
 
 `sigma train` runs dp x ep layouts with its own loop (trainer.py); any other layout is built and stepped here
 through sigma.train.parallelize, behind the handful of operations the loop needs: one optimiser step on this
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from sigma.train import parallelize as par
 from sigma.train.dims import ParallelDims
-from sigma.train.parallel import _collective, is_expert_param
+from sigma.train.parallel import EPDispatch, _collective, is_expert_param
 
 
 class LayoutStep:
@@ -24,7 +24,8 @@ class LayoutStep:
         self.dims, self.model_cfg, self.max_norm = dims, model_cfg, cfg.optim.grad_clip
         self.run = par.build_parallel(model_cfg, dims, ctx.rank, seed=cfg.seed, device=ctx.device,
                                       recompute_layers=list(rc.moe_layers), recompute_policy=rc.policy,
-                                      recompute_count=rc.count)
+                                      recompute_count=rc.count, ep_dispatch=EPDispatch.from_config(cfg.parallel),
+                                      amp_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32)
         if dims.dp > 1 and model_cfg.balance_scope == "global_batch":
             dp_group = self.run.group("dp")
             for layer in self.run.moe_by_id.values():

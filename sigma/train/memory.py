@@ -12,7 +12,9 @@ Prediction = parameters + optimizer states + the larger of two moments:
   optimizer step : all gradients plus AdamW's temporaries (about one parameter-sized buffer)
 Saved activations per token and layer follow what autograd keeps for this model's code (model.py, moe.py):
 norm inputs and outputs, q/k/v and the attention output, the SwiGLU hidden tensors (4 per FFN), and for an MoE
-layer the router scores plus top_k copies of the token and the expert hidden tensors. A recomputed layer keeps
+layer the router scores plus top_k copies of the token and the expert hidden tensors (under the expert-parallel
+capacity dispatch: every slot of its padded buffer, capacity_factor x the routed copies or fewer, and its
+hidden tensors; padding computes and is kept like a token). A recomputed layer keeps
 only its input and re-creates one layer's activations at a time in backward.
 
 Pipeline in-flight micro-batches per stage rank r of p (m micro-batches): GPipe m; 1F1B min(p - r, m);
@@ -31,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
+from sigma.train.parallel import EPDispatch
 
 INDEX_BYTES = 8  # int64 routing indices
 HEAD_TRANSIENTS = 4  # logits, log-probabilities, their gradient and the logits' gradient (tokens x vocab each)
@@ -73,10 +76,12 @@ def stage_param_counts(cfg: ModelConfig, dims: ParallelDims, pp_rank: int) -> tu
 
 
 def layer_activation_elems(cfg: ModelConfig, layer: int, tokens: int, tp: int = 1,
-                           capacity: float = 1.0) -> tuple[int, int]:
+                           capacity: float = 1.0, ep_slots: int = 0) -> tuple[int, int]:
     """(floating-point elements, int64 elements) autograd saves for one layer over `tokens` tokens.
 
-    capacity: tokens an expert rank computes relative to the balanced share (1.0 = perfectly even routing)."""
+    capacity: tokens an expert rank computes relative to the balanced share (1.0 = perfectly even routing).
+    ep_slots: rows of the expert-parallel capacity dispatch's buffer (0: no such dispatch); the experts then
+    compute every slot, padding included, and x_sorted is not kept (only the unsorted expert output is)."""
     d, hd = cfg.dim, cfg.head_dim
     q, kv = cfg.n_heads * hd // tp, cfg.n_kv_heads * hd // tp
     # attention: norm in/out, q, k, v, SDPA output and the reshaped wo input, residual into the FFN norm, its output
@@ -86,6 +91,12 @@ def layer_activation_elems(cfg: ModelConfig, layer: int, tokens: int, tp: int = 
         elems += tokens * 4 * cfg.dense_hidden // tp
     else:
         k = cfg.top_k
+        if ep_slots:
+            # router scores and weights; the unsorted expert output; the received slots and their SwiGLU hiddens;
+            # the slot <-> row maps of the dispatch and the combine
+            elems += tokens * (cfg.n_experts + k) + tokens * k * d + ep_slots * (d + 4 * cfg.expert_hidden // tp)
+            elems += tokens * 4 * cfg.n_shared_experts * cfg.expert_hidden // tp
+            return elems, 3 * tokens * k + tokens * k + ep_slots
         routed = int(round(tokens * k * capacity))
         # router scores, routing weights; x_sorted and the unsorted expert output (top_k copies of d);
         # SwiGLU hidden tensors of the routed copies; the shared expert's SwiGLU
@@ -111,10 +122,12 @@ def in_flight_microbatches(dims: ParallelDims, pp_rank: int) -> float:
 def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch: int = 1, seq_len: int = 128,
              act_bytes: int = 4, param_bytes: int = 4, shard_optimizer: bool = False,
              recompute_layers: tuple[int, ...] = (), capacity: float = 1.0,
-             keep_outputs: bool = True) -> MemoryEstimate:
+             keep_outputs: bool = True, ep_dispatch: EPDispatch | None = None) -> MemoryEstimate:
     """Predicted peak bytes of one rank: pp_rank's stages, micro_batch sequences of seq_len per micro-batch.
     keep_outputs: the last stage keeps every micro-batch's logits (torch.distributed.pipelining does; a trainer
-    that computes the loss per micro-batch on the last stage, as Megatron-LM does, does not)."""
+    that computes the loss per micro-batch on the last stage, as Megatron-LM does, does not).
+    ep_dispatch: with ep > 1, the capacity dispatch's padded buffers replace the routed copies (None or dropless:
+    the routed copies scaled by `capacity`)."""
     n_params, n_expert = stage_param_counts(cfg, dims, pp_rank)
     params = n_params * param_bytes
     grads = params
@@ -126,8 +139,11 @@ def estimate(cfg: ModelConfig, dims: ParallelDims, pp_rank: int = 0, micro_batch
     tokens = micro_batch * seq_len
     layers = [layer for stage in dims.stages_of(pp_rank) for layer in dims.layers_of_stage(stage)]
     per_mb, biggest = 0, 0
+    ep_slots = 0
+    if dims.ep > 1 and ep_dispatch is not None and ep_dispatch.mode == "capacity":
+        ep_slots = cfg.n_experts * ep_dispatch.capacity(tokens * cfg.top_k, cfg.n_experts, cfg.top_k)
     for layer in layers:
-        elems, ints = layer_activation_elems(cfg, layer, tokens, dims.tp, capacity)
+        elems, ints = layer_activation_elems(cfg, layer, tokens, dims.tp, capacity, ep_slots)
         full = elems * act_bytes + ints * INDEX_BYTES
         biggest = max(biggest, full)
         per_mb += tokens * cfg.dim * act_bytes if layer in recompute_layers else full

@@ -3,7 +3,8 @@
 Data flow of MoELayer.forward for N tokens:
     router -> top-k expert ids [N, k] and weights [N, k]
     sort the N*k (token, expert) pairs by expert id      -> x_sorted [N*k, dim], tokens_per_expert [E]
-    compute_experts(x_sorted, tokens_per_expert)          -> y_sorted [N*k, dim]   (expert parallelism replaces this)
+    start_experts / compute_experts(x_sorted, tokens_per_expert) -> y_sorted [N*k, dim]  (expert parallelism
+                                                          replaces these; the shared expert runs in between)
     unsort, weight by the routing weights, sum over k     -> [N, dim] (+ shared expert)
 """
 
@@ -144,10 +145,14 @@ class GroupedExperts(nn.Module):
             return self.impl
         return "grouped_mm" if ok else "loop"
 
-    def forward(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        """x_sorted [M, dim] grouped by expert (group e has tokens_per_expert[e] rows) -> [M, dim]."""
-        if tokens_per_expert.numel() != self.n_experts:
-            raise ValueError(f"tokens_per_expert has {tokens_per_expert.numel()} entries for {self.n_experts} experts")
+    def forward(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor | None = None) -> torch.Tensor:
+        """x_sorted [M, dim] grouped by expert (group e has tokens_per_expert[e] rows) -> [M, dim]; or x [E, R, dim],
+        R rows for every expert (a capacity-padded dispatch; no counts) -> [E, R, dim]."""
+        if x_sorted.dim() == 3:
+            return self._padded(x_sorted)
+        if tokens_per_expert is None or tokens_per_expert.numel() != self.n_experts:
+            got = "none" if tokens_per_expert is None else tokens_per_expert.numel()
+            raise ValueError(f"tokens_per_expert has {got} entries for {self.n_experts} experts")
         impl = self.resolved_impl(x_sorted)
         if impl == "grouped_mm":
             return self._grouped(x_sorted, tokens_per_expert)
@@ -164,6 +169,21 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = (w.to(dtype).transpose(1, 2) for w in (self.w1, self.w2, self.w3))
         h = F.silu(grouped_mm(x, w1, offs)) * grouped_mm(x, w3, offs)
         return grouped_mm(h, w2, offs)
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        """[E, R, dim], R rows per expert (zero rows give zero): equal groups, so the grouped GEMM's offsets are a
+        constant made on the device (no count is read); batched GEMMs where the grouped GEMM does not apply."""
+        groups, rows, dim = x.shape
+        if groups != self.n_experts:
+            raise ValueError(f"padded expert input has {groups} groups for {self.n_experts} experts")
+        if self.resolved_impl(x) == "grouped_mm":
+            counts = torch.full((groups,), rows, dtype=torch.int32, device=x.device)
+            return self._grouped(x.reshape(groups * rows, dim), counts).view(groups, rows, -1)
+        dtype = self.compute_dtype(x)
+        x = x.to(dtype)
+        w1, w2, w3 = (w.to(dtype).transpose(1, 2) for w in (self.w1, self.w2, self.w3))
+        h = F.silu(torch.bmm(x, w1)) * torch.bmm(x, w3)
+        return torch.bmm(h, w2)
 
     def _loop(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         out = []
@@ -260,13 +280,16 @@ class MoELayer(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         x_sorted = _Dispatch.apply(x, order, inverse, self.top_k)
-        y_sorted = self.compute_experts(x_sorted, tokens_per_expert)
+        finish_experts = self.start_experts(x_sorted, tokens_per_expert)
+        # Independent of the routed experts: computes while an expert-parallel dispatch is in flight.
+        shared = self.shared(x) if self.shared is not None else None
+        y_sorted = finish_experts()
 
         # Unsort into (token, slot) order, then weight and sum the k expert outputs of each token.
         y = _PermuteRows.apply(y_sorted, inverse, order).view(-1, self.top_k, shape[-1])
         out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1)
-        if self.shared is not None:
-            out = out + self.shared(x)
+        if shared is not None:
+            out = out + shared
 
         with torch.no_grad():
             self.last_load.copy_(tokens_per_expert)
@@ -282,6 +305,13 @@ class MoELayer(nn.Module):
         GroupedExperts there, and return rows in the same order.
         """
         return self.experts(x_sorted, tokens_per_expert)
+
+    def start_experts(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor):
+        """Begin the expert computation; the returned function completes it and gives compute_experts' result.
+
+        Expert parallelism replaces this to issue its all-to-all here, so that the shared expert computes while
+        the tokens travel; one device simply defers to compute_experts."""
+        return lambda: self.compute_experts(x_sorted, tokens_per_expert)
 
     def _aux_loss(self, scores: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         """Switch Transformer loss E * sum_e f_e * P_e: f = fraction of routed slots, P = mean router probability."""

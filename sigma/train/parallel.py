@@ -10,8 +10,9 @@ the contributions of their whole EP group (the all-to-all backward brings them h
 edp group only. Manual bucketed all-reduce instead of DDP keeps the two kinds of parameters under one rule.
 
 Model code stays single-device: expert parallelism shards each MoE layer's expert weights in place and
-replaces the layer's `compute_experts(x_sorted, tokens_per_expert)` hook with dispatch -> local experts ->
-combine.
+replaces the layer's `start_experts` / `compute_experts(x_sorted, tokens_per_expert)` hooks with dispatch ->
+local experts -> combine (ExpertParallel): by default a fixed-capacity all-to-all that reads nothing back to the
+host and overlaps with the shared expert and the next chunk, or the dropless one with one host read per layer.
 """
 
 from __future__ import annotations
@@ -226,8 +227,51 @@ def clip_gradients(ctx: DistContext, named_params: list[tuple[str, torch.nn.Para
 
 # ---------------------------------------------------------------- expert parallelism
 
+EP_DISPATCH_MODES = ("capacity", "dropless")
+
+
+@dataclass(frozen=True)
+class EPDispatch:
+    """How a MoE layer's tokens travel to their experts' ranks (parallel.ep_dispatch, ep_capacity_factor,
+    ep_chunks).
+
+    capacity: each rank sends every expert a fixed number of rows per forward (capacity_factor x the even share,
+        never more than one per token), so every shape is known from the input's shape and nothing is read back to
+        the host; routed copies over capacity are dropped (their expert output is zero: the token keeps its
+        residual and shared-expert path) and counted in the `dropped_tokens` KPI. The dispatch is issued
+        asynchronously in `chunks` pieces along the capacity: the shared expert computes while the first piece
+        travels, and each piece's experts compute while the next piece arrives and the previous one returns.
+    dropless: exact per-expert counts; one host read of the split sizes per layer and forward
+        (all_to_all_single takes them as Python ints), no overlap.
+    """
+
+    mode: str = "capacity"
+    capacity_factor: float = 2.0
+    chunks: int = 2
+
+    def __post_init__(self):
+        if self.mode not in EP_DISPATCH_MODES:
+            raise ValueError(f"parallel.ep_dispatch must be one of {', '.join(EP_DISPATCH_MODES)}, got {self.mode!r}")
+        if not self.capacity_factor > 0:
+            raise ValueError(f"parallel.ep_capacity_factor must be positive, got {self.capacity_factor}")
+        if self.chunks < 1:
+            raise ValueError(f"parallel.ep_chunks must be at least 1, got {self.chunks}")
+
+    @classmethod
+    def from_config(cls, parallel) -> "EPDispatch":
+        return cls(parallel.ep_dispatch, parallel.ep_capacity_factor, parallel.ep_chunks)
+
+    def capacity(self, rows: int, n_experts: int, top_k: int) -> int:
+        """Rows one rank sends one expert per forward of `rows` routed copies: capacity_factor x rows / n_experts,
+        at most rows / top_k (top-k picks distinct experts, so an expert never gets more than one copy per
+        token: capacity_factor >= n_experts / top_k never drops), rounded up to a multiple of the chunks."""
+        base = max(1, min(math.ceil(self.capacity_factor * rows / n_experts), rows // top_k))
+        chunks = min(self.chunks, base)
+        return chunks * math.ceil(base / chunks)
+
+
 class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with uneven splits whose backward is the reverse exchange."""
+    """all_to_all_single with uneven splits whose backward is the reverse exchange (dropless dispatch)."""
 
     @staticmethod
     def forward(ctx, x, out_splits, in_splits, group):
@@ -251,9 +295,176 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gro
     return _AllToAll.apply(x, out_splits, in_splits, group)
 
 
+class _InFlight:
+    """An all-to-all issued but not yet waited for: its work handle and the input it must keep alive."""
+
+    __slots__ = ("work", "source")
+
+
+class _AllToAllStart(torch.autograd.Function):
+    """Issue an equal-split all_to_all_single and return its (not yet filled) output; _AllToAllWait completes it.
+
+    The backward is the reverse exchange, issued and waited at once: the autograd engine runs one node at a time,
+    so backward has no independent work to overlap with."""
+
+    @staticmethod
+    def forward(ctx, x, group, flight):
+        ctx.group = group
+        flight.source = x.contiguous()
+        out = torch.empty_like(flight.source)
+        with _collective():
+            flight.work = dist.all_to_all_single(out, flight.source, group=group, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        back = torch.empty_like(grad)
+        with _collective():
+            dist.all_to_all_single(back, grad, group=ctx.group)
+        return back, None, None
+
+
+class _AllToAllWait(torch.autograd.Function):
+    """Wait for an _AllToAllStart (on CUDA: the compute stream waits for NCCL's; the host does not block)."""
+
+    @staticmethod
+    def forward(ctx, out, flight):
+        with _collective():
+            flight.work.wait()
+        flight.work = flight.source = None
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def exchange_async(x: torch.Tensor, group):
+    """Start an equal-split all-to-all of x's rows over group; the returned function waits and gives the result."""
+    flight = _InFlight()
+    out = _AllToAllStart.apply(x, group, flight)
+    return lambda: _AllToAllWait.apply(out, flight)
+
+
+def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[index[i]] for every i, a zero row where index[i] == len(x)."""
+    out = x.index_select(0, index.clamp(max=x.shape[0] - 1))
+    return out.masked_fill_((index >= x.shape[0]).unsqueeze(-1), 0)
+
+
+class _PaddedGather(torch.autograd.Function):
+    """out[i] = x[index[i]] (zero where index[i] == len(x)) for a one-to-one map between some rows of x and
+    some rows of out, whose inverse is `back`: the backward is the gather grad[back[j]]. Both directions are
+    gathers (deterministic, no atomic accumulation)."""
+
+    @staticmethod
+    def forward(ctx, x, index, back):
+        ctx.save_for_backward(back)
+        return _gather_or_zero(x, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (back,) = ctx.saved_tensors
+        return _gather_or_zero(grad.contiguous(), back), None, None
+
+
+class ExpertParallel:
+    """A MoE layer's expert computation over an expert-parallel group of ep ranks, each holding E/ep experts.
+
+    layer.compute_experts = ep                  # (x_sorted, tokens_per_expert) -> y_sorted, rows in the same order
+    layer.start_experts = ep.start              # issue the dispatch; the returned function finishes the layer
+
+    local(x, counts) runs this rank's experts: on rows grouped by local expert with `counts` (dropless), or on
+    x [E/ep, rows, dim] with the same rows for every expert (capacity; zero padding rows give zero rows).
+    """
+
+    def __init__(self, local, group, ep_size: int, n_experts: int, top_k: int, options: EPDispatch = EPDispatch()):
+        if n_experts % ep_size:
+            raise ValueError(f"{n_experts} experts cannot be split over parallel.ep={ep_size} ranks")
+        self.local, self.group, self.ep_size = local, group, ep_size
+        self.n_experts, self.top_k, self.options = n_experts, top_k, options
+        self.dropped: torch.Tensor | None = None  # routed copies over capacity since take_dropped(), on the device
+        self.routed = 0
+
+    def __call__(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        return self.start(x_sorted, tokens_per_expert)()
+
+    def start(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor):
+        if self.options.mode == "dropless":
+            return lambda: expert_parallel_compute(x_sorted, tokens_per_expert, self.local, self.group, self.ep_size)
+        return self._start_capacity(x_sorted, tokens_per_expert)
+
+    def take_dropped(self) -> tuple[float, int]:
+        """(routed copies dropped, routed copies) since the last call; one host read."""
+        out = (0.0 if self.dropped is None else float(self.dropped), self.routed)
+        self.dropped, self.routed = None, 0
+        return out
+
+    def _start_capacity(self, x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor):
+        rows, dim = x_sorted.shape
+        E, ep = self.n_experts, self.ep_size
+        per_rank = E // ep
+        capacity = self.options.capacity(rows, E, self.top_k)
+        n = min(self.options.chunks, capacity)
+        width = capacity // n  # rows per expert and chunk
+        slots = n * E * width  # send buffer rows: chunk, then expert (destination rank, local expert), then row
+        dev = x_sorted.device
+        counts = tokens_per_expert.to(dev, torch.int64)
+        ends = counts.cumsum(0)
+        starts = ends - counts
+        slot = torch.arange(slots, device=dev)
+        expert_of_slot = (slot // width) % E
+        pos = (slot // (E * width)) * width + slot % width  # the slot's row within its expert
+        row_of_slot = torch.where(pos < counts[expert_of_slot], starts[expert_of_slot] + pos, rows)
+        row = torch.arange(rows, device=dev)
+        expert_of_row = torch.searchsorted(ends, row, right=True)
+        pos = row - starts[expert_of_row]
+        slot_of_row = torch.where(pos < capacity, ((pos // width) * E + expert_of_row) * width + pos % width, slots)
+        if torch._C._current_graph_task_id() == -1:  # not a recompute inside backward: count once
+            dropped = (counts - capacity).clamp(min=0).sum()
+            self.dropped = dropped if self.dropped is None else self.dropped + dropped
+            self.routed += rows
+
+        send = _PaddedGather.apply(x_sorted, row_of_slot, slot_of_row).view(n, E * width, dim)
+        arrivals = [exchange_async(piece, self.group) for piece in send.unbind(0)]  # one backward node for all
+
+        def finish() -> torch.Tensor:
+            returns = []
+            for arrive in arrivals:  # chunk k computes while chunk k+1 arrives and chunk k-1 travels back
+                x = arrive().view(ep, per_rank, width, dim).transpose(0, 1).reshape(per_rank, ep * width, dim)
+                y = self.local(x, None).view(per_rank, ep, width, dim).transpose(0, 1).reshape(-1, dim)
+                returns.append(exchange_async(y, self.group))
+            y_slots = torch.cat([back() for back in returns])
+            return _PaddedGather.apply(y_slots, slot_of_row, row_of_slot)
+
+        return finish
+
+
+def install_expert_parallel(layer, local, group, ep_size: int, options: EPDispatch = EPDispatch()) -> ExpertParallel:
+    """Route a MoELayer's expert computation over the ep group (model code stays single-device)."""
+    ep = ExpertParallel(local, group, ep_size, layer.n_experts, layer.top_k, options)
+    layer.compute_experts = ep
+    layer.start_experts = ep.start
+    return ep
+
+
+def dropped_tokens(layers) -> float | None:
+    """Share of routed token copies dropped over capacity in these MoE layers since the last call (None when no
+    layer has a capacity dispatch); resets the counts."""
+    dropped = routed = 0
+    for layer in layers:
+        ep = getattr(layer, "compute_experts", None)
+        if isinstance(ep, ExpertParallel) and ep.options.mode == "capacity":
+            d, r = ep.take_dropped()
+            dropped, routed = dropped + d, routed + r
+    return dropped / routed if routed else None
+
+
 def expert_parallel_compute(x_sorted: torch.Tensor, tokens_per_expert: torch.Tensor, local_compute,
                             group, ep_size: int) -> torch.Tensor:
-    """Send each token to the rank holding its expert, run the local experts, send the outputs back.
+    """Dropless dispatch: send each token to the rank holding its expert, run the local experts, send the outputs
+    back.
 
     x_sorted: this rank's routed token copies sorted by global expert id; tokens_per_expert: [E] counts.
     local_compute(x, counts) runs this rank's E/ep experts on tokens sorted by local expert id.
@@ -264,7 +475,7 @@ def expert_parallel_compute(x_sorted: torch.Tensor, tokens_per_expert: torch.Ten
     recv_counts = torch.empty_like(send_counts)
     with _collective():
         dist.all_to_all_single(recv_counts.view(-1), send_counts.view(-1), group=group)  # [source rank, local e]
-    # The one host sync of the layer: all_to_all_single takes its split sizes as Python ints.
+    # The one host read of the layer: all_to_all_single takes its split sizes as Python ints.
     splits = torch.cat([send_counts.sum(1), recv_counts.sum(1)]).tolist()
     send_splits, recv_splits = splits[:ep_size], splits[ep_size:]
     x_recv = all_to_all(x_sorted, recv_splits, send_splits, group)  # grouped by source rank, then expert

@@ -8,7 +8,7 @@ Mesh ("pp", "edp", "ep", "tp") from ParallelDims; dp = edp x ep.
   RowwiseParallel; the heads per rank shrink by tp). Routed experts keep plain local slices of their hidden
   width (w1/w3 rows, w2 columns) between an identity-forward/all-reduce-backward op and an all-reduce-forward op,
   the same algebra for grouped GEMMs, which DTensor has no rule for.
-- Expert parallel: sigma.train.parallel.expert_parallel_compute over the ep group (after the tp split).
+- Expert parallel: sigma.train.parallel.ExpertParallel over the ep group (after the tp split).
 - Pipeline parallel: torch.distributed.pipelining with one PipelineStage per held stage (vpp per rank), built on
   the first step with the micro-batch's activation shapes (so no extra shape-inference forward); a stage
   module keeps the full model's parameter names (`layers.5.attn.wq.weight`), so checkpoints reshard across
@@ -30,7 +30,7 @@ from torch import nn
 
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
-from sigma.train.parallel import _collective, expert_parallel_compute, is_expert_param
+from sigma.train.parallel import EPDispatch, _collective, dropped_tokens, install_expert_parallel, is_expert_param
 
 
 # ---------------------------------------------------------------- tensor-parallel collectives for experts
@@ -181,10 +181,17 @@ class ParallelRun:
     load_sum: dict = field(default_factory=dict)  # layer id -> tokens per expert summed over this step's forwards
     stage_modules: list = field(default_factory=list)
     recompute: object = None
+    ep_dispatch: EPDispatch = field(default_factory=EPDispatch)
+    amp_dtype: torch.dtype = torch.float32  # autocast dtype of the forward (bfloat16: fp32 master weights)
     kpi: dict = field(default_factory=dict)  # last step: step_s, and with pp: stage_busy_s, bubble (measured)
 
     def group(self, name: str):
         return None if self.mesh is None else self.mesh.get_group(name)
+
+    def autocast(self):
+        """The forward's autocast context (off in float32); backward runs in the dtypes the forward recorded."""
+        device = next(self.module.parameters()).device.type
+        return torch.autocast(device, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
 
     @property
     def coords(self) -> dict:
@@ -221,22 +228,21 @@ def _shard_experts(layer, run: ParallelRun) -> None:
     tp_group = run.group("tp") if dims.tp > 1 else None
     ep_group = run.group("ep") if dims.ep > 1 else None
 
-    def local(x, counts, _experts=experts):
+    def local(x, counts=None, _experts=experts):
         if tp_group is None:
             return _experts(x, counts)
         return _ReduceFromTp.apply(_experts(_CopyToTp.apply(x, tp_group), counts), tp_group)
 
-    def compute(x_sorted, tokens_per_expert):
-        if ep_group is None:
-            return local(x_sorted, tokens_per_expert)
-        return expert_parallel_compute(x_sorted, tokens_per_expert, local, ep_group, dims.ep)
-
-    layer.compute_experts = compute
+    if ep_group is None:
+        layer.compute_experts = local
+    else:
+        install_expert_parallel(layer, local, ep_group, dims.ep, run.ep_dispatch)
 
 
 def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, seed: int = 0,
                    device: torch.device | None = None, recompute_layers: list[int] | None = None,
-                   recompute_policy: str = "none", recompute_count: int = 0) -> ParallelRun:
+                   recompute_policy: str = "none", recompute_count: int = 0,
+                   ep_dispatch: EPDispatch = EPDispatch(), amp_dtype: torch.dtype = torch.float32) -> ParallelRun:
     """Build the full model from `seed` (identical on every rank), then cut out and wire this rank's part."""
     from sigma.train.model import MoETransformer
     from sigma.train.recompute import Recompute
@@ -250,7 +256,8 @@ def build_parallel(model_cfg: ModelConfig, dims: ParallelDims, rank: int = 0, se
 
         mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=ParallelDims.mesh_names)
         mesh["edp", "ep"]._flatten("dp")
-    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh)
+    run = ParallelRun(dims=dims, rank=rank, model_cfg=model_cfg, module=model, mesh=mesh, ep_dispatch=ep_dispatch,
+                      amp_dtype=amp_dtype)
     run.recompute = Recompute(model, recompute_layers, recompute_policy, recompute_count)
     c = run.coords
     held_ids = [i for s in dims.stages_of(c["pp"]) for i in dims.layers_of_stage(s)]
@@ -294,7 +301,9 @@ def pipeline_schedule(run: ParallelRun, rows: int, seq: int):
     weight = next(run.module.parameters())
     hidden = torch.empty(rows, seq, cfg.dim, dtype=weight.dtype, device="meta", requires_grad=True)
     tokens = torch.empty(rows, seq, dtype=torch.long, device="meta")
-    logits = torch.empty(rows, seq, cfg.vocab_size, dtype=weight.dtype, device="meta", requires_grad=True)
+    # under autocast the head's GEMM gives logits in the autocast dtype; the residual stream stays float32
+    logits_dtype = weight.dtype if run.amp_dtype == torch.float32 else run.amp_dtype
+    logits = torch.empty(rows, seq, cfg.vocab_size, dtype=logits_dtype, device="meta", requires_grad=True)
     run.stages = []
     for s, module in zip(dims.stages_of(run.coords["pp"]), run.stage_modules):
         run.stages.append(PipelineStage(
@@ -387,11 +396,12 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor, poison: bool = False
     if dims.pp == 1:
         ces, auxes = [], []
         for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
-            logits, aux = run.module(mb_in)
+            with run.autocast():
+                logits, aux = run.module(mb_in)
             if poison:
                 logits = logits * float("nan")
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1))
-            ((ce + aux) / dims.microbatches).backward()
+            ((ce + aux.float()) / dims.microbatches).backward()
             ces.append(float(ce.detach()))
             auxes.append(float(aux.detach()))
         return sum(ces) / len(ces), sum(auxes) / len(auxes)
@@ -405,10 +415,11 @@ def forward_backward(run: ParallelRun, batch: torch.Tensor, poison: bool = False
     last = dims.n_stages - 1 in dims.stages_of(c["pp"])
     kwargs = {"target": targets, "losses": losses} if last else {}
     schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
-    if first:
-        schedule.step(inputs, **kwargs)
-    else:
-        schedule.step(**kwargs)
+    with run.autocast():  # the schedule runs forwards and backwards in this thread
+        if first:
+            schedule.step(inputs, **kwargs)
+        else:
+            schedule.step(**kwargs)
     # CE lives on the last stage, aux on every stage: sum both over the pp group
     ce_sum = sum(float(x.detach()) for x in losses) / dims.microbatches if last else 0.0
     aux_sum = sum(v for m in run.stage_modules for v in m.aux_values) / dims.microbatches
@@ -426,17 +437,19 @@ def eval_loss_sum(run: ParallelRun, batch: torch.Tensor) -> float:
     if dims.pp == 1:
         total = 0.0
         for mb_in, mb_tg in zip(inputs.chunk(dims.microbatches), targets.chunk(dims.microbatches)):
-            logits, _ = run.module(mb_in)
+            with run.autocast():
+                logits, _ = run.module(mb_in)
             total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mb_tg.reshape(-1)))
         return total
     last = dims.n_stages - 1 in dims.stages_of(run.coords["pp"])
     losses: list[torch.Tensor] = []
     kwargs = {"target": targets, "losses": losses} if last else {}
     schedule = pipeline_schedule(run, inputs.shape[0] // dims.microbatches, inputs.shape[1])
-    if run.coords["pp"] == 0:
-        schedule.eval(inputs, **kwargs)
-    else:
-        schedule.eval(**kwargs)
+    with run.autocast():
+        if run.coords["pp"] == 0:
+            schedule.eval(inputs, **kwargs)
+        else:
+            schedule.eval(**kwargs)
     value = torch.tensor([sum(float(x) for x in losses)], dtype=torch.float64)
     with _collective():
         dist.all_reduce(value, group=run.group("pp"))
@@ -476,6 +489,9 @@ def local_step(run: ParallelRun, optimizer, named, local: torch.Tensor, max_norm
     gnorm = sync_and_clip(run, named, max_norm)
     optimizer.step()
     run.kpi = {"step_s": time.perf_counter() - t0}
+    dropped = dropped_tokens(run.moe_by_id.values())
+    if dropped is not None:
+        run.kpi["dropped_tokens"] = dropped  # share of this rank's routed copies over capacity
     if dims.pp > 1:
         busy = sum(m.clock.busy_s for m in run.stage_modules)
         # the share of the schedule's run this rank's stages did not compute: waits for its neighbours
@@ -579,13 +595,3 @@ def build_optimizer(run: ParallelRun, cfg, shard: bool = False):
 def is_dp_ep_only(dims: ParallelDims, shard_optimizer: bool = False) -> bool:
     """A layout the trainer's plain data x expert parallel loop runs; any other goes through local_step."""
     return dims.tp == 1 and dims.pp == 1 and not shard_optimizer
-
-
-def check_trainer_layout(dims: ParallelDims, shard_optimizer: bool = False, dtype: str = "float32") -> None:
-    """What `sigma train` cannot run yet, refused before launch: autocast under tp, pp or ZeRO-1."""
-    if dtype != "float32" and not is_dp_ep_only(dims, shard_optimizer):
-        from sigma.config import ConfigError
-
-        layout = dims.describe() + (" shard_optimizer" if shard_optimizer else "")
-        raise ConfigError("[dtype]", f"dtype {dtype} (autocast) under layout {layout} is not implemented: the "
-                                     "tp/pp/ZeRO-1 step runs float32; use dtype float32 or a dp x ep layout")

@@ -78,6 +78,9 @@ class RecomputeConfig:
 @dataclass
 class ParallelConfig:
     ep: int = 1  # expert-parallel degree: experts are sharded over groups of this many ranks
+    ep_dispatch: Literal["capacity", "dropless"] = "capacity"  # capacity: fixed shapes, no host read; dropless: one per layer
+    ep_capacity_factor: float = 2.0  # capacity dispatch: rows per expert and rank = this x the even share (>= E/top_k never drops)
+    ep_chunks: int = 2  # capacity dispatch: pieces the all-to-all is issued in, so experts compute while the next arrives
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
     # Layout beyond dp x ep (sigma/train/dims.py, docs/train-parallel.md): dp = world / (tp x pp).
     tp: int = 1  # tensor-parallel degree: attention heads, FFN and expert hidden widths split over tp ranks
@@ -92,6 +95,10 @@ class ParallelConfig:
     def __post_init__(self):
         if self.ep < 1:
             raise ValueError(f"parallel.ep must be at least 1, got {self.ep}")
+        if not self.ep_capacity_factor > 0:
+            raise ValueError(f"parallel.ep_capacity_factor must be positive, got {self.ep_capacity_factor}")
+        if self.ep_chunks < 1:
+            raise ValueError(f"parallel.ep_chunks must be at least 1, got {self.ep_chunks}")
 
 
 @dataclass

@@ -34,9 +34,10 @@ from sigma.train.checkpoint import CheckpointManager, checkpoint_step
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
 from sigma.train.noise import GcPressure, StepNoise
-from sigma.train.parallel import (DistContext, clip_gradients, collective_wait_s, expert_parallel_compute,
-                                  init_distributed, is_expert_param, shutdown, sync_gradients)
-from sigma.train.parallelize import check_trainer_layout, is_dp_ep_only
+from sigma.train.parallel import (DistContext, EPDispatch, clip_gradients, collective_wait_s, dropped_tokens,
+                                  init_distributed, install_expert_parallel, is_expert_param, shutdown,
+                                  sync_gradients)
+from sigma.train.parallelize import is_dp_ep_only
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
@@ -76,8 +77,7 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
     from sigma.train.model import MoETransformer
 
     model_cfg = load_model_config(cfg.model, cfg.model_overrides)
-    dims = check_layout(cfg, ctx.world_size, model_cfg.n_experts)
-    check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
+    check_layout(cfg, ctx.world_size, model_cfg.n_experts)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (and in a one-process run)
     model = MoETransformer(model_cfg).to(ctx.device)
     if cfg.parallel.recompute.moe_layers or cfg.parallel.recompute.policy != "none":
@@ -85,14 +85,14 @@ def build_model(cfg: TrainConfig, ctx: DistContext):
         rc = cfg.parallel.recompute
         model.recompute = Recompute(model, rc.moe_layers, rc.policy, rc.count)
     if ctx.ep_size > 1:
-        apply_expert_parallel(model, ctx)
+        apply_expert_parallel(model, ctx, EPDispatch.from_config(cfg.parallel))
     if ctx.distributed and model_cfg.balance_scope == "global_batch":
         for layer in model.moe_layers():
             layer.sum_over_ranks = ctx.all_reduce_sum  # every rank's routed counts of all experts
     return model, model_cfg
 
 
-def apply_expert_parallel(model, ctx: DistContext) -> None:
+def apply_expert_parallel(model, ctx: DistContext, options: EPDispatch = EPDispatch()) -> None:
     """Keep this rank's E/ep experts of every MoE layer and route its tokens through all-to-all."""
     for layer in model.moe_layers():
         experts = layer.experts
@@ -102,11 +102,7 @@ def apply_expert_parallel(model, ctx: DistContext) -> None:
             full = getattr(experts, name)
             setattr(experts, name, torch.nn.Parameter(full.detach()[keep].clone()))
         experts.n_experts = per_rank
-
-        def compute(x_sorted, tokens_per_expert, _experts=experts):
-            return expert_parallel_compute(x_sorted, tokens_per_expert, _experts, ctx.ep_group, ctx.ep_size)
-
-        layer.compute_experts = compute
+        install_expert_parallel(layer, experts, ctx.ep_group, ctx.ep_size, options)
 
 
 def build_optimizer(model, cfg: OptimConfig, device: torch.device):
@@ -375,7 +371,6 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     if not is_dp_ep_only(dims, cfg.parallel.shard_optimizer):
         from sigma.train.layout_step import LayoutStep
 
-        check_trainer_layout(dims, cfg.parallel.shard_optimizer, cfg.dtype)
         layout = LayoutStep(cfg, ctx, model_cfg, dims)
         model, optimizer, named, fused = layout.run.module, layout.optimizer, layout.named, layout.fused
         shards, sampler, held_out = load_data(cfg, ctx, model_cfg.vocab_size, layout.dp_rank, dims.dp)
@@ -555,6 +550,9 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 extra["hfu"] = tps / ctx.world_size * hw_flops_token / peak.flops
             if loads is not None:
                 extra["expert_load"] = loads.to(torch.int64).tolist()
+            dropped = dropped_tokens(model.moe_layers()) if layout is None else None
+            if dropped is not None:
+                extra["dropped_tokens"] = round(dropped, 6)  # routed copies over the ep capacity, this rank
             if cfg.kpi.param_norm_every and step % cfg.kpi.param_norm_every == 0:
                 extra["moe_param_norm"] = (layout.moe_param_norms() if layout is not None
                                            else moe_param_norms(model, ctx))

@@ -67,27 +67,6 @@ def test_check_layout_uses_the_model_preset():
         check_layout(cfg, 2, 4)
 
 
-def test_sigma_train_refuses_autocast_under_a_layout_its_step_runs_in_float32():
-    from sigma.train.parallelize import check_trainer_layout
-
-    check_trainer_layout(ParallelDims.build(4, ep=2, n_experts=4, global_batch=8), dtype="bfloat16")
-    check_trainer_layout(ParallelDims.build(2, pp=2, n_layers=2, global_batch=4), shard_optimizer=True)
-    with pytest.raises(ConfigError, match=r"\[dtype\]: dtype bfloat16 \(autocast\) under layout dp1 tp1 pp2 .* not "
-                                          "implemented"):
-        check_trainer_layout(ParallelDims.build(2, pp=2, n_layers=2, global_batch=4), dtype="bfloat16")
-    with pytest.raises(ConfigError, match="dp2 tp1 pp1 ep1 shard_optimizer"):
-        check_trainer_layout(ParallelDims.build(2, global_batch=4), shard_optimizer=True, dtype="bfloat16")
-
-
-def test_sigma_train_cli_refuses_an_unrunnable_layout_before_submitting(capsys):
-    from sigma.cli import main
-
-    code = main(["train", "--config", str(configs_dir() / "train" / "debug.yaml"), "--gpus-per-node", "2",
-                 "parallel.pp=2", "dtype=bfloat16"])
-    assert code == 2
-    assert "[dtype]: dtype bfloat16 (autocast) under layout dp1 tp1 pp2" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("micro_batch, microbatches, pp, expected", [
     (0, 0, 1, 1),  # the rank's whole share in one
     (0, 0, 2, 2),  # a pipeline fills its stages
