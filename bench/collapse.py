@@ -1,8 +1,8 @@
 """Collapse experiment: small runs that diverge and runs that do not, several seeds each, judged by
 `sigma collapse check`'s rules (sigma/train/collapse.py) from the KPIs the trainer writes.
 
-    .venv/bin/python bench/collapse.py [--config configs/train/debug.yaml] [--steps 300] [--tune-seeds 0,1]
-                                       [--seeds 2,3,4] [--workers 2] [--runs DIR]
+    .venv/bin/python bench/collapse.py [--config configs/train/debug.yaml] [--steps 250] [--ramp 200]
+                                       [--tune-seeds 0,1] [--seeds 2,3,4] [--workers 2] [--runs DIR]
 
 Divergence, precisely: the loss is non-finite, or its 20-step moving average stays above 1.1 x its lowest moving
 average for 20 steps in a row; the divergence step is the first of those steps (`Thresholds.diverge`, `window`).
@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sigma.train.collapse import Thresholds, assess  # noqa: E402
 
-# A linear learning-rate ramp over the whole run, no clipping: the run first learns, then, as the rate grows past
-# what the model tolerates, its loss climbs back and stays there (a late divergence at a step set by the ramp).
-RAMP = ["optim.lr=1.2", "optim.min_lr=0.6", "optim.warmup_steps={steps}", "optim.grad_clip=0"]
+# A linear learning-rate ramp to 1.2 over `--ramp` steps (then a cosine to 0.6), no clipping: the run first learns,
+# then, as the rate grows past what the model tolerates, its loss climbs back and stays there: a late divergence.
+RAMP = ["optim.lr=1.2", "optim.min_lr=0.6", "optim.warmup_steps={ramp}", "optim.grad_clip=0"]
 VARIANTS = {  # name -> (overrides, meant to diverge)
-    "ramp to lr 1.2, no clip": (RAMP, True),
-    "ramp to lr 1.2, no clip, qk-norm": (RAMP + ["model_overrides.qk_norm=true"], True),
+    "lr ramp to 1.2, no clip": (RAMP, True),
+    "lr ramp to 1.2, no clip, qk-norm": (RAMP + ["model_overrides.qk_norm=true"], True),
     "preset (lr 3e-3, warm-up, clip)": ([], False),
 }
 DEPTH = ["model_overrides.n_layers=6"]  # five MoE layers: a profile over depth
@@ -75,15 +75,16 @@ def _train(job: tuple) -> tuple[str, int, float]:
     return variant, seed, time.perf_counter() - t0
 
 
-def run_file(runs: Path, variant: str, seed: int, steps: int) -> Path:
+def run_file(runs: Path, variant: str, seed: int, steps: int, ramp: int) -> Path:
     slug = "".join(c if c.isalnum() else "-" for c in variant).strip("-")
-    return runs / f"{slug}.seed{seed}.steps{steps}.json"
+    return runs / f"{slug}.seed{seed}.steps{steps}.ramp{ramp}.json"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/train/debug.yaml")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--ramp", type=int, default=200, help="steps of the learning-rate ramp of the unstable variants")
     p.add_argument("--tune-seeds", default="0,1", help="seeds the thresholds were set on")
     p.add_argument("--seeds", default="2,3,4", help="held-out seeds")
     p.add_argument("--workers", type=int, default=2, help="runs trained at once (one thread each)")
@@ -95,13 +96,13 @@ def main() -> int:
     variants = {k: v for k, v in VARIANTS.items() if not args.variants or k in args.variants.split(",")}
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    print(f"{args.config} + {' '.join(DEPTH)}, {args.steps} steps, tuning seeds {sets['tune']}, held-out seeds "
-          f"{sets['held-out']}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; thresholds "
+    print(f"{args.config} + {' '.join(DEPTH)}, {args.steps} steps (ramp {args.ramp}), tuning seeds {sets['tune']}, "
+          f"held-out seeds {sets['held-out']}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; thresholds "
           f"{vars(Thresholds())}")
-    jobs = [(args.config, v, [o.format(steps=args.steps) for o in ov], args.steps, seed,
-             str(run_file(runs, v, seed, args.steps)))
+    jobs = [(args.config, v, [o.format(ramp=args.ramp) for o in ov], args.steps, seed,
+             str(run_file(runs, v, seed, args.steps, args.ramp)))
             for seed in sets["tune"] + sets["held-out"] for v, (ov, _) in variants.items()  # tuning runs first
-            if not run_file(runs, v, seed, args.steps).is_file()]
+            if not run_file(runs, v, seed, args.steps, args.ramp).is_file()]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for variant, seed, seconds in pool.map(_train, jobs):
@@ -111,11 +112,11 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.1f}")
     for label, seeds in sets.items():
         if seeds:
-            report(label, seeds, variants, runs, args.steps)
+            report(label, seeds, variants, runs, args.steps, args.ramp)
     return 0
 
 
-def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int) -> None:
+def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int, ramp: int) -> None:
     print(f"\n{label} seeds {seeds}")
     print(f"{'variant':<34} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
           + " ".join(f"{s:>11}" for s in SIGNALS) + "  verdict")
@@ -124,7 +125,11 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int)
     diverged = healthy = 0
     for variant in variants:
         for seed in seeds:
-            verdict = assess(json.loads(run_file(runs, variant, seed, steps).read_text()))
+            path = run_file(runs, variant, seed, steps, ramp)
+            if not path.is_file():
+                print(f"{variant:<34} {seed:>4}  not trained")
+                continue
+            verdict = assess(json.loads(path.read_text()))
             warn, div = verdict.warning_step, verdict.first.get("diverged")
             lead = f"{warn / div:.2f}" if warn and div else "-"
             diverged += bool(div)

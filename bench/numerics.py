@@ -3,8 +3,8 @@
     .venv/bin/python bench/numerics.py [--config configs/train/tiny.yaml] [--steps 10] [--keep DIR]
 
 Records a reference (fp32, 1 thread, dropout and router jitter on so the random-number faults have something to
-break), then checks: fp32 at 2 threads (clean), bf16 autocast with bf16 thresholds (clean), and fp32 with each
-fault injected. Prints caught / injected, attributed / injected, false flags / clean runs, and the seconds of each
+break), then checks: fp32 with each fault injected, bf16 autocast with bf16 thresholds (clean), and fp32 at 2
+threads (clean; last, as two threads on a loaded machine are the slowest). Prints caught / injected, attributed / injected, false flags / clean runs, and the seconds of each
 check: wall-clock and CPU (the CPU seconds move less with the load of a shared machine).
 """
 
@@ -52,20 +52,6 @@ def main() -> int:
         t0 = time.perf_counter()
         record(cfg, ref, steps=args.steps, data=kinds, log=lambda m: None)
         print(f"record: {time.perf_counter() - t0:.1f} s", flush=True)
-        clean = []
-        for label, threads, dtype in (("fp32, 2 threads", 2, "float32"), ("bf16 autocast", 1, "bfloat16")):
-            torch.set_num_threads(threads)
-            cpu = time.process_time()
-            result = check(ref, dtype=dtype)
-            cpu = time.process_time() - cpu
-            torch.set_num_threads(1)
-            clean.append(bool(result.flagged))
-            worst = min(result.units.values(), key=lambda u: min(u.cos.values()))
-            print(f"clean {label:<16} {'FLAGGED ' + ','.join(result.culprits) if result.flagged else 'pass':<10} "
-                  f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
-                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}, router flips "
-                  f"{100 * max(u.flips for u in result.units.values()):.1f}%; {result.seconds:.1f} s ({cpu:.1f} s CPU)",
-                  flush=True)
         caught = attributed = 0
         times, cpus = [], []
         for fault in FAULTS.values():
@@ -84,6 +70,20 @@ def main() -> int:
             print(f"fault {fault.name:<22} {'caught' if result.flagged else 'MISSED':<7} "
                   f"{'attributed' if ok else 'WRONG'}: {','.join(sorted(kinds_flagged)) or '-'} at step {first}"
                   + (f"; sub-operation {sub}" if sub else "") + f"; {result.seconds:.1f} s ({cpus[-1]:.1f} s CPU)",
+                  flush=True)
+        clean = []
+        for label, threads, dtype in (("bf16 autocast", 1, "bfloat16"), ("fp32, 2 threads", 2, "float32")):
+            torch.set_num_threads(threads)
+            cpu = time.process_time()
+            result = check(ref, dtype=dtype)
+            cpu = time.process_time() - cpu
+            torch.set_num_threads(1)
+            clean.append(bool(result.flagged))
+            worst = min(result.units.values(), key=lambda u: min(u.cos.values()))
+            print(f"clean {label:<16} {'FLAGGED ' + ','.join(result.culprits) if result.flagged else 'pass':<10} "
+                  f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
+                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}, router flips "
+                  f"{100 * max(u.flips for u in result.units.values()):.1f}%; {result.seconds:.1f} s ({cpu:.1f} s CPU)",
                   flush=True)
     n = len(FAULTS)
     print(f"one tiny check (fp32, 1 thread, {len(kinds)} data kinds): {min(times):.1f}-{max(times):.1f} s wall, "
