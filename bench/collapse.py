@@ -90,6 +90,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="runs trained at once (one thread each)")
     p.add_argument("--runs", default="/tmp/sigma-collapse-runs", help="KPIs of every run (reused when present)")
     p.add_argument("--variants", help="comma-separated subset of: " + "; ".join(VARIANTS))
+    p.add_argument("--report-only", action="store_true", help="judge the stored runs; train none")
     args = p.parse_args()
     sets = {"tune": [int(s) for s in args.tune_seeds.split(",") if s],
             "held-out": [int(s) for s in args.seeds.split(",") if s]}
@@ -102,7 +103,7 @@ def main() -> int:
     jobs = [(args.config, v, [o.format(ramp=args.ramp) for o in ov], args.steps, seed,
              str(run_file(runs, v, seed, args.steps, args.ramp)))
             for seed in sets["tune"] + sets["held-out"] for v, (ov, _) in variants.items()  # tuning runs first
-            if not run_file(runs, v, seed, args.steps, args.ramp).is_file()]
+            if not args.report_only and not run_file(runs, v, seed, args.steps, args.ramp).is_file()]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for variant, seed, seconds in pool.map(_train, jobs):
@@ -121,6 +122,7 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int,
     print(f"{'variant':<34} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
           + " ".join(f"{s:>11}" for s in SIGNALS) + "  verdict")
     lead_ok = {s: 0 for s in SIGNALS + ("any",)}
+    leads = {s: [] for s in SIGNALS + ("any",)}
     false = {s: 0 for s in SIGNALS + ("any",)}
     diverged = healthy = 0
     for variant in variants:
@@ -138,6 +140,7 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int,
                 first = warn if sig == "any" else verdict.first.get(sig)
                 if div:
                     lead_ok[sig] += bool(first and first <= div / 5)
+                    leads[sig].append(f"{first / div:.2f}" if first else "none")
                 else:
                     false[sig] += bool(first)
             print(f"{variant:<34} {seed:>4} {warn or '-':>5} {div or '-':>7} {lead:>5}  "
@@ -145,7 +148,8 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int,
     for sig in SIGNALS + ("any",):
         name = "any signal" if sig == "any" else sig
         print(f"{label:<8} {name:<12} warned at or before 1/5 of the divergence step in {lead_ok[sig]}/{diverged} "
-              f"diverged runs; fired in {false[sig]}/{healthy} runs that did not diverge")
+              f"diverged runs (lead ratios: {', '.join(leads[sig]) or '-'}); fired in {false[sig]}/{healthy} runs "
+              f"that did not diverge")
 
 
 if __name__ == "__main__":
