@@ -117,10 +117,21 @@ def main() -> int:
     return 0
 
 
+def loss_averages(metrics: list[dict], window: int = 20) -> tuple[float, float, float]:
+    """Lowest, highest and last value of the loss's moving average after its first window (as `assess` keeps it)."""
+    alpha, ema, seen = 2.0 / (window + 1), None, []
+    for row in metrics:
+        loss = float(row["loss"])
+        ema = loss if ema is None else ema + alpha * (loss - ema)
+        seen.append(ema)
+    seen = seen[window:] or seen
+    return min(seen), max(seen), seen[-1]
+
+
 def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int, ramp: int) -> None:
     print(f"\n{label} seeds {seeds}")
     print(f"{'variant':<34} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
-          + " ".join(f"{s:>11}" for s in SIGNALS) + "  verdict")
+          + " ".join(f"{s:>11}" for s in SIGNALS) + "  verdict     loss average best/peak/end")
     lead_ok = {s: 0 for s in SIGNALS + ("any",)}
     leads = {s: [] for s in SIGNALS + ("any",)}
     false = {s: 0 for s in SIGNALS + ("any",)}
@@ -131,7 +142,8 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int,
             if not path.is_file():
                 print(f"{variant:<34} {seed:>4}  not trained")
                 continue
-            verdict = assess(json.loads(path.read_text()))
+            metrics = json.loads(path.read_text())
+            verdict = assess(metrics)
             warn, div = verdict.warning_step, verdict.first.get("diverged")
             lead = f"{warn / div:.2f}" if warn and div else "-"
             diverged += bool(div)
@@ -144,7 +156,8 @@ def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int,
                 else:
                     false[sig] += bool(first)
             print(f"{variant:<34} {seed:>4} {warn or '-':>5} {div or '-':>7} {lead:>5}  "
-                  + " ".join(f"{verdict.first.get(s, '-'):>11}" for s in SIGNALS) + f"  {verdict.state}", flush=True)
+                  + " ".join(f"{verdict.first.get(s, '-'):>11}" for s in SIGNALS) + f"  {verdict.state:<11} "
+                  + "/".join(f"{x:.2f}" for x in loss_averages(metrics)), flush=True)
     for sig in SIGNALS + ("any",):
         name = "any signal" if sig == "any" else sig
         print(f"{label:<8} {name:<12} warned at or before 1/5 of the divergence step in {lead_ok[sig]}/{diverged} "
