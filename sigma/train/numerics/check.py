@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import sigma.train.numerics.tape as tape_mod
 from sigma.train.model import apply_rope
 from sigma.train.numerics.record import DTYPES, resolve_device
 from sigma.train.numerics.reference import (NumericsError, check_model_matches, check_state_matches, load_meta,
                                             load_tensors, step_path)
-import sigma.train.numerics.tape as tape_mod
 from sigma.train.numerics.tape import Tape, sampled
 
 # (minimum cosine similarity, maximum relative error) per candidate dtype and table row. The cosine bound is the

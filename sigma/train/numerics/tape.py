@@ -73,7 +73,7 @@ def unit_seed(seed: int, step: int, name: str) -> int:
 
 def seed_rng(seed: int) -> None:
     """Seed the generators a unit draws from. Not torch.manual_seed: before CUDA is initialised (always, on a CPU
-    machine) that queues a CUDA seeding with a formatted stack trace, which cost a fifth of a check's time."""
+    machine) that queues a CUDA seeding with a formatted stack trace, a large share of a check's time."""
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
