@@ -1,43 +1,57 @@
 """Collapse experiment: small runs that diverge and runs that do not, several seeds each, judged by
-`sigma collapse check`'s rules from the KPIs the trainer writes.
+`sigma collapse check`'s rules (sigma/train/collapse.py) from the KPIs the trainer writes.
 
-    .venv/bin/python bench/collapse.py [--config configs/train/debug.yaml] [--steps 300] [--seeds 0,1,2]
+    .venv/bin/python bench/collapse.py [--config configs/train/debug.yaml] [--steps 250] [--ramp 200]
+                                       [--tune-seeds 0,1] [--seeds 2,3,4] [--workers 2] [--runs DIR]
 
-Per run: the step the first warning fired, the step the loss diverged, the lead ratio (warning step / divergence
-step; the paper's goal: <= 0.2), which signal fired first, and false warnings on runs that did not diverge.
+Divergence, precisely: the loss is non-finite, or its 20-step moving average stays above 1.1 x its lowest moving
+average for 20 steps in a row; the divergence step is the first of those steps (`Thresholds.diverge`, `window`).
+Per run: each signal's first step, the warning step (the earliest signal), the divergence step, the lead ratio
+(warning step / divergence step; the paper's goal: <= 0.2). Per signal, over the diverged runs: how many it warned
+at or before 1/5 of the divergence step; over the runs that did not diverge: how many it fired in (false warnings).
+
+The thresholds were set by looking at the tuning seeds only; the held-out seeds were judged with them unchanged.
+Training KPIs go to --runs (one JSON per run) and are reused on the next call, so the judgement can be re-run
+without training again.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sigma.train.collapse import assess, read_metrics  # noqa: E402
-from sigma.train.train_config import load_train_config  # noqa: E402
-from sigma.train.trainer import TrainingStopped, train  # noqa: E402
+from sigma.train.collapse import Thresholds, assess  # noqa: E402
 
-# name -> overrides; the first group is expected to diverge, "stable" not.
-# Too high a learning rate, reached by a linear ramp over the whole run without clipping: training first learns,
-# then becomes unstable as the rate grows.
-HIGH_LR = ["optim.lr=1.0", "optim.min_lr=0.5", "optim.warmup_steps=250", "optim.grad_clip=0"]
-VARIANTS = {
-    "lr ramp to 1.0, no clip, no qk-norm": HIGH_LR,
-    "lr ramp to 1.0, no clip, qk-norm": HIGH_LR + ["model_overrides.qk_norm=true"],
-    "stable (preset lr, warm-up, clip)": [],
+# A linear learning-rate ramp to 1.2 over `--ramp` steps (then a cosine to 0.6), no clipping: the run first learns,
+# then, as the rate grows past what the model tolerates, its loss climbs back and stays there: a late divergence.
+RAMP = ["optim.lr=1.2", "optim.min_lr=0.6", "optim.warmup_steps={ramp}", "optim.grad_clip=0"]
+VARIANTS = {  # name -> (overrides, meant to diverge)
+    "lr ramp to 1.2, no clip": (RAMP, True),
+    "lr ramp to 1.2, no clip, qk-norm": (RAMP + ["model_overrides.qk_norm=true"], True),
+    "preset (lr 3e-3, warm-up, clip)": ([], False),
 }
 DEPTH = ["model_overrides.n_layers=6"]  # five MoE layers: a profile over depth
+SIGNALS = ("norm_valley", "norm_growth", "grad_spikes", "load_skew")
 
 
 def run(config: str, overrides: list[str], steps: int, seed: int, root: Path) -> list[dict]:
+    """Train one run with the real trainer on CPU (one thread) and return its rank-0 KPI lines."""
+    import torch
+
+    from sigma.train.collapse import read_metrics
+    from sigma.train.train_config import load_train_config
+    from sigma.train.trainer import TrainingStopped, train
+
+    torch.set_num_threads(1)
     name = f"run{abs(hash((tuple(overrides), seed))) % 10**8}"
     cfg = load_train_config(config, [f"steps={steps}", f"seed={seed}", f"data.seed={seed}", f"name={name}",
                                      f"kpi.dir={root / 'kpi'}", "kpi.param_norm_every=5", "kpi.progress_every=0",
@@ -46,52 +60,109 @@ def run(config: str, overrides: list[str], steps: int, seed: int, root: Path) ->
                                      "checkpoint.background=false", "threads=1", "device=cpu", *overrides])
     os.environ["SIGMA_JOB_ID"] = str(abs(hash(name)) % 10**6)
     try:
-        summary = train(cfg, out=io.StringIO())
-        path = Path(summary.kpi_path)
-    except TrainingStopped:
+        path = Path(train(cfg, out=io.StringIO()).kpi_path)
+    except TrainingStopped:  # a non-finite loss stops the trainer: that is a divergence, keep its KPIs
         path = next((root / "kpi" / f"job-{os.environ['SIGMA_JOB_ID']}").glob("rank-0.*.jsonl"))
     return read_metrics([path])
+
+
+def _train(job: tuple) -> tuple[str, int, float]:
+    config, variant, overrides, steps, seed, out = job
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = run(config, DEPTH + overrides, steps, seed, Path(tmp))
+    Path(out).write_text(json.dumps(metrics))
+    return variant, seed, time.perf_counter() - t0
+
+
+def run_file(runs: Path, variant: str, seed: int, steps: int, ramp: int) -> Path:
+    slug = "".join(c if c.isalnum() else "-" for c in variant).strip("-")
+    return runs / f"{slug}.seed{seed}.steps{steps}.ramp{ramp}.json"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/train/debug.yaml")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--ramp", type=int, default=200, help="steps of the learning-rate ramp of the unstable variants")
+    p.add_argument("--tune-seeds", default="0,1", help="seeds the thresholds were set on")
+    p.add_argument("--seeds", default="2,3,4", help="held-out seeds")
+    p.add_argument("--workers", type=int, default=2, help="runs trained at once (one thread each)")
+    p.add_argument("--runs", default="/tmp/sigma-collapse-runs", help="KPIs of every run (reused when present)")
+    p.add_argument("--variants", help="comma-separated subset of: " + "; ".join(VARIANTS))
+    p.add_argument("--report-only", action="store_true", help="judge the stored runs; train none")
     args = p.parse_args()
-    torch.set_num_threads(1)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"{args.config}, {args.steps} steps, seeds {seeds}; {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f}")
-    signals = ("norm_valley", "norm_growth", "grad_spikes", "load_skew")
-    print(f"{'variant':<36} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
-          + " ".join(f"{s:>11}" for s in signals) + "  first signal")
-    per_signal = {s: {v: 0 for v in VARIANTS} for s in signals}
-    false_warn = healthy = hit = diverged = 0
+    sets = {"tune": [int(s) for s in args.tune_seeds.split(",") if s],
+            "held-out": [int(s) for s in args.seeds.split(",") if s]}
+    variants = {k: v for k, v in VARIANTS.items() if not args.variants or k in args.variants.split(",")}
+    runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    print(f"{args.config} + {' '.join(DEPTH)}, {args.steps} steps (ramp {args.ramp}), tuning seeds {sets['tune']}, "
+          f"held-out seeds {sets['held-out']}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; thresholds "
+          f"{vars(Thresholds())}")
+    jobs = [(args.config, v, [o.format(ramp=args.ramp) for o in ov], args.steps, seed,
+             str(run_file(runs, v, seed, args.steps, args.ramp)))
+            for seed in sets["tune"] + sets["held-out"] for v, (ov, _) in variants.items()  # tuning runs first
+            if not args.report_only and not run_file(runs, v, seed, args.steps, args.ramp).is_file()]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for variant, overrides in VARIANTS.items():
-            for seed in seeds:
-                verdict = assess(run(args.config, DEPTH + overrides, args.steps, seed, Path(tmp)))
-                warn, div = verdict.warning_step, verdict.first.get("diverged")
-                first = min(((s, k) for k, s in verdict.first.items() if k != "diverged"), default=(None, "-"))[1]
-                lead = f"{warn / div:.2f}" if warn and div else "-"
-                if div:
-                    diverged += 1
-                    hit += bool(warn and warn <= div / 5)
-                else:
-                    healthy += 1
-                    false_warn += bool(warn)
-                for sig in signals:
-                    per_signal[sig][variant] += sig in verdict.first
-                print(f"{variant:<36} {seed:>4} {warn or '-':>5} {div or '-':>7} {lead:>5}  "
-                      + " ".join(f"{verdict.first.get(s, '-'):>11}" for s in signals)
-                      + f"  {first}" + (f": {verdict.evidence[first]}" if first != "-" else ""), flush=True)
-    for sig, counts in per_signal.items():
-        print(f"{sig:<12} fired in " + ", ".join(f"{n}/{len(seeds)} {v}" for v, n in counts.items()))
-    print(f"diverged runs warned at or before 1/5 of the divergence step: {hit}/{diverged}; false warnings on "
-          f"runs that did not diverge: {false_warn}/{healthy}; {time.perf_counter() - t0:.0f} s")
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for variant, seed, seconds in pool.map(_train, jobs):
+            print(f"  trained {variant}, seed {seed}: {seconds:.0f} s", flush=True)
+    if jobs:
+        print(f"trained {len(jobs)} runs in {time.perf_counter() - t0:.0f} s ({args.workers} at once); "
+              f"load average {os.getloadavg()[0]:.1f}")
+    for label, seeds in sets.items():
+        if seeds:
+            report(label, seeds, variants, runs, args.steps, args.ramp)
     return 0
+
+
+def loss_averages(metrics: list[dict], window: int = 20) -> tuple[float, float, float]:
+    """Lowest, highest and last value of the loss's moving average after its first window (as `assess` keeps it)."""
+    alpha, ema, seen = 2.0 / (window + 1), None, []
+    for row in metrics:
+        loss = float(row["loss"])
+        ema = loss if ema is None else ema + alpha * (loss - ema)
+        seen.append(ema)
+    seen = seen[window:] or seen
+    return min(seen), max(seen), seen[-1]
+
+
+def report(label: str, seeds: list[int], variants: dict, runs: Path, steps: int, ramp: int) -> None:
+    print(f"\n{label} seeds {seeds}")
+    print(f"{'variant':<34} {'seed':>4} {'warn':>5} {'diverge':>7} {'lead':>5}  "
+          + " ".join(f"{s:>11}" for s in SIGNALS) + "  verdict     loss average best/peak/end")
+    lead_ok = {s: 0 for s in SIGNALS + ("any",)}
+    leads = {s: [] for s in SIGNALS + ("any",)}
+    false = {s: 0 for s in SIGNALS + ("any",)}
+    diverged = healthy = 0
+    for variant in variants:
+        for seed in seeds:
+            path = run_file(runs, variant, seed, steps, ramp)
+            if not path.is_file():
+                print(f"{variant:<34} {seed:>4}  not trained")
+                continue
+            metrics = json.loads(path.read_text())
+            verdict = assess(metrics)
+            warn, div = verdict.warning_step, verdict.first.get("diverged")
+            lead = f"{warn / div:.2f}" if warn and div else "-"
+            diverged += bool(div)
+            healthy += not div
+            for sig in SIGNALS + ("any",):
+                first = warn if sig == "any" else verdict.first.get(sig)
+                if div:
+                    lead_ok[sig] += bool(first and first <= div / 5)
+                    leads[sig].append(f"{first / div:.2f}" if first else "none")
+                else:
+                    false[sig] += bool(first)
+            print(f"{variant:<34} {seed:>4} {warn or '-':>5} {div or '-':>7} {lead:>5}  "
+                  + " ".join(f"{verdict.first.get(s, '-'):>11}" for s in SIGNALS) + f"  {verdict.state:<11} "
+                  + "/".join(f"{x:.2f}" for x in loss_averages(metrics)), flush=True)
+    for sig in SIGNALS + ("any",):
+        name = "any signal" if sig == "any" else sig
+        print(f"{label:<8} {name:<12} warned at or before 1/5 of the divergence step in {lead_ok[sig]}/{diverged} "
+              f"diverged runs (lead ratios: {', '.join(leads[sig]) or '-'}); fired in {false[sig]}/{healthy} runs "
+              f"that did not diverge")
 
 
 if __name__ == "__main__":

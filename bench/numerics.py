@@ -3,9 +3,9 @@
     .venv/bin/python bench/numerics.py [--config configs/train/tiny.yaml] [--steps 10] [--keep DIR]
 
 Records a reference (fp32, 1 thread, dropout and router jitter on so the random-number faults have something to
-break), then checks: fp32 at 2 threads (clean), bf16 autocast with bf16 thresholds (clean), and fp32 with each
-fault injected. Prints caught / injected, attributed / injected, false flags / clean runs, and the seconds of one
-clean fp32 check.
+break), then checks: fp32 with each fault injected, bf16 autocast with bf16 thresholds (clean), and fp32 at 2
+threads (clean; last, as two threads on a loaded machine are the slowest). Prints caught / injected, attributed / injected, false flags / clean runs, and the seconds of each
+check: wall-clock and CPU (the CPU seconds move less with the load of a shared machine).
 """
 
 from __future__ import annotations
@@ -51,23 +51,14 @@ def main() -> int:
         ref = Path(args.keep or Path(tmp) / "ref")
         t0 = time.perf_counter()
         record(cfg, ref, steps=args.steps, data=kinds, log=lambda m: None)
-        print(f"record: {time.perf_counter() - t0:.1f} s")
-        clean = []
-        for label, threads, dtype in (("fp32, 2 threads", 2, "float32"), ("bf16 autocast", 1, "bfloat16")):
-            torch.set_num_threads(threads)
-            result = check(ref, dtype=dtype)
-            torch.set_num_threads(1)
-            clean.append(bool(result.flagged))
-            worst = min(result.units.values(), key=lambda u: min(u.cos.values()))
-            print(f"clean {label:<16} {'FLAGGED ' + ','.join(result.culprits) if result.flagged else 'pass':<10} "
-                  f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
-                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}, router flips "
-                  f"{100 * max(u.flips for u in result.units.values()):.1f}%; {result.seconds:.1f} s")
+        print(f"record: {time.perf_counter() - t0:.1f} s", flush=True)
         caught = attributed = 0
-        times = []
+        times, cpus = [], []
         for fault in FAULTS.values():
+            cpu = time.process_time()
             with inject(fault.name) as state:
                 result = check(ref, faults=state)
+            cpus.append(time.process_time() - cpu)
             times.append(result.seconds)
             kinds_flagged = {result.units[n].kind for n in result.culprits}
             expected = set(fault.module.split(","))
@@ -78,9 +69,25 @@ def main() -> int:
             first = min(result.units[n].first_step for n in result.culprits) if result.culprits else None
             print(f"fault {fault.name:<22} {'caught' if result.flagged else 'MISSED':<7} "
                   f"{'attributed' if ok else 'WRONG'}: {','.join(sorted(kinds_flagged)) or '-'} at step {first}"
-                  + (f"; sub-operation {sub}" if sub else "") + f"; {result.seconds:.1f} s")
+                  + (f"; sub-operation {sub}" if sub else "") + f"; {result.seconds:.1f} s ({cpus[-1]:.1f} s CPU)",
+                  flush=True)
+        clean = []
+        for label, threads, dtype in (("bf16 autocast", 1, "bfloat16"), ("fp32, 2 threads", 2, "float32")):
+            torch.set_num_threads(threads)
+            cpu = time.process_time()
+            result = check(ref, dtype=dtype)
+            cpu = time.process_time() - cpu
+            torch.set_num_threads(1)
+            clean.append(bool(result.flagged))
+            worst = min(result.units.values(), key=lambda u: min(u.cos.values()))
+            print(f"clean {label:<16} {'FLAGGED ' + ','.join(result.culprits) if result.flagged else 'pass':<10} "
+                  f"worst {worst.name}: min cos {min(worst.cos.values()):.6f}, max rel "
+                  f"{max(max(u.rel.values()) for u in result.units.values()):.2e}, router flips "
+                  f"{100 * max(u.flips for u in result.units.values()):.1f}%; {result.seconds:.1f} s ({cpu:.1f} s CPU)",
+                  flush=True)
     n = len(FAULTS)
-    print(f"one tiny check (fp32, 1 thread, {len(kinds)} data kinds): {min(times):.1f}-{max(times):.1f} s")
+    print(f"one tiny check (fp32, 1 thread, {len(kinds)} data kinds): {min(times):.1f}-{max(times):.1f} s wall, "
+          f"{min(cpus):.1f}-{max(cpus):.1f} s CPU")
     print(f"caught {caught}/{n}, attributed {attributed}/{n}, false flags {sum(clean)}/{len(clean)}; "
           f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if caught == attributed == n and not any(clean) else 1

@@ -5,11 +5,13 @@ Signals, each with the step it was first seen:
                 `valley` (relative) in two reports in a row (the paper's precursor of a collapse)
   norm_growth   some MoE layer's parameter norm grew by more than `growth` (relative) between two reports (after
                 the first `window` steps, whose growth from the initialisation is normal)
-  grad_spikes   more than `spike_rate` of the last `window` steps had a gradient norm above `spike_factor` x the
-                running median
+  grad_spikes   more than `spike_rate` of the last `window` steps were spikes: a gradient norm above
+                `spike_factor` x the median of the `window` steps before it (each step against its own past, so the
+                falling gradient norm of a run's first steps is not mistaken for spikes)
   load_skew     the busiest expert of some MoE layer took more than `load_skew` x the mean load
-  diverged      the loss is non-finite, or its moving average (over `window` steps) is `diverge` above the lowest
-                moving average so far (the collapse itself; a single noisy step does not count)
+  diverged      the loss is non-finite, or its moving average (over `window` steps) stays above `diverge` x the
+                lowest moving average so far for `window` steps in a row (the collapse itself; a noisy step or a
+                spike the run recovers from does not count). Its step is the first of those steps.
 Verdict: collapsing when diverged; warning when any other signal fired; else healthy.
 """
 
@@ -33,7 +35,7 @@ class Thresholds:
     spike_rate: float = 0.1
     window: int = 20
     load_skew: float = 4.0
-    diverge: float = 1.5
+    diverge: float = 1.1
 
 
 @dataclass
@@ -79,7 +81,8 @@ def read_metrics(paths: list[Path]) -> list[dict]:
 def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
     th = th or Thresholds()
     v = Verdict("healthy")
-    best, grads, prev_norms, ema, seen, dipped = math.inf, [], None, None, 0, False
+    best, grads, spiked, prev_norms, ema, seen, dipped = math.inf, [], [], None, None, 0, False
+    above = None  # (first step, moving average) of the current excursion above diverge x best
     alpha = 2.0 / (th.window + 1)
 
     def fire(signal: str, step: int, text: str) -> None:
@@ -95,19 +98,23 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
         else:
             ema = loss if ema is None else ema + alpha * (loss - ema)
             seen += 1
-            if seen > th.window and ema > best + th.diverge:  # the first window is the start-up transient
-                fire("diverged", step, f"loss average {ema:.3f} at step {step}, {ema - best:.2f} above its lowest "
-                                       f"{best:.3f}")
-            best = min(best, ema)
+            if seen > th.window and ema > th.diverge * best:  # the first window is the start-up transient
+                above = above or (step, ema)
+                if step - above[0] + 1 >= th.window:
+                    fire("diverged", above[0], f"loss average {above[1]:.3f} at step {above[0]}, over "
+                                               f"{th.diverge} x its lowest {best:.3f}, and above that through step "
+                                               f"{step}")
+            else:
+                above = None
+                best = min(best, ema)
         g = _number(row.get("grad_norm"))
         if math.isfinite(g):
-            recent = grads[-th.window:]
-            if len(recent) >= th.window:
-                median = statistics.median(recent)
-                spikes = sum(1 for x in recent[1:] + [g] if x > th.spike_factor * median)
-                if spikes / len(recent) > th.spike_rate:
-                    fire("grad_spikes", step, f"{spikes} of the last {len(recent)} steps had a gradient norm above "
-                                              f"{th.spike_factor} x the median {median:.3f}")
+            if len(grads) >= th.window:
+                spiked.append(g > th.spike_factor * statistics.median(grads[-th.window:]))
+                spikes = sum(spiked[-th.window:])
+                if spikes / th.window > th.spike_rate:
+                    fire("grad_spikes", step, f"{spikes} of the last {th.window} steps had a gradient norm above "
+                                              f"{th.spike_factor} x the median of the {th.window} steps before it")
             grads.append(g)
         norms = row.get("moe_param_norm")
         if isinstance(norms, list) and norms and all(math.isfinite(_number(n)) for n in norms):

@@ -56,3 +56,19 @@ def test_cli_job_plot_and_emit(tmp_path, capsys):
     assert event["event"] == "collapse_warning" and event["state"] == "collapsing" and event["job_id"] == 42
     assert main(["collapse", "check", "--job", "43", "--kpi-dir", str(tmp_path)]) == 2
     assert "no KPI files of job 43" in capsys.readouterr().err
+
+
+def test_falling_gradient_norm_of_the_first_steps_is_not_spikes(tmp_path):
+    grads = {s: 2.0 * 0.9 ** s + 0.2 for s in range(1, 101)}  # 2.2 falling to 0.2: every step below its own past
+    path = write_run(tmp_path, [6 - 0.01 * s for s in range(100)], grads=grads)
+    assert "grad_spikes" not in assess(read_metrics([path])).first
+
+
+def test_a_loss_spike_the_run_recovers_from_is_not_a_divergence(tmp_path):
+    losses = [6 - 0.02 * s for s in range(100)]
+    recovered = losses[:50] + [8.0] * 5 + losses[55:]  # five bad steps, then back on track
+    assert "diverged" not in assess(read_metrics([write_run(tmp_path, recovered)])).first
+    sustained = losses[:50] + [l + 1.5 for l in losses[50:]]  # the average stays over 1.1 x its lowest
+    verdict = assess(read_metrics([write_run(tmp_path / "b", sustained)]))
+    assert verdict.state == "collapsing" and 50 < verdict.first["diverged"] < 60
+    assert "over 1.1 x its lowest" in verdict.evidence["diverged"]

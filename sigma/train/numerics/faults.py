@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import sigma.train.moe as moe_mod
+import sigma.train.numerics.tape as tape_mod
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _router_accum(state):
 
 
 def _rng(state):
-    return _patched(torch, "manual_seed", lambda orig: lambda seed: orig((int(seed) + 1) % (2**62)))
+    return _patched(tape_mod, "seed_rng", lambda orig: lambda seed: orig((int(seed) + 1) % (2**62)))
 
 
 def _dropout_rng(state):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 1
+FORMAT = 2  # 2: tensors sampled at positions drawn with replacement
 
 
 class NumericsError(ValueError):
@@ -48,7 +48,8 @@ def load_tensors(path: Path, what: str) -> dict:
     if not path.is_file():
         raise NumericsError(f"{path}: missing from the reference ({what})")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        # mmap: the storages are mapped, not copied out of the file one by one (several times faster)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as exc:  # torch raises several types for a truncated or overwritten file
         raise NumericsError(f"{path}: corrupt reference file ({what}): {type(exc).__name__}: {exc}") from None
 

@@ -53,11 +53,12 @@ def kind_of(name: str, module: nn.Module | None) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def sample_index(name: str, numel: int, size: int = SAMPLE) -> torch.Tensor | None:
-    """Fixed positions (from the name) of up to `size` elements; None: all of them."""
+    """Fixed positions (from the name) of up to `size` elements; None: all of them. Drawn with replacement: a
+    permutation of a large tensor's every position cost seconds per check, and a repeated position does no harm."""
     if numel <= size:
         return None
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    return torch.randperm(numel, generator=gen)[:size].sort().values
+    return torch.randint(0, numel, (size,), generator=gen).sort().values
 
 
 def sampled(name: str, tensor: torch.Tensor, size: int = SAMPLE) -> torch.Tensor:
@@ -68,6 +69,14 @@ def sampled(name: str, tensor: torch.Tensor, size: int = SAMPLE) -> torch.Tensor
 
 def unit_seed(seed: int, step: int, name: str) -> int:
     return (seed * 1_000_003 + step * 10_007 + zlib.crc32(name.encode())) % (2**62)
+
+
+def seed_rng(seed: int) -> None:
+    """Seed the generators a unit draws from. Not torch.manual_seed: before CUDA is initialised (always, on a CPU
+    machine) that queues a CUDA seeding with a formatted stack trace, a large share of a check's time."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
 
 
 class _GradTap(torch.autograd.Function):
@@ -107,16 +116,27 @@ class Record:
         self.grad_in: list = []  # sampled gradients of the float inputs, in argument order
         self.param_grads: dict[str, torch.Tensor] = {}
 
+    def compared(self, field: str, index: int) -> torch.Tensor | None:
+        """out[index] or grad_in[index] sampled as the recording sampled it (for a lazy tape's raw tensors)."""
+        value = getattr(self, field)[index]
+        if value is None:
+            return None
+        key = f"out{index}" if field == "out" else str(index)
+        return sampled(f"{self.name}/{key}", value, SAMPLE if self.kind else SUBOP_SAMPLE)
+
     def to_dict(self) -> dict:
         return dict(name=self.name, kind=self.kind, args=self.args, seed=self.seed, out=self.out,
                     grad_out=self.grad_out, grad_in=self.grad_in, routes=self.routes)
 
 
 class Tape:
-    """Hooks on a model; `step(s)` opens the records of one step. `units` keeps the table rows in forward order."""
+    """Hooks on a model; `step(s)` opens the records of one step. `units` keeps the table rows in forward order.
 
-    def __init__(self, model: nn.Module, seed: int, keep_args: bool = True):
-        self.model, self.seed, self.keep_args = model, seed, keep_args
+    lazy: keep the outputs and gradients as they are (detached, on their device) instead of sampling them to CPU at
+    once; a check looks at them only inside a failing unit, so sampling every one of them was wasted work."""
+
+    def __init__(self, model: nn.Module, seed: int, keep_args: bool = True, lazy: bool = False):
+        self.model, self.seed, self.keep_args, self.lazy = model, seed, keep_args, lazy
         self.records: dict[str, Record] = {}
         self.forward_order: list[str] = []
         self.backward_order: list[str] = []
@@ -140,8 +160,12 @@ class Tape:
         def callback(grad):
             if rec.name not in self.backward_order:
                 self.backward_order.append(rec.name)
-            size = SAMPLE if rec.kind else SUBOP_SAMPLE
-            slot[index] = grad.detach().float().cpu().clone() if full else sampled(f"{rec.name}/{index}", grad, size)
+            if self.lazy:
+                slot[index] = grad.detach()
+            elif full:
+                slot[index] = grad.detach().float().cpu().clone()
+            else:
+                slot[index] = sampled(f"{rec.name}/{index}", grad, SAMPLE if rec.kind else SUBOP_SAMPLE)
         return callback
 
     def tap_inputs(self, rec: Record, args: tuple, keep: bool) -> tuple:
@@ -154,9 +178,9 @@ class Tape:
     def tap_outputs(self, rec: Record, output):
         outs = output if isinstance(output, tuple) else (output,)
         size = SAMPLE if rec.kind else SUBOP_SAMPLE
-        rec.out = [sampled(f"{rec.name}/out{i}", o, size) if isinstance(o, torch.Tensor) and o.is_floating_point()
-                   else None for i, o in enumerate(outs)]
-        if rec.kind == "router":
+        rec.out = [(o.detach() if self.lazy else sampled(f"{rec.name}/out{i}", o, size))
+                   if isinstance(o, torch.Tensor) and o.is_floating_point() else None for i, o in enumerate(outs)]
+        if rec.kind == "router" and not self.lazy:
             rec.routes = outs[0].detach().cpu().clone()
         self.forward_order.append(rec.name)
         if rec.kind is None:  # a sub-operation: its input gradients name it; the output gradient is not needed
@@ -185,7 +209,7 @@ class Tape:
             rec = self._record(name, kind)
             if kind is not None:
                 rec.seed = unit_seed(self.seed, self.step_no, name)
-                torch.manual_seed(rec.seed)
+                seed_rng(rec.seed)
             return self.tap_inputs(rec, args, keep=kind is not None and self.keep_args)
 
         def post(mod, args, output):
@@ -207,7 +231,7 @@ class Tape:
                 branch = output[0] if isinstance(output, tuple) else output
                 rec = self._record(slot, "residual")
                 rec.seed = unit_seed(self.seed, self.step_no, slot)
-                torch.manual_seed(rec.seed)  # the dropout of this add draws from here
+                seed_rng(rec.seed)  # the dropout of this add draws from here
                 source = state["x"] if which == "attn" else state["x1"]
                 rec.args = [_detach(source, self.keep_args), _detach(branch, self.keep_args), float(mod_drop(block)),
                             block.training]
