@@ -40,7 +40,8 @@ class Request:
     overrides: list[str] = field(default_factory=list)
     budget_min: float | None = None
     measure: int = 3  # the few best the cost model ranks, timed for real
-    steps: int = 3  # timed steps per measured layout (after one warm-up)
+    steps: int = 3  # timed steps (interleaved rounds) per measured layout at least, after a warm-up
+    max_steps: int = 12  # at most, while the fastest is not yet told apart from the runner-up
     memory_gb: float | None = None  # per rank; None: the platform's (phase 1), or the fabric's
     max_tp: int | None = None  # default: gpus_per_node
     resume: bool = False
@@ -60,6 +61,7 @@ class Tuner:
         self.seq_len = self.cfg.data.seq_len
         self.world = req.nodes * req.gpus_per_node
         self.progress = progress  # rich Progress, or None
+        self.probe_s: float | None = None  # phase 1's load gauge (sigma.tune.profile.probe)
         req.out.mkdir(parents=True, exist_ok=True)
         self.phase1_path = req.out / "phase1.json"
         self.measured_path = req.out / "measured.jsonl"
@@ -77,7 +79,14 @@ class Tuner:
         else:
             raw = self._profile()
             self.phase1_path.write_text(json.dumps(raw, indent=1))
+        self.probe_s = raw.get("probe_s")
         return fit_costs(raw, self.req.gpus_per_node, self._memory_bytes())
+
+    def load_ratio(self, record: dict) -> float | None:
+        """How much slower the load gauge ran while this record was timed than during phase 1."""
+        if self.probe_s and record.get("probe_s"):
+            return record["probe_s"] / self.probe_s
+        return None
 
     def _memory_bytes(self) -> float:
         if self.req.memory_gb:
@@ -169,16 +178,22 @@ class Tuner:
             row["rank"] = i
         return rows
 
-    def measure(self, rows: list[dict]) -> dict[str, dict]:
-        """Time the chosen rows for real (those already in measured.jsonl are kept, not timed again)."""
+    def measure(self, rows: list[dict], budget_s: float | None = None, group: int | None = None,
+                reference: Layout | None = None) -> dict[str, dict]:
+        """Time the chosen rows for real, interleaved (sigma.tune.measure); those already in measured.jsonl are
+        kept, not timed again. group: layouts timed together (all by default); reference: a layout timed in every
+        group, to compare groups; budget_s: seconds of timed rounds per group at most."""
         done = read_measured(self.measured_path)
         todo = [r["layout"] for r in rows if r["layout"].name() not in done]
         if todo:
-            from sigma.tune.profile import MeasureTask
+            from sigma.tune.measure import MeasureTask
 
             spec = {"model": self.cfg.model, "model_overrides": self.cfg.model_overrides, "seq_len": self.seq_len,
-                    "global_batch": self.req.global_batch, "steps": self.req.steps, "threads": self.req.threads,
-                    "layouts": [l.as_dict() for l in todo], "results": str(self.measured_path)}
+                    "global_batch": self.req.global_batch, "min_rounds": self.req.steps,
+                    "max_rounds": max(self.req.steps, self.req.max_steps), "budget_s": budget_s,
+                    "threads": self.req.threads, "layouts": [l.as_dict() for l in todo],
+                    "results": str(self.measured_path), "group": group,
+                    "reference": reference.as_dict() if reference else None}
             job = self._executor(self.req.nodes, "measure").submit(MeasureTask(spec))
             before = len(done)
             self._wait(job, f"phase 2: measuring {len(todo)} layout(s) on {self.world} ranks",
@@ -209,7 +224,11 @@ class Tuner:
         measured: dict[str, dict] = {}
         if not self.req.what_if:
             chosen = ranked[:self.how_many(ranked)]
-            measured = self.measure(chosen)
+            budget_s = None
+            if self.req.budget_min:  # what phase 1 left of the budget, less the job's start-up and warm-up
+                budget_s = max(0.0, self.req.budget_min * 60 - (time.monotonic() - t0)
+                               - sum(20.0 + 2 * r["predicted_s"] for r in chosen))
+            measured = self.measure(chosen, budget_s)
             for row in rows:
                 got = measured.get(row["layout"].name())
                 if got and "error" in got:
@@ -217,6 +236,11 @@ class Tuner:
                 elif got:
                     row["status"] = "measured"
                     row["measured_s"] = got["step_s"]
+                    row["timing"] = {k: got[k] for k in ("min_s", "ci_s", "spread", "rounds") if k in got}
+                    ratio = self.load_ratio(got)
+                    if ratio:  # the prediction at the load this layout was timed at
+                        row["timing"]["load_ratio"] = ratio
+                        row["predicted_at_load_s"] = row["predicted_s"] * ratio
         ok = [r for r in rows if r["status"] == "measured"]
         if not self.req.what_if and not ok:
             raise TuneError(f"no measured layout ran: {[r['why'] for r in rows if r['status'] == 'failed']}; "
@@ -230,8 +254,11 @@ class Tuner:
             "counts": {s: sum(1 for r in rows if r["status"] == s) for s in ("measured", "ranked", "pruned", "failed")},
             "wall_s": round(time.monotonic() - t0, 1)}
         if ok:
-            errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
+            raw_errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
+            errors = [abs(r.get("predicted_at_load_s", r["predicted_s"]) - r["measured_s"]) / r["measured_s"]
+                      for r in ok]
             result["cost_model_median_error"] = statistics.median(errors)
+            result["cost_model_median_error_raw"] = statistics.median(raw_errors)  # at phase 1's load
         result["trainer_config"] = str(self.write_config(pick["layout"]))
         (self.req.out / "result.json").write_text(json.dumps(result, indent=1))
         return result
@@ -265,7 +292,7 @@ def row_json(row: dict) -> dict:
     out = {"layout": row["layout"].name(), "keys": row["layout"].as_dict(), "dp": row["dp"],
            "predicted_s": row["predicted_s"], "memory_gib": row["memory_bytes"] / GIB, "status": row["status"],
            "why": row["why"], "parts": row["parts"]}
-    for key in ("measured_s", "rank"):
+    for key in ("measured_s", "predicted_at_load_s", "timing", "rank"):
         if key in row:
             out[key] = row[key]
     return out
@@ -276,17 +303,24 @@ def row_json(row: dict) -> dict:
 def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Costs:
     compute = {}
     for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
-        sharing = raw.get("sharing", 1.0)  # timed with every rank busy: the lone rank's speed is sharing x faster
-        compute[kind] = fit_affine([(p["tokens"], p["seconds"] / sharing) for p in raw["compute"]
-                                    if p["kind"] == kind])
+        compute[kind] = fit_affine([(p["tokens"], lone_seconds(p, raw)) for p in raw["compute"] if p["kind"] == kind])
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
     bubbles = {s: (b["measured"] / b["theory"]) for s, b in raw.get("bubbles", {}).items() if b["theory"]}
-    return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"],
+    return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"] * raw.get("load", 1),
                  bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
                  sharing=raw.get("sharing", 1.0),
                  source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
+
+
+def lone_seconds(point: dict, raw: dict) -> float:
+    """A layer's seconds on one rank alone at phase 1's load: its CPU seconds (steady whatever else runs) x how
+    much longer than its CPU time a call lasted then (`load`, the median over every call rank 0 timed alone);
+    timed with every rank busy only (tp layers, files of older versions): / sharing."""
+    if "cpu" in point:
+        return point["cpu"] * raw.get("load", 1.0)
+    return point["seconds"] / raw.get("sharing", 1.0)
 
 
 def fabric_costs(path: str, model: ModelConfig, seq_len: int) -> Costs:

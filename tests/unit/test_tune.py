@@ -148,17 +148,19 @@ def test_tune_on_local_processes_measures_the_best_and_resumes(tmp_path, capsys)
 
 def test_a_layout_that_fails_is_recorded_and_the_job_goes_on(tmp_path, monkeypatch):
     """MeasureTask in this process (one rank): the failing layout's error is kept, the next one is measured."""
-    from sigma.tune.profile import MeasureTask
+    from sigma.tune.measure import MeasureTask
     from sigma.tune.tuner import read_measured
 
     for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_JOB_ID"):
         monkeypatch.delenv(key, raising=False)
     results = tmp_path / "measured.jsonl"
-    MeasureTask({"model": "debug", "seq_len": 16, "global_batch": 2, "steps": 1, "results": str(results),
+    MeasureTask({"model": "debug", "seq_len": 16, "global_batch": 2, "min_rounds": 2, "max_rounds": 2,
+                 "results": str(results),
                  "layouts": [Layout(tp=2).as_dict(), Layout(mbs=2).as_dict()]})()
     got = read_measured(results)
     assert "world size 1 (launch.nodes x launch.gpus_per_node) is not divisible" in got["tp2 pp1 ep1 mbs1"]["error"]
-    assert got["tp1 pp1 ep1 mbs2"]["step_s"] > 0
+    ok = got["tp1 pp1 ep1 mbs2"]
+    assert ok["step_s"] > 0 and ok["rounds"] == 2 and len(ok["samples_s"]) == 2
 
 
 def test_shared_cores_slow_a_layout_without_idle_ranks_more_than_a_pipeline():
