@@ -60,6 +60,9 @@ def main() -> int:
         t0 = time.monotonic()
         tuned = Tuner(Request(out=work / "tuner", measure=args.measure, **base)).run()
         wall = time.monotonic() - t0
+        walls = work / "walls.json"  # with --resume, the first run's figures
+        if args.resume and walls.exists():
+            wall = json.loads(walls.read_text())["tuner"]
         loads.append(os.getloadavg()[0])
         pick_layout = Layout.from_dict(tuned["pick"]["keys"])
 
@@ -69,6 +72,9 @@ def main() -> int:
         t1 = time.monotonic()
         grid = grid_tuner.measure(rows, group=args.group, reference=pick_layout)
         grid_wall = time.monotonic() - t1
+        if args.resume and walls.exists():
+            grid_wall = json.loads(walls.read_text())["grid"]
+        walls.write_text(json.dumps({"tuner": wall, "grid": grid_wall}))
         loads.append(os.getloadavg()[0])
 
         ok = {n: r for n, r in grid.items() if "error" not in r}
@@ -109,32 +115,36 @@ def main() -> int:
     print(f"layouts measured / exhaustive: {measured} / {len(grid)} = {measured / len(grid):.3f} (goal <= 0.25)")
     print(f"tuner wall time: {wall:.0f} s (phase 1 profiling + phase 2; the grid took {grid_wall:.0f} s)")
     tuner_rows = [c for c in tuned["candidates"] if c["status"] == "measured"]
-    at_load = {n: predicted[n] * (grid_tuner.load_ratio(r) or 1.0) for n, r in ok.items()}  # each group's load
-    grid_errors = [abs(at_load[n] - r["step_s"]) / r["step_s"] for n, r in ok.items()]
-    grid_raw_errors = [abs(predicted[n] - r["step_s"]) / r["step_s"] for n, r in ok.items()]
+    # over the grid: each layout's predicted time / the pick's against its per-round ratio to the pick
+    grid_errors = [abs(predicted[n] / predicted[pick] / vs_pick[n] - 1) for n in ok if n != pick]
+    grid_seconds_errors = [abs(predicted[n] - r["step_s"]) / r["step_s"] for n, r in ok.items()]
+    gauge = tuned["gauge"]["layout"]
     print(f"cost model median error: {100 * tuned['cost_model_median_error']:.1f}% on the {len(tuner_rows)} layouts "
-          f"the tuner measured (goal <= 15%), {100 * statistics.median(grid_errors):.1f}% over the grid; at phase "
-          f"1's load (not scaled by the gauge): {100 * tuned['cost_model_median_error_raw']:.1f}% and "
-          f"{100 * statistics.median(grid_raw_errors):.1f}%")
+          f"the tuner measured, relative to {gauge} timed in the same rounds (goal <= 15%); "
+          f"{100 * statistics.median(grid_errors):.1f}% over the grid, relative to the pick timed in the same rounds; "
+          f"in seconds at phase 1's load: {100 * tuned['cost_model_median_error_seconds']:.1f}% and "
+          f"{100 * statistics.median(grid_seconds_errors):.1f}%")
     phase1 = json.loads((work / "tuner" / "phase1.json").read_text())
     print(f"phase 1: sharing {phase1['sharing']:.2f} (a rank's compute with every rank busy / alone), load "
-          f"{phase1.get('load', 1):.2f} (a lone rank's wall / CPU seconds), gauge {1000 * phase1['probe_s']:.1f} ms")
+          f"{phase1.get('load', 1):.2f} (a lone layer's wall / CPU seconds), layers inside a real step / one by one "
+          f"{tuned['costs']['compute_scale']:.2f}")
     print("the tuner's measured layouts: predicted (its parts) vs measured")
     for c in tuner_rows:
         parts = ", ".join(f"{k} {1000 * v:.0f}" for k, v in c["parts"].items() if v)
         t = c["timing"]
-        at = c.get("predicted_at_load_s", c["predicted_s"])
-        print(f"  {c['layout']:28} predicted {1000 * c['predicted_s']:8.1f} ms x gauge {t.get('load_ratio', 1):.2f} = "
-              f"{1000 * at:8.1f} ms  measured {1000 * c['measured_s']:8.1f} ms (spread {100 * t['spread']:.0f}%, CI "
-              f"{1000 * t['ci_s'][0]:.0f}-{1000 * t['ci_s'][1]:.0f}, {t['rounds']} rounds)  error "
-              f"{100 * (at / c['measured_s'] - 1):+.1f}%  [{parts}]")
+        rel = (f"x{c['predicted_vs_gauge']:.3f} of the gauge predicted, x{t['vs_gauge']:.3f} measured, error "
+               f"{100 * (c['predicted_vs_gauge'] / t['vs_gauge'] - 1):+.1f}%") if "vs_gauge" in t else "the gauge"
+        print(f"  {c['layout']:28} predicted {1000 * c['predicted_s']:8.1f} ms, measured {1000 * c['measured_s']:8.1f} "
+              f"ms (spread {100 * t['spread']:.0f}%, CI {1000 * t['ci_s'][0]:.0f}-{1000 * t['ci_s'][1]:.0f}, "
+              f"{t['rounds']} rounds); {rel}  [{parts}]")
     print("grid, fastest first (time / the pick's, per round):")
     for name in sorted(ok, key=vs_pick.get):
         r = ok[name]
         stage = f"  busiest stage {1000 * r['stage_busy_s']:.0f} ms of {1000 * r['pipeline_s']:.0f}" \
             if "stage_busy_s" in r else ""
         print(f"  {name:30} x{vs_pick[name]:.3f}  {1000 * r['step_s']:8.1f} ms (spread {100 * r['spread']:3.0f}%)  "
-              f"predicted {1000 * at_load[name]:8.1f} ms  error {100 * (at_load[name] / r['step_s'] - 1):+6.1f}%"
+              f"predicted x{predicted[name] / predicted[pick]:.3f} ({1000 * predicted[name]:8.1f} ms)  error "
+              f"{100 * (predicted[name] / predicted[pick] / vs_pick[name] - 1):+6.1f}%"
               + stage)
     (work / "bench.json").write_text(json.dumps({"tuner": tuned, "grid": grid, "final": final, "loads": loads,
                                                  "wall_s": wall, "grid_wall_s": grid_wall}, indent=1))

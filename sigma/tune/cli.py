@@ -106,7 +106,9 @@ def print_result(result: dict, top: int) -> None:
     for line in result["constraints"]:
         out.print(f"  - {line}")
     if "cost_model_median_error" in result:
-        out.print(f"cost model median error on the measured layouts: {100 * result['cost_model_median_error']:.1f}%")
+        out.print(f"cost model median error on the measured layouts, relative to {result['gauge']['layout']} timed in "
+                  f"the same rounds: {100 * result['cost_model_median_error']:.1f}% (in seconds, at phase 1's load: "
+                  f"{100 * result['cost_model_median_error_seconds']:.1f}%)")
     pick = result["pick"]
     basis = f"measured {1000 * pick['measured_s']:,.1f} ms" if "measured_s" in pick else \
         f"predicted {1000 * pick['predicted_s']:,.1f} ms (cost model only)"

@@ -55,6 +55,7 @@ class Costs:
     param_bytes: int = 4
     keep_outputs: bool = True  # the last pipeline stage keeps every micro-batch's logits (sigma.train.memory)
     sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
+    compute_scale: float = 1.0  # the layers' cost inside a real step / timed one by one (already in `compute`)
     source: str = ""
     constraints: list[str] = field(default_factory=list)
 

@@ -8,9 +8,8 @@ them alike. A step's time is the slowest rank's. Rounds go on until the fastest 
 in a paired comparison with confidence (the confidence interval of the median of the per-round ratios excludes 1),
 or `max_rounds`, or the group's time budget. Each layout's record keeps its samples, median, minimum, confidence
 interval and spread, and with a `reference` layout timed in every group, its median per-round ratio to it, which
-stays comparable across groups timed at different loads (the exhaustive grid of bench/tune.py). Each round also
-times phase 1's load gauge (sigma.tune.profile.probe), so a prediction made at phase 1's load can be compared at
-this one.
+stays comparable across groups timed at different loads (the exhaustive grid of bench/tune.py), and lets the tuner
+judge its cost model on ratios, which a machine's load moving between phase 1 and phase 2 does not skew.
 A failed or preempted job keeps the groups already written (`sigma tune --resume` times only the rest).
 """
 
@@ -112,11 +111,8 @@ def _ready(model_cfg, layout, world: int, rank: int, global_batch: int, seq_len:
 
 
 def time_group(model_cfg, layouts: list, world: int, rank: int, global_batch: int, seq_len: int,
-               min_rounds: int, max_rounds: int, budget_s: float | None, reference=None, gauge=None
-               ) -> dict[str, dict]:
-    """Records by layout name: the summary of its interleaved samples, or {"error": ...} where it cannot run.
-    gauge: a call timed on every rank at once after each round (sigma.tune.profile.probe); its median, `probe_s`,
-    goes in every record."""
+               min_rounds: int, max_rounds: int, budget_s: float | None, reference=None) -> dict[str, dict]:
+    """Records by layout name: the summary of its interleaved samples, or {"error": ...} where it cannot run."""
     entries = ([reference] if reference is not None else []) + [l for l in layouts if l != reference]
     steps, records = {}, {}
     for layout in entries:
@@ -130,13 +126,8 @@ def time_group(model_cfg, layouts: list, world: int, rank: int, global_batch: in
     times = {n: [] for n in names}
     busy = {n: [] for n in names}
     pipeline = {n: [] for n in names}
-    probes = []
     t0 = time.monotonic()
     for r in range(max_rounds):
-        if gauge is not None and names:
-            from sigma.tune.profile import _once
-
-            probes.append(_once(gauge, world)[0])
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             step_s, busy_s, pipe_s = steps[name]()
@@ -157,8 +148,6 @@ def time_group(model_cfg, layouts: list, world: int, rank: int, global_batch: in
         if any(busy[name]):
             rec["stage_busy_s"] = statistics.median(busy[name])  # the busiest pipeline rank's compute
             rec["pipeline_s"] = statistics.median(pipeline[name])
-        if probes:
-            rec["probe_s"] = statistics.median(probes)
         records[name] = rec
     steps.clear()
     gc.collect()  # free this group's models before the next group builds its own
@@ -186,15 +175,11 @@ class MeasureTask:
         layouts = [Layout.from_dict(d) for d in s["layouts"]]
         reference = Layout.from_dict(s["reference"]) if s.get("reference") else None
         size = s.get("group") or len(layouts)
-        from sigma.tune.profile import probe
-
-        gauge = probe(model_cfg, s["seq_len"])
         try:
             for start in range(0, len(layouts), size):
                 group = layouts[start:start + size]
                 records = time_group(model_cfg, group, world, rank, s["global_batch"], s["seq_len"],
-                                     s.get("min_rounds", 3), s.get("max_rounds", 10), s.get("budget_s"), reference,
-                                     gauge)
+                                     s.get("min_rounds", 3), s.get("max_rounds", 10), s.get("budget_s"), reference)
                 if rank == 0:
                     with results.open("a") as f:
                         for layout in group:

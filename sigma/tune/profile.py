@@ -6,13 +6,14 @@ ProfileTask (phase 1) measures, with every rank of its allocation busy at once (
   rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
 - the optimiser's seconds per parameter;
-- the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble.
+- the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble, and the busiest rank's
+  compute in it (the trainer's stage_busy_s): what the layers cost inside a real step, against the sum of the
+  layers timed one by one.
 Timing layouts for real (phase 2, and the exhaustive grid of bench/tune.py) is sigma.tune.measure's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import time
@@ -119,24 +120,6 @@ def _once(fn, world: int) -> tuple[float, float]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - t0, time.thread_time() - c0
-
-
-def probe(model_cfg, seq_len: int):
-    """The load gauge: forward + backward of one MoE layer on one sequence, the first point phase 1 times with every
-    rank busy. Timed again between phase 2's rounds, the ratio of the two says how the machine's load moved."""
-    from sigma.train.model import MoETransformer
-
-    torch.manual_seed(0)
-    model = MoETransformer(dataclasses.replace(model_cfg, n_layers=model_cfg.n_dense_layers + 1)).to(_device())
-    block = model.layers[model_cfg.n_dense_layers]
-    cos, sin = model.rope_cos[:seq_len], model.rope_sin[:seq_len]
-    x = torch.randn(1, seq_len, model_cfg.dim, device=_device(), requires_grad=True)
-
-    def step():
-        y, aux = block(x, cos, sin)
-        (y.float().pow(2).mean() + (aux if aux is not None else 0)).backward()
-    step()  # warm-up
-    return step
 
 
 def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list: list[int], reps: int,
@@ -253,16 +236,28 @@ def measure_bubbles(model_cfg, rank: int, world: int, seq_len: int, steps: int) 
         run = build_parallel(model_cfg, dims, rank, seed=0)
         optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False))
         g = torch.Generator().manual_seed(1)
-        bubbles = []
+        bubbles, busy = [], []
         for step in range(steps + WARMUP):
             batch = torch.randint(0, model_cfg.vocab_size, (2 * dp, seq_len + 1), generator=g)
             train_step(run, optimizer, named, batch)
             if step >= WARMUP:
                 bubbles.append(run.kpi["bubble"])
+                busy.append(run.kpi["stage_busy_s"])
         value = torch.tensor([statistics.median(bubbles)], dtype=torch.float64)
         dist.all_reduce(value)
+        # the busiest pipeline rank's compute in the real schedule, and what it computes (to calibrate the layers)
+        layers = [layer for st in dims.stages_of(run.coords["pp"]) for layer in dims.layers_of_stage(st)]
+        mine = torch.tensor([statistics.median(busy), sum(1 for x in layers if x < model_cfg.n_dense_layers),
+                             sum(1 for x in layers if x >= model_cfg.n_dense_layers),
+                             1.0 if dims.n_stages - 1 in dims.stages_of(run.coords["pp"]) else 0.0],
+                            dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        top = max(every, key=lambda t: float(t[0]))
         theory = (2 - 1) / (vpp * 2 + 2 - 1)
-        out[schedule] = {"measured": float(value) / world, "theory": theory}
+        out[schedule] = {"measured": float(value) / world, "theory": theory, "busy_s": float(top[0]),
+                         "microbatches": 2, "tokens": seq_len,
+                         "layers": {"dense": int(top[1]), "moe": int(top[2]), "head": int(top[3])}}
     return out
 
 
@@ -307,7 +302,6 @@ class ProfileTask:
         merged = [dict(point, seconds=statistics.median(r[i]["seconds"] for r in gathered))
                   for i, point in enumerate(compute)]
         sharing = statistics.median(ratios) if world > 1 else 1.0
-        probe_s = next(p["seconds"] for p in compute if p["kind"] == "moe")  # rank 0's, every rank busy
-        return {"compute": merged, "sharing": max(1.0, sharing), "load": load, "probe_s": probe_s,
+        return {"compute": merged, "sharing": max(1.0, sharing), "load": load,
                 "optimizer_s_per_param": optimizer, "links": links, "bubbles": bubbles, "world": world,
                 "nodes": sorted(set(nodes))}

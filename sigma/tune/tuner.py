@@ -61,7 +61,6 @@ class Tuner:
         self.seq_len = self.cfg.data.seq_len
         self.world = req.nodes * req.gpus_per_node
         self.progress = progress  # rich Progress, or None
-        self.probe_s: float | None = None  # phase 1's load gauge (sigma.tune.profile.probe)
         req.out.mkdir(parents=True, exist_ok=True)
         self.phase1_path = req.out / "phase1.json"
         self.measured_path = req.out / "measured.jsonl"
@@ -79,14 +78,7 @@ class Tuner:
         else:
             raw = self._profile()
             self.phase1_path.write_text(json.dumps(raw, indent=1))
-        self.probe_s = raw.get("probe_s")
         return fit_costs(raw, self.req.gpus_per_node, self._memory_bytes())
-
-    def load_ratio(self, record: dict) -> float | None:
-        """How much slower the load gauge ran while this record was timed than during phase 1."""
-        if self.probe_s and record.get("probe_s"):
-            return record["probe_s"] / self.probe_s
-        return None
 
     def _memory_bytes(self) -> float:
         if self.req.memory_gb:
@@ -228,7 +220,9 @@ class Tuner:
             if self.req.budget_min:  # what phase 1 left of the budget, less the job's start-up and warm-up
                 budget_s = max(0.0, self.req.budget_min * 60 - (time.monotonic() - t0)
                                - sum(20.0 + 2 * r["predicted_s"] for r in chosen))
-            measured = self.measure(chosen, budget_s)
+            gauge = gauge_row(rows)
+            measured = self.measure(chosen + ([gauge] if gauge not in chosen else []), budget_s,
+                                    reference=gauge["layout"])
             for row in rows:
                 got = measured.get(row["layout"].name())
                 if got and "error" in got:
@@ -237,10 +231,9 @@ class Tuner:
                     row["status"] = "measured"
                     row["measured_s"] = got["step_s"]
                     row["timing"] = {k: got[k] for k in ("min_s", "ci_s", "spread", "rounds") if k in got}
-                    ratio = self.load_ratio(got)
-                    if ratio:  # the prediction at the load this layout was timed at
-                        row["timing"]["load_ratio"] = ratio
-                        row["predicted_at_load_s"] = row["predicted_s"] * ratio
+                    if "vs_reference" in got:  # this layout's time / the gauge's, round by round
+                        row["timing"]["vs_gauge"] = got["vs_reference"]["median"]
+                        row["predicted_vs_gauge"] = row["predicted_s"] / gauge["predicted_s"]
         ok = [r for r in rows if r["status"] == "measured"]
         if not self.req.what_if and not ok:
             raise TuneError(f"no measured layout ran: {[r['why'] for r in rows if r['status'] == 'failed']}; "
@@ -254,11 +247,14 @@ class Tuner:
             "counts": {s: sum(1 for r in rows if r["status"] == s) for s in ("measured", "ranked", "pruned", "failed")},
             "wall_s": round(time.monotonic() - t0, 1)}
         if ok:
-            raw_errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
-            errors = [abs(r.get("predicted_at_load_s", r["predicted_s"]) - r["measured_s"]) / r["measured_s"]
-                      for r in ok]
-            result["cost_model_median_error"] = statistics.median(errors)
-            result["cost_model_median_error_raw"] = statistics.median(raw_errors)  # at phase 1's load
+            # relative to the gauge timed in the same rounds: what a cost model can be judged on where the load moves
+            relative = [abs(r["predicted_vs_gauge"] / r["timing"]["vs_gauge"] - 1) for r in ok
+                        if "predicted_vs_gauge" in r]
+            if relative:
+                result["cost_model_median_error"] = statistics.median(relative)
+            result["cost_model_median_error_seconds"] = statistics.median(  # at phase 1's load
+                abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok)
+            result["gauge"] = row_json(gauge)
         result["trainer_config"] = str(self.write_config(pick["layout"]))
         (self.req.out / "result.json").write_text(json.dumps(result, indent=1))
         return result
@@ -288,11 +284,19 @@ def read_measured(path: Path) -> dict[str, dict]:
     return out
 
 
+def gauge_row(rows: list[dict]) -> dict:
+    """The layout every measured one is compared with, round by round: plain data parallelism (tp, pp, ep 1) with
+    the smallest micro-batch that fits, else the fastest predicted that fits; fixed before anything is timed."""
+    fits = [r for r in rows if not r["why"].startswith("memory")]
+    plain = [r for r in fits if (r["layout"].tp, r["layout"].pp, r["layout"].ep, r["layout"].zero) == (1, 1, 1, False)]
+    return min(plain, key=lambda r: r["layout"].mbs) if plain else min(fits, key=lambda r: r["predicted_s"])
+
+
 def row_json(row: dict) -> dict:
     out = {"layout": row["layout"].name(), "keys": row["layout"].as_dict(), "dp": row["dp"],
            "predicted_s": row["predicted_s"], "memory_gib": row["memory_bytes"] / GIB, "status": row["status"],
            "why": row["why"], "parts": row["parts"]}
-    for key in ("measured_s", "predicted_at_load_s", "timing", "rank"):
+    for key in ("measured_s", "predicted_vs_gauge", "timing", "rank"):
         if key in row:
             out[key] = row[key]
     return out
@@ -307,11 +311,28 @@ def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Cost
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
+    scale = compute_scale(raw, compute)
+    compute = {kind: [a * scale, b * scale] for kind, (a, b) in compute.items()}
     bubbles = {s: (b["measured"] / b["theory"]) for s, b in raw.get("bubbles", {}).items() if b["theory"]}
     return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"] * raw.get("load", 1),
                  bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
-                 sharing=raw.get("sharing", 1.0),
+                 sharing=raw.get("sharing", 1.0), compute_scale=scale,
                  source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
+
+
+def compute_scale(raw: dict, compute: dict[str, list[float]]) -> float:
+    """Layers inside a real pipeline step (phase 1's pp=2 runs: the busiest rank's compute, every rank of the job
+    busy) against the same layers timed one by one (lone x sharing): the median ratio over the schedules, which
+    scales every layer's cost. 1 where phase 1 did not record it."""
+    ratios = []
+    for run in raw.get("bubbles", {}).values():
+        if not run.get("busy_s"):
+            continue
+        per_mb = sum(n * (compute[kind][0] + compute[kind][1] * run["tokens"])
+                     for kind, n in run["layers"].items() if n and kind in compute)
+        if per_mb > 0:
+            ratios.append(run["busy_s"] / (run["microbatches"] * per_mb * raw.get("sharing", 1.0)))
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def lone_seconds(point: dict, raw: dict) -> float:

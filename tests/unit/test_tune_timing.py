@@ -58,21 +58,23 @@ def test_ranks_that_share_cores_pay_less_in_a_pipeline_than_without_idle_ranks()
     assert 2.0 * 4 < shared < 2.0 * alone
 
 
-def test_phase1_layer_costs_are_cpu_seconds_at_phase1s_load_and_the_gauge_rescales_them(tmp_path):
-    from sigma.paths import configs_dir
-    from sigma.tune.tuner import Request, Tuner, fit_costs
+def test_phase1_layer_costs_are_cpu_seconds_at_phase1s_load_scaled_to_a_real_pipeline_step():
+    from sigma.tune.tuner import fit_costs
 
     points = [{"kind": kind, "tokens": t, "seconds": 9.9, "alone": 9.9, "cpu": scale * t}
               for kind, scale in (("moe", 2e-4), ("head", 1e-4)) for t in (64, 128, 256)]
     points += [{"kind": "moe@tp2", "tokens": t, "seconds": 2e-4 * t} for t in (64, 128)]  # timed busy only
-    raw = {"compute": points, "sharing": 2.0, "load": 3.0, "probe_s": 0.5, "optimizer_s_per_param": 1e-9,
-           "links": [], "bubbles": {}, "world": 4, "nodes": ["node1", "node2"]}
+    raw = {"compute": points, "sharing": 2.0, "load": 3.0, "optimizer_s_per_param": 1e-9, "links": [],
+           "bubbles": {}, "world": 4, "nodes": ["node1", "node2"]}
     costs = fit_costs(raw, 2, None)
     assert costs.compute["moe"] == pytest.approx([0.0, 3 * 2e-4])  # CPU seconds x the load, not the noisy wall
     assert costs.compute["moe@tp2"] == pytest.approx([0.0, 1e-4])  # busy seconds / sharing
-    assert costs.optimizer_s_per_param == pytest.approx(3e-9)
-    (tmp_path / "phase1.json").write_text(__import__("json").dumps(raw))
-    tuner = Tuner(Request(config=str(configs_dir() / "train" / "tiny.yaml"), nodes=2, gpus_per_node=2,
-                          global_batch=8, out=tmp_path, resume=True))
-    tuner.costs()
-    assert tuner.load_ratio({"probe_s": 1.0}) == pytest.approx(2.0) and tuner.load_ratio({}) is None
+    assert costs.optimizer_s_per_param == pytest.approx(3e-9) and costs.compute_scale == 1.0
+    # the busiest rank of a real pp=2 step computed 2 MoE layers + the head on 2 micro-batches of 64 tokens in half
+    # the time the layers timed one by one add up to (at the shared speed)
+    one_by_one = 2 * (2 * 3 * 2e-4 * 64 + 3 * 1e-4 * 64) * 2.0
+    raw["bubbles"] = {"1f1b": {"measured": 0.4, "theory": 1 / 3, "busy_s": one_by_one / 2, "microbatches": 2,
+                               "tokens": 64, "layers": {"dense": 0, "moe": 2, "head": 1}}}
+    scaled = fit_costs(raw, 2, None)
+    assert scaled.compute_scale == pytest.approx(0.5)
+    assert scaled.compute["moe"] == pytest.approx([0.0, 0.5 * 3 * 2e-4])
