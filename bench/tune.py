@@ -111,6 +111,9 @@ def main() -> int:
     shown = min(1.0, ratio["median"])
     print(f"pick / best-of-grid throughput: {shown:.3f} (per-round ratio median {ratio['median']:.3f}, 95% CI "
           f"{lo:.3f}-{hi:.3f}; goal >= 0.95){'; the pick was fastest' if ratio['median'] >= 1 else ''}")
+    best_row = next(c for c in tuned["candidates"] if c["layout"] == best)
+    print(f"rank of the best in the cost model's order: {best_row.get('rank')} ({best_row['status']}"
+          + (f": {best_row['why']})" if best_row["why"] else ")"))
     measured = tuned["counts"]["measured"] + tuned["counts"]["failed"]
     print(f"layouts measured / exhaustive: {measured} / {len(grid)} = {measured / len(grid):.3f} (goal <= 0.25)")
     print(f"tuner wall time: {wall:.0f} s (phase 1 profiling + phase 2; the grid took {grid_wall:.0f} s)")

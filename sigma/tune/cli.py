@@ -88,11 +88,15 @@ def print_result(result: dict, top: int) -> None:
     rows = sorted(result["candidates"], key=lambda r: (order[r["status"]], r["predicted_s"]))
     table = Table(title=f"{result['model']} on {result['world']} ranks ({result['nodes']} x {result['gpus_per_node']}), "
                         f"global batch {result['global_batch']} x {result['seq_len']} tokens")
-    for col in ("layout", "dp", "predicted ms", "measured ms", "spread", "error", "memory GiB", "status"):
+    for col in ("layout", "dp", "predicted ms", "measured ms", "spread", "error vs gauge", "memory GiB", "status"):
         table.add_column(col, justify="left" if col in ("layout", "status") else "right")
     for r in rows[:top]:
         measured = r.get("measured_s")
-        err = f"{100 * (r['predicted_s'] - measured) / measured:+.1f}%" if measured else ""
+        err = ""
+        if "predicted_vs_gauge" in r and "vs_gauge" in r.get("timing", {}):  # against the gauge, same rounds
+            err = f"{100 * (r['predicted_vs_gauge'] / r['timing']['vs_gauge'] - 1):+.1f}%"
+        elif measured and r["layout"] == result.get("gauge", {}).get("layout"):
+            err = "gauge"
         status = r["status"] + (f" #{r['rank']}" if "rank" in r and r["status"] == "ranked" else "")
         status += f": {r['why']}" if r["why"] else ""
         table.add_row(r["layout"], str(r["dp"]), f"{1000 * r['predicted_s']:,.1f}",

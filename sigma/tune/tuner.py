@@ -221,6 +221,8 @@ class Tuner:
                 budget_s = max(0.0, self.req.budget_min * 60 - (time.monotonic() - t0)
                                - sum(20.0 + 2 * r["predicted_s"] for r in chosen))
             gauge = gauge_row(rows)
+            if gauge not in chosen:
+                gauge["why"] = "the gauge" + (f" ({gauge['status']}: {gauge['why']})" if gauge["why"] else "")
             measured = self.measure(chosen + ([gauge] if gauge not in chosen else []), budget_s,
                                     reference=gauge["layout"])
             for row in rows:
