@@ -2,10 +2,10 @@
 
 ProfileTask (phase 1) measures, with every rank of its allocation busy at once (so shared cores and links count):
 - forward + backward of one dense layer, one MoE layer and the output head for each micro-batch size, every rank
-  at once and rank 0 alone, in alternating rounds: the lone speed, and how much slower a rank computes while every
-  rank does (ranks sharing cores);
+  at once and rank 0 alone, in alternating rounds: the lone call's CPU seconds and how much longer than them it
+  lasted (the machine's load then), and how much slower a rank computes while every rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
-- the optimiser's seconds per parameter;
+- the optimiser's CPU seconds per parameter;
 - the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble, and the busiest rank's
   compute in it (the trainer's stage_busy_s): what the layers cost inside a real step, against the sum of the
   layers timed one by one.
