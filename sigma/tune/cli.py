@@ -27,7 +27,10 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=float, metavar="MINUTES", help="time for phase 2's measurements; fewer layouts "
                                                                     "are timed when they would not fit")
     p.add_argument("--measure", type=int, default=3, help="best-ranked layouts timed for real (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per measured layout (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per measured layout at least, one per round "
+                                                        "of the layouts in turn (default: %(default)s)")
+    p.add_argument("--max-steps", type=int, default=12, help="at most, while the fastest is not told apart from "
+                                                            "the runner-up with confidence (default: %(default)s)")
     p.add_argument("--memory-gb", type=float, help="memory per rank (default: the node's memory / ranks per node)")
     p.add_argument("--recompute", action="store_true", help="also search recomputing every MoE layer (less "
                                                             "memory, more compute; always searched with --what-if)")
@@ -49,14 +52,15 @@ def run(args) -> int:
     from sigma.cli import CommandError, console
     from sigma.tune.tuner import Request, Tuner, TuneError
 
-    for name in ("nodes", "gpus_per_node", "global_batch", "measure", "steps"):
+    for name in ("nodes", "gpus_per_node", "global_batch", "measure", "steps", "max_steps"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     preset = Path(args.config).stem
     out = Path(args.out or f"runs/tune/{preset}" + ("-what-if" if args.what_if else "")).expanduser()
     req = Request(config=args.config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                   global_batch=args.global_batch, out=out, overrides=args.overrides, budget_min=args.budget,
-                  measure=args.measure, steps=args.steps, memory_gb=args.memory_gb, max_tp=args.max_tp,
+                  measure=args.measure, steps=args.steps, max_steps=args.max_steps, memory_gb=args.memory_gb,
+                  max_tp=args.max_tp,
                   resume=args.resume, what_if=args.what_if, recompute=args.recompute)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
@@ -84,15 +88,21 @@ def print_result(result: dict, top: int) -> None:
     rows = sorted(result["candidates"], key=lambda r: (order[r["status"]], r["predicted_s"]))
     table = Table(title=f"{result['model']} on {result['world']} ranks ({result['nodes']} x {result['gpus_per_node']}), "
                         f"global batch {result['global_batch']} x {result['seq_len']} tokens")
-    for col in ("layout", "dp", "predicted ms", "measured ms", "error", "memory GiB", "status"):
+    for col in ("layout", "dp", "predicted ms", "measured ms", "spread", "error vs gauge", "memory GiB", "status"):
         table.add_column(col, justify="left" if col in ("layout", "status") else "right")
     for r in rows[:top]:
         measured = r.get("measured_s")
-        err = f"{100 * (r['predicted_s'] - measured) / measured:+.1f}%" if measured else ""
+        err = ""
+        if "predicted_vs_gauge" in r and "vs_gauge" in r.get("timing", {}):  # against the gauge, same rounds
+            err = f"{100 * (r['predicted_vs_gauge'] / r['timing']['vs_gauge'] - 1):+.1f}%"
+        elif measured and r["layout"] == result.get("gauge", {}).get("layout"):
+            err = "gauge"
         status = r["status"] + (f" #{r['rank']}" if "rank" in r and r["status"] == "ranked" else "")
         status += f": {r['why']}" if r["why"] else ""
         table.add_row(r["layout"], str(r["dp"]), f"{1000 * r['predicted_s']:,.1f}",
-                      f"{1000 * measured:,.1f}" if measured else "", err, f"{r['memory_gib']:.2f}", status)
+                      f"{1000 * measured:,.1f}" if measured else "",
+                      f"{100 * r['timing']['spread']:.0f}% x{r['timing']['rounds']}" if "timing" in r else "", err,
+                      f"{r['memory_gib']:.2f}", status)
     out.print(table)
     c = result["counts"]
     out.print(f"{len(result['candidates'])} layouts: {c['measured']} measured, {c['ranked']} ranked only, "
@@ -100,7 +110,9 @@ def print_result(result: dict, top: int) -> None:
     for line in result["constraints"]:
         out.print(f"  - {line}")
     if "cost_model_median_error" in result:
-        out.print(f"cost model median error on the measured layouts: {100 * result['cost_model_median_error']:.1f}%")
+        out.print(f"cost model median error on the measured layouts, relative to {result['gauge']['layout']} timed in "
+                  f"the same rounds: {100 * result['cost_model_median_error']:.1f}% (in seconds, at phase 1's load: "
+                  f"{100 * result['cost_model_median_error_seconds']:.1f}%)")
     pick = result["pick"]
     basis = f"measured {1000 * pick['measured_s']:,.1f} ms" if "measured_s" in pick else \
         f"predicted {1000 * pick['predicted_s']:,.1f} ms (cost model only)"

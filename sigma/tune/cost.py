@@ -8,13 +8,15 @@ Costs (what phase 1 fits, or a fabric file states for `--what-if`):
 - links: alpha + bytes / beta per collective (all_reduce, all_to_all, p2p), inside a node or across nodes;
 - the optimiser's seconds per parameter, and per schedule the measured bubble over the schedule's theoretical one.
 
-Step time of a layout = the pipeline's run + gradient all-reduces + optimiser step. Compute is at the speed of a
-rank alone; where ranks share cores (phase 1 measures by how much: `sharing`), the pipeline's run lasts at least
-the ranks' average compute x sharing (all of them at once), which is what a layout without idle ranks pays. A pipeline rank computes each
+Step time of a layout = the pipeline's run + gradient all-reduces + optimiser step. A pipeline rank computes each
 micro-batch through its stages: layer compute / tp (the head is replicated), tp all-reduces of the activations
 (two per block in forward and two in backward, two more for routed experts), ep all-to-alls (dispatch and combine,
-forward and backward), and a p2p send of activations and of their gradient per stage it holds. The slowest rank
-sets the pace: m micro-batches plus the bubble's (p - 1) / v of them (x the schedule's measured factor).
+forward and backward), and a p2p send of activations and of their gradient per stage it holds. Compute is at the
+speed of a rank alone. Where every rank computes at one speed (`sharing` 1: an accelerator each), the slowest rank
+sets the pace: m micro-batches plus the bubble's (p - 1) / v of them (x the schedule's measured factor). Where ranks
+share cores (phase 1 measures by how much: `sharing` > 1), the schedule is simulated (sigma.tune.schedule): the
+ranks that wait in the pipeline's fill and drain leave their cores to the others, and a layout whose ranks never
+wait pays the whole slowdown.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
 from sigma.train.memory import estimate, stage_param_counts
+from sigma.tune.schedule import pipeline_time
 
 KINDS = ("dense", "moe", "head")
 OPS = ("all_reduce", "all_to_all", "p2p")
@@ -52,6 +55,7 @@ class Costs:
     param_bytes: int = 4
     keep_outputs: bool = True  # the last pipeline stage keeps every micro-batch's logits (sigma.train.memory)
     sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
+    compute_scale: float = 1.0  # the layers' cost inside a real step / timed one by one (already in `compute`)
     source: str = ""
     constraints: list[str] = field(default_factory=list)
 
@@ -125,26 +129,30 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
             parts["compute"] += layer_compute(costs, "head", tokens)
         return parts
 
-    per_rank = []
+    per_rank, stage_s = [], {}
     for r in range(pp):
         parts = {"compute": 0.0, "tp": 0.0, "ep": 0.0, "p2p": 0.0}
         for s in dims.stages_of(r):
-            for k, val in stage_parts(s).items():
+            of_stage = stage_parts(s)
+            stage_s[s] = sum(of_stage.values())
+            for k, val in of_stage.items():
                 parts[k] += val
             if pp > 1:
                 parts["p2p"] += 2 * p2p_link.time(hidden_bytes)
         per_rank.append(parts)
     slowest = max(per_rank, key=lambda p: sum(p.values()))
-    per_mb = sum(slowest.values())
-    bubble = 0.0
-    if pp > 1:
-        bubble = costs.bubble_factor.get(dims.schedule, 1.0) * (pp - 1) / v * per_mb
     result = {k: m * val for k, val in slowest.items()}
-    result["bubble"] = bubble
-    # Ranks that share cores compute at the lone speed only while others wait: the step lasts at least the
-    # compute of all ranks at the shared speed (every rank's compute, averaged, x sharing).
-    busy = m * costs.sharing * sum(p["compute"] for p in per_rank) / pp
-    result["sharing"] = max(0.0, busy - result["compute"] - bubble)
+    busy = sum(result.values())
+    if costs.sharing > 1:
+        # ranks share cores: simulate the schedule (sigma.tune.schedule), at the lone speed and shared
+        p2p_s = p2p_link.time(hidden_bytes) if pp > 1 else 0.0
+        stages = [stage_s[s] for s in range(dims.n_stages)]
+        alone = pipeline_time(stages, pp, v, m, p2p_s)
+        result["bubble"] = max(0.0, alone - busy)
+        result["sharing"] = max(0.0, pipeline_time(stages, pp, v, m, p2p_s, costs.sharing) - max(alone, busy))
+    else:  # every rank at one speed: the closed form, the theoretical bubble x the schedule's measured factor
+        result["bubble"] = costs.bubble_factor.get(dims.schedule, 1.0) * (pp - 1) / v * busy / m if pp > 1 else 0.0
+        result["sharing"] = 0.0
 
     # gradients: dense ones over dp, expert ones over edp (bucketed all-reduces); the optimiser over what it owns
     worst_params = max(stage_param_counts(model, dims, r) for r in range(pp))

@@ -1,24 +1,22 @@
-"""The tuner's jobs, one process per rank (submitit on SLURM, or local processes): profile the platform, or time
-layouts for real.
+"""Phase 1 of the tuner, one process per rank (submitit on SLURM, or local processes): profile the platform.
 
 ProfileTask (phase 1) measures, with every rank of its allocation busy at once (so shared cores and links count):
-- forward + backward of one dense layer, one MoE layer and the output head for each micro-batch size, and the
-  same on rank 0 alone: how much slower a rank computes while every rank does (ranks sharing cores);
+- forward + backward of one dense layer, one MoE layer and the output head for each micro-batch size, every rank
+  at once and rank 0 alone, in alternating rounds: the lone call's CPU seconds and how much longer than them it
+  lasted (the machine's load then), and how much slower a rank computes while every rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
-- the optimiser's seconds per parameter;
-- the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble.
-MeasureTask (phase 2, and the exhaustive grid of bench/tune.py) trains each given layout for a few steps on random
-tokens and appends one JSON line per layout to a results file as it goes, so a failed or preempted job keeps what
-it measured (`sigma tune --resume` measures only the rest).
+- the optimiser's CPU seconds per parameter;
+- the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble, and the busiest rank's
+  compute in it (the trainer's stage_busy_s): what the layers cost inside a real step, against the sum of the
+  layers timed one by one.
+Timing layouts for real (phase 2, and the exhaustive grid of bench/tune.py) is sigma.tune.measure's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -63,7 +61,11 @@ def _device() -> torch.device:
 
 # ---------------------------------------------------------------- phase 1
 
-def measure_compute(model_cfg, seq_len: int, mbs_list: list[int], reps: int) -> list[dict]:
+def measure_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list: list[int], reps: int) -> list[dict]:
+    """Forward + backward of a dense layer, an MoE layer and the head per micro-batch size, in rounds that time
+    each twice: every rank at once (`seconds`, shared cores and all), then rank 0 alone while the others wait
+    (`alone`); back to back, so load from elsewhere that comes and goes hits both alike. Rank 0's per-round
+    ratios busy / alone (`ratios`) say how much ranks that share cores slow each other."""
     from sigma.train.model import MoETransformer
 
     device = _device()
@@ -77,17 +79,47 @@ def measure_compute(model_cfg, seq_len: int, mbs_list: list[int], reps: int) -> 
     for mbs in mbs_list:
         x = torch.randn(mbs, seq_len, model_cfg.dim, device=device, requires_grad=True)
         targets = torch.randint(0, model_cfg.vocab_size, (mbs * seq_len,), device=device)
+        fns = {}
         for kind, block in blocks.items():
             def step(block=block):
                 y, aux = block(x, cos, sin)
                 (y.float().pow(2).mean() + (aux if aux is not None else 0)).backward()
-            out.append({"kind": kind, "tokens": mbs * seq_len, "seconds": _timed(step, reps)})
+            fns[kind] = step
 
         def head():
             logits = model.output(model.norm(x))
             torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets).backward()
-        out.append({"kind": "head", "tokens": mbs * seq_len, "seconds": _timed(head, reps)})
+        fns["head"] = head
+        for kind, fn in fns.items():
+            fn()  # warm-up
+            busy, alone, cpu = [], [], []
+            for _ in range(reps):
+                busy.append(_once(fn, world)[0])
+                if rank == 0:
+                    wall, used = _once(fn, 1)
+                    alone.append(wall)
+                    cpu.append(used)
+                if world > 1:
+                    dist.barrier()
+            point = {"kind": kind, "tokens": mbs * seq_len, "seconds": statistics.median(busy)}
+            if rank == 0:
+                point["alone"] = statistics.median(alone)
+                point["cpu"] = statistics.median(cpu)
+                point["ratios"] = [b / a for b, a in zip(busy, alone)]
+                point["load"] = [a / c for a, c in zip(alone, cpu) if c > 0]
+            out.append(point)
     return out
+
+
+def _once(fn, world: int) -> tuple[float, float]:
+    """One call, started together on every rank (world > 1): (wall seconds, this thread's CPU seconds)."""
+    if world > 1:
+        dist.barrier()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list: list[int], reps: int,
@@ -131,11 +163,13 @@ def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list:
     return out
 
 
-def measure_optimizer(reps: int, numel: int = 1 << 20) -> float:
+def measure_optimizer(reps: int, numel: int = 1 << 22) -> float:
+    """CPU seconds per parameter of the trainer's AdamW step (per tensor, as build_optimizer runs it)."""
     p = torch.nn.Parameter(torch.randn(numel, device=_device()))
     p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
-    return _timed(opt.step, reps) / numel
+    opt = torch.optim.AdamW([p], lr=1e-3, foreach=False)
+    opt.step()  # warm-up: the state is allocated
+    return statistics.median(_once(opt.step, 1)[1] for _ in range(reps)) / numel
 
 
 def measure_links(rank: int, world: int, nodes: list[str], sizes: list[int], reps: int) -> list[dict]:
@@ -202,16 +236,28 @@ def measure_bubbles(model_cfg, rank: int, world: int, seq_len: int, steps: int) 
         run = build_parallel(model_cfg, dims, rank, seed=0)
         optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False))
         g = torch.Generator().manual_seed(1)
-        bubbles = []
+        bubbles, busy = [], []
         for step in range(steps + WARMUP):
             batch = torch.randint(0, model_cfg.vocab_size, (2 * dp, seq_len + 1), generator=g)
             train_step(run, optimizer, named, batch)
             if step >= WARMUP:
                 bubbles.append(run.kpi["bubble"])
+                busy.append(run.kpi["stage_busy_s"])
         value = torch.tensor([statistics.median(bubbles)], dtype=torch.float64)
         dist.all_reduce(value)
+        # the busiest pipeline rank's compute in the real schedule, and what it computes (to calibrate the layers)
+        layers = [layer for st in dims.stages_of(run.coords["pp"]) for layer in dims.layers_of_stage(st)]
+        mine = torch.tensor([statistics.median(busy), sum(1 for x in layers if x < model_cfg.n_dense_layers),
+                             sum(1 for x in layers if x >= model_cfg.n_dense_layers),
+                             1.0 if dims.n_stages - 1 in dims.stages_of(run.coords["pp"]) else 0.0],
+                            dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        top = max(every, key=lambda t: float(t[0]))
         theory = (2 - 1) / (vpp * 2 + 2 - 1)
-        out[schedule] = {"measured": float(value) / world, "theory": theory}
+        out[schedule] = {"measured": float(value) / world, "theory": theory, "busy_s": float(top[0]),
+                         "microbatches": 2, "tokens": seq_len,
+                         "layers": {"dense": int(top[1]), "moe": int(top[2]), "head": int(top[3])}}
     return out
 
 
@@ -233,12 +279,8 @@ class ProfileTask:
             nodes = [None] * world
             dist.all_gather_object(nodes, node)
             dist.barrier()
-        compute = measure_compute(model_cfg, s["seq_len"], s["mbs"], s.get("reps", 3))
-        alone = []  # rank 0's layers again while the others wait: how much ranks slow each other down
+        compute = measure_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("compute_reps", 7))
         if world > 1:
-            dist.barrier()
-            if rank == 0:
-                alone = measure_compute(model_cfg, s["seq_len"], s["mbs"][-1:], s.get("reps", 3))
             dist.barrier()
             compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("reps", 3),
                                           s.get("max_tp", world))
@@ -253,70 +295,13 @@ class ProfileTask:
             dist.destroy_process_group()
         if rank:
             return None
-        # the median over ranks of each point: every rank computed at once, on its share of the cores
+        # the median over ranks of each point (every rank computed at once, on its share of the cores), and rank 0's
+        # alone; sharing: the median of rank 0's paired busy / alone ratios over every point and round
+        ratios = [x for p in compute for x in p.pop("ratios", [])]
+        load = statistics.median([x for p in compute for x in p.pop("load", [])] or [1.0])
         merged = [dict(point, seconds=statistics.median(r[i]["seconds"] for r in gathered))
                   for i, point in enumerate(compute)]
-        busy = {(p["kind"], p["tokens"]): p["seconds"] for p in merged}
-        sharing = statistics.median([busy[(p["kind"], p["tokens"])] / p["seconds"] for p in alone]) if alone else 1.0
-        return {"compute": merged, "sharing": max(1.0, sharing), "optimizer_s_per_param": optimizer, "links": links,
-                "bubbles": bubbles, "world": world, "nodes": sorted(set(nodes))}
-
-
-# ---------------------------------------------------------------- phase 2: layouts for real
-
-def measure_layout(model_cfg, layout, world: int, rank: int, global_batch: int, seq_len: int, steps: int) -> dict:
-    """Median step seconds (the slowest rank's, per step) of `steps` timed steps after a warm-up."""
-    from sigma.train.parallelize import build_optimizer, build_parallel, train_step
-    from sigma.train.train_config import OptimConfig
-
-    dims = layout.dims(world, model_cfg, global_batch)
-    run = build_parallel(model_cfg, dims, rank, seed=0, device=_device())
-    optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False), shard=layout.zero)
-    g = torch.Generator().manual_seed(7)
-    times = []
-    for step in range(steps + WARMUP):
-        batch = torch.randint(0, model_cfg.vocab_size, (global_batch, seq_len + 1), generator=g).to(_device())
-        if world > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        train_step(run, optimizer, named, batch)
-        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if step >= WARMUP:
-            times.append(float(elapsed))
-    step_s = statistics.median(times)
-    return {"step_s": step_s, "tokens_per_s": global_batch * seq_len / step_s}
-
-
-class MeasureTask:
-    """Time each of spec["layouts"] in turn on this allocation; rank 0 appends a JSON line per layout to
-    spec["results"] (an error is recorded for that layout, and the job goes on with the next)."""
-
-    def __init__(self, spec: dict):
-        self.spec = spec
-
-    def __call__(self) -> None:
-        from sigma.train.config import load_model_config
-        from sigma.tune.space import Layout
-
-        s = self.spec
-        rank, world = _join(s.get("threads", 1))
-        model_cfg = load_model_config(s["model"], s.get("model_overrides", {}))
-        results = Path(s["results"])
-        try:
-            for entry in s["layouts"]:
-                layout = Layout.from_dict(entry)
-                try:
-                    record = measure_layout(model_cfg, layout, world, rank, s["global_batch"], s["seq_len"],
-                                            s.get("steps", 3))
-                except Exception as exc:  # this layout failed on this platform; the rest still get measured
-                    record = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-                if world > 1:
-                    dist.barrier()
-                if rank == 0:
-                    with results.open("a") as f:
-                        f.write(json.dumps({"layout": layout.as_dict(), **record}) + "\n")
-        finally:
-            if world > 1 and dist.is_initialized():
-                dist.destroy_process_group()
+        sharing = statistics.median(ratios) if world > 1 else 1.0
+        return {"compute": merged, "sharing": max(1.0, sharing), "load": load,
+                "optimizer_s_per_param": optimizer, "links": links, "bubbles": bubbles, "world": world,
+                "nodes": sorted(set(nodes))}

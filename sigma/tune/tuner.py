@@ -40,7 +40,8 @@ class Request:
     overrides: list[str] = field(default_factory=list)
     budget_min: float | None = None
     measure: int = 3  # the few best the cost model ranks, timed for real
-    steps: int = 3  # timed steps per measured layout (after one warm-up)
+    steps: int = 3  # timed steps (interleaved rounds) per measured layout at least, after a warm-up
+    max_steps: int = 12  # at most, while the fastest is not yet told apart from the runner-up
     memory_gb: float | None = None  # per rank; None: the platform's (phase 1), or the fabric's
     max_tp: int | None = None  # default: gpus_per_node
     resume: bool = False
@@ -169,16 +170,22 @@ class Tuner:
             row["rank"] = i
         return rows
 
-    def measure(self, rows: list[dict]) -> dict[str, dict]:
-        """Time the chosen rows for real (those already in measured.jsonl are kept, not timed again)."""
+    def measure(self, rows: list[dict], budget_s: float | None = None, group: int | None = None,
+                reference: Layout | None = None) -> dict[str, dict]:
+        """Time the chosen rows for real, interleaved (sigma.tune.measure); those already in measured.jsonl are
+        kept, not timed again. group: layouts timed together (all by default); reference: a layout timed in every
+        group, to compare groups; budget_s: seconds of timed rounds per group at most."""
         done = read_measured(self.measured_path)
         todo = [r["layout"] for r in rows if r["layout"].name() not in done]
         if todo:
-            from sigma.tune.profile import MeasureTask
+            from sigma.tune.measure import MeasureTask
 
             spec = {"model": self.cfg.model, "model_overrides": self.cfg.model_overrides, "seq_len": self.seq_len,
-                    "global_batch": self.req.global_batch, "steps": self.req.steps, "threads": self.req.threads,
-                    "layouts": [l.as_dict() for l in todo], "results": str(self.measured_path)}
+                    "global_batch": self.req.global_batch, "min_rounds": self.req.steps,
+                    "max_rounds": max(self.req.steps, self.req.max_steps), "budget_s": budget_s,
+                    "threads": self.req.threads, "layouts": [l.as_dict() for l in todo],
+                    "results": str(self.measured_path), "group": group,
+                    "reference": reference.as_dict() if reference else None}
             job = self._executor(self.req.nodes, "measure").submit(MeasureTask(spec))
             before = len(done)
             self._wait(job, f"phase 2: measuring {len(todo)} layout(s) on {self.world} ranks",
@@ -209,7 +216,15 @@ class Tuner:
         measured: dict[str, dict] = {}
         if not self.req.what_if:
             chosen = ranked[:self.how_many(ranked)]
-            measured = self.measure(chosen)
+            budget_s = None
+            if self.req.budget_min:  # what phase 1 left of the budget, less the job's start-up and warm-up
+                budget_s = max(0.0, self.req.budget_min * 60 - (time.monotonic() - t0)
+                               - sum(20.0 + 2 * r["predicted_s"] for r in chosen))
+            gauge = gauge_row(rows)
+            if gauge not in chosen:
+                gauge["why"] = "the gauge" + (f" ({gauge['status']}: {gauge['why']})" if gauge["why"] else "")
+            measured = self.measure(chosen + ([gauge] if gauge not in chosen else []), budget_s,
+                                    reference=gauge["layout"])
             for row in rows:
                 got = measured.get(row["layout"].name())
                 if got and "error" in got:
@@ -217,6 +232,10 @@ class Tuner:
                 elif got:
                     row["status"] = "measured"
                     row["measured_s"] = got["step_s"]
+                    row["timing"] = {k: got[k] for k in ("min_s", "ci_s", "spread", "rounds") if k in got}
+                    if "vs_reference" in got:  # this layout's time / the gauge's, round by round
+                        row["timing"]["vs_gauge"] = got["vs_reference"]["median"]
+                        row["predicted_vs_gauge"] = row["predicted_s"] / gauge["predicted_s"]
         ok = [r for r in rows if r["status"] == "measured"]
         if not self.req.what_if and not ok:
             raise TuneError(f"no measured layout ran: {[r['why'] for r in rows if r['status'] == 'failed']}; "
@@ -230,8 +249,14 @@ class Tuner:
             "counts": {s: sum(1 for r in rows if r["status"] == s) for s in ("measured", "ranked", "pruned", "failed")},
             "wall_s": round(time.monotonic() - t0, 1)}
         if ok:
-            errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
-            result["cost_model_median_error"] = statistics.median(errors)
+            # relative to the gauge timed in the same rounds: what a cost model can be judged on where the load moves
+            relative = [abs(r["predicted_vs_gauge"] / r["timing"]["vs_gauge"] - 1) for r in ok
+                        if "predicted_vs_gauge" in r]
+            if relative:
+                result["cost_model_median_error"] = statistics.median(relative)
+            result["cost_model_median_error_seconds"] = statistics.median(  # at phase 1's load
+                abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok)
+            result["gauge"] = row_json(gauge)
         result["trainer_config"] = str(self.write_config(pick["layout"]))
         (self.req.out / "result.json").write_text(json.dumps(result, indent=1))
         return result
@@ -261,11 +286,19 @@ def read_measured(path: Path) -> dict[str, dict]:
     return out
 
 
+def gauge_row(rows: list[dict]) -> dict:
+    """The layout every measured one is compared with, round by round: plain data parallelism (tp, pp, ep 1) with
+    the smallest micro-batch that fits, else the fastest predicted that fits; fixed before anything is timed."""
+    fits = [r for r in rows if not r["why"].startswith("memory")]
+    plain = [r for r in fits if (r["layout"].tp, r["layout"].pp, r["layout"].ep, r["layout"].zero) == (1, 1, 1, False)]
+    return min(plain, key=lambda r: r["layout"].mbs) if plain else min(fits, key=lambda r: r["predicted_s"])
+
+
 def row_json(row: dict) -> dict:
     out = {"layout": row["layout"].name(), "keys": row["layout"].as_dict(), "dp": row["dp"],
            "predicted_s": row["predicted_s"], "memory_gib": row["memory_bytes"] / GIB, "status": row["status"],
            "why": row["why"], "parts": row["parts"]}
-    for key in ("measured_s", "rank"):
+    for key in ("measured_s", "predicted_vs_gauge", "timing", "rank"):
         if key in row:
             out[key] = row[key]
     return out
@@ -276,17 +309,41 @@ def row_json(row: dict) -> dict:
 def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Costs:
     compute = {}
     for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
-        sharing = raw.get("sharing", 1.0)  # timed with every rank busy: the lone rank's speed is sharing x faster
-        compute[kind] = fit_affine([(p["tokens"], p["seconds"] / sharing) for p in raw["compute"]
-                                    if p["kind"] == kind])
+        compute[kind] = fit_affine([(p["tokens"], lone_seconds(p, raw)) for p in raw["compute"] if p["kind"] == kind])
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
+    scale = compute_scale(raw, compute)
+    compute = {kind: [a * scale, b * scale] for kind, (a, b) in compute.items()}
     bubbles = {s: (b["measured"] / b["theory"]) for s, b in raw.get("bubbles", {}).items() if b["theory"]}
-    return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"],
+    return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"] * raw.get("load", 1),
                  bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
-                 sharing=raw.get("sharing", 1.0),
+                 sharing=raw.get("sharing", 1.0), compute_scale=scale,
                  source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
+
+
+def compute_scale(raw: dict, compute: dict[str, list[float]]) -> float:
+    """Layers inside a real pipeline step (phase 1's pp=2 runs: the busiest rank's compute, every rank of the job
+    busy) against the same layers timed one by one (lone x sharing): the median ratio over the schedules, which
+    scales every layer's cost. 1 where phase 1 did not record it."""
+    ratios = []
+    for run in raw.get("bubbles", {}).values():
+        if not run.get("busy_s"):
+            continue
+        per_mb = sum(n * (compute[kind][0] + compute[kind][1] * run["tokens"])
+                     for kind, n in run["layers"].items() if n and kind in compute)
+        if per_mb > 0:
+            ratios.append(run["busy_s"] / (run["microbatches"] * per_mb * raw.get("sharing", 1.0)))
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def lone_seconds(point: dict, raw: dict) -> float:
+    """A layer's seconds on one rank alone at phase 1's load: its CPU seconds (steady whatever else runs) x how
+    much longer than its CPU time a call lasted then (`load`, the median over every call rank 0 timed alone);
+    timed with every rank busy only (tp layers, files of older versions): / sharing."""
+    if "cpu" in point:
+        return point["cpu"] * raw.get("load", 1.0)
+    return point["seconds"] / raw.get("sharing", 1.0)
 
 
 def fabric_costs(path: str, model: ModelConfig, seq_len: int) -> Costs:

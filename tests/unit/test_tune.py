@@ -130,35 +130,42 @@ def test_tune_on_local_processes_measures_the_best_and_resumes(tmp_path, capsys)
         return json.loads(capsys.readouterr().out)
 
     first = tune(1)
-    assert first["counts"]["measured"] == 1 and first["pick"]["status"] == "measured"
+    top = next(c for c in first["candidates"] if c.get("rank") == 1)
+    gauge = first["gauge"]  # plain data parallelism, timed in the same rounds as the best ranked
+    assert gauge["keys"]["tp"] == gauge["keys"]["pp"] == gauge["keys"]["ep"] == 1 and gauge["status"] == "measured"
+    assert first["counts"]["measured"] == (1 if top["layout"] == gauge["layout"] else 2)
+    assert first["pick"]["status"] == "measured"
     assert {"compute", "links", "bubbles"} <= set(json.loads((tmp_path / "phase1.json").read_text()))
     before = (tmp_path / "measured.jsonl").read_text().splitlines()
-    again = tune(2, "--resume")
+    again = tune(3, "--resume")
     after = (tmp_path / "measured.jsonl").read_text().splitlines()
-    assert len(after) == 2 and after[0] == before[0]  # the first layout was not timed again
-    assert again["counts"]["measured"] == 2
+    assert after[:len(before)] == before  # what was timed is kept, not timed again
+    assert again["counts"]["measured"] == len(after) >= 3
     assert again["costs"] == first["costs"]  # phase 1 kept
     ranked = sorted((c for c in again["candidates"] if "rank" in c), key=lambda c: c["rank"])
-    assert [c["status"] for c in ranked[:2]] == ["measured", "measured"]
-    assert again["pick"]["measured_s"] == min(c["measured_s"] for c in ranked[:2])
-    assert 0 <= again["cost_model_median_error"]
+    assert [c["status"] for c in ranked[:3]] == ["measured"] * 3
+    assert again["pick"]["measured_s"] == min(c["measured_s"] for c in again["candidates"] if "measured_s" in c)
+    assert 0 <= again["cost_model_median_error"] and 0 <= again["cost_model_median_error_seconds"]
+    assert all(c["timing"]["rounds"] >= 1 for c in again["candidates"] if c["status"] == "measured")
     config = (tmp_path / "debug-tuned.yaml").read_text()
     assert f"tp: {again['pick']['keys']['tp']}" in config and "global_batch: 4" in config
 
 
 def test_a_layout_that_fails_is_recorded_and_the_job_goes_on(tmp_path, monkeypatch):
     """MeasureTask in this process (one rank): the failing layout's error is kept, the next one is measured."""
-    from sigma.tune.profile import MeasureTask
+    from sigma.tune.measure import MeasureTask
     from sigma.tune.tuner import read_measured
 
     for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_JOB_ID"):
         monkeypatch.delenv(key, raising=False)
     results = tmp_path / "measured.jsonl"
-    MeasureTask({"model": "debug", "seq_len": 16, "global_batch": 2, "steps": 1, "results": str(results),
+    MeasureTask({"model": "debug", "seq_len": 16, "global_batch": 2, "min_rounds": 2, "max_rounds": 2,
+                 "results": str(results),
                  "layouts": [Layout(tp=2).as_dict(), Layout(mbs=2).as_dict()]})()
     got = read_measured(results)
     assert "world size 1 (launch.nodes x launch.gpus_per_node) is not divisible" in got["tp2 pp1 ep1 mbs1"]["error"]
-    assert got["tp1 pp1 ep1 mbs2"]["step_s"] > 0
+    ok = got["tp1 pp1 ep1 mbs2"]
+    assert ok["step_s"] > 0 and ok["rounds"] == 2 and len(ok["samples_s"]) == 2
 
 
 def test_shared_cores_slow_a_layout_without_idle_ranks_more_than_a_pipeline():
