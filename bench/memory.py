@@ -40,11 +40,11 @@ LAYOUTS = [
      {"pp": 2, "vpp": 2, "pp_layers": [3, 1, 2, 2]}, 2, 4, 128, ()),
     ("tiny 8 layers tp2 mb2 T256", "tiny", {"n_layers": 8}, {"tp": 2}, 2, 1, 256, ()),
     ("tiny 8 layers dp2 ep2 zero1 mb2 T256", "tiny", {"n_layers": 8},
-     {"world": 2, "ep": 2, "shard_optimizer": True}, 2, 1, 256, ()),
+     {"world": 2, "ep": 2, "shard_optimizer": True, "ep_dispatch": EPDispatch("capacity", 2.0)}, 2, 1, 256, ()),
     ("tiny 8 layers dp2 ep2 dropless mb2 T256", "tiny", {"n_layers": 8},
      {"world": 2, "ep": 2, "ep_dispatch": EPDispatch("dropless")}, 2, 1, 256, ()),
     ("tiny 8 layers dp2 ep2 cf1.25 mb2 T256", "tiny", {"n_layers": 8},
-     {"world": 2, "ep": 2, "ep_dispatch": EPDispatch(capacity_factor=1.25)}, 2, 1, 256, ()),
+     {"world": 2, "ep": 2, "ep_dispatch": EPDispatch("capacity", 1.25)}, 2, 1, 256, ()),
 ]
 
 
@@ -73,7 +73,7 @@ def measure_rank(rank, port, preset, overrides, layout, mb, n_mb, seq_len, recom
     shard = layout.get("shard_optimizer", False)
     if dims.world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dims.world)
-    ep_dispatch = layout.get("ep_dispatch", EPDispatch())  # the trainer's default: capacity 2.0
+    ep_dispatch = layout.get("ep_dispatch", EPDispatch())
     run = build_parallel(model_cfg, dims, rank, seed=0, recompute_layers=list(recompute), ep_dispatch=ep_dispatch)
     optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False), shard=shard)
     g = torch.Generator().manual_seed(1)

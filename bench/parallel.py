@@ -61,7 +61,7 @@ def worker(rank, port, layout, args, peak, queue):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     cfg = load_model_config("tiny", {"n_layers": 8})
     layout = dict(layout)
-    dispatch = EPDispatch(*layout.pop("dispatch", ("capacity", 2.0, 2)))
+    dispatch = EPDispatch(*layout.pop("dispatch", ("dropless",)))  # the trainer's default
     dims = ParallelDims.build(WORLD, n_layers=cfg.n_layers, n_experts=cfg.n_experts, n_heads=cfg.n_heads,
                               n_kv_heads=cfg.n_kv_heads, global_batch=args.batch, **layout)
     run = build_parallel(cfg, dims, rank, seed=0, ep_dispatch=dispatch)

@@ -245,7 +245,7 @@ class EPDispatch:
         (all_to_all_single takes them as Python ints), no overlap.
     """
 
-    mode: str = "capacity"
+    mode: str = "dropless"  # exact by default: capacity drops tokens, so it is a choice made knowingly
     capacity_factor: float = 2.0
     chunks: int = 2
 

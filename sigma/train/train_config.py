@@ -78,7 +78,7 @@ class RecomputeConfig:
 @dataclass
 class ParallelConfig:
     ep: int = 1  # expert-parallel degree: experts are sharded over groups of this many ranks
-    ep_dispatch: Literal["capacity", "dropless"] = "capacity"  # capacity: fixed shapes, no host read; dropless: one per layer
+    ep_dispatch: Literal["capacity", "dropless"] = "dropless"  # dropless: exact, one host read per layer; capacity: fixed shapes, none
     ep_capacity_factor: float = 2.0  # capacity dispatch: rows per expert and rank = this x the even share (>= E/top_k never drops)
     ep_chunks: int = 2  # capacity dispatch: pieces the all-to-all is issued in, so experts compute while the next arrives
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU

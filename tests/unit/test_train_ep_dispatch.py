@@ -122,8 +122,8 @@ def worker(rank, port, queue):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         result = {"direct": direct_dispatch(rank),
-                  "capacity": model_steps(rank, EPDispatch()),
-                  "one_chunk_recompute": model_steps(rank, EPDispatch(chunks=1), recompute=(1, 2)),
+                  "capacity": model_steps(rank, EPDispatch("capacity")),
+                  "one_chunk_recompute": model_steps(rank, EPDispatch("capacity", chunks=1), recompute=(1, 2)),
                   "dropless": model_steps(rank, EPDispatch("dropless"))}
         queue.put((rank, result))
         dist.barrier()
