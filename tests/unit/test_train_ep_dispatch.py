@@ -2,29 +2,17 @@
 and backward, it trains like one process when no token is over capacity, and tokens over capacity are dropped
 (zero expert output, zero gradient) and counted exactly."""
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-E, DIM, HIDDEN = 4, 8, 16
+from tests.unit.gloo_ranks import run_ranks
+from tests.unit.test_train_expert_parallel import DIM, E, local_experts, reference_experts
+
 # tokens per expert on each rank (top_k 1): rank 0 sends expert 2 more rows than a capacity factor of 1 allows
 COUNTS = {0: [3, 1, 6, 0], 1: [2, 4, 0, 2]}
 STEPS, BATCH, SEQ = 3, 4, 32
 OVERRIDES = {"n_layers": 3, "balance": "aux_free", "bias_update_speed": 0.01}
 HOST_READS = ("tolist", "item", "__bool__", "nonzero", "__int__", "__float__", "__index__")
-
-
-def reference_experts():
-    from sigma.train.moe import GroupedExperts
-
-    torch.manual_seed(0)
-    experts = GroupedExperts(E, DIM, HIDDEN, impl="loop")
-    for w in (experts.w1, experts.w2, experts.w3):
-        torch.nn.init.normal_(w, 0.0, 0.3)
-    return experts
 
 
 def inputs(rank):
@@ -60,11 +48,7 @@ def direct_dispatch(rank):
     """ExpertParallel on COUNTS with capacity 4 per expert and rank, in 2 chunks of 2."""
     from sigma.train.parallel import EPDispatch, ExpertParallel
 
-    full = reference_experts()
-    local = type(full)(E // 2, DIM, HIDDEN, impl="loop")
-    with torch.no_grad():
-        for name in ("w1", "w2", "w3"):
-            getattr(local, name).copy_(getattr(full, name)[rank * 2:(rank + 1) * 2])
+    local = local_experts(rank)
     # capacity 4 on both ranks: ceil(1.6 x 10 / 4) and ceil(1.6 x 8 / 4), in 2 chunks of 2 (every rank of an ep
     # group must send the same buffer: the trainer's micro-batches have one shape)
     options = EPDispatch("capacity", capacity_factor=1.6, chunks=2)
@@ -113,42 +97,18 @@ def model_steps(rank, options, recompute=()):
     return {"host_read": error, "steps": out}
 
 
-def worker(rank, port, queue):
-    import torch.distributed as dist
-
+def all_dispatches(rank):
     from sigma.train.parallel import EPDispatch
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        result = {"direct": direct_dispatch(rank),
-                  "capacity": model_steps(rank, EPDispatch("capacity")),
-                  "one_chunk_recompute": model_steps(rank, EPDispatch("capacity", chunks=1), recompute=(1, 2)),
-                  "dropless": model_steps(rank, EPDispatch("dropless"))}
-        queue.put((rank, result))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    queue.close()
-    queue.join_thread()
-    os._exit(0)
+    return {"direct": direct_dispatch(rank),
+            "capacity": model_steps(rank, EPDispatch("capacity")),
+            "one_chunk_recompute": model_steps(rank, EPDispatch("capacity", chunks=1), recompute=(1, 2)),
+            "dropless": model_steps(rank, EPDispatch("dropless"))}
 
 
 @pytest.fixture(scope="module")
 def results():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(rank, port, queue)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    out = dict(queue.get(timeout=900) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
+    return run_ranks(all_dispatches, 2)
 
 
 def one_process_steps():

@@ -1,12 +1,9 @@
 """expert_parallel_compute over 2 gloo ranks equals the one-device grouped experts, forward and backward,
 including an expert that receives no tokens and a rank that sends nothing to the other."""
 
-import os
-import socket
-
-import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.unit.gloo_ranks import run_ranks
 
 E, DIM, HIDDEN = 4, 8, 16
 # tokens per expert on each rank: both ranks feed both of rank 0's experts (the received segments must be
@@ -29,45 +26,29 @@ def inputs(rank):
     return torch.randn(sum(COUNTS[rank]), DIM)
 
 
-def worker(rank, port, queue):
-    import torch.distributed as dist
+def local_experts(rank):
+    """Rank's half of reference_experts(): experts 2 x rank and 2 x rank + 1."""
+    full = reference_experts()
+    local = type(full)(E // 2, DIM, HIDDEN, impl="loop")
+    with torch.no_grad():
+        for name in ("w1", "w2", "w3"):
+            getattr(local, name).copy_(getattr(full, name)[rank * 2:(rank + 1) * 2])
+    return local
 
+
+def dispatch(rank):
     from sigma.train.parallel import expert_parallel_compute
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        full = reference_experts()
-        local = type(full)(E // 2, DIM, HIDDEN, impl="loop")
-        with torch.no_grad():
-            for name in ("w1", "w2", "w3"):
-                getattr(local, name).copy_(getattr(full, name)[rank * 2:(rank + 1) * 2])
-        x = inputs(rank).requires_grad_()
-        y = expert_parallel_compute(x, torch.tensor(COUNTS[rank]), local, None, 2)
-        (y * torch.arange(1, y.numel() + 1, dtype=y.dtype).view_as(y)).sum().backward()
-        # numpy arrays travel by value (tensors would be shared memory of an exiting process)
-        queue.put((rank, y.detach().numpy(), x.grad.numpy(), local.w1.grad.numpy(), local.w2.grad.numpy()))
-        dist.barrier()  # neither rank tears gloo down while the other still talks to it
-    finally:
-        dist.destroy_process_group()
-    queue.close()
-    queue.join_thread()  # the results are in the pipe
-    os._exit(0)  # skip interpreter teardown: gloo's static destructors can abort a finished worker
+    local = local_experts(rank)
+    x = inputs(rank).requires_grad_()
+    y = expert_parallel_compute(x, torch.tensor(COUNTS[rank]), local, None, 2)
+    (y * torch.arange(1, y.numel() + 1, dtype=y.dtype).view_as(y)).sum().backward()
+    return y.detach().numpy(), x.grad.numpy(), local.w1.grad.numpy(), local.w2.grad.numpy()
 
 
 def test_all_to_all_dispatch_matches_local_experts():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(rank, port, queue)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    results = {r[0]: [torch.from_numpy(a) for a in r[1:]] for r in (queue.get(timeout=120) for _ in procs)}
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = {rank: [torch.from_numpy(a) for a in arrays]
+               for rank, arrays in run_ranks(dispatch, 2, timeout=120).items()}
 
     full = reference_experts()
     w1_grad = torch.zeros_like(full.w1)

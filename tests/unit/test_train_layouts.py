@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.unit.gloo_ranks import run_ranks
+
 STEPS = 3
 OVERRIDES = {"n_layers": 4, "balance": "aux_free", "bias_update_speed": 0.01}
 BATCH, SEQ = 8, 32
@@ -82,26 +84,17 @@ def run_steps(layout, rank, steps, ckpt_save=None, ckpt_load=None):
     return out
 
 
-def worker(rank, port, queue, jobs):
+def run_jobs(rank, jobs):
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        results = {}
-        for name, layout, steps, save, load in jobs:
-            try:
-                results[name] = run_steps(layout, rank, steps, save, load)
-            except Exception as exc:  # reported per layout; the other layouts still run
-                results[name] = f"{type(exc).__name__}: {exc}"
-            dist.barrier()
-        queue.put((rank, results))
+    results = {}
+    for name, layout, steps, save, load in jobs:
+        try:
+            results[name] = run_steps(layout, rank, steps, save, load)
+        except Exception as exc:  # reported per layout; the other layouts still run
+            results[name] = f"{type(exc).__name__}: {exc}"
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    queue.close()
-    queue.join_thread()
-    os._exit(0)
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +104,7 @@ def layouts(tmp_path_factory):
     jobs = [(name, layout, STEPS, None, None) for name, layout in {**LAYOUTS, **AUX_LAYOUTS}.items()]
     jobs += [("save pp2-dp2", LAYOUTS["pp2-dp2-zero1"], 2, ckpt, None),
              ("resume tp2-ep2", LAYOUTS["tp2-ep2"], 1, None, ckpt)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, queue, jobs)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=900) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return results
+    return run_ranks(run_jobs, WORLD, jobs)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,11 @@
 """bfloat16 autocast under tp, pp and ZeRO-1 layouts (4 gloo ranks) trains like one process in bfloat16, and like
 one process in float32 within bfloat16's precision: loss and gradient norm at every step."""
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.unit.test_train_layouts import BATCH, OVERRIDES, STEPS, WORLD, batches, make_dims
+from tests.unit.gloo_ranks import run_ranks
+from tests.unit.test_train_layouts import OVERRIDES, STEPS, WORLD, batches, make_dims
 
 LAYOUTS = {
     "tp2-dp2": dict(tp=2),
@@ -33,40 +30,14 @@ def run_steps(layout, rank, amp_dtype):
     return [train_step(run, optimizer, named, batch, max_norm=1.0)[::2] for batch in batches()[:STEPS]]
 
 
-def worker(rank, port, queue):
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        for name, layout in LAYOUTS.items():
-            queue.put((name, rank, run_steps(layout, rank, torch.bfloat16)))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    queue.close()
-    queue.join_thread()
-    os._exit(0)
+def bf16_layouts(rank):
+    return {name: run_steps(layout, rank, torch.bfloat16) for name, layout in LAYOUTS.items()}
 
 
 @pytest.fixture(scope="module")
 def results():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(rank, port, queue)) for rank in range(WORLD)]
-    for p in procs:
-        p.start()
-    out = {}
-    for _ in range(WORLD * len(LAYOUTS)):
-        name, rank, steps = queue.get(timeout=900)
-        out[name, rank] = steps
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
+    return {(name, rank): steps for rank, by_name in run_ranks(bf16_layouts, WORLD).items()
+            for name, steps in by_name.items()}
 
 
 @pytest.fixture(scope="module")
