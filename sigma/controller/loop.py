@@ -31,7 +31,7 @@ from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
-from sigma.controller.detect.watchdog import JobInfo, check_job, throughput
+from sigma.controller.detect.watchdog import JobInfo, check_job, typical_throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import (MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series,
                                  metric_findings, normalise)
@@ -430,7 +430,7 @@ class Controller:
         """The job's throughput before the fault (what a recovered job gets back to)."""
         if f.evidence.get("baseline"):
             return f.evidence["baseline"]  # the throughput drop measured it
-        return throughput([r for r in rows if r["ts"] < f.first_ts])
+        return typical_throughput([r for r in rows if r["ts"] < f.first_ts])
 
     def _history_buckets(self, nodes: tuple[str, ...], now: float) -> list[tuple]:
         """The nodes' healthy history before the window, re-read at most every HISTORY_REFRESH_S (it moves
@@ -586,7 +586,7 @@ def recovered_after_move(verify: dict, rows: list[dict], min_points: int, fracti
     never confirmed; a hung job that never stepped before confirms by stepping."""
     if len(rows) < min_points:
         return False
-    tps, baseline = throughput(rows), verify.get("baseline")
+    tps, baseline = typical_throughput(rows), verify.get("baseline")
     if not baseline:
         return verify.get("kind") == "watchdog-hang"
     return bool(tps and tps >= fraction * baseline)

@@ -87,6 +87,19 @@ def throughput(rows: Iterable[Mapping]) -> float | None:
     return sum(v * w for v, w in points) / total if total > 0 else None
 
 
+def typical_throughput(rows: Iterable[Mapping]) -> float | None:
+    """The rate the job ran at for most of the time: the median over time. A restart's slow first steps do not
+    move it, so it judges whether a job that moved nodes runs as fast as before (throughput() would still be
+    dragged down by them)."""
+    points = sorted(rates(rows))
+    half, seen = sum(w for _, w in points) / 2, 0.0
+    for value, weight in points:
+        seen += weight
+        if seen >= half:
+            return value
+    return points[-1][0] if points else None
+
+
 def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
               history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
     """kpis: this job's rows since (at least) baseline_window_s + recent_window_s ago."""
