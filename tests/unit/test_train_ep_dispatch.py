@@ -26,7 +26,7 @@ def batches(vocab):
 
 
 class HostReadError(RuntimeError):
-    pass
+    """A tensor value was read back to the host inside the expert-parallel forward or backward."""
 
 
 def _forbid_host_reads(monkeypatch_like: dict):
