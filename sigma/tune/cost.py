@@ -6,7 +6,9 @@ Costs (what phase 1 fits, or a fabric file states for `--what-if`):
   phase 1 timed a layer split over tp ranks (`moe@tp2`), that figure with its all-reduces, instead of compute / tp
   plus the modelled all-reduces;
 - links: alpha + bytes / beta per collective (all_reduce, all_to_all, p2p), inside a node or across nodes;
-- the optimiser's seconds per parameter, and per schedule the measured bubble over the schedule's theoretical one.
+- the optimiser's seconds per parameter, and per schedule the measured bubble over the schedule's theoretical one;
+- where phase 1 ran real steps, how much the layers and the update (gradient sync, clipping, the optimiser) cost
+  inside them against the model (sigma.tune.calibrate).
 
 Step time of a layout = the pipeline's run + gradient all-reduces + optimiser step. A pipeline rank computes each
 micro-batch through its stages: layer compute / tp (the head is replicated), tp all-reduces of the activations
@@ -56,6 +58,8 @@ class Costs:
     keep_outputs: bool = True  # the last pipeline stage keeps every micro-batch's logits (sigma.train.memory)
     sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
     compute_scale: float = 1.0  # the layers' cost inside a real step / timed one by one (already in `compute`)
+    update_scale: float = 1.0  # gradient sync + optimiser inside a real step / modelled from links and AdamW alone
+    band: float = 0.0  # how close two predictions may be for the model to tell them apart (sigma.tune.calibrate)
     source: str = ""
     constraints: list[str] = field(default_factory=list)
 
@@ -172,8 +176,8 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
         link = costs.link("p2p", _spans_nodes(tp, dims.dp, g))
         tensors = 12 * sum(len(dims.layers_of_stage(s)) for s in dims.stages_of(0)) + 3
         optimizer += tensors * link.alpha + n_params * pb / link.beta
-    result["grad_sync"] = sync
-    result["optimizer"] = optimizer
+    result["grad_sync"] = sync * costs.update_scale
+    result["optimizer"] = optimizer * costs.update_scale
     rc_layers = tuple(range(model.n_dense_layers, model.n_layers)) if recompute else ()
     memory = max(estimate(model, dims, r, micro_batch=mbs, seq_len=seq_len, act_bytes=act, param_bytes=pb,
                           shard_optimizer=zero, recompute_layers=rc_layers, keep_outputs=costs.keep_outputs).peak

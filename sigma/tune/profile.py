@@ -219,37 +219,45 @@ def _ping_pong(x, y, peer: int, first: bool) -> None:
 
 
 def measure_bubbles(model_cfg, rank: int, world: int, seq_len: int, steps: int) -> dict[str, dict]:
-    """Bubble of pp=2 (dp = world / 2) per schedule, 2 micro-batches per rank, vs (p - 1) / (v m + p - 1)."""
+    """Real pp=2 training steps (dp = world / 2, 2 micro-batches of one sequence per rank) per searched schedule:
+    the bubble against (p - 1) / (v m + p - 1); the slowest rank's pipeline run (the trainer's pipeline_s) and what
+    followed it (gradient sync, clipping, the optimiser: step_s - pipeline_s); the busiest rank's compute
+    (stage_busy_s) and the layers it holds. The cost model is calibrated on these steps (sigma.tune.tuner)."""
     from sigma.train.dims import ParallelDims
     from sigma.train.parallelize import build_optimizer, build_parallel, train_step
     from sigma.train.train_config import OptimConfig
+    from sigma.tune.measure import spread
 
     if world < 2 or world % 2 or model_cfg.n_layers < 2:
         return {}
     out = {}
     dp = world // 2
-    for schedule, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)):
+    for schedule, vpp in (("1f1b", 1), ("interleaved_1f1b", 2)):
         if model_cfg.n_layers < 2 * vpp:
             continue
         dims = ParallelDims.build(world, pp=2, vpp=vpp, schedule=schedule, microbatches=2, n_layers=model_cfg.n_layers,
                                   n_experts=model_cfg.n_experts, global_batch=2 * dp)
-        run = build_parallel(model_cfg, dims, rank, seed=0)
+        run = build_parallel(model_cfg, dims, rank, seed=0, device=_device())
         optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False))
         g = torch.Generator().manual_seed(1)
-        bubbles, busy = [], []
+        bubbles, busy, pipeline, update, step_s = [], [], [], [], []
         for step in range(steps + WARMUP):
-            batch = torch.randint(0, model_cfg.vocab_size, (2 * dp, seq_len + 1), generator=g)
+            batch = torch.randint(0, model_cfg.vocab_size, (2 * dp, seq_len + 1), generator=g).to(_device())
             train_step(run, optimizer, named, batch)
             if step >= WARMUP:
-                bubbles.append(run.kpi["bubble"])
-                busy.append(run.kpi["stage_busy_s"])
+                kpi = run.kpi
+                bubbles.append(kpi["bubble"])
+                busy.append(kpi["stage_busy_s"])
+                pipeline.append(kpi["pipeline_s"])
+                update.append(kpi["step_s"] - kpi["pipeline_s"])
+                step_s.append(kpi["step_s"])
         value = torch.tensor([statistics.median(bubbles)], dtype=torch.float64)
         dist.all_reduce(value)
-        # the busiest pipeline rank's compute in the real schedule, and what it computes (to calibrate the layers)
         layers = [layer for st in dims.stages_of(run.coords["pp"]) for layer in dims.layers_of_stage(st)]
         mine = torch.tensor([statistics.median(busy), sum(1 for x in layers if x < model_cfg.n_dense_layers),
                              sum(1 for x in layers if x >= model_cfg.n_dense_layers),
-                             1.0 if dims.n_stages - 1 in dims.stages_of(run.coords["pp"]) else 0.0],
+                             1.0 if dims.n_stages - 1 in dims.stages_of(run.coords["pp"]) else 0.0,
+                             statistics.median(pipeline), statistics.median(update), spread(step_s)],
                             dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
@@ -257,7 +265,9 @@ def measure_bubbles(model_cfg, rank: int, world: int, seq_len: int, steps: int) 
         theory = (2 - 1) / (vpp * 2 + 2 - 1)
         out[schedule] = {"measured": float(value) / world, "theory": theory, "busy_s": float(top[0]),
                          "microbatches": 2, "tokens": seq_len,
-                         "layers": {"dense": int(top[1]), "moe": int(top[2]), "head": int(top[3])}}
+                         "layers": {"dense": int(top[1]), "moe": int(top[2]), "head": int(top[3])},
+                         "pipeline_s": max(float(t[4]) for t in every), "update_s": max(float(t[5]) for t in every),
+                         "spread": max(float(t[6]) for t in every), "dp": dp, "steps": steps}
     return out
 
 
@@ -287,7 +297,7 @@ class ProfileTask:
         optimizer = measure_optimizer(s.get("reps", 3))
         links = measure_links(rank, world, nodes, s.get("sizes", SIZES), s.get("reps", 3)) \
             if world > 1 else []
-        bubbles = measure_bubbles(model_cfg, rank, world, s["seq_len"], s.get("steps", 2)) if world > 1 else {}
+        bubbles = measure_bubbles(model_cfg, rank, world, s["seq_len"], s.get("steps", 4)) if world > 1 else {}
         gathered = [compute]
         if world > 1:
             gathered = [None] * world

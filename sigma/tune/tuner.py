@@ -78,7 +78,7 @@ class Tuner:
         else:
             raw = self._profile()
             self.phase1_path.write_text(json.dumps(raw, indent=1))
-        return fit_costs(raw, self.req.gpus_per_node, self._memory_bytes())
+        return fit_costs(raw, self.req.gpus_per_node, self._memory_bytes(), self.model)
 
     def _memory_bytes(self) -> float:
         if self.req.memory_gb:
@@ -165,6 +165,7 @@ class Tuner:
                 row["status"], row["why"] = "pruned", f"dominated by {best_name}"
             else:
                 best_mem, best_name = row["memory_bytes"], row["layout"].name()
+        keep_despite_model(by_time, costs.band)
         ranked = sorted((r for r in rows if r["status"] == "ranked"), key=lambda r: r["predicted_s"])
         for i, row in enumerate(ranked, 1):
             row["rank"] = i
@@ -215,7 +216,7 @@ class Tuner:
         ranked = sorted((r for r in rows if r["status"] == "ranked"), key=lambda r: r["predicted_s"])
         measured: dict[str, dict] = {}
         if not self.req.what_if:
-            chosen = ranked[:self.how_many(ranked)]
+            chosen = to_measure(ranked, self.how_many(ranked), len(rows), costs.band)
             budget_s = None
             if self.req.budget_min:  # what phase 1 left of the budget, less the job's start-up and warm-up
                 budget_s = max(0.0, self.req.budget_min * 60 - (time.monotonic() - t0)
@@ -276,6 +277,48 @@ class Tuner:
         return path
 
 
+def keep_despite_model(by_time: list[dict], band: float) -> None:
+    """Undo pruning the model cannot vouch for: the fastest predicted layout of each pipeline depth (the model's
+    error is largest between depths, whose bubbles and shared cores it simulates), and every layout predicted
+    within `band` (the model's error band, sigma.tune.calibrate) of the fastest. by_time: the layouts that fit, by
+    predicted time."""
+    if not by_time:
+        return
+    limit = by_time[0]["predicted_s"] * (1 + band)
+    depths = set()
+    for row in by_time:
+        depth = row["layout"].pp
+        if row["status"] == "ranked":
+            depths.add(depth)
+            continue
+        if depth not in depths:
+            row["status"], row["why"] = "ranked", f"kept: the fastest predicted with pp={depth} ({row['why']})"
+        elif row["predicted_s"] <= limit:
+            row["status"], row["why"] = "ranked", (f"kept: within the model's error band ({100 * band:.0f}%) of "
+                                                   f"the fastest ({row['why']})")
+        depths.add(depth)
+
+
+def to_measure(ranked: list[dict], n: int, total: int, band: float) -> list[dict]:
+    """The layouts phase 2 times: the n best ranked, the fastest predicted of each pipeline depth, and those
+    predicted within the model's error band of the fastest, in predicted order while the measured stay at most a
+    fifth of all the layouts (the gauge aside)."""
+    chosen = ranked[:n]
+    depths = {r["layout"].pp for r in chosen}
+    for row in ranked[n:]:
+        if row["layout"].pp not in depths:
+            chosen.append(row)
+            depths.add(row["layout"].pp)
+    cap = max(len(chosen), total // 5)
+    limit = ranked[0]["predicted_s"] * (1 + band) if ranked else 0.0
+    for row in ranked[n:]:
+        if len(chosen) >= cap or row["predicted_s"] > limit:
+            break
+        if row not in chosen:
+            chosen.append(row)
+    return sorted(chosen, key=lambda r: r["predicted_s"])
+
+
 def read_measured(path: Path) -> dict[str, dict]:
     out = {}
     if path.exists():
@@ -306,20 +349,28 @@ def row_json(row: dict) -> dict:
 
 # ---------------------------------------------------------------- fitting and stated costs
 
-def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None) -> Costs:
+def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None, model: ModelConfig | None = None) -> Costs:
+    """Costs fitted from phase 1; with the model, calibrated on phase 1's real steps (sigma.tune.calibrate)."""
+    from sigma.tune.calibrate import calibrate
+
     compute = {}
     for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
         compute[kind] = fit_affine([(p["tokens"], lone_seconds(p, raw)) for p in raw["compute"] if p["kind"] == kind])
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange
-    scale = compute_scale(raw, compute)
-    compute = {kind: [a * scale, b * scale] for kind, (a, b) in compute.items()}
     bubbles = {s: (b["measured"] / b["theory"]) for s, b in raw.get("bubbles", {}).items() if b["theory"]}
-    return Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"] * raw.get("load", 1),
-                 bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
-                 sharing=raw.get("sharing", 1.0), compute_scale=scale,
-                 source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
+    costs = Costs(compute=compute, links=links, optimizer_s_per_param=raw["optimizer_s_per_param"] * raw.get("load", 1),
+                  bubble_factor=bubbles, gpus_per_node=gpus_per_node, memory_bytes=memory_bytes,
+                  sharing=raw.get("sharing", 1.0),
+                  source=f"phase 1 on {raw['world']} rank(s), nodes {', '.join(raw['nodes'])}")
+    calibrated = calibrate(costs, raw, model) if model is not None else costs
+    if calibrated is not costs:
+        return calibrated
+    scale = compute_scale(raw, compute)  # phase 1 of an older version: its busiest rank's compute only
+    costs.compute = {kind: [a * scale, b * scale] for kind, (a, b) in compute.items()}
+    costs.compute_scale = scale
+    return costs
 
 
 def compute_scale(raw: dict, compute: dict[str, list[float]]) -> float:

@@ -133,7 +133,12 @@ def test_tune_on_local_processes_measures_the_best_and_resumes(tmp_path, capsys)
     top = next(c for c in first["candidates"] if c.get("rank") == 1)
     gauge = first["gauge"]  # plain data parallelism, timed in the same rounds as the best ranked
     assert gauge["keys"]["tp"] == gauge["keys"]["pp"] == gauge["keys"]["ep"] == 1 and gauge["status"] == "measured"
-    assert first["counts"]["measured"] == (1 if top["layout"] == gauge["layout"] else 2)
+    measured = [c for c in first["candidates"] if c["status"] == "measured"]
+    assert top["status"] == "measured"
+    # besides the best ranked and the gauge, the fastest predicted of every pipeline depth: the model's error is
+    # largest between depths
+    assert {c["keys"]["pp"] for c in measured} == {c["keys"]["pp"] for c in first["candidates"] if "rank" in c}
+    assert first["counts"]["measured"] <= max(3, len(first["candidates"]) // 5 + 1)
     assert first["pick"]["status"] == "measured"
     assert {"compute", "links", "bubbles"} <= set(json.loads((tmp_path / "phase1.json").read_text()))
     before = (tmp_path / "measured.jsonl").read_text().splitlines()

@@ -1,0 +1,73 @@
+"""The cost model held to phase 1's own real training steps: what the parts timed one by one cost inside a step.
+
+    costs = calibrate(costs, raw, model)   # raw: phase1.json; scales compute and the update, sets the error band
+
+Phase 1 times layers, collectives and AdamW one by one, then runs real pp=2 training steps per schedule (the
+trainer's `pipeline_s` and `step_s`). Two things differ inside a real step: the layers run inside the schedule
+with the other ranks of the job competing for the same cores, and after the pipeline the step averages
+gradients in flat buckets, computes their norm, clips and steps the optimiser, which costs more than the
+collectives and AdamW of the fits alone. So the model predicts phase 1's own pp=2 layouts (the schedule simulated
+with shared cores, as for any layout) and takes two ratios, measured / predicted:
+
+- `compute_scale`: the slowest rank's pipeline run over the predicted one (compute, bubble and sharing together,
+  so the shared cores are counted once, by the simulation), applied to every layer's cost;
+- `update_scale`: what followed the pipeline (step_s - pipeline_s) over the predicted gradient sync + optimiser.
+
+Only phase 1's runs are used, never a layout phase 2 times. `band` is how far the model can be trusted to rank
+two layouts: the larger of the steps' own spread in phase 1 (interquartile range / median) and how much the two
+schedules' compute scales disagree; phase 2 measures every layout predicted within it of the best.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from sigma.train.config import ModelConfig
+from sigma.train.dims import ParallelDims
+from sigma.tune.cost import Costs, predict
+
+UPDATE_PARTS = ("grad_sync", "optimizer")
+ROUNDS = 4  # fixed-point rounds for the compute scale: the links' part of a pipeline run is not scaled
+MAX_BAND = 0.5  # wider than this the model ranks nothing: the few measured still bound the cost
+
+
+def pipeline_part(parts: dict[str, float]) -> float:
+    return sum(v for k, v in parts.items() if k not in UPDATE_PARTS)
+
+
+def phase1_dims(run: dict, schedule: str, world: int, model: ModelConfig) -> ParallelDims:
+    """The layout of one of phase 1's real steps (sigma.tune.profile.measure_bubbles)."""
+    return ParallelDims.build(world, pp=2, vpp=2 if schedule == "interleaved_1f1b" else 1, schedule=schedule,
+                              microbatches=run["microbatches"], n_layers=model.n_layers, n_experts=model.n_experts,
+                              global_batch=run["microbatches"] * run["dp"])
+
+
+def scaled(costs: Costs, compute: float, update: float) -> Costs:
+    return replace(costs, compute={k: [a * compute, b * compute] for k, (a, b) in costs.compute.items()},
+                   compute_scale=costs.compute_scale * compute, update_scale=costs.update_scale * update)
+
+
+def calibrate(costs: Costs, raw: dict, model: ModelConfig) -> Costs:
+    """costs with layer and update costs scaled to phase 1's real pp=2 steps, and the model's error band; unchanged
+    where phase 1 recorded no such step (one rank, or a phase1.json of an older version)."""
+    runs = {s: r for s, r in raw.get("bubbles", {}).items() if "pipeline_s" in r and "update_s" in r}
+    if not runs:
+        return costs
+    compute_ratios, update_ratios, spreads = [], [], []
+    for schedule, run in runs.items():
+        dims = phase1_dims(run, schedule, raw["world"], model)
+        scale = 1.0
+        for _ in range(ROUNDS):
+            pred = predict(scaled(costs, scale, 1.0), model, dims, 1, run["tokens"])
+            scale *= run["pipeline_s"] / pipeline_part(pred.parts)
+        compute_ratios.append(scale)
+        update = sum(pred.parts[k] for k in UPDATE_PARTS)
+        if update > 0 and run["update_s"] > 0:
+            update_ratios.append(run["update_s"] / update)
+        spreads.append(run.get("spread", 0.0))
+    compute = statistics.median(compute_ratios)
+    update = statistics.median(update_ratios) if update_ratios else 1.0
+    disagree = max(abs(r / compute - 1) for r in compute_ratios)
+    band = min(MAX_BAND, max(statistics.median(spreads), disagree))
+    return replace(scaled(costs, compute, update), band=band)
