@@ -13,6 +13,9 @@ with shared cores, as for any layout) and takes two ratios, measured / predicted
   so the shared cores are counted once, by the simulation), applied to every layer's cost;
 - `update_scale`: what followed the pipeline (step_s - pipeline_s) over the predicted gradient sync + optimiser.
 
+- `exchange_latency_s`: where phase 1 also ran the step with experts over 2 ranks, what each all-to-all adds
+  inside a step beyond the same call timed alone (on shared cores a call waits for a peer off its core).
+
 Only phase 1's runs are used, never a layout phase 2 times. `band` is how far the model can be trusted to rank
 two layouts: the larger of the steps' own spread in phase 1 (interquartile range / median) and how much the two
 schedules' compute scales disagree; phase 2 measures every layout predicted within it of the best.
@@ -25,7 +28,7 @@ from dataclasses import replace
 
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
-from sigma.tune.cost import Costs, predict
+from sigma.tune.cost import Costs, Link, predict
 
 UPDATE_PARTS = ("grad_sync", "optimizer")
 ROUNDS = 4  # fixed-point rounds for the compute scale: the links' part of a pipeline run is not scaled
@@ -38,9 +41,9 @@ def pipeline_part(parts: dict[str, float]) -> float:
 
 def phase1_dims(run: dict, schedule: str, world: int, model: ModelConfig) -> ParallelDims:
     """The layout of one of phase 1's real steps (sigma.tune.profile.measure_bubbles)."""
-    return ParallelDims.build(world, pp=2, vpp=2 if schedule == "interleaved_1f1b" else 1, schedule=schedule,
-                              microbatches=run["microbatches"], n_layers=model.n_layers, n_experts=model.n_experts,
-                              global_batch=run["microbatches"] * run["dp"])
+    return ParallelDims.build(world, pp=2, vpp=2 if schedule == "interleaved_1f1b" else 1, ep=run.get("ep", 1),
+                              schedule=schedule, microbatches=run["microbatches"], n_layers=model.n_layers,
+                              n_experts=model.n_experts, global_batch=run["microbatches"] * run["dp"])
 
 
 def scaled(costs: Costs, compute: float, update: float) -> Costs:
@@ -70,4 +73,26 @@ def calibrate(costs: Costs, raw: dict, model: ModelConfig) -> Costs:
     update = statistics.median(update_ratios) if update_ratios else 1.0
     disagree = max(abs(r / compute - 1) for r in compute_ratios)
     band = min(MAX_BAND, max(statistics.median(spreads), disagree))
-    return replace(scaled(costs, compute, update), band=band)
+    out = replace(scaled(costs, compute, update), band=band)
+    if "ep_step" in raw:
+        out = with_exchange_latency(out, raw["ep_step"], raw["world"], model)
+    return out
+
+
+def with_all_to_all_alpha(costs: Costs, extra: float) -> Costs:
+    links = {k: Link(v.alpha + extra, v.beta) if k.startswith("all_to_all/") else v for k, v in costs.links.items()}
+    return replace(costs, links=links, exchange_latency_s=costs.exchange_latency_s + extra)
+
+
+def with_exchange_latency(costs: Costs, run: dict, world: int, model: ModelConfig) -> Costs:
+    """The latency an all-to-all adds inside a real step beyond the same call timed alone: phase 1's step with
+    experts over 2 ranks against its prediction, per unit of all-to-all latency the prediction holds (on shared
+    cores each call waits for a peer that may be off its core). Never negative: a faster step is noise."""
+    dims = phase1_dims(run, "1f1b", world, model)
+    base = pipeline_part(predict(costs, model, dims, 1, run["tokens"]).parts)
+    step = 1e-3
+    per_second = (pipeline_part(predict(with_all_to_all_alpha(costs, step), model, dims, 1, run["tokens"]).parts)
+                  - base) / step  # seconds of pipeline per second of latency: the calls on the critical path
+    if per_second <= 0 or run["pipeline_s"] <= base:
+        return costs
+    return with_all_to_all_alpha(costs, (run["pipeline_s"] - base) / per_second)

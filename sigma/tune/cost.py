@@ -59,6 +59,7 @@ class Costs:
     sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
     compute_scale: float = 1.0  # the layers' cost inside a real step / timed one by one (already in `compute`)
     update_scale: float = 1.0  # gradient sync + optimiser inside a real step / modelled from links and AdamW alone
+    exchange_latency_s: float = 0.0  # an all-to-all's latency inside a real step beyond timed alone (in `links`)
     band: float = 0.0  # how close two predictions may be for the model to tell them apart (sigma.tune.calibrate)
     source: str = ""
     constraints: list[str] = field(default_factory=list)

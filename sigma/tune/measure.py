@@ -89,21 +89,23 @@ def _ready(model_cfg, layout, world: int, rank: int, global_batch: int, seq_len:
     batch = torch.randint(0, model_cfg.vocab_size, (global_batch, seq_len + 1),
                           generator=torch.Generator().manual_seed(7)).to(_device())
 
-    def step() -> tuple[float, float, float]:
+    def step() -> tuple[float, float, float, float]:
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
         train_step(run, optimizer, named, batch)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        # [step, busy, pipeline] of every rank, to take the slowest rank's step and the pipeline's figures
-        mine = torch.zeros(3 * world, dtype=torch.float64)
-        mine[3 * rank:3 * rank + 3] = torch.tensor([time.perf_counter() - t0, run.kpi.get("stage_busy_s", 0.0),
-                                                    run.kpi.get("pipeline_s", 0.0)], dtype=torch.float64)
+        # [step, busy, pipeline, bubble] of every rank: the slowest rank's step, the pipeline's figures
+        mine = torch.zeros(4 * world, dtype=torch.float64)
+        mine[4 * rank:4 * rank + 4] = torch.tensor([time.perf_counter() - t0, run.kpi.get("stage_busy_s", 0.0),
+                                                    run.kpi.get("pipeline_s", 0.0), run.kpi.get("bubble", 0.0)],
+                                                   dtype=torch.float64)
         if world > 1:
             dist.all_reduce(mine)
-        per_rank = mine.view(world, 3)
-        return float(per_rank[:, 0].max()), float(per_rank[:, 1].max()), float(per_rank[:, 2].max())
+        per_rank = mine.view(world, 4)
+        return (float(per_rank[:, 0].max()), float(per_rank[:, 1].max()), float(per_rank[:, 2].max()),
+                float(per_rank[:, 3].mean()))
 
     for _ in range(WARMUP):
         step()
@@ -126,14 +128,16 @@ def time_group(model_cfg, layouts: list, world: int, rank: int, global_batch: in
     times = {n: [] for n in names}
     busy = {n: [] for n in names}
     pipeline = {n: [] for n in names}
+    bubble = {n: [] for n in names}
     t0 = time.monotonic()
     for r in range(max_rounds):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
-            step_s, busy_s, pipe_s = steps[name]()
+            step_s, busy_s, pipe_s, bubble_share = steps[name]()
             times[name].append(step_s)
             busy[name].append(busy_s)
             pipeline[name].append(pipe_s)
+            bubble[name].append(bubble_share)
         done = r + 1 >= min_rounds and (
             separated(times)
             or (budget_s is not None and time.monotonic() - t0 >= budget_s))
@@ -147,7 +151,10 @@ def time_group(model_cfg, layouts: list, world: int, rank: int, global_batch: in
         rec = summarise(times[name], ref if name != (reference.name() if reference else None) else None)
         if any(busy[name]):
             rec["stage_busy_s"] = statistics.median(busy[name])  # the busiest pipeline rank's compute
-            rec["pipeline_s"] = statistics.median(pipeline[name])
+            rec["pipeline_s"] = statistics.median(pipeline[name])  # the slowest rank's pipeline run
+            # after it, per round: gradient sync, clipping, the optimiser (the slowest rank's step less its run)
+            rec["update_s"] = statistics.median(t - p for t, p in zip(times[name], pipeline[name]))
+            rec["bubble"] = statistics.median(bubble[name])  # the ranks' mean share of the run spent waiting
         records[name] = rec
     steps.clear()
     gc.collect()  # free this group's models before the next group builds its own

@@ -6,9 +6,9 @@ ProfileTask (phase 1) measures, with every rank of its allocation busy at once (
   lasted (the machine's load then), and how much slower a rank computes while every rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
 - the optimiser's CPU seconds per parameter;
-- the bubble of a pp=2 pipeline per schedule, against the schedule's theoretical bubble, and the busiest rank's
-  compute in it (the trainer's stage_busy_s): what the layers cost inside a real step, against the sum of the
-  layers timed one by one.
+- real pp=2 training steps per schedule, and one with experts over 2 ranks, interleaved: the bubble against the
+  schedule's theoretical one, the slowest rank's pipeline run and what followed it (gradient sync, clipping, the
+  optimiser), the busiest rank's compute (the trainer's KPIs): sigma.tune.calibrate holds the cost model to them.
 Timing layouts for real (phase 2, and the exhaustive grid of bench/tune.py) is sigma.tune.measure's.
 """
 
@@ -218,56 +218,39 @@ def _ping_pong(x, y, peer: int, first: bool) -> None:
         dist.send(x, peer)
 
 
-def measure_bubbles(model_cfg, rank: int, world: int, seq_len: int, steps: int) -> dict[str, dict]:
-    """Real pp=2 training steps (dp = world / 2, 2 micro-batches of one sequence per rank) per searched schedule:
-    the bubble against (p - 1) / (v m + p - 1); the slowest rank's pipeline run (the trainer's pipeline_s) and what
-    followed it (gradient sync, clipping, the optimiser: step_s - pipeline_s); the busiest rank's compute
-    (stage_busy_s) and the layers it holds. The cost model is calibrated on these steps (sigma.tune.tuner)."""
-    from sigma.train.dims import ParallelDims
-    from sigma.train.parallelize import build_optimizer, build_parallel, train_step
-    from sigma.train.train_config import OptimConfig
-    from sigma.tune.measure import spread
+def measure_real_steps(model_cfg, rank: int, world: int, seq_len: int, rounds: int) -> dict[str, dict]:
+    """Real pp=2 training steps, 2 micro-batches of one sequence per rank (dp = world / 2), per searched schedule
+    and, where the experts split over 2 ranks, 1F1B with ep=2; timed interleaved round by round
+    (sigma.tune.measure), so load that comes and goes hits them alike. Per run: the bubble against
+    (p - 1) / (v m + p - 1), the slowest rank's pipeline run and what followed it (gradient sync, clipping, the
+    optimiser), the step's spread. sigma.tune.calibrate holds the cost model to them."""
+    from sigma.config import ConfigError
+    from sigma.tune.measure import time_group
+    from sigma.tune.space import Layout
 
     if world < 2 or world % 2 or model_cfg.n_layers < 2:
         return {}
-    out = {}
     dp = world // 2
-    for schedule, vpp in (("1f1b", 1), ("interleaved_1f1b", 2)):
-        if model_cfg.n_layers < 2 * vpp:
-            continue
-        dims = ParallelDims.build(world, pp=2, vpp=vpp, schedule=schedule, microbatches=2, n_layers=model_cfg.n_layers,
-                                  n_experts=model_cfg.n_experts, global_batch=2 * dp)
-        run = build_parallel(model_cfg, dims, rank, seed=0, device=_device())
-        optimizer, named, _ = build_optimizer(run, OptimConfig(fused=False))
-        g = torch.Generator().manual_seed(1)
-        bubbles, busy, pipeline, update, step_s = [], [], [], [], []
-        for step in range(steps + WARMUP):
-            batch = torch.randint(0, model_cfg.vocab_size, (2 * dp, seq_len + 1), generator=g).to(_device())
-            train_step(run, optimizer, named, batch)
-            if step >= WARMUP:
-                kpi = run.kpi
-                bubbles.append(kpi["bubble"])
-                busy.append(kpi["stage_busy_s"])
-                pipeline.append(kpi["pipeline_s"])
-                update.append(kpi["step_s"] - kpi["pipeline_s"])
-                step_s.append(kpi["step_s"])
-        value = torch.tensor([statistics.median(bubbles)], dtype=torch.float64)
-        dist.all_reduce(value)
-        layers = [layer for st in dims.stages_of(run.coords["pp"]) for layer in dims.layers_of_stage(st)]
-        mine = torch.tensor([statistics.median(busy), sum(1 for x in layers if x < model_cfg.n_dense_layers),
-                             sum(1 for x in layers if x >= model_cfg.n_dense_layers),
-                             1.0 if dims.n_stages - 1 in dims.stages_of(run.coords["pp"]) else 0.0,
-                             statistics.median(pipeline), statistics.median(update), spread(step_s)],
-                            dtype=torch.float64)
-        every = [torch.zeros_like(mine) for _ in range(world)]
-        dist.all_gather(every, mine)
-        top = max(every, key=lambda t: float(t[0]))
-        theory = (2 - 1) / (vpp * 2 + 2 - 1)
-        out[schedule] = {"measured": float(value) / world, "theory": theory, "busy_s": float(top[0]),
-                         "microbatches": 2, "tokens": seq_len,
-                         "layers": {"dense": int(top[1]), "moe": int(top[2]), "head": int(top[3])},
-                         "pipeline_s": max(float(t[4]) for t in every), "update_s": max(float(t[5]) for t in every),
-                         "spread": max(float(t[6]) for t in every), "dp": dp, "steps": steps}
+    runs = {"1f1b": Layout(pp=2), "interleaved_1f1b": Layout(pp=2, vpp=2)}
+    if dp % 2 == 0 and model_cfg.n_moe_layers:
+        runs["ep2"] = Layout(pp=2, ep=2)
+    valid = {}
+    for key, layout in runs.items():
+        try:
+            layout.dims(world, model_cfg, 2 * dp)
+            valid[key] = layout
+        except ConfigError:
+            continue  # too few layers for vpp 2, or experts that do not split over 2 ranks
+    records = time_group(model_cfg, list(valid.values()), world, rank, 2 * dp, seq_len, rounds, rounds, None)
+    out = {}
+    for key, layout in valid.items():
+        rec = records[layout.name()]
+        if "error" in rec:
+            raise RuntimeError(f"phase 1's real step {layout.name()} failed: {rec['error']}")
+        out[key] = {"measured": rec["bubble"], "theory": 1 / (layout.vpp * 2 + 1), "busy_s": rec["stage_busy_s"],
+                    "pipeline_s": rec["pipeline_s"], "update_s": rec["update_s"], "step_s": rec["step_s"],
+                    "spread": rec["spread"], "microbatches": 2, "tokens": seq_len, "dp": dp, "ep": layout.ep,
+                    "rounds": rec["rounds"]}
     return out
 
 
@@ -297,7 +280,8 @@ class ProfileTask:
         optimizer = measure_optimizer(s.get("reps", 3))
         links = measure_links(rank, world, nodes, s.get("sizes", SIZES), s.get("reps", 3)) \
             if world > 1 else []
-        bubbles = measure_bubbles(model_cfg, rank, world, s["seq_len"], s.get("steps", 4)) if world > 1 else {}
+        bubbles = measure_real_steps(model_cfg, rank, world, s["seq_len"], s.get("steps", 5)) if world > 1 else {}
+        ep_step = bubbles.pop("ep2", None)  # with experts over 2 ranks: what its all-to-alls cost inside a step
         gathered = [compute]
         if world > 1:
             gathered = [None] * world
@@ -314,4 +298,4 @@ class ProfileTask:
         sharing = statistics.median(ratios) if world > 1 else 1.0
         return {"compute": merged, "sharing": max(1.0, sharing), "load": load,
                 "optimizer_s_per_param": optimizer, "links": links, "bubbles": bubbles, "world": world,
-                "nodes": sorted(set(nodes))}
+                "nodes": sorted(set(nodes)), **({"ep_step": ep_step} if ep_step else {})}

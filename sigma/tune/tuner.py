@@ -379,7 +379,7 @@ def compute_scale(raw: dict, compute: dict[str, list[float]]) -> float:
     scales every layer's cost. 1 where phase 1 did not record it."""
     ratios = []
     for run in raw.get("bubbles", {}).values():
-        if not run.get("busy_s"):
+        if not run.get("busy_s") or "layers" not in run:
             continue
         per_mb = sum(n * (compute[kind][0] + compute[kind][1] * run["tokens"])
                      for kind, n in run["layers"].items() if n and kind in compute)

@@ -30,7 +30,10 @@ def phase1_from(truth: Costs, spread: float = 0.05) -> dict:
         pred = predict(truth, TINY8, phase1_dims(run, schedule, 4, TINY8), 1, 64)
         bubbles[schedule] = {**run, "pipeline_s": pipeline_part(pred.parts),
                              "update_s": pred.parts["grad_sync"] + pred.parts["optimizer"]}
-    return {"bubbles": bubbles, "world": 4}
+    run = {"microbatches": 2, "dp": 2, "ep": 2, "tokens": 64, "spread": spread}
+    pred = predict(truth, TINY8, phase1_dims(run, "1f1b", 4, TINY8), 1, 64)
+    ep_step = {**run, "pipeline_s": pipeline_part(pred.parts)}
+    return {"bubbles": bubbles, "world": 4, "ep_step": ep_step}
 
 
 def test_calibration_recovers_how_much_layers_and_the_update_cost_inside_a_real_step():
@@ -47,6 +50,19 @@ def test_calibration_recovers_how_much_layers_and_the_update_cost_inside_a_real_
     pp4 = Layout(pp=4, mbs=2).dims(4, TINY8, 8)
     want = pipeline_part(predict(truth, TINY8, pp4, 2, 64).parts)
     assert pipeline_part(predict(got, TINY8, pp4, 2, 64).parts) == pytest.approx(want, rel=0.03)
+
+
+def test_an_all_to_all_inside_a_real_step_costs_what_phase_1s_expert_parallel_step_says():
+    truth = platform()
+    truth.links["all_to_all/intra"] = Link(alpha=3e-3, beta=1e9)  # each call waits ~3 ms for a peer off its core
+    got = calibrate(platform(), phase1_from(truth), TINY8)
+    assert got.exchange_latency_s == pytest.approx(3e-3 - 1e-4, rel=0.05)
+    assert got.links["all_to_all/intra"].alpha == pytest.approx(3e-3, rel=0.05)
+    assert got.links["all_reduce/intra"].alpha == pytest.approx(1e-4)
+    ep4 = Layout(ep=4, mbs=2).dims(4, TINY8, 8)
+    assert predict(got, TINY8, ep4, 2, 64).parts["ep"] == pytest.approx(predict(truth, TINY8, ep4, 2, 64).parts["ep"],
+                                                                        rel=0.05)
+    assert calibrate(platform(), phase1_from(platform()), TINY8).exchange_latency_s == pytest.approx(0, abs=1e-6)
 
 
 def test_calibration_counts_shared_cores_once():
