@@ -128,9 +128,12 @@ def main() -> int:
           f"in seconds at phase 1's load: {100 * tuned['cost_model_median_error_seconds']:.1f}% and "
           f"{100 * statistics.median(grid_seconds_errors):.1f}%")
     phase1 = json.loads((work / "tuner" / "phase1.json").read_text())
+    c = tuned["costs"]
     print(f"phase 1: sharing {phase1['sharing']:.2f} (a rank's compute with every rank busy / alone), load "
-          f"{phase1.get('load', 1):.2f} (a lone layer's wall / CPU seconds), layers inside a real step / one by one "
-          f"{tuned['costs']['compute_scale']:.2f}")
+          f"{phase1.get('load', 1):.2f} (a lone layer's wall / CPU seconds); calibrated on its real pp=2 steps: "
+          f"layers x{c['compute_scale']:.2f}, update (sync, clip, optimiser) x{c.get('update_scale', 1):.2f}, "
+          f"all-to-all +{1000 * c.get('exchange_latency_s', 0):.1f} ms a call, error band "
+          f"{100 * c.get('band', 0):.0f}%")
     print("the tuner's measured layouts: predicted (its parts) vs measured")
     for c in tuner_rows:
         parts = ", ".join(f"{k} {1000 * v:.0f}" for k, v in c["parts"].items() if v)
@@ -140,11 +143,14 @@ def main() -> int:
         print(f"  {c['layout']:28} predicted {1000 * c['predicted_s']:8.1f} ms, measured {1000 * c['measured_s']:8.1f} "
               f"ms (spread {100 * t['spread']:.0f}%, CI {1000 * t['ci_s'][0]:.0f}-{1000 * t['ci_s'][1]:.0f}, "
               f"{t['rounds']} rounds); {rel}  [{parts}]")
-    print("grid, fastest first (time / the pick's, per round):")
+    print("grid, fastest first (time / the pick's, per round; with pp > 1 the pipeline's run and the update after "
+          "it, predicted / measured in seconds):")
+    parts = {c["layout"]: c["parts"] for c in tuned["candidates"]}
     for name in sorted(ok, key=vs_pick.get):
         r = ok[name]
-        stage = f"  busiest stage {1000 * r['stage_busy_s']:.0f} ms of {1000 * r['pipeline_s']:.0f}" \
-            if "stage_busy_s" in r else ""
+        update = parts[name]["grad_sync"] + parts[name]["optimizer"]
+        stage = (f"  pipeline {1000 * (predicted[name] - update):.0f}/{1000 * r['pipeline_s']:.0f} ms, update "
+                 f"{1000 * update:.0f}/{1000 * r['update_s']:.0f} ms") if "update_s" in r else ""
         print(f"  {name:30} x{vs_pick[name]:.3f}  {1000 * r['step_s']:8.1f} ms (spread {100 * r['spread']:3.0f}%)  "
               f"predicted x{predicted[name] / predicted[pick]:.3f} ({1000 * predicted[name]:8.1f} ms)  error "
               f"{100 * (predicted[name] / predicted[pick] / vs_pick[name] - 1):+6.1f}%"
