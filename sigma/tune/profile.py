@@ -125,11 +125,20 @@ def _once(fn, world: int) -> tuple[float, float]:
 def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list: list[int], reps: int,
                        max_tp: int) -> list[dict]:
     """Forward + backward of a dense and an MoE layer split over tp ranks (DTensor, the tp all-reduces included),
-    for tp = 2, 4, .. up to max_tp: what a layer costs under tp, beyond compute / tp."""
+    for tp = 2, 4, .. up to max_tp: what a layer costs under tp, beyond compute / tp. Each call is paired with the
+    whole layer on every rank (every rank busy in both, started together, back to back), and the median of the
+    per-pair ratios (`vs_tp1`) is kept: a ratio holds still where the machine's load moves between calls, where
+    the seconds of one call do not."""
     from sigma.config import ConfigError
     from sigma.train.dims import ParallelDims
+    from sigma.train.model import MoETransformer
     from sigma.train.parallelize import build_parallel
 
+    torch.manual_seed(0)
+    whole = MoETransformer(model_cfg).to(_device())
+    plain = {"moe": whole.layers[model_cfg.n_dense_layers]}
+    if model_cfg.n_dense_layers:
+        plain["dense"] = whole.layers[0]
     out = []
     tp = 2
     while tp <= min(world, max_tp):
@@ -157,8 +166,17 @@ def measure_tp_compute(model_cfg, rank: int, world: int, seq_len: int, mbs_list:
                 def step(block=block):
                     y, aux = block(x, cos, sin)
                     (y.float().pow(2).mean() + (aux if aux is not None else 0)).backward()
-                dist.barrier()
-                out.append({"kind": f"{kind}@tp{tp}", "tokens": mbs * seq_len, "seconds": _timed(step, reps)})
+                fns = {"tp": step, "whole": lambda block=plain[kind]: step(block)}
+                for fn in fns.values():
+                    fn()  # warm-up
+                split, ratios = [], []
+                for _ in range(reps):
+                    tp_s = _once(fns["tp"], world)[0]
+                    whole_s = _once(fns["whole"], world)[0]
+                    split.append(tp_s)
+                    ratios.append(tp_s / whole_s)
+                out.append({"kind": f"{kind}@tp{tp}", "tokens": mbs * seq_len, "seconds": statistics.median(split),
+                            "vs_tp1": statistics.median(ratios)})
         tp *= 2
     return out
 
@@ -275,7 +293,7 @@ class ProfileTask:
         compute = measure_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("compute_reps", 7))
         if world > 1:
             dist.barrier()
-            compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("reps", 3),
+            compute += measure_tp_compute(model_cfg, rank, world, s["seq_len"], s["mbs"], s.get("compute_reps", 7),
                                           s.get("max_tp", world))
         optimizer = measure_optimizer(s.get("reps", 3))
         links = measure_links(rank, world, nodes, s.get("sizes", SIZES), s.get("reps", 3)) \

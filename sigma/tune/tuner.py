@@ -354,8 +354,16 @@ def fit_costs(raw: dict, gpus_per_node: int, memory_bytes: float | None, model: 
     from sigma.tune.calibrate import calibrate
 
     compute = {}
+    whole = {(p["kind"], p["tokens"]): lone_seconds(p, raw) for p in raw["compute"] if "@" not in p["kind"]}
     for kind in sorted({p["kind"] for p in raw["compute"]}):  # dense, moe, head, and dense@tp2, moe@tp2, ...
-        compute[kind] = fit_affine([(p["tokens"], lone_seconds(p, raw)) for p in raw["compute"] if p["kind"] == kind])
+        points = []
+        for p in raw["compute"]:
+            if p["kind"] == kind:
+                key = (kind.split("@")[0], p["tokens"])
+                # a layer over tp ranks: its measured ratio to the whole layer, both with every rank busy
+                lone = p["vs_tp1"] * whole[key] if "vs_tp1" in p and key in whole else lone_seconds(p, raw)
+                points.append((p["tokens"], lone))
+        compute[kind] = fit_affine(points)
     links = fit_links(raw["links"]) if raw["links"] else {}
     for op in ("all_reduce", "all_to_all", "p2p"):
         links.setdefault(f"{op}/intra", Link(alpha=0.0, beta=float("inf")))  # one rank: nothing to exchange

@@ -78,3 +78,15 @@ def test_phase1_layer_costs_are_cpu_seconds_at_phase1s_load_scaled_to_a_real_pip
     scaled = fit_costs(raw, 2, None)
     assert scaled.compute_scale == pytest.approx(0.5)
     assert scaled.compute["moe"] == pytest.approx([0.0, 0.5 * 3 * 2e-4])
+
+
+def test_a_layer_over_tp_ranks_costs_its_paired_ratio_to_the_whole_layer():
+    """Timed in pairs with the whole layer (every rank busy in both), a tp layer's seconds at a moving load say
+    little; its ratio to the whole layer times the whole layer's lone cost is what the model uses."""
+    from sigma.tune.tuner import fit_costs
+
+    points = [{"kind": "moe", "tokens": t, "seconds": 9.9, "alone": 9.9, "cpu": 2e-4 * t} for t in (64, 128, 256)]
+    points += [{"kind": "moe@tp2", "tokens": t, "seconds": 5.0, "vs_tp1": 0.6} for t in (64, 128, 256)]
+    raw = {"compute": points, "sharing": 2.0, "load": 3.0, "optimizer_s_per_param": 1e-9, "links": [],
+           "bubbles": {}, "world": 4, "nodes": ["node1", "node2"]}
+    assert fit_costs(raw, 2, None).compute["moe@tp2"] == pytest.approx([0.0, 0.6 * 3 * 2e-4])
