@@ -14,7 +14,8 @@ with shared cores, as for any layout) and takes two ratios, measured / predicted
 - `update_scale`: what followed the pipeline (step_s - pipeline_s) over the predicted gradient sync + optimiser.
 
 - `exchange_latency_s`: where phase 1 also ran the step with experts over 2 ranks, what each all-to-all adds
-  inside a step beyond the same call timed alone (on shared cores a call waits for a peer off its core).
+  inside a step beyond the same call timed alone (on shared cores a call waits for a peer off its core); the
+  model adds it to every all-to-all and to each of ZeRO-1's per-tensor broadcasts, collective calls alike.
 
 Only phase 1's runs are used, never a layout phase 2 times. `band` is how far the model can be trusted to rank
 two layouts: the larger of the steps' own spread in phase 1 (interquartile range / median) and how much the two

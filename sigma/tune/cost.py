@@ -59,7 +59,8 @@ class Costs:
     sharing: float = 1.0  # a rank computes this much slower while every rank computes (ranks sharing cores)
     compute_scale: float = 1.0  # the layers' cost inside a real step / timed one by one (already in `compute`)
     update_scale: float = 1.0  # gradient sync + optimiser inside a real step / modelled from links and AdamW alone
-    exchange_latency_s: float = 0.0  # an all-to-all's latency inside a real step beyond timed alone (in `links`)
+    exchange_latency_s: float = 0.0  # a collective call's latency inside a real step beyond timed alone (in the
+    # all-to-all links; added per ZeRO-1 broadcast)
     band: float = 0.0  # how close two predictions may be for the model to tell them apart (sigma.tune.calibrate)
     source: str = ""
     constraints: list[str] = field(default_factory=list)
@@ -173,12 +174,14 @@ def predict(costs: Costs, model: ModelConfig, dims: ParallelDims, mbs: int, seq_
         sync += math.ceil(n_expert / BUCKET_ELEMS) * link.alpha + _ring(dims.edp) * n_expert * pb / link.beta
     owned = (n_dense / dims.dp + n_expert / dims.edp) if zero else n_params
     optimizer = costs.optimizer_s_per_param * owned
+    broadcasts = 0.0
     if zero:  # each owner broadcasts its parameters: one send per tensor from its owner, the bytes of all of them
         link = costs.link("p2p", _spans_nodes(tp, dims.dp, g))
         tensors = 12 * sum(len(dims.layers_of_stage(s)) for s in dims.stages_of(0)) + 3
         optimizer += tensors * link.alpha + n_params * pb / link.beta
+        broadcasts = tensors * costs.exchange_latency_s  # each a collective call inside the step, like an all-to-all
     result["grad_sync"] = sync * costs.update_scale
-    result["optimizer"] = optimizer * costs.update_scale
+    result["optimizer"] = optimizer * costs.update_scale + broadcasts
     rc_layers = tuple(range(model.n_dense_layers, model.n_layers)) if recompute else ()
     memory = max(estimate(model, dims, r, micro_batch=mbs, seq_len=seq_len, act_bytes=act, param_bytes=pb,
                           shard_optimizer=zero, recompute_layers=rc_layers, keep_outputs=costs.keep_outputs).peak

@@ -110,3 +110,15 @@ def test_the_fastest_of_each_pipeline_depth_and_those_within_the_band_are_kept_a
 def test_a_calibrated_costs_round_trips_through_its_dict():
     got = replace(platform(), update_scale=1.7, band=0.2)
     assert Costs.from_dict(got.as_dict()) == got
+
+
+def test_zero1s_broadcasts_pay_the_in_step_latency_of_a_collective_call():
+    plain, late = platform(), replace(platform(), exchange_latency_s=2e-3)
+    dims = Layout(pp=2, mbs=2, zero=True).dims(4, TINY8, 8)
+    extra = predict(late, TINY8, dims, 2, 64, zero=True).parts["optimizer"] - \
+        predict(plain, TINY8, dims, 2, 64, zero=True).parts["optimizer"]
+    tensors = 12 * 4 + 3  # per layer of the first pipeline rank's stage, and the embedding, norm and head
+    assert extra == pytest.approx(tensors * 2e-3)
+    no_zero = Layout(pp=2, mbs=2).dims(4, TINY8, 8)
+    assert predict(late, TINY8, no_zero, 2, 64).parts["optimizer"] == \
+        pytest.approx(predict(plain, TINY8, no_zero, 2, 64).parts["optimizer"])
