@@ -15,7 +15,9 @@ with shared cores, as for any layout) and takes two ratios, measured / predicted
 
 - `exchange_latency_s`: where phase 1 also ran the step with experts over 2 ranks, what each all-to-all adds
   inside a step beyond the same call timed alone (on shared cores a call waits for a peer off its core); the
-  model adds it to every all-to-all and to each of ZeRO-1's per-tensor broadcasts, collective calls alike.
+  model adds it to every all-to-all and to each of ZeRO-1's per-tensor broadcasts, collective calls alike;
+- `tp_scale`: where phase 1 also ran the step with layers over 2 tp ranks, that step's pipeline run over the
+  predicted one, applied to the layers timed over tp ranks.
 
 Only phase 1's runs are used, never a layout phase 2 times. `band` is how far the model can be trusted to rank
 two layouts: the larger of the steps' own spread in phase 1 (interquartile range / median) and how much the two
@@ -30,6 +32,7 @@ from dataclasses import replace
 from sigma.train.config import ModelConfig
 from sigma.train.dims import ParallelDims
 from sigma.tune.cost import Costs, Link, predict
+from sigma.tune.space import Layout
 
 UPDATE_PARTS = ("grad_sync", "optimizer")
 ROUNDS = 4  # fixed-point rounds for the compute scale: the links' part of a pipeline run is not scaled
@@ -41,7 +44,9 @@ def pipeline_part(parts: dict[str, float]) -> float:
 
 
 def phase1_dims(run: dict, schedule: str, world: int, model: ModelConfig) -> ParallelDims:
-    """The layout of one of phase 1's real steps (sigma.tune.profile.measure_bubbles)."""
+    """The layout of one of phase 1's real steps (sigma.tune.profile.measure_real_steps)."""
+    if "layout" in run:
+        return Layout.from_dict(run["layout"]).dims(world, model, run["global_batch"])
     return ParallelDims.build(world, pp=2, vpp=2 if schedule == "interleaved_1f1b" else 1, ep=run.get("ep", 1),
                               schedule=schedule, microbatches=run["microbatches"], n_layers=model.n_layers,
                               n_experts=model.n_experts, global_batch=run["microbatches"] * run["dp"])
@@ -77,7 +82,26 @@ def calibrate(costs: Costs, raw: dict, model: ModelConfig) -> Costs:
     out = replace(scaled(costs, compute, update), band=band)
     if "ep_step" in raw:
         out = with_exchange_latency(out, raw["ep_step"], raw["world"], model)
+    if "tp_step" in raw:
+        out = with_tp_scale(out, raw["tp_step"], raw["world"], model)
     return out
+
+
+def with_tp_scale(costs: Costs, run: dict, world: int, model: ModelConfig) -> Costs:
+    """The layers over tp ranks (`moe@tp2`, timed alone in pairs with the whole layer) scaled to phase 1's real
+    step with tp=2: inside a step each of their all-reduces waits for its peer and every operation pays the
+    sharded tensors' overhead."""
+    tp_kinds = [k for k in costs.compute if "@tp" in k]
+    if not tp_kinds:
+        return costs
+    dims = phase1_dims(run, "1f1b", world, model)
+    scale = 1.0
+    for _ in range(ROUNDS):
+        trial = replace(costs, compute={k: [a * scale, b * scale] if k in tp_kinds else [a, b]
+                                        for k, (a, b) in costs.compute.items()})
+        pred = predict(trial, model, dims, run["layout"]["mbs"], run["tokens"])
+        scale *= run["pipeline_s"] / pipeline_part(pred.parts)
+    return replace(trial, tp_scale=scale)
 
 
 def with_all_to_all_alpha(costs: Costs, extra: float) -> Costs:

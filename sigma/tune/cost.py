@@ -61,6 +61,7 @@ class Costs:
     update_scale: float = 1.0  # gradient sync + optimiser inside a real step / modelled from links and AdamW alone
     exchange_latency_s: float = 0.0  # a collective call's latency inside a real step beyond timed alone (in the
     # all-to-all links; added per ZeRO-1 broadcast)
+    tp_scale: float = 1.0  # layers over tp ranks inside a real step / timed alone (already in `compute`)
     band: float = 0.0  # how close two predictions may be for the model to tell them apart (sigma.tune.calibrate)
     source: str = ""
     constraints: list[str] = field(default_factory=list)

@@ -6,7 +6,7 @@ ProfileTask (phase 1) measures, with every rank of its allocation busy at once (
   lasted (the machine's load then), and how much slower a rank computes while every rank does (ranks sharing cores);
 - all_reduce, all_to_all and p2p of several sizes in groups of 2..world ranks, inside a node and across nodes;
 - the optimiser's CPU seconds per parameter;
-- real pp=2 training steps per schedule, and one with experts over 2 ranks, interleaved: the bubble against the
+- real pp=2 training steps per schedule, and with experts or layers over 2 ranks, interleaved: the bubble against the
   schedule's theoretical one, the slowest rank's pipeline run and what followed it (gradient sync, clipping, the
   optimiser), the busiest rank's compute (the trainer's KPIs): sigma.tune.calibrate holds the cost model to them.
 Timing layouts for real (phase 2, and the exhaustive grid of bench/tune.py) is sigma.tune.measure's.
@@ -236,38 +236,40 @@ def _ping_pong(x, y, peer: int, first: bool) -> None:
         dist.send(x, peer)
 
 
-def measure_real_steps(model_cfg, rank: int, world: int, seq_len: int, rounds: int) -> dict[str, dict]:
-    """Real pp=2 training steps, 2 micro-batches of one sequence per rank (dp = world / 2), per searched schedule
-    and, where the experts split over 2 ranks, 1F1B with ep=2; timed interleaved round by round
-    (sigma.tune.measure), so load that comes and goes hits them alike. Per run: the bubble against
-    (p - 1) / (v m + p - 1), the slowest rank's pipeline run and what followed it (gradient sync, clipping, the
-    optimiser), the step's spread. sigma.tune.calibrate holds the cost model to them."""
+def measure_real_steps(model_cfg, rank: int, world: int, seq_len: int, rounds: int, max_tp: int) -> dict[str, dict]:
+    """Real pp=2 training steps of `world` sequences (one per micro-batch): 1F1B and interleaved 1F1B, and where
+    the model allows it, 1F1B with experts over 2 ranks (`ep2`) and with layers over 2 tp ranks (`tp2`); timed
+    interleaved round by round (sigma.tune.measure), so load that comes and goes hits them alike. Per run: the
+    bubble against (p - 1) / (v m + p - 1), the slowest rank's pipeline run and what followed it (gradient sync,
+    clipping, the optimiser), the step's spread. sigma.tune.calibrate holds the cost model to them."""
     from sigma.config import ConfigError
     from sigma.tune.measure import time_group
     from sigma.tune.space import Layout
 
     if world < 2 or world % 2 or model_cfg.n_layers < 2:
         return {}
-    dp = world // 2
     runs = {"1f1b": Layout(pp=2), "interleaved_1f1b": Layout(pp=2, vpp=2)}
-    if dp % 2 == 0 and model_cfg.n_moe_layers:
+    if (world // 2) % 2 == 0 and model_cfg.n_moe_layers:
         runs["ep2"] = Layout(pp=2, ep=2)
+    if world % 4 == 0 and max_tp >= 2:
+        runs["tp2"] = Layout(tp=2, pp=2)
     valid = {}
     for key, layout in runs.items():
         try:
-            layout.dims(world, model_cfg, 2 * dp)
-            valid[key] = layout
+            valid[key] = (layout, layout.dims(world, model_cfg, world))
         except ConfigError:
-            continue  # too few layers for vpp 2, or experts that do not split over 2 ranks
-    records = time_group(model_cfg, list(valid.values()), world, rank, 2 * dp, seq_len, rounds, rounds, None)
+            continue  # too few layers for vpp 2, experts or heads that do not split over 2 ranks
+    records = time_group(model_cfg, [layout for layout, _ in valid.values()], world, rank, world, seq_len, rounds,
+                         rounds, None)
     out = {}
-    for key, layout in valid.items():
+    for key, (layout, dims) in valid.items():
         rec = records[layout.name()]
         if "error" in rec:
             raise RuntimeError(f"phase 1's real step {layout.name()} failed: {rec['error']}")
-        out[key] = {"measured": rec["bubble"], "theory": 1 / (layout.vpp * 2 + 1), "busy_s": rec["stage_busy_s"],
-                    "pipeline_s": rec["pipeline_s"], "update_s": rec["update_s"], "step_s": rec["step_s"],
-                    "spread": rec["spread"], "microbatches": 2, "tokens": seq_len, "dp": dp, "ep": layout.ep,
+        out[key] = {"measured": rec["bubble"], "theory": 1 / (layout.vpp * dims.microbatches + 1),
+                    "busy_s": rec["stage_busy_s"], "pipeline_s": rec["pipeline_s"], "update_s": rec["update_s"],
+                    "step_s": rec["step_s"], "spread": rec["spread"], "layout": layout.as_dict(),
+                    "global_batch": world, "microbatches": dims.microbatches, "dp": dims.dp, "tokens": seq_len,
                     "rounds": rec["rounds"]}
     return out
 
@@ -298,8 +300,9 @@ class ProfileTask:
         optimizer = measure_optimizer(s.get("reps", 3))
         links = measure_links(rank, world, nodes, s.get("sizes", SIZES), s.get("reps", 3)) \
             if world > 1 else []
-        bubbles = measure_real_steps(model_cfg, rank, world, s["seq_len"], s.get("steps", 5)) if world > 1 else {}
-        ep_step = bubbles.pop("ep2", None)  # with experts over 2 ranks: what its all-to-alls cost inside a step
+        bubbles = measure_real_steps(model_cfg, rank, world, s["seq_len"], s.get("steps", 5),
+                                     s.get("max_tp", world)) if world > 1 else {}
+        extra = {f"{kind}_step": bubbles.pop(f"{kind}2") for kind in ("ep", "tp") if f"{kind}2" in bubbles}
         gathered = [compute]
         if world > 1:
             gathered = [None] * world
@@ -316,4 +319,4 @@ class ProfileTask:
         sharing = statistics.median(ratios) if world > 1 else 1.0
         return {"compute": merged, "sharing": max(1.0, sharing), "load": load,
                 "optimizer_s_per_param": optimizer, "links": links, "bubbles": bubbles, "world": world,
-                "nodes": sorted(set(nodes)), **({"ep_step": ep_step} if ep_step else {})}
+                "nodes": sorted(set(nodes)), **extra}

@@ -122,3 +122,16 @@ def test_zero1s_broadcasts_pay_the_in_step_latency_of_a_collective_call():
     no_zero = Layout(pp=2, mbs=2).dims(4, TINY8, 8)
     assert predict(late, TINY8, no_zero, 2, 64).parts["optimizer"] == \
         pytest.approx(predict(plain, TINY8, no_zero, 2, 64).parts["optimizer"])
+
+
+def test_layers_over_tp_ranks_cost_what_phase_1s_tp_step_says():
+    timed_alone = {**LONE, "moe@tp2": [1e-3, 1e-5], "dense@tp2": [5e-4, 5e-6]}
+    truth = platform({k: [a * 2.5, b * 2.5] if "@tp" in k else [a, b] for k, (a, b) in timed_alone.items()})
+    layout = Layout(tp=2, pp=2)
+    run = {"layout": layout.as_dict(), "global_batch": 4, "tokens": 64, "spread": 0.05}
+    raw = phase1_from(truth)
+    raw["tp_step"] = {**run, "pipeline_s": pipeline_part(predict(truth, TINY8, layout.dims(4, TINY8, 4), 1,
+                                                                 64).parts)}
+    got = calibrate(platform(timed_alone), raw, TINY8)
+    assert got.tp_scale == pytest.approx(2.5, rel=0.03)
+    assert got.compute["moe@tp2"][1] == pytest.approx(2.5e-5, rel=0.03) and got.compute["moe"] == LONE["moe"]
