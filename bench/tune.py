@@ -132,6 +132,7 @@ def main() -> int:
     print(f"phase 1: sharing {phase1['sharing']:.2f} (a rank's compute with every rank busy / alone), load "
           f"{phase1.get('load', 1):.2f} (a lone layer's wall / CPU seconds); calibrated on its real pp=2 steps: "
           f"layers x{c['compute_scale']:.2f}, update (sync, clip, optimiser) x{c.get('update_scale', 1):.2f}, "
+          f"layers over tp ranks x{c.get('tp_scale', 1):.2f}, "
           f"all-to-all +{1000 * c.get('exchange_latency_s', 0):.1f} ms a call, error band "
           f"{100 * c.get('band', 0):.0f}%")
     print("the tuner's measured layouts: predicted (its parts) vs measured")
