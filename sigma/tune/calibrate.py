@@ -2,17 +2,16 @@
 
     costs = calibrate(costs, raw, model)   # raw: phase1.json; scales compute and the update, sets the error band
 
-Phase 1 times layers, collectives and AdamW one by one, then runs real pp=2 training steps per schedule (the
-trainer's `pipeline_s` and `step_s`). Two things differ inside a real step: the layers run inside the schedule
+Phase 1 times layers, collectives and AdamW one by one, then runs real pp=2 training steps per schedule, and with
+experts or layers over 2 ranks (the trainer's `pipeline_s` and `step_s`). Two things differ inside a real step: the layers run inside the schedule
 with the other ranks of the job competing for the same cores, and after the pipeline the step averages
 gradients in flat buckets, computes their norm, clips and steps the optimiser, which costs more than the
 collectives and AdamW of the fits alone. So the model predicts phase 1's own pp=2 layouts (the schedule simulated
-with shared cores, as for any layout) and takes two ratios, measured / predicted:
+with shared cores, as for any layout) and takes ratios, measured / predicted:
 
 - `compute_scale`: the slowest rank's pipeline run over the predicted one (compute, bubble and sharing together,
   so the shared cores are counted once, by the simulation), applied to every layer's cost;
-- `update_scale`: what followed the pipeline (step_s - pipeline_s) over the predicted gradient sync + optimiser.
-
+- `update_scale`: what followed the pipeline (step_s - pipeline_s) over the predicted gradient sync + optimiser;
 - `exchange_latency_s`: where phase 1 also ran the step with experts over 2 ranks, what each all-to-all adds
   inside a step beyond the same call timed alone (on shared cores a call waits for a peer off its core); the
   model adds it to every all-to-all and to each of ZeRO-1's per-tensor broadcasts, collective calls alike;

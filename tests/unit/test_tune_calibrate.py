@@ -86,7 +86,8 @@ def row(name: str, predicted: float, memory: float, status="ranked", why=""):
 
 def test_the_fastest_of_each_pipeline_depth_and_those_within_the_band_are_kept_and_measured():
     rows = [row("pp=2 mbs=2", 1.00, 10), row("pp=1 mbs=2", 1.05, 20, "pruned", "dominated by tp1 pp2 ep1 mbs2"),
-            row("pp=2 mbs=2 ep=2", 1.07, 11, "pruned", "dominated by tp1 pp2 ep1 mbs2"), row("pp=2 mbs=1", 1.08, 8), row("pp=4 mbs=2", 1.20, 12, "pruned", "dominated by tp1 pp2 ep1 mbs1"),
+            row("pp=2 mbs=2 ep=2", 1.07, 11, "pruned", "dominated by tp1 pp2 ep1 mbs2"), row("pp=2 mbs=1", 1.08, 8),
+            row("pp=4 mbs=2", 1.20, 12, "pruned", "dominated by tp1 pp2 ep1 mbs1"),
             row("pp=4 mbs=1", 1.25, 13, "pruned", "dominated by tp1 pp2 ep1 mbs1"),
             row("pp=1 mbs=1", 1.30, 25, "pruned", "dominated by tp1 pp2 ep1 mbs1")]
     rows += [row("pp=2 mbs=1 ep=2", 2.0 + i, 30, "pruned", "dominated") for i in range(24)]
