@@ -3,8 +3,9 @@
     costs = calibrate(costs, raw, model)   # raw: phase1.json; scales compute and the update, sets the error band
 
 Phase 1 times layers, collectives and AdamW one by one, then runs real pp=2 training steps per schedule, and with
-experts or layers over 2 ranks (the trainer's `pipeline_s` and `step_s`). Two things differ inside a real step: the layers run inside the schedule
-with the other ranks of the job competing for the same cores, and after the pipeline the step averages
+experts or layers over 2 ranks (the trainer's `pipeline_s` and `step_s`). Two things differ inside a real step:
+the layers run inside the schedule with the other ranks of the job competing for the same cores, and after the
+pipeline the step averages
 gradients in flat buckets, computes their norm, clips and steps the optimiser, which costs more than the
 collectives and AdamW of the fits alone. So the model predicts phase 1's own pp=2 layouts (the schedule simulated
 with shared cores, as for any layout) and takes ratios, measured / predicted:
