@@ -26,7 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimiser step")
     p.add_argument("--budget", type=float, metavar="MINUTES", help="time for phase 2's measurements; fewer layouts "
                                                                     "are timed when they would not fit")
-    p.add_argument("--measure", type=int, default=3, help="best-ranked layouts timed for real (default: %(default)s)")
+    p.add_argument("--measure", type=int, default=3, help="best-ranked layouts timed for real (default: %(default)s), "
+                                                          "with the fastest predicted of each pipeline depth, and those "
+                                                          "within the model's error band while at most a fifth of all")
     p.add_argument("--steps", type=int, default=3, help="timed steps per measured layout at least, one per round "
                                                         "of the layouts in turn (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=12, help="at most, while the fastest is not told apart from "
