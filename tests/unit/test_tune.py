@@ -148,7 +148,8 @@ def test_tune_on_local_processes_measures_the_best_and_resumes(tmp_path, capsys)
     assert again["counts"]["measured"] == len(after) >= 3
     assert again["costs"] == first["costs"]  # phase 1 kept
     ranked = sorted((c for c in again["candidates"] if "rank" in c), key=lambda c: c["rank"])
-    assert [c["status"] for c in ranked[:3]] == ["measured"] * 3
+    # the three best ranked are timed (how many survive pruning depends on the phase-1 timings)
+    assert [c["status"] for c in ranked[:3]] == ["measured"] * min(3, len(ranked))
     assert again["pick"]["measured_s"] == min(c["measured_s"] for c in again["candidates"] if "measured_s" in c)
     assert 0 <= again["cost_model_median_error"] and 0 <= again["cost_model_median_error_seconds"]
     assert all(c["timing"]["rounds"] >= 1 for c in again["candidates"] if c["status"] == "measured")
