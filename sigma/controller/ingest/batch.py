@@ -21,7 +21,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from pathlib import Path
 
 from sigma.controller.act import jit
@@ -34,7 +34,16 @@ from sigma.telemetry import wire
 
 log = logging.getLogger("sigma.controller.ingest.batch")
 
-SAMPLE_SQL = "INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?, ?, ?, ?, ?, ?)"
+SAMPLE_COLUMNS = ("node", "ts", "metric", "value", "labels", "job_ids")
+SAMPLE_CHUNK = 200  # rows per INSERT statement (1,200 parameters: SQLite 3.32+ and PostgreSQL take 32,766+)
+
+
+def _sample_sql(rows: int) -> str:
+    one = "(" + ", ".join("?" * len(SAMPLE_COLUMNS)) + ")"
+    return f"INSERT INTO samples ({', '.join(SAMPLE_COLUMNS)}) VALUES " + ", ".join([one] * rows)
+
+
+SAMPLE_CHUNK_SQL = _sample_sql(SAMPLE_CHUNK)
 EVENT_SQL = ("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids) "
              "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 KPI_SQL = ("INSERT INTO kpis (node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, "
@@ -89,6 +98,7 @@ class Ingest:
         self._record_auth_mode()
 
     def close(self) -> None:
+        self.writer.close()
         with self.lock:
             self.conn.close()
 
@@ -302,8 +312,8 @@ class Ingest:
             labels = [s[1] for s in series]
             jobs = [s[2] for s in series]
             s_col = b["s"]
-            conn.executemany(SAMPLE_SQL, zip(repeat(node), b["ts"], map(metrics.__getitem__, s_col), b["v"],
-                                             map(labels.__getitem__, s_col), map(jobs.__getitem__, s_col)))
+            _insert_samples(conn, zip(repeat(node), b["ts"], map(metrics.__getitem__, s_col), b["v"],
+                                      map(labels.__getitem__, s_col), map(jobs.__getitem__, s_col)))
             if b["events"]:
                 conn.executemany(EVENT_SQL, [(node, *e) for e in b["events"]])
             if b["kpis"]:
@@ -316,6 +326,18 @@ class Ingest:
         if requests:
             reply["checkpoint_requests"] = requests
         return reply
+
+
+def _insert_samples(conn, rows) -> None:
+    """Rows in statements of SAMPLE_CHUNK rows each, plus one for the rest: a statement per row costs a call into
+    SQLite and a hand-back of the interpreter lock per row, which the detection loop's thread then has to wait for."""
+    flat = list(chain.from_iterable(rows))
+    width = len(SAMPLE_COLUMNS) * SAMPLE_CHUNK
+    whole = len(flat) - len(flat) % width
+    if whole:
+        conn.executemany(SAMPLE_CHUNK_SQL, [flat[i:i + width] for i in range(0, whole, width)])
+    if whole < len(flat):
+        conn.execute(_sample_sql((len(flat) - whole) // len(SAMPLE_COLUMNS)), flat[whole:])
 
 
 NUM_OR = (int, float, type(None))
