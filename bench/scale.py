@@ -104,7 +104,7 @@ def serve(spec_path: str) -> None:
     """The controller: daemon.run's pieces with SLURM's answers from the in-memory SLURM."""
     from prometheus_client import generate_latest
 
-    from sigma.controller.config import BreakerConfig, ControllerConfig, Playbook, RemediationConfig
+    from sigma.controller.config import BreakerConfig, ControllerConfig, IngestConfig, Playbook, RemediationConfig
     from sigma.controller.config import ValidationConfig
     from sigma.controller.daemon import detection_reads_s, start_http
     from sigma.controller.loop import Controller
@@ -118,7 +118,9 @@ def serve(spec_path: str) -> None:
                            ingest_keys_file=str(work / "keys.json"), poll_s=1.0, rules=str(REPO / "configs" / "rules"),
                            breaker=BreakerConfig(max_nodes=64, max_fraction=1.0, wave_max_nodes=64,
                                                  wave_max_fraction=1.0),  # every injected fault may drain
-                           retention=RetentionConfig(**spec["retention"]))
+                           retention=RetentionConfig(**spec["retention"]),
+                           # every node connects in the stream's first second: a site sizes this for its node count
+                           ingest=IngestConfig(max_unauthenticated=max(64, len(spec["nodes"]))))
     script = work / "validate.sbatch"
     script.write_text("#!/bin/sh\nexit 0\n")
     rcfg = RemediationConfig(after_repair=[], validation=ValidationConfig(script=str(script)),
