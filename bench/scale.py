@@ -1,10 +1,11 @@
 """The controller under load: 256 nodes streaming to one controller on loopback, with faults in the stream.
 
 Pusher processes stand in for the nodes' sidecars (one process pushes for many nodes, each node on a kept-alive
-connection of its own, as a sidecar keeps): every node sends, once a second, a signed version-2 batch (the sidecar's binary wire format, per-node HMAC keys from a real key table) with
---metrics samples (8 GPUs x 20 accelerator metrics + host metrics), its KPI row for the job it runs (--jobs
-concurrent jobs of --job-nodes nodes, one step a second) and a heartbeat event every 5 s, plus a harmless kernel-log
-line now and then. The controller is `sigma controller run`'s own code in its own process: the ingest HTTP server
+connection of its own, as a sidecar keeps): every node sends, once a second, a signed version-2 batch (the
+sidecar's binary wire format, per-node HMAC keys from a real key table) with --metrics samples (8 GPUs x 20
+accelerator metrics + host metrics), its KPI row for the job it runs (--jobs concurrent jobs of --job-nodes nodes,
+one step a second) and a heartbeat event every 5 s, plus a harmless kernel-log line now and then; a node behind
+sends the events and KPIs of its whole backlog first, as the sidecar cuts them. The controller is `sigma controller run`'s own code in its own process: the ingest HTTP server
 (threads, HMAC, validation, SQLite) and the detection/remediation loop ticking every poll_s with the shipped rules,
 watchdog and isolation, and retention pruning the database as configured.
 

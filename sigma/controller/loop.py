@@ -29,8 +29,8 @@ from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, sc
 from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
-from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.kpiwindow import KpiWindow
+from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
 from sigma.controller.detect.watchdog import JobInfo, check_job, typical_throughput
 from sigma.rules.loader import load_rules

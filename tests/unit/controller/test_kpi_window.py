@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.db import open_db
+from sigma.controller.detect.kpiwindow import KpiWindow
 
 from tests.unit.controller.helpers import add_kpi, make_controller
 
