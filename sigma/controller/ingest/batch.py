@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class Ingest:
             self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
         self.writer = GroupCommit(self.conn, self._write)
         self.lock = self.writer.lock  # the connection's user: the group being written
+        self._stats_lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
         self.rejections: Counter = Counter()  # reason -> requests refused
         self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
@@ -284,16 +286,17 @@ class Ingest:
 
     def _store(self, node: str, b: dict) -> dict:
         reply = self.writer.submit((node, b), len(b["s"]))
-        if reply.get("duplicate"):
-            self.stats["duplicates"] += 1
-            return reply
-        self.stats["batches"] += 1
-        self.stats["samples"] += len(b["s"])
-        self.stats["events"] += len(b["events"])
-        self.stats["kpis"] += len(b["kpis"])
-        for e in b["events"]:
-            if e[2] in REFUSAL_EVENTS:
-                self.node_refusals[(node, e[2])] += 1
+        with self._stats_lock:  # the handlers of a group wake together
+            if reply.get("duplicate"):
+                self.stats["duplicates"] += 1
+                return reply
+            self.stats["batches"] += 1
+            self.stats["samples"] += len(b["s"])
+            self.stats["events"] += len(b["events"])
+            self.stats["kpis"] += len(b["kpis"])
+            for e in b["events"]:
+                if e[2] in REFUSAL_EVENTS:
+                    self.node_refusals[(node, e[2])] += 1
         if b.get("dropped"):
             reply["dropped"] = b["dropped"]
         return reply
