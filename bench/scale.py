@@ -1,10 +1,11 @@
 """The controller under load: 256 nodes streaming to one controller on loopback, with faults in the stream.
 
-Pusher processes stand in for the nodes' sidecars (one process pushes for many nodes): every node sends, once a
-second, a signed version-2 batch (the sidecar's binary wire format, per-node HMAC keys from a real key table) with
---metrics samples (8 GPUs x 20 accelerator metrics + host metrics), its KPI row for the job it runs (--jobs
-concurrent jobs of --job-nodes nodes, one step a second) and a heartbeat event every 5 s, plus a harmless kernel-log
-line now and then. The controller is `sigma controller run`'s own code in its own process: the ingest HTTP server
+Pusher processes stand in for the nodes' sidecars (one process pushes for many nodes, each node on a kept-alive
+connection of its own, as a sidecar keeps): every node sends, once a second, a signed version-2 batch (the
+sidecar's binary wire format, per-node HMAC keys from a real key table) with --metrics samples (8 GPUs x 20
+accelerator metrics + host metrics), its KPI row for the job it runs (--jobs concurrent jobs of --job-nodes nodes,
+one step a second) and a heartbeat event every 5 s, plus a harmless kernel-log line now and then; a node behind
+sends the events and KPIs of its whole backlog first, as the sidecar cuts them. The controller is `sigma controller run`'s own code in its own process: the ingest HTTP server
 (threads, HMAC, validation, SQLite) and the detection/remediation loop ticking every poll_s with the shipped rules,
 watchdog and isolation, and retention pruning the database as configured.
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import http.client
 import json
 import multiprocessing as mp
 import os
@@ -105,7 +105,7 @@ def serve(spec_path: str) -> None:
     """The controller: daemon.run's pieces with SLURM's answers from the in-memory SLURM."""
     from prometheus_client import generate_latest
 
-    from sigma.controller.config import BreakerConfig, ControllerConfig, Playbook, RemediationConfig
+    from sigma.controller.config import BreakerConfig, ControllerConfig, IngestConfig, Playbook, RemediationConfig
     from sigma.controller.config import ValidationConfig
     from sigma.controller.daemon import detection_reads_s, start_http
     from sigma.controller.loop import Controller
@@ -119,7 +119,9 @@ def serve(spec_path: str) -> None:
                            ingest_keys_file=str(work / "keys.json"), poll_s=1.0, rules=str(REPO / "configs" / "rules"),
                            breaker=BreakerConfig(max_nodes=64, max_fraction=1.0, wave_max_nodes=64,
                                                  wave_max_fraction=1.0),  # every injected fault may drain
-                           retention=RetentionConfig(**spec["retention"]))
+                           retention=RetentionConfig(**spec["retention"]),
+                           # every node connects in the stream's first second: a site sizes this for its node count
+                           ingest=IngestConfig(max_unauthenticated=max(64, len(spec["nodes"]))))
     script = work / "validate.sbatch"
     script.write_text("#!/bin/sh\nexit 0\n")
     rcfg = RemediationConfig(after_repair=[], validation=ValidationConfig(script=str(script)),
@@ -177,13 +179,16 @@ class Node:
                 return f
         return None
 
-    def second(self, t: float, t0: float, samples: list, events: list, kpis: list) -> None:
-        """What the node collected at second t (appended to the batch being built)."""
+    def samples_at(self, t: float, t0: float, samples: list) -> None:
+        """The samples the node collected at second t (appended to the batch being built)."""
         values = list(self.base)
         values[0] = 50.0 + (t % 7)
         if self.fault("ecc", t, t0):
             values[self.ecc_index] = 4.0
         samples += [(t, m, v, labels, jobs) for (m, labels, jobs), v in zip(self.series, values)]
+
+    def extras_at(self, t: float, t0: float, events: list, kpis: list) -> None:
+        """The log events and KPIs of second t."""
         job_ids = json.dumps([self.job])
         xid = self.fault("xid79", t, t0)
         if xid and not xid.get("sent"):
@@ -199,12 +204,14 @@ class Node:
         if int(t) % 60 == self.rank % 60:  # a harmless kernel line now and then
             events.append([t, "log", "line", "info", "eth0: renamed from veth", "{}", job_ids])
 
-    def batch(self, seconds: list[float], t0: float) -> tuple[bytes, int]:
-        """One push of everything collected in `seconds` (the sidecar sends its whole backlog, up to its batch
-        limit, when it is behind)."""
+    def batch(self, sample_seconds: list[float], extra_seconds: list[float], t0: float) -> tuple[bytes, int]:
+        """One push: the events and KPIs of extra_seconds (all of the backlog: the sidecar cuts the rare, small
+        kinds first) and the samples of sample_seconds (the oldest, up to its batch limit)."""
         samples, events, kpis = [], [], []
-        for t in seconds:
-            self.second(t, t0, samples, events, kpis)
+        for t in extra_seconds:
+            self.extras_at(t, t0, events, kpis)
+        for t in sample_seconds:
+            self.samples_at(t, t0, samples)
         self.seq += 1
         body = wire.encode_binary_batch(self.name, self.seq, time.time(), samples, events, kpis, self.cache)
         return body, len(samples)
@@ -212,10 +219,28 @@ class Node:
     cache: dict = {}
 
 
-def push(worker: int, spec: dict, node_names: list[str], out: str, threads: int) -> None:
-    """Push for node_names from t0 until every second of the run is sent (or the drain deadline passes): each
-    push carries all the seconds a node has not sent yet, at most MAX_BATCH_SECONDS (at-least-once: a failed
-    push is retried)."""
+async def _post(reader, writer, headers: dict, body: bytes) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on a kept-alive connection; (status, body)."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"POST /v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n{head}\r\n"
+                 .encode() + body)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
+def push(worker: int, spec: dict, node_names: list[str], out: str) -> None:
+    """Push for node_names from t0 until every second of the run is sent (or the drain deadline passes), each node
+    on its own kept-alive connection as a sidecar (asyncio: one thread for them all): each push carries the events
+    and KPIs of every second not sent yet and the samples of the oldest, at most MAX_BATCH_SECONDS of them
+    (at-least-once: a failed push is retried)."""
+    import asyncio
+
     from sigma.security.keys import KeyTable
 
     table = KeyTable(spec["keys"]).load()
@@ -225,57 +250,50 @@ def push(worker: int, spec: dict, node_names: list[str], out: str, threads: int)
                   [dict(f) for f in spec["faults"] if f["node"] == n or (f["kind"] == "hang" and f["job"] ==
                                                                           node_job[n][0])], i)
              for i, n in enumerate(node_names)]
-    t0, duration = spec["t0"], spec["duration"]
+    t0, duration, port = spec["t0"], spec["duration"], spec["port"]
     deadline = t0 + duration + spec["drain_s"]
-    records: list[tuple] = []  # (node, seq, seconds sent, samples, sent at)
+    records: list[tuple] = []  # (node, seq, seconds of samples sent, samples, sent at)
     errors = [0]
-    lock = threading.Lock()
 
-    def run(mine: list[Node]) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=60)
-        sent_upto = {nd.name: 0 for nd in mine}  # seconds of the run already sent, per node
-        while time.time() < deadline and any(v < duration for v in sent_upto.values()):
+    async def run(nd: Node) -> None:
+        conn = None
+        sent_upto = extras_upto = 0  # seconds of the run whose samples / events and KPIs are sent
+        while time.time() < deadline and sent_upto < duration:
             collected = min(duration, int(time.time() - t0) + 1)  # seconds collected so far
-            idle = True
-            for nd in mine:
-                first = sent_upto[nd.name]
-                last = min(collected, first + MAX_BATCH_SECONDS)
-                if last <= first:
-                    continue
-                idle = False
-                seconds = [t0 + s for s in range(first, last)]
-                body, n = nd.batch(seconds, t0)
-                key = keys[nd.name]
-                sent = time.time()
-                while time.time() < deadline:  # at-least-once: retry the same batch until it is stored
-                    headers = wire.auth_headers(key.id, key.secret.encode(), nd.name, body)
-                    headers["Content-Type"] = "application/octet-stream"
-                    try:
-                        conn.request("POST", "/v1/ingest", body, headers)
-                        resp = conn.getresponse()
-                        reply = resp.read()
-                        if resp.status == 200:
-                            sent_upto[nd.name] = last
-                            with lock:
-                                records.append((nd.name, nd.seq, seconds, n, sent))
-                            break
-                        errors[0] += 1
-                        print(f"push {nd.name}: {resp.status} {reply[:200]!r}", file=sys.stderr)
-                    except (OSError, http.client.HTTPException):
-                        errors[0] += 1
-                        conn.close()
-                        conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=60)
-                    time.sleep(0.2)
-            if idle:  # caught up: wait for the next second's collection
-                time.sleep(max(0.0, t0 + collected - time.time()) + 0.01)
-        conn.close()
+            if sent_upto >= collected:  # caught up: wait for the next second's collection
+                await asyncio.sleep(max(0.0, t0 + collected - time.time()) + 0.01)
+                continue
+            last = min(collected, sent_upto + MAX_BATCH_SECONDS)
+            seconds = [t0 + s for s in range(sent_upto, last)]
+            body, n = nd.batch(seconds, [t0 + s for s in range(extras_upto, collected)], t0)
+            key = keys[nd.name]
+            sent = time.time()
+            while time.time() < deadline:  # at-least-once: retry the same batch until it is stored
+                headers = wire.auth_headers(key.id, key.secret.encode(), nd.name, body)
+                headers["Content-Type"] = "application/octet-stream"
+                try:
+                    if conn is None:
+                        conn = await asyncio.open_connection("127.0.0.1", port)
+                    status, reply = await asyncio.wait_for(_post(*conn, headers, body), 60)
+                    if status == 200:
+                        sent_upto, extras_upto = last, collected
+                        records.append((nd.name, nd.seq, seconds, n, sent))
+                        break
+                    errors[0] += 1
+                    print(f"push {nd.name}: {status} {reply[:200]!r}", file=sys.stderr)
+                except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                    errors[0] += 1
+                    if conn is not None:
+                        conn[1].close()
+                    conn = None
+                await asyncio.sleep(0.2)
+        if conn is not None:
+            conn[1].close()
 
-    groups = [nodes[i::threads] for i in range(threads)]
-    ts = [threading.Thread(target=run, args=(g,)) for g in groups if g]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
+    async def main() -> None:
+        await asyncio.gather(*(run(nd) for nd in nodes))
+
+    asyncio.run(main())
     Path(out).write_text(json.dumps({"records": records, "errors": errors[0]}))
 
 
@@ -298,7 +316,6 @@ def main() -> int:
     ap.add_argument("--drain", type=float, default=300.0, help="seconds after the run the pushers may still send "
                     "their backlog; what is left unsent then counts as lost")
     ap.add_argument("--pushers", type=int, default=2, help="pusher processes")
-    ap.add_argument("--threads", type=int, default=8, help="connections (threads) per pusher process")
     ap.add_argument("--raw-hours", type=float, default=6.0, help="retention.samples_raw_s in hours (the bound printed)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -348,7 +365,7 @@ def main() -> int:
                  "metrics": args.metrics, "t0": t0, "duration": args.duration, "drain_s": args.drain}
     outs = [str(work / f"push{i}.json") for i in range(args.pushers)]
     pushers = [mp.get_context("spawn").Process(target=push, args=(i, push_spec, layout["nodes"][i::args.pushers],
-                                                                     outs[i], args.threads))
+                                                                     outs[i]))
                for i in range(args.pushers)]
     for p in pushers:
         p.start()

@@ -62,6 +62,14 @@ INGEST_MIGRATIONS: list[Migration] = [
         -- whole table, which retention lets grow to kpis_keep_s (90 days) of every rank's steps.
         CREATE INDEX kpis_ts ON kpis (ts);
     """),
+    ("0006_samples_node_ts", """
+        -- Keyed by (node, metric, ts), every push added an entry at the end of each of its series: at 256 nodes x
+        -- 200 metrics a commit rewrote a page per series (2.5 KB written per stored sample at 64 nodes). Keyed by
+        -- (node, ts), a node's samples of one push land side by side; windows are read per node
+        -- (sigma.controller.detect.samples), which is how detection reads them anyway.
+        DROP INDEX IF EXISTS samples_node_metric_ts;
+        CREATE INDEX samples_node_ts ON samples (node, ts);
+    """),
 ]
 
 CONTROLLER_MIGRATIONS: list[Migration] = [

@@ -29,6 +29,7 @@ from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, sc
 from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
+from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
 from sigma.controller.detect.watchdog import JobInfo, check_job, typical_throughput
@@ -46,6 +47,8 @@ HISTORY_BUCKETS = 12  # each node's history before the window, in this many buck
 HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
+INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
+INGEST_BEHIND_MAX_FACTOR = 1.0  # ... for at most this many hang_timeout_s (silence beyond it counts as a hang)
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -90,6 +93,8 @@ class Controller:
         self._save_state("disabled_rules", self.disabled)
         self.windows = EventWindows(self.rules)
         self.series = SeriesWindows(self.conn)
+        self.kpi_window: KpiWindow | None = None  # the watchdog's rows, fed with the new ones each tick
+        self._behind_logged = 0.0
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -238,9 +243,23 @@ class Controller:
                                         since_job=since_job, on_error=self._rule_failed)
         findings += self._not_responding(nodes, now)
         if self.cfg.watchdog.enabled:
+            self._update_kpi_window(now)
+            behind = {}
             for job in running:
                 if since_job.get(job.job_id, 0.0) < job.start_time:  # not while a requeue is on its way
-                    findings += self._watch(job, now, findings, since_job)
+                    newest = self._newest_data(job, now)
+                    if now - newest > INGEST_BEHIND_S:
+                        behind[job.job_id] = now - newest
+                    # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
+                    # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
+                    # nodes all fell silent for longer is judged as before
+                    at = max(newest, now - INGEST_BEHIND_MAX_FACTOR * self.cfg.watchdog.hang_timeout_s)
+                    findings += self._watch(job, at, findings, since_job)
+            if behind and now - self._behind_logged >= 60.0:
+                self._behind_logged = now
+                self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
+                               f"to {max(behind.values()):.0f} s old; the watchdog judges them as of their data",
+                               lag_s={str(j): round(v, 1) for j, v in sorted(behind.items())})
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
 
@@ -341,12 +360,25 @@ class Controller:
         return [normalise(r) for r in self.conn.execute(
             f"SELECT * FROM kpis WHERE ts >= ? AND ({' OR '.join(sorted(wanted))})", (now - window,))]
 
+    def _update_kpi_window(self, now: float) -> None:
+        w = self.cfg.watchdog
+        keep = max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s) + INGEST_BEHIND_MAX_FACTOR * \
+            w.hang_timeout_s
+        if self.kpi_window is None or self.kpi_window.keep_s != keep:  # first tick, or a reload changed it
+            self.kpi_window = KpiWindow(self.conn, keep)
+        self.kpi_window.update(now)
+
+    def _newest_data(self, job: Job, now: float) -> float:
+        """The newest sample time any of the job's nodes has delivered (one index seek per node; now if none)."""
+        newest = [r[0] for r in (self.conn.execute("SELECT MAX(ts) FROM samples WHERE node = ?", (n,)).fetchone()
+                                 for n in job.nodes) if r[0] is not None]
+        return min(now, max(newest)) if newest else now
+
     def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
         w = self.cfg.watchdog
         lookback = max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s)
         start = float(job.start_time or 0)
-        rows = [dict(r) for r in self.conn.execute(
-            "SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts", (job.job_id, max(start, now - lookback)))]
+        rows = self.kpi_window.job_rows(job.job_id, max(start, now - lookback))
         if not rows:
             last = self.conn.execute("SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC LIMIT 1",
                                      (job.job_id, start)).fetchone()

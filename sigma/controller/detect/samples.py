@@ -1,8 +1,9 @@
-"""Time-window reads of the controller's `samples` table through its one index, (node, metric, ts).
+"""Time-window reads of the controller's `samples` table through its one index, (node, ts).
 
-The table has no index on ts alone (each index costs every insert); instead the nodes (and, per node, the metrics)
-present are enumerated by index seeks — a skip scan: one seek per distinct value, never a pass over the rows — and
-each (node, metric) range is entered at `ts >= since`. Rows come back ordered by ts, as a ts index would give them.
+The table has no index on ts alone or per series (each index costs every insert, and a per-series key makes each
+push write a page per series: migration 0006); instead the nodes present are enumerated by index seeks — a skip
+scan: one seek per distinct node, never a pass over the rows — and each node's range is entered at `ts >= since`.
+Rows come back ordered by ts, as a ts index would give them.
 """
 
 from __future__ import annotations
@@ -15,34 +16,28 @@ _NODES = """nodes(node) AS (
     SELECT (SELECT min(node) FROM samples)
     UNION ALL SELECT (SELECT min(node) FROM samples WHERE node > nodes.node) FROM nodes WHERE node IS NOT NULL)"""
 
-# the distinct (node, metric) pairs for the given nodes, one index seek each
-_NODE_METRICS = """pairs(node, metric) AS (
-    SELECT j.value, (SELECT min(metric) FROM samples WHERE node = j.value) FROM json_each(?) AS j
-    UNION ALL SELECT node, (SELECT min(metric) FROM samples WHERE node = pairs.node AND metric > pairs.metric)
-        FROM pairs WHERE metric IS NOT NULL)"""
 
-
-BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.* FROM nodes, json_each(?) AS m "
-                  "CROSS JOIN samples AS s ON s.node = nodes.node AND s.metric = m.value AND s.ts >= ? "
-                  "WHERE nodes.node IS NOT NULL ORDER BY s.ts")  # args: metrics JSON list, since
+BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.* FROM nodes CROSS JOIN samples AS s ON s.node = nodes.node"
+                  " AND s.ts >= ? WHERE nodes.node IS NOT NULL AND s.metric IN (SELECT value FROM json_each(?))"
+                  " ORDER BY s.ts")  # args: since, metrics JSON list
 def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
     """Rows of every node with ts >= since and metric in `metrics`."""
     metrics = sorted(set(metrics))
     if not metrics:
         return []
-    return conn.execute(BY_METRICS_SQL, (json.dumps(metrics), since)).fetchall()
+    return conn.execute(BY_METRICS_SQL, (since, json.dumps(metrics))).fetchall()
 
 
 # per (node, series, time slice) aggregates of the given nodes' samples, the sidecar's own metrics left out;
-# each slice is an index range seek per (node, metric)
+# each slice is an index range seek per node
 BUCKETS_SQL = (
-    "WITH RECURSIVE " + _NODE_METRICS + ", slices(bucket, start) AS (SELECT key, value FROM json_each(?))"
+    "WITH slices(bucket, start) AS (SELECT key, value FROM json_each(?))"
     " SELECT s.node, s.metric || CASE WHEN s.labels = '{}' THEN '' ELSE s.labels END AS series, slices.bucket,"
     " count(*), avg(s.value), avg(s.value * s.value), min(s.value), max(s.value), min(s.ts), max(s.ts)"
-    " FROM pairs, slices CROSS JOIN samples AS s ON s.node = pairs.node AND s.metric = pairs.metric"
+    " FROM json_each(?) AS n, slices CROSS JOIN samples AS s ON s.node = n.value"
     " AND s.ts >= slices.start AND s.ts < slices.start + ?"
-    " WHERE pairs.metric IS NOT NULL AND pairs.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
-    " GROUP BY s.node, series, slices.bucket")  # args: nodes JSON list, slice starts JSON list, slice length
+    " WHERE s.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
+    " GROUP BY s.node, series, slices.bucket")  # args: slice starts JSON list, nodes JSON list, slice length
 
 
 def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, buckets: int,
@@ -56,4 +51,4 @@ def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, bu
     width = (until - since) / buckets
     starts = [since + b * width for b in range(buckets)]
     length = width if sample_s is None else min(width, sample_s)
-    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(nodes), json.dumps(starts), length))]
+    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(starts), json.dumps(nodes), length))]

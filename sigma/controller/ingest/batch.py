@@ -5,9 +5,10 @@ covers a digest of the body), so the server reads a body only from a node that p
 `Ingest.receive(caller, body)` checks the digest, validates and stores. Both return (http_status, reply dict) for
 a refusal: a 4xx with a reason, logged with the node and peer, counted by reason (/metrics), never an exception.
 Rows with a non-finite or absurd timestamp (older than max_row_age_s, or further in the future than the clock skew
-allows) are dropped and counted; the rest of their batch is stored. One transaction per batch: the `batches` row
-and the data rows commit together, so a controller killed mid-batch either has all of it or none, and the
-sidecar's retry fills the gap.
+allows) are dropped and counted; the rest of their batch is stored. Batches that arrive together share one
+transaction (group commit, groupcommit.py), each in a savepoint of its own: a batch's `batches` row and its data rows
+commit together, so a controller killed mid-batch has all of it or none, and the sidecar's retry fills the gap; a
+push is acknowledged only once its group has committed.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ import hmac
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from pathlib import Path
 
 from sigma.controller.act import jit
 from sigma.controller.db import open_db
+from sigma.controller.ingest.groupcommit import GroupCommit
 from sigma.controller.ingest.ratelog import RateLimitedLog
 from sigma.security.keys import KeyRing
 from sigma.store import is_url
@@ -34,12 +35,21 @@ from sigma.telemetry import wire
 
 log = logging.getLogger("sigma.controller.ingest.batch")
 
-SAMPLE_SQL = "INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?, ?, ?, ?, ?, ?)"
+SAMPLE_COLUMNS = ("node", "ts", "metric", "value", "labels", "job_ids")
+SAMPLE_CHUNK = 200  # rows per INSERT statement (1,200 parameters: SQLite 3.32+ and PostgreSQL take 32,766+)
+
+
+def _sample_sql(rows: int) -> str:
+    one = "(" + ", ".join("?" * len(SAMPLE_COLUMNS)) + ")"
+    return f"INSERT INTO samples ({', '.join(SAMPLE_COLUMNS)}) VALUES " + ", ".join([one] * rows)
+
+
+SAMPLE_CHUNK_SQL = _sample_sql(SAMPLE_CHUNK)
 EVENT_SQL = ("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids) "
              "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 KPI_SQL = ("INSERT INTO kpis (node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, "
            "payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-BATCH_SQL = "INSERT INTO batches (node, seq, received_at, records) VALUES (?, ?, ?, ?)"
+BATCH_SQL = "INSERT OR IGNORE INTO batches (node, seq, received_at, records) VALUES (?, ?, ?, ?)"
 NUMBER = (int, float)
 TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
@@ -79,7 +89,9 @@ class Ingest:
         self.conn = open_db(self.db_path)
         if not is_url(db_path):
             self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
-        self.lock = threading.Lock()
+        self.writer = GroupCommit(self.conn, self._write)
+        self.lock = self.writer.lock  # the connection's user: the group being written
+        self._stats_lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
         self.rejections: Counter = Counter()  # reason -> requests refused
         self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
@@ -88,6 +100,7 @@ class Ingest:
         self._record_auth_mode()
 
     def close(self) -> None:
+        self.writer.close()
         with self.lock:
             self.conn.close()
 
@@ -108,20 +121,9 @@ class Ingest:
                 reply = self._store(caller.node, batch)
             except OverflowError as exc:  # an integer SQLite cannot hold (rolled back)
                 raise Rejected(400, f"number out of range: {exc}", "bad_batch") from None
-            self._attach_requests(caller.node, reply)
             return 200, reply
         except Rejected as exc:
             return self._refuse(exc, caller.node, peer)
-
-    def _attach_requests(self, node: str, reply: dict) -> None:
-        """The node's open just-in-time checkpoint requests ride on the reply; its sidecar hands them to the
-        trainer (sigma/controller/act/jit.py)."""
-        with self.lock:
-            requests = jit.pending_for_node(self.conn, node, time.time())
-            if requests:
-                self.conn.commit()
-        if requests:
-            reply["checkpoint_requests"] = requests
 
     def verify(self, caller: Caller, body: bytes, peer: str = "?") -> tuple[int, dict] | None:
         """For routes other than ingest that share its authentication: None when the body is the signed one."""
@@ -283,46 +285,62 @@ class Ingest:
         return {"seq": seq, "series": series, "s": s_col, "ts": ts_col, "v": v_col, "events": events, "kpis": kpis}
 
     def _store(self, node: str, b: dict) -> dict:
-        n = len(b["s"]) + len(b["events"]) + len(b["kpis"])
-        series = b["series"]
-        metrics = [s[0] for s in series]
-        labels = [s[1] for s in series]
-        jobs = [s[2] for s in series]
-        s_col = b["s"]
-        rows = zip(repeat(node), b["ts"], map(metrics.__getitem__, s_col), b["v"],
-                   map(labels.__getitem__, s_col), map(jobs.__getitem__, s_col))
-        with self.lock:
-            conn = self.conn
-            conn.execute("BEGIN")
-            try:
-                try:
-                    conn.execute(BATCH_SQL, (node, b["seq"], time.time(), n))
-                except sqlite3.IntegrityError:  # (node, seq) already stored: a retry after a lost ack
-                    conn.rollback()
-                    self.stats["duplicates"] += 1
-                    return {"ok": True, "seq": b["seq"], "duplicate": True}
-                conn.executemany(SAMPLE_SQL, rows)
-                if b["events"]:
-                    conn.executemany(EVENT_SQL, [(node, *e) for e in b["events"]])
-                if b["kpis"]:
-                    conn.executemany(KPI_SQL, [(node, *k) for k in b["kpis"]])
-                conn.commit()
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
-        self.stats["batches"] += 1
-        self.stats["samples"] += len(s_col)
-        self.stats["events"] += len(b["events"])
-        self.stats["kpis"] += len(b["kpis"])
-        for e in b["events"]:
-            if e[2] in REFUSAL_EVENTS:
-                self.node_refusals[(node, e[2])] += 1
-        reply = {"ok": True, "seq": b["seq"], "duplicate": False,
-                 "stored": {"samples": len(s_col), "events": len(b["events"]), "kpis": len(b["kpis"])}}
+        reply = self.writer.submit((node, b), len(b["s"]))
+        with self._stats_lock:  # the handlers of a group wake together
+            if reply.get("duplicate"):
+                self.stats["duplicates"] += 1
+                return reply
+            self.stats["batches"] += 1
+            self.stats["samples"] += len(b["s"])
+            self.stats["events"] += len(b["events"])
+            self.stats["kpis"] += len(b["kpis"])
+            for e in b["events"]:
+                if e[2] in REFUSAL_EVENTS:
+                    self.node_refusals[(node, e[2])] += 1
         if b.get("dropped"):
             reply["dropped"] = b["dropped"]
         return reply
+
+    @staticmethod
+    def _write(conn, item: tuple[str, dict]) -> dict:
+        """One batch, inside the group's transaction (groupcommit.py); the reply its node gets once committed."""
+        node, b = item
+        now = time.time()
+        n = len(b["s"]) + len(b["events"]) + len(b["kpis"])
+        if conn.execute(BATCH_SQL, (node, b["seq"], now, n)).rowcount == 0:
+            reply = {"ok": True, "seq": b["seq"], "duplicate": True}  # (node, seq) stored: a retry after a lost ack
+        else:
+            series = b["series"]
+            metrics = [s[0] for s in series]
+            labels = [s[1] for s in series]
+            jobs = [s[2] for s in series]
+            s_col = b["s"]
+            _insert_samples(conn, zip(repeat(node), b["ts"], map(metrics.__getitem__, s_col), b["v"],
+                                      map(labels.__getitem__, s_col), map(jobs.__getitem__, s_col)))
+            if b["events"]:
+                conn.executemany(EVENT_SQL, [(node, *e) for e in b["events"]])
+            if b["kpis"]:
+                conn.executemany(KPI_SQL, [(node, *k) for k in b["kpis"]])
+            reply = {"ok": True, "seq": b["seq"], "duplicate": False,
+                     "stored": {"samples": len(s_col), "events": len(b["events"]), "kpis": len(b["kpis"])}}
+        # the node's open just-in-time checkpoint requests ride on the reply; its sidecar hands them to the
+        # trainer (sigma/controller/act/jit.py)
+        requests = jit.pending_for_node(conn, node, now)
+        if requests:
+            reply["checkpoint_requests"] = requests
+        return reply
+
+
+def _insert_samples(conn, rows) -> None:
+    """Rows in statements of SAMPLE_CHUNK rows each, plus one for the rest: a statement per row costs a call into
+    SQLite and a hand-back of the interpreter lock per row, which the detection loop's thread then has to wait for."""
+    flat = list(chain.from_iterable(rows))
+    width = len(SAMPLE_COLUMNS) * SAMPLE_CHUNK
+    whole = len(flat) - len(flat) % width
+    if whole:
+        conn.executemany(SAMPLE_CHUNK_SQL, [flat[i:i + width] for i in range(0, whole, width)])
+    if whole < len(flat):
+        conn.execute(_sample_sql((len(flat) - whole) // len(SAMPLE_COLUMNS)), flat[whole:])
 
 
 NUM_OR = (int, float, type(None))

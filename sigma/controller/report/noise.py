@@ -26,11 +26,11 @@ def job_noise(conn: sqlite3.Connection, job_id: int, since: float | None = None,
     start = min(k["ts"] - (k["step_time_s"] or 0.0) for k in kpis) - 5.0
     end = max(k["ts"] for k in kpis) + 5.0
     samples = []
-    for node in sorted({k["node"] for k in kpis}):
-        for metric in NODE_METRICS:
-            samples += [dict(r) for r in conn.execute(
-                "SELECT node, ts, metric, value, labels FROM samples WHERE node = ? AND metric = ? AND ts >= ? "
-                "AND ts <= ?", (node, metric, start, end))]
+    marks = ",".join("?" * len(NODE_METRICS))
+    for node in sorted({k["node"] for k in kpis}):  # one range of the (node, ts) index per node
+        samples += [dict(r) for r in conn.execute(
+            f"SELECT node, ts, metric, value, labels FROM samples WHERE node = ? AND ts >= ? AND ts <= ? AND metric "
+            f"IN ({marks})", (node, start, end, *NODE_METRICS))]
     return attribute(job_id, kpis, samples, cfg)
 
 

@@ -69,12 +69,12 @@ def problems(conn: sqlite3.Connection, cfg: LearnConfig, *, since: float, now: f
     fault_times = defaultdict(list)
     for f in _faults(conn, since - cfg.window_before_s, None, every=True):
         fault_times[f["node"]].append(f["ts"])
-    out, skipped, cache = [], [], {}  # cache: (node, metric) pairs per node, enumerated once
+    out, skipped = [], []
     for cause, items in sorted(by_cause.items()):
         positives, notes = [], []
         for f in items:
             ex = _example(conn, f["node"], f["ts"] - cfg.window_before_s, f["ts"] + cfg.window_after_s, True,
-                          f["source"], cache)
+                          f["source"])
             if ex.empty or not (ex.own_events() or ex.own_samples()):
                 notes.append(f"{f['source']} ({f['node']}, {_t(ex.start)}..{_t(ex.end)}): no telemetry of the node "
                              f"in the controller database for that window (past retention, or its sidecar was down)")
@@ -84,7 +84,7 @@ def problems(conn: sqlite3.Connection, cfg: LearnConfig, *, since: float, now: f
             skipped.append(f"{cause}: {len(positives)} confirmed incident(s) with data, min_incidents is "
                            f"{cfg.min_incidents}" + ("; " + "; ".join(notes) if notes else ""))
             continue
-        negatives = _healthy(conn, cfg, positives, fault_times, since, now, cache)
+        negatives = _healthy(conn, cfg, positives, fault_times, since, now)
         if len(negatives) < cfg.min_normal_windows:
             skipped.append(f"{cause}: {len(negatives)} healthy window(s) of history, min_normal_windows is "
                            f"{cfg.min_normal_windows} (no false-positive estimate without healthy data)")
@@ -137,8 +137,8 @@ def _faults(conn, since: float, incident: int | None, every: bool = False) -> li
     return out if not every else [f for f in out if f.get("verdict", "fault") == "fault"]
 
 
-def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict, since: float, now: float,
-             cache: dict) -> list[Example]:
+def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict, since: float,
+             now: float) -> list[Example]:
     """Windows as long as the fault windows: each node, stepping back from every fault window (so peers
     meanwhile come first, then the same and other nodes earlier), none near a fault on that node."""
     span = cfg.window_before_s + cfg.window_after_s
@@ -165,20 +165,14 @@ def _healthy(conn, cfg: LearnConfig, positives: list[Example], fault_times: dict
         if (node, end) in seen or end > now + cfg.window_after_s:
             continue
         seen.add((node, end))
-        ex = _example(conn, node, end - span, end, False, "healthy", cache)
+        ex = _example(conn, node, end - span, end, False, "healthy")
         if ex.own_events() or ex.own_samples():
             out.append(ex)
     return out[:cfg.max_normal_windows]
 
 
-# The samples table has one index, (node, metric, ts): a window is read per (node, metric) pair, entered at its
-# start (the pairs are enumerated once per node by index seeks, a skip scan), never by a pass over the table.
-_PAIRS_SQL = """WITH RECURSIVE pairs(node, metric) AS (
-    SELECT j.value, (SELECT min(metric) FROM samples WHERE node = j.value) FROM json_each(?) AS j
-    UNION ALL SELECT node, (SELECT min(metric) FROM samples WHERE node = pairs.node AND metric > pairs.metric)
-        FROM pairs WHERE metric IS NOT NULL) SELECT node, metric FROM pairs WHERE metric IS NOT NULL"""
-_WINDOW_SQL = ("SELECT s.* FROM json_each(?) AS p CROSS JOIN samples AS s ON s.node = json_extract(p.value, '$[0]')"
-               " AND s.metric = json_extract(p.value, '$[1]') AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts")
+# The samples table has one index, (node, ts): a window is read per node, entered at its start, never by a pass
+# over the table.
 _NODES_SQL = """WITH RECURSIVE nodes(node) AS (SELECT min(node) FROM samples
     UNION ALL SELECT (SELECT min(node) FROM samples WHERE node > nodes.node) FROM nodes WHERE node IS NOT NULL)
     SELECT node FROM nodes WHERE node IS NOT NULL"""
@@ -191,23 +185,15 @@ def known_nodes(conn, since: float) -> list[str]:
     return sorted(nodes)
 
 
-def _pairs(conn, nodes: set[str], cache: dict) -> list[list[str]]:
-    out = []
-    for node in sorted(nodes):
-        if node not in cache:
-            cache[node] = [[r[0], r[1]] for r in conn.execute(_PAIRS_SQL, (json.dumps([node]),))]
-        out += cache[node]
-    return out
-
-
-def _example(conn, node: str, start: float, end: float, positive: bool, source: str, cache: dict) -> Example:
+def _example(conn, node: str, start: float, end: float, positive: bool, source: str) -> Example:
     jobs = _jobs(conn, node, start, end)
     peers = set(jobs) | {node}
     marks = ",".join("?" * len(peers))
     events = [normalise(r) for r in conn.execute(
         f"SELECT * FROM events WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts",
         (*sorted(peers), start, end))]
-    samples = [normalise(r) for r in conn.execute(_WINDOW_SQL, (json.dumps(_pairs(conn, peers, cache)), start, end))]
+    samples = [normalise(r) for r in conn.execute(
+        f"SELECT * FROM samples WHERE node IN ({marks}) AND ts >= ? AND ts <= ? ORDER BY ts", (*sorted(peers), start, end))]
     job_ids = sorted({j for js in jobs.values() for j in js})
     kpis = [normalise(r) for r in conn.execute(
         f"SELECT * FROM kpis WHERE job_id IN ({','.join('?' * len(job_ids))}) AND ts >= ? AND ts <= ? ORDER BY ts",
