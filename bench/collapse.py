@@ -160,12 +160,14 @@ def report(label: str, seeds: list[int], variants: list[str], runs: Path) -> Non
     lead_ok = {s: 0 for s in SIGNALS + ("any",)}
     leads = {s: [] for s in SIGNALS + ("any",)}
     false = {s: 0 for s in SIGNALS + ("any",)}
+    stable = stable_warned = 0  # runs of the variants meant to stay stable (all of them did not diverge)
     diverged = healthy = stalled = stalled_warned = 0
     for variant in variants:
         for seed in seeds:
             path = run_file(runs, variant, seed)
             if not path.is_file():
-                print(f"{variant:<{width}} {seed:>4}  not trained")
+                if VARIANTS[variant][2] is not None:  # the too-high constant rates are trained on request only
+                    print(f"{variant:<{width}} {seed:>4}  not trained")
                 continue
             metrics = json.loads(path.read_text())
             verdict = assess(metrics)
@@ -181,6 +183,8 @@ def report(label: str, seeds: list[int], variants: list[str], runs: Path) -> Non
                 continue
             diverged += bool(div)
             healthy += not div
+            stable += VARIANTS[variant][2] is False
+            stable_warned += VARIANTS[variant][2] is False and bool(warn)
             for sig in SIGNALS + ("any",):
                 first = warn if sig == "any" else verdict.first.get(sig)
                 if div:
@@ -196,6 +200,9 @@ def report(label: str, seeds: list[int], variants: list[str], runs: Path) -> Non
         print(f"{label:<8} {name:<15} warned at or before 1/5 of the divergence step in {lead_ok[sig]}/{diverged} "
               f"diverged runs (lead ratios: {', '.join(leads[sig]) or '-'}); fired in {false[sig]}/{healthy} runs "
               f"that did not diverge")
+    print(f"{label:<8} of the runs that did not diverge, the variants meant to stay stable: a signal fired in "
+          f"{stable_warned}/{stable} (the rest: runs of the unstable variants whose loss did not stay up long enough "
+          f"to count as diverged)")
     if stalled:
         print(f"{label:<8} too high a constant rate: a signal fired in {stalled_warned}/{stalled} runs (not counted "
               f"above: their loss did not diverge, nor learn like the others)")

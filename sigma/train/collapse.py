@@ -317,5 +317,5 @@ def run_check(args) -> int:
     else:
         print(f"{verdict.state} (steps 1..{verdict.last_step} of {files[0]})")
         for signal, step in sorted(verdict.first.items(), key=lambda kv: kv[1]):
-            print(f"  {signal:<12} first at step {step}: {verdict.evidence[signal]}")
+            print(f"  {signal:<15} first at step {step}: {verdict.evidence[signal]}")
     return {"healthy": 0, "warning": 1, "collapsing": 3}[verdict.state]
