@@ -25,15 +25,32 @@ from sigma.train.model import Attention
 from sigma.train.moe import Router
 
 
+CHUNK = 1 << 24  # elements of one intermediate: a long sequence's T x T logits are never held for all heads at once
+
+
 @torch.no_grad()
 def attention_logit_max(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> float:
     q, k = attn.queries_keys(x, cos, sin)
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves several query heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    logits = (q.float() @ k.float().transpose(-1, -2)).abs() / math.sqrt(q.shape[-1])
-    t = logits.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=logits.device).tril()
-    return float(logits.masked_fill(~causal, 0.0).amax())
+    t, d = q.shape[-2], q.shape[-1]
+    q, k = q.reshape(-1, t, d), k.reshape(-1, t, d)  # [B * H, T, D]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    top = torch.zeros((), device=q.device)
+    step = max(1, CHUNK // (t * t))
+    for i in range(0, q.shape[0], step):
+        logits = (q[i:i + step].float() @ k[i:i + step].float().transpose(-1, -2)).abs()
+        top = torch.maximum(top, logits.masked_fill(~causal, 0.0).amax())
+    return float(top) / math.sqrt(d)
+
+
+@torch.no_grad()
+def mean_log_z(logits: torch.Tensor) -> float:
+    """Mean over tokens of logsumexp over the vocabulary, in float32, a chunk of tokens at a time."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    step = max(1, CHUNK // flat.shape[-1])
+    total = sum(torch.logsumexp(flat[i:i + step].float(), -1).sum() for i in range(0, flat.shape[0], step))
+    return float(total) / flat.shape[0]
 
 
 @torch.no_grad()
@@ -86,8 +103,7 @@ class PrecursorProbe:
 
     def _on_output(self, _module, _args, logits: torch.Tensor) -> None:
         if self.log_z is None:
-            with torch.no_grad():
-                self.log_z = float(torch.logsumexp(logits.float(), -1).mean())
+            self.log_z = mean_log_z(logits)
 
     def values(self) -> dict:
         """The KPI fields measured (none when the probe was off or saw no forward), to 5 significant digits."""

@@ -11,6 +11,7 @@ from sigma.train.collapse import Thresholds, assess, read_metrics
 from sigma.train.config import load_model_config
 from sigma.train.kpi import KpiWriter, read_kpis
 from sigma.train.model import MoETransformer
+from sigma.train import precursors
 from sigma.train.precursors import PrecursorProbe, attention_logit_max
 from sigma.train.train_config import load_train_config
 
@@ -26,7 +27,7 @@ def probe_values(model, tokens):
     return probe.values()
 
 
-def test_attention_logit_max_is_the_largest_causal_logit():
+def test_attention_logit_max_is_the_largest_causal_logit(monkeypatch):
     model = debug_model()
     attn, x = model.layers[0].attn, torch.randn(2, 16, model.cfg.dim)
     cos, sin = model.rope_cos[:16], model.rope_sin[:16]
@@ -34,7 +35,17 @@ def test_attention_logit_max_is_the_largest_causal_logit():
     k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
     logits = q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim)
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
-    assert attention_logit_max(attn, x, cos, sin) == pytest.approx(float(logits[..., causal].abs().max()), rel=1e-5)
+    expected = float(logits[..., causal].abs().max())
+    assert attention_logit_max(attn, x, cos, sin) == pytest.approx(expected, rel=1e-5)
+    monkeypatch.setattr(precursors, "CHUNK", 16 * 16)  # one (row, head) at a time: the same maximum
+    assert attention_logit_max(attn, x, cos, sin) == pytest.approx(expected, rel=1e-5)
+
+
+def test_mean_log_z_in_chunks(monkeypatch):
+    logits = torch.randn(2, 8, 512) * 3
+    expected = float(torch.logsumexp(logits, -1).mean())
+    monkeypatch.setattr(precursors, "CHUNK", 3 * 512)  # three tokens at a time, the last chunk shorter
+    assert precursors.mean_log_z(logits) == pytest.approx(expected, rel=1e-6)
 
 
 def test_probe_reports_each_precursor_and_follows_the_weights():
