@@ -1,6 +1,13 @@
 """Early collapse warning from the KPIs a run already writes (`sigma collapse check`).
 
-Signals, each with the step it was first seen:
+Signals, each with the step it was first seen (the first three read the precursors the trainer measures on the
+steps it reports the norms, sigma/train/precursors.py; "in two reports in a row": one noisy report is not a trend):
+  attn_logits   the largest attention logit of some layer is above `attn_logit` in two reports in a row: the
+                attention-logit growth that precedes a divergence without qk-norm (Wortsman et al. 2023)
+  log_z_drift   the output logits' mean log Z moved more than `log_z` from its first report, in two reports in a row
+                (the output-logit divergence z-loss prevents)
+  router_collapse  some MoE layer's router entropy (over that of a uniform router) is below `router_entropy` in two
+                reports in a row: the router sends its tokens to the same experts whatever they are
   norm_valley   the layer-wise MoE parameter-norm profile dips in the middle layers below both ends by more than
                 `valley` (relative) in two reports in a row (the paper's precursor of a collapse)
   norm_growth   some MoE layer's parameter norm grew by more than `growth` (relative) between two reports (after
@@ -8,7 +15,8 @@ Signals, each with the step it was first seen:
   grad_spikes   more than `spike_rate` of the last `window` steps were spikes: a gradient norm above
                 `spike_factor` x the median of the `window` steps before it (each step against its own past, so the
                 falling gradient norm of a run's first steps is not mistaken for spikes)
-  load_skew     the busiest expert of some MoE layer took more than `load_skew` x the mean load
+  load_skew     the busiest expert of some MoE layer took more than `load_skew` x the mean load (at most
+                n_experts / top_k: the debug preset's 4 experts, top 2, cannot pass 2)
   diverged      the loss is non-finite, or its moving average (over `window` steps) stays above `diverge` x the
                 lowest moving average so far for `window` steps in a row (the collapse itself; a noisy step or a
                 spike the run recovers from does not count). Its step is the first of those steps.
@@ -35,6 +43,11 @@ class Thresholds:
     spike_rate: float = 0.1
     window: int = 20
     load_skew: float = 4.0
+    # Set on bench/collapse.py's tuning seeds, at least twice as far from the extreme of its runs that did not
+    # diverge (largest logit 163, log Z drift 1.15, lowest router entropy 0.214) as that extreme
+    attn_logit: float = 350.0
+    log_z: float = 2.5
+    router_entropy: float = 0.1
     diverge: float = 1.1
 
 
@@ -44,6 +57,7 @@ class Verdict:
     first: dict[str, int] = field(default_factory=dict)  # signal -> first step
     evidence: dict[str, str] = field(default_factory=dict)
     norms: list[tuple[int, list[float]]] = field(default_factory=list)  # (step, per-layer norms)
+    precursors: list[tuple[int, float, float]] = field(default_factory=list)  # (step, largest logit, lowest entropy)
     last_step: int = 0
 
     @property
@@ -89,6 +103,16 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
         if signal not in v.first:
             v.first[signal], v.evidence[signal] = step, text
 
+    streak: dict[str, int] = {}
+
+    def persist(signal: str, hit: bool, step: int, text: str) -> None:
+        """Fire on the second report in a row past the threshold (one noisy report is not a trend)."""
+        streak[signal] = streak.get(signal, 0) + 1 if hit else 0
+        if streak[signal] >= 2:
+            fire(signal, step, text)
+
+    log_z0 = None
+
     for row in metrics:
         step = int(row["step"])
         v.last_step = step
@@ -133,6 +157,24 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
                     fire("norm_growth", step, f"an MoE layer's parameter norm grew {100 * growth:.0f}% since the "
                                               f"last report (profile {_fmt(norms)})")
             prev_norms = norms
+        logits = _finite_list(row.get("attn_logit_max"))
+        if logits:
+            top = max(logits)
+            persist("attn_logits", top > th.attn_logit, step,
+                    f"largest attention logit {top:.1f} (layer {logits.index(top)}) above {th.attn_logit}")
+        log_z = _number(row.get("output_log_z"))
+        if math.isfinite(log_z):
+            log_z0 = log_z if log_z0 is None else log_z0
+            persist("log_z_drift", abs(log_z - log_z0) > th.log_z, step,
+                    f"output log Z {log_z:.2f} drifted {log_z - log_z0:+.2f} from its first report {log_z0:.2f}")
+        entropy = _finite_list(row.get("router_entropy"))
+        if entropy:  # no start-up transient to skip: a fresh router's scores are near uniform (entropy ~1)
+            low = min(entropy)
+            persist("router_collapse", low < th.router_entropy, step,
+                    f"MoE layer {entropy.index(low)}'s router entropy {low:.3f} of the uniform's, below "
+                    f"{th.router_entropy}: its tokens go to the same experts whatever they are")
+        if logits and entropy:
+            v.precursors.append((step, max(logits), min(entropy)))
         loads = row.get("expert_load")
         if isinstance(loads, list):
             for layer, load in enumerate(loads):
@@ -142,6 +184,13 @@ def assess(metrics: list[dict], th: Thresholds | None = None) -> Verdict:
                         fire("load_skew", step, f"MoE layer {layer}: busiest expert takes {skew:.1f} x the mean load")
     v.state = "collapsing" if "diverged" in v.first else ("warning" if v.first else "healthy")
     return v
+
+
+def _finite_list(values) -> list[float]:
+    if not isinstance(values, list) or not values:
+        return []
+    numbers = [_number(x) for x in values]
+    return numbers if all(math.isfinite(x) for x in numbers) else []
 
 
 def _fmt(norms: list[float]) -> str:
@@ -172,7 +221,8 @@ def plot(verdict: Verdict, out: str | Path, title: str = "") -> None:
 
     if not verdict.norms:
         raise ValueError("no moe_param_norm in these KPIs: the run needs kpi.param_norm_every > 0")
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3 if verdict.precursors else 2, figsize=(16 if verdict.precursors else 11, 4))
+    a, b = axes[0], axes[1]
     steps = [s for s, _ in verdict.norms]
     layers = len(verdict.norms[0][1])
     for i in range(layers):
@@ -183,6 +233,14 @@ def plot(verdict: Verdict, out: str | Path, title: str = "") -> None:
         step, norms = verdict.norms[k]
         b.plot(range(len(norms)), norms, marker="o", label=f"step {step}")
     b.set_xlabel("MoE layer"), b.set_ylabel("parameter L2 norm"), b.set_title("profile over depth"), b.legend(fontsize=7)
+    if verdict.precursors:
+        c, steps = axes[2], [s for s, _, _ in verdict.precursors]
+        c.semilogy(steps, [p[1] for p in verdict.precursors], color="tab:red", label="largest attention logit")
+        c.set_xlabel("step"), c.set_ylabel("attention logit", color="tab:red")
+        d = c.twinx()
+        d.plot(steps, [p[2] for p in verdict.precursors], color="tab:blue", label="lowest router entropy")
+        d.set_ylabel("router entropy / uniform", color="tab:blue"), d.set_ylim(0, 1.05)
+        c.set_title("precursors")
     fig.suptitle(f"{title} {verdict.state}".strip())
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -259,5 +317,5 @@ def run_check(args) -> int:
     else:
         print(f"{verdict.state} (steps 1..{verdict.last_step} of {files[0]})")
         for signal, step in sorted(verdict.first.items(), key=lambda kv: kv[1]):
-            print(f"  {signal:<12} first at step {step}: {verdict.evidence[signal]}")
+            print(f"  {signal:<15} first at step {step}: {verdict.evidence[signal]}")
     return {"healthy": 0, "warning": 1, "collapsing": 3}[verdict.state]

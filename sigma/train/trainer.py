@@ -38,6 +38,7 @@ from sigma.train.parallel import (DistContext, EPDispatch, clip_gradients, colle
                                   init_distributed, install_expert_parallel, is_expert_param, shutdown,
                                   sync_gradients)
 from sigma.train.parallelize import is_dp_ep_only
+from sigma.train.precursors import PrecursorProbe
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
@@ -504,7 +505,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 loss_value, aux_value, gnorm, loads, layout_kpi = layout.step(batch, poison)
             else:
                 optimizer.zero_grad(set_to_none=True)
-                ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
+                reporting = bool(cfg.kpi.param_norm_every) and step % cfg.kpi.param_norm_every == 0
+                with PrecursorProbe(model, enabled=reporting) as probe:  # collapse precursors, on the norms' steps
+                    ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
+                layout_kpi = probe.values()  # (no layout: the step's own extra KPI fields)
                 losses = torch.stack([ce, aux])
                 ctx.all_reduce_sum(losses)
                 loss_value, aux_value = (losses / ctx.world_size).tolist()

@@ -51,7 +51,7 @@ def test_cli_job_plot_and_emit(tmp_path, capsys):
     png = tmp_path / "norms.png"
     rc = main(["collapse", "check", "--job", "42", "--kpi-dir", str(tmp_path), "--plot", str(png), "--emit"])
     assert rc == 3 and png.stat().st_size > 1000
-    assert "norm_valley  first at step 20" in capsys.readouterr().out
+    assert "norm_valley     first at step 20" in capsys.readouterr().out
     event = json.loads((path.parent / "rank-collapse.n1.jsonl").read_text().splitlines()[-1])
     assert event["event"] == "collapse_warning" and event["state"] == "collapsing" and event["job_id"] == 42
     assert main(["collapse", "check", "--job", "43", "--kpi-dir", str(tmp_path)]) == 2
