@@ -189,6 +189,13 @@ class CheckpointManager:
             except Exception as exc:
                 raise RuntimeError(f"background checkpoint save failed: {exc}") from exc
 
+    def finish_in_flight(self) -> None:
+        """Block until the save in flight, if any, is written (and on rank 0 complete), leaving it to wait(): what
+        a rank that SLURM is terminating finishes before it exits (sigma/train/terminate.py)."""
+        pending = self._pending
+        if pending is not None:
+            pending.result()
+
     def prune(self) -> list[Path]:
         """Keep the newest `keep` complete checkpoints; drop older ones and leftovers of killed saves."""
         removed = []

@@ -39,6 +39,7 @@ from sigma.train.parallel import (DistContext, EPDispatch, clip_gradients, colle
                                   sync_gradients)
 from sigma.train.parallelize import is_dp_ep_only
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
+from sigma.train.terminate import exit_on_sigterm, finish_before_exit
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -384,6 +385,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
 
         async_group = dist.new_group(backend="gloo")  # background saves coordinate apart from training
     ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier, async_group)
+    unregister = finish_before_exit(ckpt.finish_in_flight)  # a SIGTERM exit lets the save in flight finish
     amp_dtype = DTYPES[cfg.dtype]
     aux_free = model_cfg.balance == "aux_free"
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
@@ -589,6 +591,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         if blocked is not None:
             blocked.close()
         ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        unregister()
         if replicas is not None:
             replicas.close()
         noise.close()
@@ -607,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. steps=20 parallel.ep=2")
     args = parser.parse_args(argv)
     cfg = load_train_config(args.config, args.overrides)
+    if cfg.launch.exit_on_sigterm:
+        exit_on_sigterm()
     try:
         train(cfg)
     except TrainingStopped:
