@@ -100,6 +100,20 @@ def read_meta(path: Path) -> dict:
     return json.loads((Path(path) / COMPLETE_NAME).read_text())
 
 
+def _first_line(exc: BaseException) -> str:
+    """DCP's errors carry every rank's traceback; the first line of the innermost cause says what happened."""
+    while True:
+        failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+        if failures:
+            exc = next(iter(failures.values()))[0]
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
 class CheckpointManager:
     """Save/load one run's checkpoints under root. Collective: every rank calls save/load together."""
 
@@ -184,10 +198,14 @@ class CheckpointManager:
         """Block until the save in flight (if any) is written and, on rank 0, complete; raise its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
+            from torch.distributed.checkpoint.api import CheckpointException
+
             try:
                 pending.result()
-            except Exception as exc:
-                raise RuntimeError(f"background checkpoint save failed: {exc}") from exc
+            except (Exception, CheckpointException) as exc:  # DCP wraps a full disk in a BaseException subclass
+                raise RuntimeError(f"background checkpoint save of step {self.last_saved_step} failed: "
+                                   f"{_first_line(exc)}; the newest complete checkpoint is still "
+                                   f"{self.latest()}") from exc
 
     def finish_in_flight(self) -> None:
         """Block until the save in flight, if any, is written (and on rank 0 complete), leaving it to wait(): what
