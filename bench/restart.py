@@ -120,6 +120,28 @@ def measure(slurm: Slurm, cluster: LocalCluster, work: Path, mode: str, replicas
                  timeout=60, interval=0.2, what=f"job {job_id} gone")
 
 
+def import_split() -> dict[str, float]:
+    """Seconds a fresh interpreter spends importing the trainer (`python -X importtime`), split into torch, DCP
+    (torch.distributed.checkpoint with DTensor and sympy, which the first checkpoint load or save needs) and this
+    project's own modules (their self time)."""
+    import subprocess
+
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import sigma.train.launch, sigma.train.trainer"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stderr
+    cumulative, own = {}, 0.0
+    for line in err.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) != 3 or not parts[0].strip().isdigit():
+            continue
+        self_us, cum_us, name = int(parts[0]), int(parts[1]), parts[2].strip()
+        cumulative.setdefault(name, cum_us / 1e6)
+        if name == "sigma" or name.startswith("sigma."):
+            own += self_us / 1e6
+    total = cumulative.get("sigma.train.launch", 0.0) + cumulative.get("sigma.train.trainer", 0.0)
+    return {"all": total, "torch": cumulative.get("torch", 0.0),
+            "torch.distributed.checkpoint": cumulative.get("torch.distributed.checkpoint", 0.0), "sigma (own)": own}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1)
@@ -155,6 +177,9 @@ def main() -> int:
                                               for n in names))
     finally:
         cluster.down(keep_munge=True)  # munged may serve other clusters on this machine
+    split = import_split()
+    print(f"imports of a fresh rank (python -X importtime, load average {os.getloadavg()[0]:.1f}): "
+          + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in split.items()))
     return 0
 
 
