@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from concurrent.futures import Future
@@ -127,6 +128,8 @@ class CheckpointManager:
         self.barrier = barrier or (lambda: None)
         self.async_group = async_group  # a gloo group of all ranks for background saves (None: one process)
         self._pending: Future | None = None
+        self._written = threading.Event()  # cleared while a synchronous save (a just-in-time one) is being written
+        self._written.set()
         self.last_saved_step: int | None = None  # the step of the last save() or load(): the same on every rank
 
     def latest(self) -> Path | None:
@@ -137,6 +140,16 @@ class CheckpointManager:
         """Save state as checkpoint `step`; return its final path. background=True returns once the state is
         copied to CPU memory; on_complete(path, save_s) runs on rank 0 when the checkpoint is complete (in the
         writer thread when in the background). Every rank calls save together."""
+        if background:
+            return self._save(step, state, meta, True, on_complete)
+        self._written.clear()
+        try:
+            return self._save(step, state, meta, False, on_complete)
+        finally:
+            self._written.set()
+
+    def _save(self, step: int, state: dict, meta: dict | None, background: bool,
+              on_complete: Callable[[Path, float], None] | None) -> Path:
         import torch.distributed.checkpoint as dcp
 
         self.wait()
@@ -209,7 +222,9 @@ class CheckpointManager:
 
     def finish_in_flight(self) -> None:
         """Block until the save in flight, if any, is written (and on rank 0 complete), leaving it to wait(): what
-        a rank that SLURM is terminating finishes before it exits (sigma/train/terminate.py)."""
+        a rank that SLURM is terminating finishes before it exits (sigma/train/terminate.py). Called from another
+        thread: a synchronous save in the training thread (a just-in-time one) counts too."""
+        self._written.wait()
         pending = self._pending
         if pending is not None:
             pending.result()

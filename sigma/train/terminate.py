@@ -4,8 +4,9 @@ SLURM ends a job's processes (a requeue, `scancel`, the end of the time limit) w
 SIGKILL `KillWait` seconds later; the job is listed PENDING again (a requeue) only once they are gone. submitit
 ignores SIGTERM (it acts on its own USR2 before a timeout), so a requeued rank used to wait out all of KillWait.
 Nothing a rank holds needs that time: checkpoints and replicas become visible only by rename, so a process killed
-mid-write leaves the previous one. The one thing worth finishing is a background checkpoint in flight; the rank
-waits for it (SLURM's SIGKILL bounds the wait) and then exits with 128 + SIGTERM.
+mid-write leaves the previous one. The one thing worth finishing is a checkpoint being written (a background one,
+or a just-in-time one the training thread is saving); the rank waits for it (SLURM's SIGKILL bounds the wait) and
+then exits with 128 + SIGTERM.
 
 A Python signal handler runs only when the main thread executes Python code, never while it is blocked in a
 collective with a hung peer. The C-level handler runs at once in whichever thread the kernel picked (numpy's

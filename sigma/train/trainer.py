@@ -385,7 +385,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
 
         async_group = dist.new_group(backend="gloo")  # background saves coordinate apart from training
     ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier, async_group)
-    unregister = finish_before_exit(ckpt.finish_in_flight)  # a SIGTERM exit lets the save in flight finish
+    unregister = finish_before_exit(ckpt.finish_in_flight)  # a SIGTERM exit lets a save being written finish
     amp_dtype = DTYPES[cfg.dtype]
     aux_free = model_cfg.balance == "aux_free"
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout

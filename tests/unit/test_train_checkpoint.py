@@ -123,3 +123,28 @@ def test_a_disk_that_fills_during_a_background_save_keeps_the_older_checkpoint(t
     target = {"model": {"w": torch.zeros(10)}, "trainer": {"step": 0}}
     CheckpointManager(tmp_path).load(latest_checkpoint(tmp_path), target)
     assert torch.equal(target["model"]["w"], torch.ones(10)) and target["trainer"]["step"] == 1
+
+
+def test_finish_in_flight_waits_for_a_synchronous_save_in_another_thread(tmp_path, monkeypatch):
+    """What a rank that SLURM terminates finishes first: a just-in-time save the training thread is writing."""
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+
+    from tests.conftest import wait_for
+
+    release, real_save = threading.Event(), dcp.save
+    monkeypatch.setattr(dcp, "save", lambda *a, **k: (release.wait(60), real_save(*a, **k))[1])
+    mgr = CheckpointManager(tmp_path, keep=2)
+    mgr.finish_in_flight()  # nothing in flight: returns at once
+    saving = threading.Thread(target=mgr.save, args=(5, state(5.0, 5)))
+    saving.start()
+    wait_for(lambda: not mgr._written.is_set(), timeout=60, what="the save under way")
+    finishing = threading.Thread(target=mgr.finish_in_flight)
+    finishing.start()
+    finishing.join(0.5)
+    assert finishing.is_alive()  # the save is held in dcp.save: nothing to exit on yet
+    release.set()
+    finishing.join(60)
+    assert not finishing.is_alive() and mgr.latest().name == "step-00000005"  # complete, not half-written
+    saving.join(60)
