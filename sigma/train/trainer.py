@@ -590,8 +590,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     finally:
         if blocked is not None:
             blocked.close()
-        ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
-        unregister()
+        try:
+            ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        finally:
+            unregister()
         if replicas is not None:
             replicas.close()
         noise.close()
