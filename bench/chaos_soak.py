@@ -9,9 +9,10 @@ One row per fault: kind, node, what detected it, detection latency, whether the 
 the training job recovered, recovery time (fault -> first training step after the restart) and steps lost; then
 false drains, lost jobs, effective training time, and the `sigma report` figures.
 
-Just-in-time checkpoints (docs/train.md) are on, as shipped. --no-jit runs the soak as before them: the controller
-requeues at once (jit_checkpoint_timeout_s=0) and the trainer neither polls for requests nor saves its last healthy
-step on a NaN. --compare runs both, same seed, same machine, one after the other, and prints steps lost, time
+Just-in-time checkpoints (docs/train.md) are on, as shipped, with in-memory replicas every step
+(checkpoint.replica_every=1, so that a hang is answered by the blocked ranks). --no-jit runs the soak as before them:
+the controller requeues at once (jit_checkpoint_timeout_s=0), the trainer neither polls for requests nor saves its
+last healthy step on a NaN, and keeps no replicas. --compare runs both, same seed, same machine, one after the other, and prints steps lost, time
 lost and effective training time side by side.
 
 Fault kinds (each injected at its source by `sigma chaos`, on a node of the running training job unless noted):
@@ -186,7 +187,9 @@ class Soak:
                         # back-to-back faults, each repaired before the next, as one wave
                         "--set", "breaker.wave_max_fraction=0.75",
                         *([] if jit else ["--set", "jit_checkpoint_timeout_s=0"]), *self.state_args]
-        self.train_args = [] if jit else ["checkpoint.jit_poll_every=0", "checkpoint.nan_rollback=false"]
+        # with: in-memory replicas every step too, so that a hung rank's state is kept by the others (docs/train.md)
+        self.train_args = (["checkpoint.replica_every=1", f"checkpoint.replica_dir={self.cluster.state_dir}/shm"]
+                           if jit else ["checkpoint.jit_poll_every=0", "checkpoint.nan_rollback=false"])
         self.env = {**os.environ, **self.cluster.env}
         self.chaos = Chaos(self.cluster)
         self.slurm = Slurm(self.cluster.conf)

@@ -1,9 +1,10 @@
-"""Where a requeued job's restart time goes, on the local cluster: a 2-node expert-parallel `debug` job is requeued
-with `scontrol requeue` (what the controller does once it decided) and its time to the first step again is split:
+"""Where a requeued job's restart time goes, on the local cluster, before and after the restart cuts: a 2-node
+expert-parallel `debug` job is requeued with `scontrol requeue` (what the controller does once it decided) and its
+time to the first step again is split:
 
-  requeue -> pending          SLURM ends the run (KillWait for the processes) and lists the job PENDING again
+  requeue -> pending          SLURM ends the run (SIGTERM, then SIGKILL after KillWait) and lists it PENDING again
   pending -> running          BeginTime: SLURM holds a requeued job ~2 minutes; `scontrol update StartTime=now`
-                              (the controller's start_now, --release) lets it start at once
+                              (the controller's start_now) lets it start at once
   running -> rank process     prolog, srun/submitit launching one process per rank
   process -> imported         Python, torch, sigma and submitit imports, unpickling the task
   imported -> process group   torch.distributed init (rendezvous of all ranks)
@@ -11,10 +12,13 @@ with `scontrol requeue` (what the controller does once it decided) and its time 
   built -> state loaded       the newest checkpoint (and a newer in-memory replica) read and applied
   state loaded -> first step  the first training step after the resume
 
-usage: python bench/restart.py [--rounds 1] [--no-baseline] [--replicas] [--state-dir DIR]
-Each round requeues once with the BeginTime released (as the controller does) and, unless --no-baseline, once
-leaving SLURM's BeginTime alone, side by side. Starts its own local cluster (a temporary state directory unless
-given, ports derived from this checkout) and stops it afterwards.
+usage: python bench/restart.py [--rounds 1] [--begin-time] [--replicas] [--state-dir DIR]
+Columns, each measured on a job of its own, interleaved round by round:
+  before       launch.exit_on_sigterm=false: the ranks ignore SLURM's SIGTERM (as submitit does) until SIGKILL
+  after        the defaults: a rank exits on SIGTERM (sigma/train/terminate.py)
+  BeginTime    (--begin-time) the defaults, but SLURM's BeginTime left alone (no start_now)
+Starts its own local cluster (a temporary state directory unless given, ports derived from this checkout) and stops
+it afterwards.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ PHASES = ["requeue -> pending", "pending -> running", "running -> rank process",
           "state loaded -> first step"]
 
 
-def submit(cluster: LocalCluster, data: Path, work: Path, replicas: bool):
+def submit(cluster: LocalCluster, data: Path, work: Path, replicas: bool, overrides: list[str]):
     from sigma.train.launch import submit as submit_job
     from sigma.train.train_config import load_train_config
 
@@ -51,7 +55,8 @@ def submit(cluster: LocalCluster, data: Path, work: Path, replicas: bool):
         "steps=100000", "checkpoint.every=5", "kpi.progress_every=0", f"checkpoint.dir={work / 'ckpt'}",
         "launch.executor=slurm", "launch.nodes=2", "launch.gpus_per_node=1", "parallel.ep=2", "launch.timeout_min=30",
         f"launch.folder={work / 'submitit'}", "fault.step_delay_s=0.15", "checkpoint.jit_poll_every=0",
-        *([f"checkpoint.replica_every=1", f"checkpoint.replica_dir={work / 'shm'}"] if replicas else [])])
+        *([f"checkpoint.replica_every=1", f"checkpoint.replica_dir={work / 'shm'}"] if replicas else []),
+        *overrides])
     return int(submit_job(cfg).job_id)
 
 
@@ -95,10 +100,52 @@ def one_restart(slurm: Slurm, cluster: LocalCluster, job_id: int, release: bool)
     return out
 
 
+MODES = {  # column -> (train overrides, release the BeginTime)
+    "before": (["launch.exit_on_sigterm=false"], True),
+    "after": ([], True),
+    "BeginTime": ([], False),
+}
+
+
+def measure(slurm: Slurm, cluster: LocalCluster, work: Path, mode: str, replicas: bool, n: int) -> dict:
+    """One fresh job of `mode`, requeued once after 8 steps; its phases."""
+    overrides, release = MODES[mode]
+    job_dir = work / f"{mode}-{n}"
+    job_id = submit(cluster, work / "data", job_dir, replicas, overrides)
+    try:
+        return one_restart(slurm, cluster, job_id, release)
+    finally:
+        slurm.cancel(job_id)
+        wait_for(lambda: (j := slurm.job(job_id)) is None or j.state not in ("RUNNING", "COMPLETING", "PENDING"),
+                 timeout=60, interval=0.2, what=f"job {job_id} gone")
+
+
+def import_split() -> dict[str, float]:
+    """Seconds a fresh interpreter spends importing the trainer (`python -X importtime`), split into torch, DCP
+    (torch.distributed.checkpoint with DTensor and sympy, which the first checkpoint load or save needs) and this
+    project's own modules (their self time)."""
+    import subprocess
+
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import sigma.train.launch, sigma.train.trainer"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stderr
+    cumulative, own = {}, 0.0
+    for line in err.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) != 3 or not parts[0].strip().isdigit():
+            continue
+        self_us, cum_us, name = int(parts[0]), int(parts[1]), parts[2].strip()
+        cumulative.setdefault(name, cum_us / 1e6)
+        if name == "sigma" or name.startswith("sigma."):
+            own += self_us / 1e6
+    total = cumulative.get("sigma.train.launch", 0.0) + cumulative.get("sigma.train.trainer", 0.0)
+    return {"all": total, "torch": cumulative.get("torch", 0.0),
+            "torch.distributed.checkpoint": cumulative.get("torch.distributed.checkpoint", 0.0), "sigma (own)": own}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--no-baseline", action="store_true", help="only the released BeginTime")
+    parser.add_argument("--begin-time", action="store_true", help="also a column with SLURM's BeginTime left alone")
     parser.add_argument("--replicas", action="store_true", help="checkpoint.replica_every=1 in the job")
     parser.add_argument("--state-dir", default=None)
     args = parser.parse_args()
@@ -114,24 +161,25 @@ def main() -> int:
         prepare(work / "data", max_mb=0.5, shard_tokens=100_000, vocab_size=512)
         slurm = Slurm(cluster.conf)
         slurm.env["SBATCH_OUTPUT"] = str(work / "slurm-%j.out")
-        job_id = submit(cluster, work / "data", work, args.replicas)
-        modes = [("released (StartTime=now)", True)] + ([] if args.no_baseline else [("SLURM's BeginTime", False)])
-        results: dict[str, list[dict]] = {name: [] for name, _ in modes}
-        for _ in range(args.rounds):
-            for name, release in modes:
-                results[name].append(one_restart(slurm, cluster, job_id, release))
-        slurm.cancel(job_id)
-        load = os.getloadavg()
-        print(f"restart of a 2-node EP=2 debug job on the local cluster ({os.cpu_count()} CPUs, load average "
-              f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}), {args.rounds} round(s), median seconds"
-              + (", in-memory replicas on" if args.replicas else ""))
-        names = list(results)
-        print(f"{'phase':<30}" + "".join(f"{n:>28}" for n in names))
+        names = ["before", "after"] + (["BeginTime"] if args.begin_time else [])
+        results: dict[str, list[dict]] = {name: [] for name in names}
+        loads = []
+        for n in range(args.rounds):
+            for name in names:
+                results[name].append(measure(slurm, cluster, work, name, args.replicas, n))
+                loads.append(os.getloadavg()[0])
+        print(f"restart of a 2-node EP=2 debug job on the local cluster ({os.cpu_count()} CPUs, 1-minute load "
+              f"average {min(loads):.1f}-{max(loads):.1f} after each measurement), {args.rounds} round(s), median "
+              f"seconds" + (", in-memory replicas on" if args.replicas else ""))
+        print(f"{'phase':<30}" + "".join(f"{n:>12}" for n in names))
         for phase in PHASES + ["total: requeue -> first step"]:
-            print(f"{phase:<30}" + "".join(f"{statistics.median(r[phase] for r in results[n]):>28.2f}"
+            print(f"{phase:<30}" + "".join(f"{statistics.median(r[phase] for r in results[n]):>12.2f}"
                                               for n in names))
     finally:
         cluster.down(keep_munge=True)  # munged may serve other clusters on this machine
+    split = import_split()
+    print(f"imports of a fresh rank (python -X importtime, load average {os.getloadavg()[0]:.1f}): "
+          + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in split.items()))
     return 0
 
 

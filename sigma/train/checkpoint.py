@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from concurrent.futures import Future
@@ -100,6 +101,20 @@ def read_meta(path: Path) -> dict:
     return json.loads((Path(path) / COMPLETE_NAME).read_text())
 
 
+def _first_line(exc: BaseException) -> str:
+    """DCP's errors carry every rank's traceback; the first line of the innermost cause says what happened."""
+    while True:
+        failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+        if failures:
+            exc = next(iter(failures.values()))[0]
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
 class CheckpointManager:
     """Save/load one run's checkpoints under root. Collective: every rank calls save/load together."""
 
@@ -113,6 +128,8 @@ class CheckpointManager:
         self.barrier = barrier or (lambda: None)
         self.async_group = async_group  # a gloo group of all ranks for background saves (None: one process)
         self._pending: Future | None = None
+        self._written = threading.Event()  # cleared while a synchronous save (a just-in-time one) is being written
+        self._written.set()
         self.last_saved_step: int | None = None  # the step of the last save() or load(): the same on every rank
 
     def latest(self) -> Path | None:
@@ -123,6 +140,16 @@ class CheckpointManager:
         """Save state as checkpoint `step`; return its final path. background=True returns once the state is
         copied to CPU memory; on_complete(path, save_s) runs on rank 0 when the checkpoint is complete (in the
         writer thread when in the background). Every rank calls save together."""
+        if background:
+            return self._save(step, state, meta, True, on_complete)
+        self._written.clear()
+        try:
+            return self._save(step, state, meta, False, on_complete)
+        finally:
+            self._written.set()
+
+    def _save(self, step: int, state: dict, meta: dict | None, background: bool,
+              on_complete: Callable[[Path, float], None] | None) -> Path:
         import torch.distributed.checkpoint as dcp
 
         self.wait()
@@ -184,10 +211,23 @@ class CheckpointManager:
         """Block until the save in flight (if any) is written and, on rank 0, complete; raise its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
+            from torch.distributed.checkpoint.api import CheckpointException
+
             try:
                 pending.result()
-            except Exception as exc:
-                raise RuntimeError(f"background checkpoint save failed: {exc}") from exc
+            except (Exception, CheckpointException) as exc:  # DCP wraps a full disk in a BaseException subclass
+                raise RuntimeError(f"background checkpoint save of step {self.last_saved_step} failed: "
+                                   f"{_first_line(exc)}; the newest complete checkpoint is still "
+                                   f"{self.latest()}") from exc
+
+    def finish_in_flight(self) -> None:
+        """Block until the save in flight, if any, is written (and on rank 0 complete), leaving it to wait(): what
+        a rank that SLURM is terminating finishes before it exits (sigma/train/terminate.py). Called from another
+        thread: a synchronous save in the training thread (a just-in-time one) counts too."""
+        self._written.wait()
+        pending = self._pending
+        if pending is not None:
+            pending.result()
 
     def prune(self) -> list[Path]:
         """Keep the newest `keep` complete checkpoints; drop older ones and leftovers of killed saves."""

@@ -26,6 +26,10 @@ class TrainTask(submitit.helpers.Checkpointable):
         self.config = config
 
     def __call__(self) -> dict:
+        if self.config.get("launch", {}).get("exit_on_sigterm", True):
+            from sigma.train.terminate import exit_on_sigterm
+
+            exit_on_sigterm()  # after submitit's handlers (it ignores SIGTERM), so ours wins
         from sigma.train.trainer import train
 
         summary = train(train_config_from_dict(self.config))

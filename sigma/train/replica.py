@@ -111,9 +111,12 @@ class PeerReplicas:
             buf = io.BytesIO()
             torch.save(state, buf)
             payload = buf.getvalue()
+            # exchange first: a write that fails here (a full tmpfs) must not leave the peer waiting for our send
+            received = (self._exchange(payload) if self.group is not None and self.send_to != self.ctx.rank
+                        else None)
             self._write(self.ctx.rank, step, payload)
-            if self.group is not None and self.send_to != self.ctx.rank:
-                self._write(self.recv_from, step, self._exchange(payload))
+            if received is not None:
+                self._write(self.recv_from, step, received)
         except BaseException as exc:  # reported by the next wait(); training goes on without this replica
             self._error = exc
 
@@ -141,14 +144,21 @@ class PeerReplicas:
         manifest = {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size,
                     "ep": self.ctx.ep_size, "step": step, "rank": src, "bytes": len(payload),
                     "sha256": hashlib.sha256(payload).hexdigest()}
-        for suffix, data in ((".pt", payload), (".json", json.dumps(manifest).encode())):
-            tmp = where / f".{name}{suffix}.tmp-{tag}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                if durable:  # on disk, not tmpfs: written through before the rename makes it visible
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, where / f"{name}{suffix}")
+        files = [(where / f".{name}{suffix}.tmp-{tag}", where / f"{name}{suffix}", data)
+                 for suffix, data in ((".pt", payload), (".json", json.dumps(manifest).encode()))]
+        try:
+            for tmp, _, data in files:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    if durable:  # on disk, not tmpfs: written through before the rename makes it visible
+                        f.flush()
+                        os.fsync(f.fileno())
+        except BaseException:  # a full disk or tmpfs: no half-written file stays, the older replicas are untouched
+            for tmp, _, _ in files:
+                tmp.unlink(missing_ok=True)
+            raise
+        for tmp, final, _ in files:  # the manifest last: a replica is visible only once both are whole
+            os.replace(tmp, final)
         for old in sorted(where.glob(f"rank-{src}.step-*.json"))[:-KEEP]:
             old.unlink(missing_ok=True)
             old.with_suffix(".pt").unlink(missing_ok=True)

@@ -150,6 +150,7 @@ class LaunchConfig:
     max_requeues: int = 3  # submitit's requeue budget for timeouts and preemptions
     executor: Literal["auto", "slurm", "local"] = "auto"  # auto: SLURM when sbatch works, else local processes
     mem_gb: int = 0  # memory per node; 0 leaves it to the SLURM default
+    exit_on_sigterm: bool = True  # SLURM's SIGTERM (requeue, scancel) ends a rank at once, not after KillWait
 
     def __post_init__(self):
         if self.nodes < 1 or self.gpus_per_node < 1:

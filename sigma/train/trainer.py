@@ -40,6 +40,7 @@ from sigma.train.parallel import (DistContext, EPDispatch, clip_gradients, colle
 from sigma.train.parallelize import is_dp_ep_only
 from sigma.train.precursors import PrecursorProbe
 from sigma.train.replica import local_state, peer_replicas, resume_from_replicas
+from sigma.train.terminate import exit_on_sigterm, finish_before_exit
 from sigma.train.train_config import OptimConfig, TrainConfig, check_layout, load_train_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -385,6 +386,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
 
         async_group = dist.new_group(backend="gloo")  # background saves coordinate apart from training
     ckpt = CheckpointManager(cfg.path(cfg.checkpoint.dir), cfg.checkpoint.keep, ctx.rank, ctx.barrier, async_group)
+    unregister = finish_before_exit(ckpt.finish_in_flight)  # a SIGTERM exit lets a save being written finish
     amp_dtype = DTYPES[cfg.dtype]
     aux_free = model_cfg.balance == "aux_free"
     micro_batches = dims.microbatches  # data.micro_batch and parallel.microbatches, reconciled by check_layout
@@ -592,7 +594,10 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
     finally:
         if blocked is not None:
             blocked.close()
-        ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        try:
+            ckpt.wait()  # a save in flight finishes (or fails loudly) before the run ends
+        finally:
+            unregister()
         if replicas is not None:
             replicas.close()
         noise.close()
@@ -611,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. steps=20 parallel.ep=2")
     args = parser.parse_args(argv)
     cfg = load_train_config(args.config, args.overrides)
+    if cfg.launch.exit_on_sigterm:
+        exit_on_sigterm()
     try:
         train(cfg)
     except TrainingStopped:

@@ -89,3 +89,62 @@ def test_background_saves_prune_and_a_killed_one_leaves_the_previous(tmp_path):
     (tmp_path / ".step-00000004.tmp").mkdir()  # what a save killed mid-write leaves
     (tmp_path / ".step-00000004.tmp" / "__0_0.distcp").write_bytes(b"partial")
     assert latest_checkpoint(tmp_path).name == "step-00000003"
+
+
+FULL_DISK_CHILD = """
+import resource, signal, sys, torch
+from sigma.train.checkpoint import CheckpointManager
+
+mgr = CheckpointManager(sys.argv[1], keep=3)
+mgr.save(1, {"model": {"w": torch.ones(10)}, "trainer": {"step": 1}}, {"world_size": 1}, background=True)
+mgr.wait()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+mgr.save(2, {"model": {"w": torch.ones(100_000)}, "trainer": {"step": 2}}, {"world_size": 1}, background=True)
+try:
+    mgr.wait()
+except RuntimeError as exc:
+    print(f"raised: {exc}")
+"""
+
+
+def test_a_disk_that_fills_during_a_background_save_keeps_the_older_checkpoint(tmp_path):
+    """The writer thread's failure comes back to the training thread at wait(), loudly; the newest complete
+    checkpoint stays the older one, its files as they were."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "raised: background checkpoint save of step 2 failed: " in proc.stdout  # the innermost error's first line
+    assert "the newest complete checkpoint is still" in proc.stdout and "step-00000001" in proc.stdout
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000001"]
+    target = {"model": {"w": torch.zeros(10)}, "trainer": {"step": 0}}
+    CheckpointManager(tmp_path).load(latest_checkpoint(tmp_path), target)
+    assert torch.equal(target["model"]["w"], torch.ones(10)) and target["trainer"]["step"] == 1
+
+
+def test_finish_in_flight_waits_for_a_synchronous_save_in_another_thread(tmp_path, monkeypatch):
+    """What a rank that SLURM terminates finishes first: a just-in-time save the training thread is writing."""
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+
+    from tests.conftest import wait_for
+
+    release, real_save = threading.Event(), dcp.save
+    monkeypatch.setattr(dcp, "save", lambda *a, **k: (release.wait(60), real_save(*a, **k))[1])
+    mgr = CheckpointManager(tmp_path, keep=2)
+    mgr.finish_in_flight()  # nothing in flight: returns at once
+    saving = threading.Thread(target=mgr.save, args=(5, state(5.0, 5)))
+    saving.start()
+    wait_for(lambda: not mgr._written.is_set(), timeout=60, what="the save under way")
+    finishing = threading.Thread(target=mgr.finish_in_flight)
+    finishing.start()
+    finishing.join(0.5)
+    assert finishing.is_alive()  # the save is held in dcp.save: nothing to exit on yet
+    release.set()
+    finishing.join(60)
+    assert not finishing.is_alive() and mgr.latest().name == "step-00000005"  # complete, not half-written
+    saving.join(60)

@@ -103,3 +103,58 @@ def test_replicas_of_another_run_config_or_layout_are_ignored(tmp_path):
     assert "rank-0.step-00000005" in events[0] and "another run or config" in events[0]
     assert "rank-1.step-00000006" in events[1] and "written by 4 ranks" in events[1]
     assert "rank-1.step-00000007" in events[2] and "unreadable" in events[2]
+
+
+def _replicate_until_the_disk_fills(rank: int, root: str) -> dict:
+    """Rank of a 2-rank gloo group: replicate step 1, then fill rank 1's disk (a file-size limit: writes fail with
+    EFBIG, as ENOSPC would) and replicate a larger step 2."""
+    import resource
+    import signal
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from sigma.train.replica import PeerReplicas
+
+    events = []
+    ctx = SimpleNamespace(distributed=True, rank=rank, world_size=2, ep_size=1)
+    replicas = PeerReplicas(root, f"n{rank}", "run-a", "fp-a", ctx, 1, 1,
+                            event=lambda kind, msg, **f: events.append((kind, msg)))
+    replicas.after_step(1, lambda: {"x": torch.zeros(100)})
+    replicas.wait()
+    if rank == 1:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    replicas.after_step(2, lambda: {"x": torch.zeros(100_000)})  # 400 KB
+    replicas.wait()  # rank 0 must not hang on a send rank 1 never made
+    return {"held": replicas.held(), "events": events,
+            "leftovers": sorted(p.name for p in Path(replicas.dir).iterdir() if ".tmp" in p.name)}
+
+
+def test_a_full_disk_during_a_replica_keeps_the_older_one_and_the_peer_goes_on(tmp_path):
+    from tests.unit.gloo_ranks import run_ranks
+
+    out = run_ranks(_replicate_until_the_disk_fills, 2, str(tmp_path), timeout=180)
+    assert out[0]["held"] == {0: [1, 2], 1: [1, 2]} and not out[0]["events"]  # the peer got rank 1's step 2
+    assert out[1]["held"] == {0: [1], 1: [1]}  # step 1 untouched, nothing of step 2 half-written
+    assert out[1]["leftovers"] == []
+    (kind, message), = out[1]["events"]
+    assert kind == "replica_failed" and "File too large" in message
+
+
+def test_a_partial_replica_is_ignored_and_the_complete_older_one_used(tmp_path):
+    from types import SimpleNamespace
+
+    from sigma.train.replica import PeerReplicas
+
+    events = []
+    ctx = SimpleNamespace(distributed=False, rank=0, world_size=1, ep_size=1)
+    replicas = PeerReplicas(tmp_path, "n1", "run-a", "fp-a", ctx, 1, 1, event=lambda kind, msg, **f: events.append(msg))
+    replicas._write(0, 4, b"state of step 4")
+    replicas._write(0, 5, b"state of step 5")
+    payload = tmp_path / "n1" / "run-a" / "rank-0.step-00000005.pt"
+    payload.write_bytes(payload.read_bytes()[:6])  # cut short, as a copy interrupted by a crash would be
+    assert replicas.held() == {0: [4]}
+    (message,) = events
+    assert "rank-0.step-00000005" in message and "corrupt or partial (6 bytes" in message
