@@ -18,9 +18,12 @@ then the node drained (and whether it is the victim), false drains (any other no
 drop notifications opened before the injection (`early`: the CPU noise alone, a notification, never a drain), the
 isolation's reason, the controller's slowest tick (its /metrics gauge, sampled), and the 1-minute load average
 (the machine is shared: its other work is noise in every figure). A run without a drain within `--timeout` says so.
+With --trace, each run is followed by what the watchdog saw every 10 s from 60 s before the injection (read back
+from the run's controller database): the throughput of the last 30 s over the job's earlier throughput (the drop
+ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them.
 
 usage: python bench/straggler.py [--runs 3] [--percent 50 30] [--baseline-s 90] [--timeout 180] [--no-noise]
-                                 [--state-dir DIR]
+                                 [--state-dir DIR] [--trace]
 """
 
 from __future__ import annotations
@@ -47,6 +50,31 @@ from tests.conftest import reset_cluster  # noqa: E402
 from tests.integration.pipeline import SIGMA, Pipeline, wait_for  # noqa: E402
 
 SLOW = 2.0  # a step at least this many times the healthy median is a slow one
+
+
+def trace(db: Path, job_id: int, t0: float, until: float) -> None:
+    """Every 10 s from 60 s before the injection: the watchdog's drop ratio and each node's wait / held shares."""
+    import sqlite3
+
+    from sigma.controller.config import WatchdogConfig
+    from sigma.controller.detect.laggard import WINDOW_S, held_shares, wait_shares
+    from sigma.controller.detect.watchdog import throughput
+
+    w = WatchdogConfig()
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    rows = [dict(r) for r in conn.execute("SELECT * FROM kpis WHERE job_id = ? AND step IS NOT NULL ORDER BY ts",
+                                          (job_id,))]
+    conn.close()
+    for now in range(int(t0) - 60, int(min(until, rows[-1]["ts"] if rows else t0)) + 1, 10):
+        recent = [r for r in rows if now - w.recent_window_s <= r["ts"] < now]
+        earlier = [r for r in rows if now - w.recent_window_s - w.baseline_window_s <= r["ts"] < now - w.recent_window_s]
+        a, b = throughput(recent), throughput(earlier)
+        lag = [r for r in rows if now - WINDOW_S <= r["ts"] < now]
+        waits, held = wait_shares(lag), held_shares(lag)
+        print(f"       {now - t0:+5.0f} s  drop ratio {fmt(a / b if a and b else None, '.2f'):>5}  waiting "
+              + " ".join(f"{n} {v:.2f}" for n, v in sorted(waits.items())) + "  held "
+              + " ".join(f"{n} {v:.2f}" for n, v in sorted(held.items())), flush=True)
 
 
 def submit(p: Pipeline, data: Path, workdir: Path) -> int:
@@ -130,6 +158,7 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
             if injection is not None:
                 chaos.undo(injection.id)
             reset_cluster(slurm, cluster)
+    res.update(job_id=job_id, t0=injection.ts if injection else None, db=str(workdir / "controller.db"))
     return res
 
 
@@ -145,6 +174,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a drain after the injection")
     ap.add_argument("--no-noise", action="store_true", help="no CPU hog")
     ap.add_argument("--state-dir", default=None)
+    ap.add_argument("--trace", action="store_true", help="per run, the drop ratio and wait / held shares every 10 s")
     args = ap.parse_args()
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-straggler-"))
     from sigma.train.data import prepare
@@ -172,7 +202,9 @@ def main() -> int:
                       f"{fmt(r['watchdog']):>5} {fmt(r['verdict']):>7} {fmt(r.get('drain')):>6} "
                       f"{r['node'] or '-':>6} {'yes' if r['node'] == r['victim'] else 'NO':>5} "
                       f"{len(r['false_drains']):>5} {r['early_drops']:>5} {fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
-                      f"{(r['reason'] or 'no drain within ' + str(int(args.timeout)) + ' s')[:90]}", flush=True)
+                      f"{(r['reason'] or 'no drain within ' + str(int(args.timeout)) + ' s')[:160]}", flush=True)
+                if args.trace and r["t0"] is not None:
+                    trace(Path(r["db"]), r["job_id"], r["t0"], r["t0"] + (r.get("drain") or args.timeout))
     finally:
         cluster.down(keep_munge=True)
     for percent in args.percent:
