@@ -678,3 +678,22 @@ def test_a_held_straggler_without_a_throughput_drop_is_drained(tmp_path):
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
     assert inc.node == "node2" and "held off the CPU: node1 3%, node2 12%" in inc.evidence["isolation"]["reason"]
     assert inc.evidence["verify"]["kind"] == "watchdog-straggler" and inc.evidence["verify"]["baseline"] == 1000.0
+
+
+def test_held_shares_need_every_row_of_a_node_and_fall_back_to_the_wait_shares_without():
+    """A node some of whose rows lack blocked_s has no held share; without held shares for every node the node
+    waited for is judged by the wait shares alone (ratio and slices), as for trainers that report only wait_s."""
+    from sigma.controller.detect.laggard import held_shares, waited_for_node
+
+    rows = _held_rows(lambda t, n: 0.8 if n == "node1" else 0.55, lambda t, n: 0.0, t0=NOW - 30)
+    for r in rows[::7]:
+        if r["node"] == "node1":
+            r["payload"] = {"wait_s": r["payload"]["wait_s"]}
+    assert set(held_shares(rows)) == {"node2"}
+    # the wait shares alone name node2 (busy 45 % against 20 %), though it is not held at all
+    assert waited_for_node(["node1", "node2"], rows)[0] == "node2"
+    # ... while with held shares for both, a node waited for but not held is not named
+    full = _held_rows(lambda t, n: 0.8 if n == "node1" else 0.55, lambda t, n: 0.0, t0=NOW - 30)
+    assert waited_for_node(["node1", "node2"], full)[0] is None
+    # and the watchdog raises no straggler finding without held shares for every node
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True) == []
