@@ -368,7 +368,8 @@ def equal_budget(methods, passes, test, labels, segments, names, budgets=(0.01, 
                     m.threshold = th
                     r = run(m, second[1], second[2], second[3], names, second[0][m.name])
                 row += (f"  {th:9.1f}  {100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  "
-                        f"{r['solo'][0]}/{r['solo'][1]:<7}  {100 * r['false_per_window']:6.2f}%" + (" |" if not later else ""))
+                        f"{r['solo'][0]}/{r['solo'][1]:<7}  {100 * r['false_per_window']:6.2f}%")
+                row += "" if later else " |"
             print(row)
         m.threshold = default
 

@@ -68,7 +68,8 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
     conn.close()
     for now in range(int(t0) - 60, int(min(until, rows[-1]["ts"] if rows else t0)) + 1, 10):
         recent = [r for r in rows if now - w.recent_window_s <= r["ts"] < now]
-        earlier = [r for r in rows if now - w.recent_window_s - w.baseline_window_s <= r["ts"] < now - w.recent_window_s]
+        start = now - w.recent_window_s - w.baseline_window_s
+        earlier = [r for r in rows if start <= r["ts"] < now - w.recent_window_s]
         a, b = throughput(recent), throughput(earlier)
         lag = [r for r in rows if now - WINDOW_S <= r["ts"] < now]
         waits, held = wait_shares(lag), held_shares(lag)
