@@ -5,7 +5,8 @@ Setup: a 4-node local SLURM cluster, a sidecar per node pushing to `sigma contro
 every watchdog and isolation key at its dataclass default); a 2-node training job (`sigma train`, debug preset,
 expert parallel); a process spinning on the CPU the emulated nodes share (started before the job's baseline, so
 the noise is part of it); after `--baseline-s` of training, `sigma chaos straggler --percent P` on the job's second
-node (its ranks stopped P % of every second).
+node (its ranks stopped P % of every second); `--percent 0` injects nothing and watches the CPU noise alone for
+`--timeout` seconds (every drain is a false one).
 
 Printed per run, in seconds after the injection (the chaos journal's time):
   kpi      the first step of the victim's ranks at least twice the healthy median step time (trainer clock), and
@@ -116,15 +117,19 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
             median = statistics.median(healthy)
             res.update(victim=victim, healthy_step_s=round(median, 3))
             early = [i["node"] for i in p.incidents() if i["action"].startswith("drain")]
-            injection = chaos.inject("straggler", victim, job_id=job_id, percent=percent)
-            t0 = injection.ts
+            if percent > 0:
+                injection = chaos.inject("straggler", victim, job_id=job_id, percent=percent)
+                t0 = injection.ts
+            else:  # the CPU noise alone for --timeout seconds: every drain is a false one
+                victim, t0 = None, time.time()
+                res.update(victim=None, t0=t0)
             seen_slow, ticks, loads, drained = None, [], [], None
             deadline = time.time() + timeout
             while time.time() < deadline:
                 loads.append(os.getloadavg()[0])
                 if (t := tick_seconds(p)) is not None:
                     ticks.append(t)
-                if seen_slow is None and p.query(
+                if victim is not None and seen_slow is None and p.query(
                         "SELECT 1 FROM kpis WHERE job_id = ? AND node = ? AND ts >= ? AND step_time_s >= ? LIMIT 1",
                         (job_id, victim, t0, SLOW * median)):
                     seen_slow = time.time()
@@ -142,6 +147,7 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
             res["early_drops"] = sum(i["rule_id"] == "watchdog-throughput-drop" and i["opened_at"] < t0
                                      for i in incidents)
             drains = [i for i in incidents if i["action"].startswith("drain")]
+            slow = None if victim is None else slow
             res.update(
                 kpi=None if slow is None else slow - t0, kpi_seen=None if seen_slow is None else seen_slow - t0,
                 watchdog=drop[0]["opened_at"] - t0 if drop else None,
@@ -159,7 +165,7 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
             if injection is not None:
                 chaos.undo(injection.id)
             reset_cluster(slurm, cluster)
-    res.update(job_id=job_id, t0=injection.ts if injection else None, db=str(workdir / "controller.db"))
+    res.update(job_id=job_id, t0=injection.ts if injection else res.get("t0"), db=str(workdir / "controller.db"))
     return res
 
 
@@ -199,10 +205,11 @@ def main() -> int:
                 r = one_run(cluster, slurm, state / f"run-{int(percent)}-{i}", data, percent, not args.no_noise,
                             args.baseline_s, args.timeout)
                 results.append(r)
+                right = "-" if not r["node"] else "yes" if r["node"] == r["victim"] else "NO"
                 print(f"{i + 1:>4} {percent:>4.0f} {fmt(r['kpi'], '.1f'):>5} {fmt(r['kpi_seen'], '.1f'):>5} "
                       f"{fmt(r['watchdog']):>5} {fmt(r['verdict']):>7} {fmt(r.get('drain')):>6} "
-                      f"{r['node'] or '-':>6} {'yes' if r['node'] == r['victim'] else 'NO':>5} "
-                      f"{len(r['false_drains']):>5} {r['early_drops']:>5} {fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
+                      f"{r['node'] or '-':>6} {right:>5} {len(r['false_drains']):>5} {r['early_drops']:>5} "
+                      f"{fmt(r['tick_max'], '.2f'):>8} {r['load']:>5.1f}  "
                       f"{(r['reason'] or 'no drain within ' + str(int(args.timeout)) + ' s')[:160]}", flush=True)
                 if args.trace and r["t0"] is not None:
                     trace(Path(r["db"]), r["job_id"], r["t0"], r["t0"] + (r.get("drain") or args.timeout))
@@ -210,6 +217,10 @@ def main() -> int:
         cluster.down(keep_munge=True)
     for percent in args.percent:
         rs = [r for r in results if r["percent"] == percent]
+        if percent == 0:
+            print(f"CPU noise alone: {sum(len(r['false_drains']) for r in rs)} false drains in {len(rs)} runs of "
+                  f"{args.timeout:.0f} s after the baseline")
+            continue
         got = [r["drain"] for r in rs if r.get("drain") is not None and r["node"] == r["victim"]]
         print(f"{percent:.0f} %: drained the right node in {len(got)}/{len(rs)} runs; injection -> drain "
               f"{', '.join(f'{x:.0f}' for x in got) or '-'} s (max {fmt(max(got) if got else None)}); false drains "

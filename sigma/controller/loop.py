@@ -26,8 +26,8 @@ from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
 from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
-from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S  # recent steps that say who is waited for
-from sigma.controller.detect.laggard import behind_node, heartbeats_settled, held_shares, silent_node, waited_for_node
+from sigma.controller.detect.laggard import (behind_node, heartbeats_settled, held_shares, silent_node, steady_window,
+                                             waited_for_node)
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
@@ -450,7 +450,7 @@ class Controller:
         """((culprit, reason) or None, last heartbeat per node) from what the job's ranks report themselves."""
         nodes = list(job.nodes)
         if f.rule_id != "watchdog-hang":
-            recent = [r for r in rows if r["ts"] >= now - LAGGARD_WINDOW_S]
+            recent = steady_window(rows, now)  # the run's start-up steps say nothing about a straggler
             node, shares = waited_for_node(nodes, recent)
             held = held_shares(recent)
             reason = (f"the other ranks wait for {node} (share of the step waiting: "

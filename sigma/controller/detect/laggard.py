@@ -39,9 +39,20 @@ CULPRIT_RATIO = 0.6  # ... and the slow node's ranks wait at most this fraction 
 BUSY_RATIO = 1.5  # ... or are busy (not waiting) at least this many times as much of their time
 OFF_GAP = 0.02  # ... or, where the ranks report blocked_s, its ranks are held off the CPU outside collectives this
 # much more of their time than every other node's
-WINDOW_S = 30.0  # recent steps that say which node the others wait for
+WINDOW_S = 30.0  # recent steps that say which node the others wait for ...
+STEADY_S = 2 * WINDOW_S  # ... once the run has stepped this long (its first steps are each rank's start-up)
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
+
+
+def steady_window(rows: Iterable[Mapping], now: float) -> list[Mapping]:
+    """The last WINDOW_S of the run's step rows, or [] while the run has stepped for less than STEADY_S: its first
+    steps carry each rank's start-up (imports, first compilation, the data's first reads), which differs between
+    nodes and is no straggler (on a host at load average 124 one node's start-up was named 4 s after the first step)."""
+    steps = [r for r in rows if r.get("step") is not None]
+    if not steps or min(r["ts"] for r in steps) > now - STEADY_S:
+        return []
+    return [r for r in steps if r["ts"] >= now - WINDOW_S]
 
 
 def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> str | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sigma.controller.config import WatchdogConfig
 from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
-from sigma.controller.detect.laggard import held_shares, waited_for_node
+from sigma.controller.detect.laggard import held_shares, steady_window, waited_for_node
 from sigma.controller.detect.noise import job_stability
 from sigma.findings import Finding
 
@@ -149,7 +149,7 @@ def _straggler_findings(job: JobInfo, current: list[Mapping], now: float, cfg: W
                         base: dict) -> list[Finding]:
     """The node every other node waits for, held off the CPU outside collectives (only where the ranks report
     blocked_s: without it a node waited for is judged only beside a throughput drop)."""
-    recent = [k for k in current if k["ts"] >= now - LAGGARD_WINDOW_S and k.get("step") is not None]
+    recent = steady_window(current, now)
     if len(job.nodes) < 2 or len(rates(recent)) < cfg.min_points or set(held_shares(recent)) != set(job.nodes):
         return []
     node, shares = waited_for_node(list(job.nodes), recent)

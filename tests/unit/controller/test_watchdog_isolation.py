@@ -697,3 +697,17 @@ def test_held_shares_need_every_row_of_a_node_and_fall_back_to_the_wait_shares_w
     assert waited_for_node(["node1", "node2"], full)[0] is None
     # and the watchdog raises no straggler finding without held shares for every node
     assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True) == []
+
+
+def test_a_run_s_start_up_is_no_straggler():
+    """The first steps of a run carry each rank's start-up (one node's ranks slower to import, compile and read the
+    data's first pages): until the run has stepped for STEADY_S, nothing is named; the same shares later are."""
+    from sigma.controller.detect.laggard import STEADY_S
+
+    wait = lambda t, n: 0.75 if n == "node2" else 0.4  # noqa: E731
+    held = lambda t, n: 0.12 if n == "node1" else 0.03  # noqa: E731
+    young = _held_rows(wait, held, t0=NOW - STEADY_S + 5)
+    assert check_job(job(start=NOW - STEADY_S, nodes=("node1", "node2")), young, NOW, CFG, ever_reported=True) == []
+    old = _held_rows(wait, held, t0=NOW - STEADY_S - 5)
+    (f,) = check_job(job(start=NOW - STEADY_S - 10, nodes=("node1", "node2")), old, NOW, CFG, ever_reported=True)
+    assert f.rule_id == "watchdog-straggler" and f.evidence["waited_for"] == "node1"
