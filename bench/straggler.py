@@ -22,9 +22,11 @@ isolation's reason, the controller's slowest tick (its /metrics gauge, sampled),
 With --trace, each run is followed by what the watchdog saw every 10 s from 60 s before the injection (read back
 from the run's controller database): the throughput of the last 30 s over the job's earlier throughput (the drop
 ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them.
+With --replay, no cluster: the KPIs recorded by earlier runs (their state directories) go through today's rules.
 
 usage: python bench/straggler.py [--runs 3] [--percent 50 30] [--baseline-s 90] [--timeout 180] [--no-noise]
                                  [--state-dir DIR] [--trace]
+       python bench/straggler.py --replay STATE_DIR... [--timeout 180]
 """
 
 from __future__ import annotations
@@ -86,6 +88,52 @@ def submit(p: Pipeline, data: Path, workdir: Path) -> int:
          f"checkpoint.dir={workdir}/checkpoints", f"launch.folder={workdir}/submitit", "fault.step_delay_s=0.05",
          "kpi.progress_every=0"], env=p.env, cwd=REPO, capture_output=True, text=True, check=True).stdout
     return int(re.search(r"job (\d+)", out).group(1))
+
+
+def replay(state: Path, after_s: float = 180.0) -> None:
+    """Earlier runs' recorded KPIs (each run's controller database under `state`, the injections from its chaos
+    journal) through today's watchdog and laggard rules, one round a second on the trainer's clock, `rounds` rounds
+    in a row to act: when the victim would be named, and any node named before the injection."""
+    import sqlite3
+
+    from sigma.controller.config import IsolationConfig, WatchdogConfig
+    from sigma.controller.detect.laggard import steady_window, waited_for_node
+    from sigma.controller.detect.watchdog import JobInfo, check_job
+
+    injections = {}
+    for line in (state / "chaos.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "straggler":
+            injections.setdefault(r["job_id"], r)
+    for db in sorted(state.glob("run-*/controller.db")):
+        conn = sqlite3.connect(db)
+        conn.row_factory = sqlite3.Row
+        rows = [dict(r) for r in conn.execute("SELECT * FROM kpis ORDER BY ts")]
+        conn.close()
+        if not rows or rows[0]["job_id"] not in injections:
+            continue
+        inj = injections[rows[0]["job_id"]]
+        t0, victim = inj["ts"], inj["node"]
+        start = rows[0]["ts"]
+        nodes = tuple(sorted({r["node"] for r in rows if r["ts"] < t0}))
+        named_before, streak, last, acted = [], 0, None, None
+        now = start + 1
+        while now < min(rows[-1]["ts"], t0 + after_s) and acted is None:
+            current = [r for r in rows if now - 930 <= r["ts"] <= now and r["node"] in nodes]
+            found = check_job(JobInfo(inj["job_id"], nodes, start), current, now, WatchdogConfig(), ever_reported=True)
+            node = None
+            if any(f.rule_id in ("watchdog-throughput-drop", "watchdog-straggler") for f in found):
+                node = waited_for_node(list(nodes), steady_window(current, now))[0]
+            streak, last = (streak + 1 if node == last else 1) if node else 0, node
+            if node and now < t0:
+                named_before.append(node)
+            if streak >= IsolationConfig().rounds and now >= t0:
+                acted = (now - t0, node)
+            now += 1.0
+        print(f"  {db.parent.name:>9} {inj['params']['percent']:>4.0f} %  victim {victim}: "
+              + (f"named {acted[1]} {acted[0]:.0f} s after the injection" if acted else
+                 f"not named within {after_s:.0f} s")
+              + f"; rounds naming a node before it: {len(named_before)}", flush=True)
 
 
 def tick_seconds(p: Pipeline) -> float | None:
@@ -182,7 +230,14 @@ def main() -> int:
     ap.add_argument("--no-noise", action="store_true", help="no CPU hog")
     ap.add_argument("--state-dir", default=None)
     ap.add_argument("--trace", action="store_true", help="per run, the drop ratio and wait / held shares every 10 s")
+    ap.add_argument("--replay", type=Path, nargs="+", default=None, metavar="STATE_DIR",
+                    help="no cluster: earlier runs' recorded KPIs (their --state-dir) through today's rules")
     args = ap.parse_args()
+    if args.replay:
+        for state in args.replay:
+            print(f"{state}: recorded KPIs through today's watchdog and laggard rules, one round a second")
+            replay(state, args.timeout)
+        return 0
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-straggler-"))
     from sigma.train.data import prepare
 
