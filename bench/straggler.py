@@ -26,7 +26,7 @@ With --replay, no cluster: the KPIs recorded by earlier runs (their state direct
 
 usage: python bench/straggler.py [--runs 3] [--percent 50 30] [--baseline-s 90] [--timeout 180] [--no-noise]
                                  [--state-dir DIR] [--trace]
-       python bench/straggler.py --replay STATE_DIR... [--timeout 180]
+       python bench/straggler.py --replay STATE_DIR... [--timeout 180] [--trace]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def submit(p: Pipeline, data: Path, workdir: Path) -> int:
     return int(re.search(r"job (\d+)", out).group(1))
 
 
-def replay(state: Path, after_s: float = 180.0) -> None:
+def replay(state: Path, after_s: float = 180.0, show: bool = False) -> None:
     """Earlier runs' recorded KPIs (each run's controller database under `state`, the injections from its chaos
     journal) through today's watchdog and laggard rules, one round a second on the trainer's clock, `rounds` rounds
     in a row to act: when the victim would be named, and any node named before the injection."""
@@ -134,6 +134,8 @@ def replay(state: Path, after_s: float = 180.0) -> None:
               + (f"named {acted[1]} {acted[0]:.0f} s after the injection" if acted else
                  f"not named within {after_s:.0f} s")
               + f"; rounds naming a node before it: {len(named_before)}", flush=True)
+        if show:
+            trace(db, inj["job_id"], t0, t0 + after_s)
 
 
 def tick_seconds(p: Pipeline) -> float | None:
@@ -236,7 +238,7 @@ def main() -> int:
     if args.replay:
         for state in args.replay:
             print(f"{state}: recorded KPIs through today's watchdog and laggard rules, one round a second")
-            replay(state, args.timeout)
+            replay(state, args.timeout, args.trace)
         return 0
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-straggler-"))
     from sigma.train.data import prepare
