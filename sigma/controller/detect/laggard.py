@@ -21,9 +21,8 @@ Where the ranks also say where their time outside collectives went (`blocked_s`:
 nor runnable), that decides instead: the node waited for must be the one whose ranks are held off the CPU outside
 collectives (stopped, throttled, blocked) more of their time than every other node's. A node slowed by another
 process taking its CPU is runnable, not held: its ranks queue for a CPU while the ranks it holds up wait in a
-collective, so under CPU contention alone the node waited for is the *least* held one. In the recorded straggler runs
-of bench/straggler.py (4 emulated nodes sharing 2 cores with a CPU hog, load average 29-175) the node waited for under
-CPU noise alone was held 1-6 points less than the other; a 30-50 % straggler 4-28 points more.
+collective, so under CPU contention alone the node waited for is the *least* held one (bench/straggler.py --trace
+prints the shares of each run; docs/controller.md quotes them).
 """
 
 from __future__ import annotations
