@@ -9,6 +9,8 @@ DETECTORS = {
     "watchdog-hang": "the job stopped making progress (no training step within the hang timeout)",
     "watchdog-throughput-drop": "the job slowed down against its own earlier throughput",
     "watchdog-crash-loop": "the job kept crashing right after each restart",
+    "watchdog-straggler": "every other node of the job kept waiting for one node that was held off the CPU",
+    "watchdog-throughput-jitter": "the job's step times jittered: a local noise source slowed some steps",
     "isolation-outlier": "one node was slower or odder than the job's other nodes and was taken out",
     "slurm-node-not-responding": "a node stopped answering SLURM (its slurmd or the machine died)",
 }

@@ -26,7 +26,8 @@ from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
 from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
-from sigma.controller.detect.laggard import behind_node, heartbeats_settled, silent_node, waited_for_node
+from sigma.controller.detect.laggard import (behind_node, heartbeats_settled, held_shares, silent_node, steady_window,
+                                             waited_for_node)
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
@@ -40,7 +41,6 @@ from sigma.rules.schema import Rule
 from sigma.slurm.client import Slurm
 from sigma.slurm.types import Job, Node
 
-LAGGARD_WINDOW_S = 30.0  # recent steps that say which node the others wait for
 WINDOW_BUCKETS = 6  # isolation window split in this many buckets (a counter's rate and jitter per bucket)
 HISTORY_BUCKETS = 12  # each node's history before the window, in this many buckets (temporal score), each read
 # for as long as one window bucket: a sample of the hour, comparable with the window's buckets
@@ -399,7 +399,8 @@ class Controller:
                           start_times=own_restarts(distinct_starts(starts), node_requeues))
         out = []
         for f in found:
-            if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop") and self.cfg.isolation.enabled:
+            if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
+                    and self.cfg.isolation.enabled:
                 f = self._isolate(f, job, rows, now, rule_findings)
             if f is not None:
                 out.append(f)
@@ -481,10 +482,13 @@ class Controller:
         """((culprit, reason) or None, last heartbeat per node) from what the job's ranks report themselves."""
         nodes = list(job.nodes)
         if f.rule_id != "watchdog-hang":
-            recent = [r for r in rows if r["ts"] >= now - LAGGARD_WINDOW_S]
+            recent = steady_window(rows, now)  # the run's start-up steps say nothing about a straggler
             node, shares = waited_for_node(nodes, recent)
+            held = held_shares(recent)
             reason = (f"the other ranks wait for {node} (share of the step waiting: "
-                      f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))})")
+                      f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))}"
+                      + (f"; held off the CPU: {', '.join(f'{n} {v:.0%}' for n, v in sorted(held.items()))}"
+                         if set(held) == set(nodes) else "") + ")")
             return ((node, reason) if node else None), {}
         beats = dict(self.conn.execute(
             "SELECT node, MAX(ts) FROM events WHERE source='kpi' AND kind='heartbeat' AND ts >= ? AND"

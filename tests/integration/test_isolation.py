@@ -52,7 +52,9 @@ def test_a_straggler_under_cpu_noise_is_isolated_to_its_node_and_nothing_else(sl
             assert node.reason.startswith("sigma: straggler (isolation-outlier)")
             (inc,) = [i for i in p.incidents(node=victim) if i["action"].startswith("drain")]
             assert inc["source"] == "isolation" and inc["evidence"]["isolation"]["ranked"][0][0] == victim
+            # the trainer reports where its time went: the node waited for is the one held off the CPU
             assert "wait for" in inc["evidence"]["isolation"]["reason"]
+            assert "held off the CPU" in inc["evidence"]["isolation"]["reason"]
             assert drains(p) == [victim]
             assert not any(n.drained for n in slurm.nodes() if n.name != victim)
         finally:

@@ -16,6 +16,13 @@ theirs (where ranks wait little), or a busy share (1 - wait share) at least BUSY
 lot: on a busy host every rank already waits half of its step, and a rank stopped inside a collective counts the
 stop as waiting, so a 50 % straggler waits 45-60 % of its time against the others' 75-85 %, a wait ratio near 0.7,
 while it is busy about twice as much of its time as they are).
+
+Where the ranks also say where their time outside collectives went (`blocked_s`: the training thread neither running
+nor runnable), that decides instead: the node waited for must be the one whose ranks are held off the CPU outside
+collectives (stopped, throttled, blocked) more of their time than every other node's. A node slowed by another
+process taking its CPU is runnable, not held: its ranks queue for a CPU while the ranks it holds up wait in a
+collective, so under CPU contention alone the node waited for is the *least* held one (bench/straggler.py --trace
+prints the shares of each run; docs/controller.md quotes them).
 """
 
 from __future__ import annotations
@@ -29,8 +36,22 @@ FRESH_S = 12.0  # a heartbeat at most this old: alive
 WAIT_GAP = 0.1  # the other nodes' ranks wait at least this much more of their time than the slow node's ...
 CULPRIT_RATIO = 0.6  # ... and the slow node's ranks wait at most this fraction of the least-waiting other's share
 BUSY_RATIO = 1.5  # ... or are busy (not waiting) at least this many times as much of their time
+OFF_GAP = 0.02  # ... or, where the ranks report blocked_s, its ranks are held off the CPU outside collectives this
+# much more of their time than every other node's
+WINDOW_S = 30.0  # recent steps that say which node the others wait for ...
+STEADY_S = 2 * WINDOW_S  # ... once the run has stepped this long (its first steps are each rank's start-up)
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
+
+
+def steady_window(rows: Iterable[Mapping], now: float) -> list[Mapping]:
+    """The last WINDOW_S of the run's step rows, or [] while the run has stepped for less than STEADY_S: its first
+    steps carry each rank's start-up (imports, first compilation, the data's first reads), which differs between
+    nodes and is no straggler (on a host at load average 124 one node's start-up was named 4 s after the first step)."""
+    steps = [r for r in rows if r.get("step") is not None]
+    if not steps or min(r["ts"] for r in steps) > now - STEADY_S:
+        return []
+    return [r for r in steps if r["ts"] >= now - WINDOW_S]
 
 
 def silent_node(nodes: Sequence[str], last_heartbeat: Mapping[str, float], now: float) -> str | None:
@@ -64,14 +85,44 @@ def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
     wait: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     for k in kpis:
-        payload = k.get("payload") or {}
-        if isinstance(payload, str):
-            payload = json.loads(payload or "{}")
+        payload = _payload(k)
         w, step_time = payload.get("wait_s"), k.get("step_time_s")
         if w is not None and step_time and step_time > 0:
             wait[k["node"]] += min(float(step_time), max(0.0, float(w)))
             total[k["node"]] += float(step_time)
     return {node: wait[node] / total[node] for node in total}
+
+
+def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
+    """Share of their time each node's ranks were held off the CPU outside collectives (`blocked_s` less `wait_s`,
+    summed over steps, over the summed step times); only nodes every row of which carries blocked_s."""
+    held: dict[str, float] = defaultdict(float)
+    total: dict[str, float] = defaultdict(float)
+    missing: set[str] = set()
+    for k in kpis:
+        payload = _payload(k)
+        step_time = k.get("step_time_s")
+        if not step_time or step_time <= 0:
+            continue
+        if payload.get("blocked_s") is None:
+            missing.add(k["node"])
+            continue
+        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0))
+        held[k["node"]] += min(float(step_time), max(0.0, off))
+        total[k["node"]] += float(step_time)
+    return {node: held[node] / total[node] for node in total if node not in missing}
+
+
+def _payload(k: Mapping) -> dict:
+    payload = k.get("payload") or {}
+    return json.loads(payload or "{}") if isinstance(payload, str) else payload
+
+
+def _held_node(nodes: Sequence[str], shares: Mapping[str, float], held: Mapping[str, float]) -> str | None:
+    least = min(nodes, key=lambda n: shares[n])
+    others = [n for n in nodes if n != least]
+    gap = min(shares[n] for n in others) - shares[least]
+    return least if gap >= WAIT_GAP and held[least] - max(held[n] for n in others) >= OFF_GAP else None
 
 
 def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None:
@@ -84,9 +135,15 @@ def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None
 
 
 def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:
-    """(the one node every other node waits for, all along the window; the wait shares as evidence)."""
+    """(the one node every other node waits for, and, where the ranks report it, the one held off the CPU outside
+    collectives; else the one waited for all along the window; the wait shares as evidence)."""
     kpis = list(kpis)
     shares = wait_shares(kpis)
+    if len(nodes) < 2 or set(shares) != set(nodes):
+        return None, shares
+    held = held_shares(kpis)
+    if set(held) == set(nodes):  # the ranks say where their time went: that tells a held node from CPU contention
+        return _held_node(nodes, shares, held), shares
     node = _waited_for(nodes, shares)
     stamps = [k.get("ts") for k in kpis]
     if node is None or None in stamps:

@@ -3,6 +3,9 @@
 - hang: the job's highest step has not advanced for hang_timeout_s (NCCL would sit for 30 minutes);
 - throughput drop: recent throughput below (1 - drop_fraction) x the job's own earlier throughput, or below the
   history of jobs with the same model config;
+- straggler: the job may not be measurably slower (on a busy host its throughput swings more than a 30 % straggler
+  costs it), but its ranks say that every other node waits for one node whose ranks are held off the CPU outside
+  collectives (laggard.py): isolation names that node;
 - throughput jitter: no drop, but the job's step throughput over jitter_window_s is unstable (its coefficient of
   variation above jitter_cv): a local noise source (page-cache reclaim, GC, another process) that `sigma noise`
   attributes per rank;
@@ -17,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sigma.controller.config import WatchdogConfig
+from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
+from sigma.controller.detect.laggard import held_shares, steady_window, waited_for_node
 from sigma.controller.detect.noise import job_stability
 from sigma.findings import Finding
 
@@ -126,6 +131,8 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
     # a hung job's throughput is nil: the hang says it all (and one finding per job keeps isolation's rounds whole)
     if not findings:
         findings += _throughput_findings(job, current, now, cfg, history_median, base)
+    if not any(f.rule_id in ("watchdog-hang", "watchdog-throughput-drop") for f in findings):
+        findings += _straggler_findings(job, current, now, cfg, base)
     if not findings and cfg.jitter_cv > 0:
         findings += _jitter_findings(job, current, now, cfg, base)
     # crash loop
@@ -136,6 +143,27 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
                                         f"no more automatic requeues", first_ts=starts[0], last_ts=starts[-1],
                                 category="crash-loop", evidence={"starts": starts}, **base))
     return findings
+
+
+def _straggler_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
+                        base: dict) -> list[Finding]:
+    """The node every other node waits for, held off the CPU outside collectives (only where the ranks report
+    blocked_s: without it a node waited for is judged only beside a throughput drop)."""
+    recent = steady_window(current, now)
+    if len(job.nodes) < 2 or len(rates(recent)) < cfg.min_points or set(held_shares(recent)) != set(job.nodes):
+        return []
+    node, shares = waited_for_node(list(job.nodes), recent)
+    if node is None:
+        return []
+    held = held_shares(recent)
+    return [Finding(rule_id="watchdog-straggler", severity="warning", action="notify",
+                    summary=f"the job's ranks wait for {node} ({100 * shares[node]:.0f}% of its time waiting, others "
+                            f"{100 * min(v for n, v in shares.items() if n != node):.0f}%), held off the CPU "
+                            f"{100 * held[node]:.0f}% of its time", first_ts=now - LAGGARD_WINDOW_S, last_ts=now,
+                    category="performance",
+                    evidence={"nodes": list(job.nodes), "waited_for": node,
+                              "wait_shares": {n: round(v, 3) for n, v in sorted(shares.items())},
+                              "held_shares": {n: round(v, 3) for n, v in sorted(held.items())}}, **base)]
 
 
 def _jitter_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,

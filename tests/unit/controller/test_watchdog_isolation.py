@@ -611,3 +611,103 @@ def test_on_a_busy_host_the_node_waited_for_is_told_by_its_busy_share():
     # ... and load that moves from one side to the other every 8 s names nobody either
     moving = _shares_rows(lambda t, n: 0.55 if (n == "node1") == ((t // 8) % 2 == 0) else 0.8)
     assert waited_for_node(["node1", "node2"], moving)[0] is None
+
+
+def _held_rows(wait, held, t0=NOW - 900, t1=NOW, dt=0.5):
+    """A 2-node job of 2 ranks per node, steps of dt s at a steady 1000 tokens/s (no throughput drop);
+    wait(t, node) / held(t, node) -> the share of the step its ranks wait in collectives / are held off the CPU
+    outside them (the KPI payload's wait_s, and blocked_s = wait_s + the held time)."""
+    rows, step, t = [], 0, t0
+    while t <= t1:
+        for i, n in enumerate(("node1", "node2")):
+            for r in range(2):
+                w, h = wait(t, n) * dt, held(t, n) * dt
+                rows.append({"node": n, "ts": t, "job_id": 1, "rank": 2 * i + r, "step": step,
+                             "tokens_per_s": 1000.0, "step_time_s": dt,
+                             "payload": {"wait_s": w, "blocked_s": w + h, "cpu_wait_s": 0.3 * dt}})
+        step, t = step + 1, t + dt
+    return rows
+
+
+def test_a_node_held_off_the_cpu_and_waited_for_is_named_without_a_throughput_drop():
+    """A busy host: the job runs as fast as before, but from 40 s ago node2's ranks are held (stopped) 10 % of their
+    time outside collectives and node1's ranks wait for them: a straggler; the isolation names node2."""
+    from sigma.controller.detect.laggard import waited_for_node
+
+    rows = _held_rows(lambda t, n: 0.75 if n == "node1" and t >= NOW - 40 else 0.5,
+                      lambda t, n: 0.12 if n == "node2" and t >= NOW - 40 else 0.03)
+    two = job(nodes=("node1", "node2"))
+    (f,) = check_job(two, rows, NOW, CFG, ever_reported=True)
+    assert f.rule_id == "watchdog-straggler" and f.action == "notify" and f.evidence["waited_for"] == "node2"
+    assert f.evidence["held_shares"] == {"node1": 0.03, "node2": 0.12}
+    assert waited_for_node(["node1", "node2"], [r for r in rows if r["ts"] >= NOW - 30])[0] == "node2"
+
+
+def test_cpu_contention_that_slows_one_node_names_nobody():
+    """Another process takes node1's CPU: node2's ranks wait for node1's all along, but node1's ranks are runnable
+    (queued for a CPU), not held: the node waited for is the least held one. Nothing is named, by the watchdog or
+    by the rule that judges wait shares alone (which would name node1 here)."""
+    from sigma.controller.detect.laggard import _waited_for, wait_shares, waited_for_node
+
+    rows = _held_rows(lambda t, n: 0.78 if n == "node2" and t >= NOW - 40 else 0.5,
+                      lambda t, n: 0.01 if n == "node1" else 0.04)
+    recent = [r for r in rows if r["ts"] >= NOW - 30]
+    assert _waited_for(["node1", "node2"], wait_shares(recent)) == "node1"
+    assert waited_for_node(["node1", "node2"], recent)[0] is None
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True) == []
+    # held as much as the other: not held either
+    rows = _held_rows(lambda t, n: 0.78 if n == "node2" and t >= NOW - 40 else 0.5, lambda t, n: 0.05)
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True) == []
+
+
+def test_a_held_straggler_without_a_throughput_drop_is_drained(tmp_path):
+    """Through the controller: two ticks with the same node held and waited for drain it (rounds = 2); the
+    drain's evidence names both shares."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(1, ["node1", "node2"], start=clock() - 2000)
+    now = clock()
+    for r in _held_rows(lambda t, n: 0.75 if n == "node1" and t >= now - 40 else 0.5,
+                        lambda t, n: 0.12 if n == "node2" and t >= now - 40 else 0.03, t0=now - 300, t1=now):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], tokens_per_s=r["tokens_per_s"],
+                step_time_s=r["step_time_s"], payload=r["payload"])
+    ctl.tick()
+    assert slurm.count("drain") == 0  # one round is not enough
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.node("node2").drained and not slurm.node("node1").drained
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node2" and "held off the CPU: node1 3%, node2 12%" in inc.evidence["isolation"]["reason"]
+    assert inc.evidence["verify"]["kind"] == "watchdog-straggler" and inc.evidence["verify"]["baseline"] == 1000.0
+
+
+def test_held_shares_need_every_row_of_a_node_and_fall_back_to_the_wait_shares_without():
+    """A node some of whose rows lack blocked_s has no held share; without held shares for every node the node
+    waited for is judged by the wait shares alone (ratio and slices), as for trainers that report only wait_s."""
+    from sigma.controller.detect.laggard import held_shares, waited_for_node
+
+    rows = _held_rows(lambda t, n: 0.8 if n == "node1" else 0.55, lambda t, n: 0.0, t0=NOW - 30)
+    for r in rows[::7]:
+        if r["node"] == "node1":
+            r["payload"] = {"wait_s": r["payload"]["wait_s"]}
+    assert set(held_shares(rows)) == {"node2"}
+    # the wait shares alone name node2 (busy 45 % against 20 %), though it is not held at all
+    assert waited_for_node(["node1", "node2"], rows)[0] == "node2"
+    # ... while with held shares for both, a node waited for but not held is not named
+    full = _held_rows(lambda t, n: 0.8 if n == "node1" else 0.55, lambda t, n: 0.0, t0=NOW - 30)
+    assert waited_for_node(["node1", "node2"], full)[0] is None
+    # and the watchdog raises no straggler finding without held shares for every node
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True) == []
+
+
+def test_a_run_s_start_up_is_no_straggler():
+    """The first steps of a run carry each rank's start-up (one node's ranks slower to import, compile and read the
+    data's first pages): until the run has stepped for STEADY_S, nothing is named; the same shares later are."""
+    from sigma.controller.detect.laggard import STEADY_S
+
+    wait = lambda t, n: 0.75 if n == "node2" else 0.4  # noqa: E731
+    held = lambda t, n: 0.12 if n == "node1" else 0.03  # noqa: E731
+    young = _held_rows(wait, held, t0=NOW - STEADY_S + 5)
+    assert check_job(job(start=NOW - STEADY_S, nodes=("node1", "node2")), young, NOW, CFG, ever_reported=True) == []
+    old = _held_rows(wait, held, t0=NOW - STEADY_S - 5)
+    (f,) = check_job(job(start=NOW - STEADY_S - 10, nodes=("node1", "node2")), old, NOW, CFG, ever_reported=True)
+    assert f.rule_id == "watchdog-straggler" and f.evidence["waited_for"] == "node1"
