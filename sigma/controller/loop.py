@@ -427,7 +427,8 @@ class Controller:
             culprit = direct[0]
             ranked = [(culprit, dict(verdict.ranked).get(culprit))] + [r for r in verdict.ranked if r[0] != culprit]
             verdict = Verdict(culprit, ranked, direct[1])
-        streak = self.streaks.update(str(job.job_id), verdict.culprit)
+        # a verdict from the telemetry scores needs `rounds` windows that do not overlap; the ranks' own word, rounds
+        streak = self.streaks.update(str(job.job_id), verdict.culprit, now, 0.0 if direct else iso.window_s)
         top = {n: scores.top_metrics(i, names) for i, n in enumerate(job.nodes) if scores.total[i] > 0}
         evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
                                                 "top_metrics": top, "features": names, "streak": streak}}

@@ -270,16 +270,23 @@ def pick_outlier(names: Sequence[str], scores: np.ndarray, min_score: float, dom
 
 
 class Streaks:
-    """Consecutive rounds each job has had the same dominant outlier (kept by the caller between rounds)."""
+    """Consecutive rounds each job has had the same outlier (kept by the caller between rounds).
+
+    A round scored on telemetry counts only once its window has moved past the last counted one (`spacing`): the
+    controller scores every second over a sliding window, and two rounds a second apart share all but a second of
+    their data, one piece of evidence rather than two. The ranks' own word (spacing 0) counts every round."""
 
     def __init__(self, state: Mapping[str, list] | None = None):
-        self.state: dict[str, list] = dict(state or {})  # job -> [node, count]
+        self.state: dict[str, list] = dict(state or {})  # job -> [node, count, time of the last counted round]
 
-    def update(self, job: str, culprit: str | None) -> int:
+    def update(self, job: str, culprit: str | None, now: float | None = None, spacing: float = 0.0) -> int:
         if culprit is None:
             self.state.pop(job, None)
             return 0
-        node, count = self.state.get(job, [None, 0])
-        count = count + 1 if node == culprit else 1
-        self.state[job] = [culprit, count]
+        node, count, counted = (list(self.state.get(job, [])) + [None, 0, None])[:3]
+        if node != culprit:
+            count, counted = 1, now
+        elif now is None or counted is None or now - counted >= spacing:
+            count, counted = count + 1, now
+        self.state[job] = [culprit, count, counted]
         return count

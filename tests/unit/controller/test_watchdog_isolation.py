@@ -305,6 +305,16 @@ def test_streaks_need_the_same_node_repeatedly():
     assert [s.update("1", c) for c in ("a", "a", "b", "b", "b", None, "b")] == [1, 2, 1, 2, 3, 0, 1]
 
 
+def test_a_scored_round_counts_once_its_window_has_moved_on():
+    """Rounds a second apart over a 120 s window are one piece of evidence: the next counts 120 s later, and only
+    if every round in between named the same node."""
+    s = Streaks({"1": ["a", 1]})  # a state written before rounds had times
+    assert s.update("1", "a", 0.0, 120.0) == 2
+    assert [s.update("1", "a", t, 120.0) for t in (1.0, 60.0, 119.0, 120.0)] == [2, 2, 2, 3]
+    assert [s.update("1", c, t, 120.0) for c, t in (("b", 121.0), ("b", 122.0), ("b", 241.0))] == [1, 1, 2]
+    assert [s.update("1", c, t, 120.0) for c, t in ((None, 242.0), ("b", 243.0))] == [0, 1]
+
+
 def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     ctl.cfg.isolation.rounds = 2
@@ -318,6 +328,9 @@ def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
     ctl.tick()
     assert slurm.count("drain") == 0  # one round is not enough
     clock.advance(1)
+    ctl.tick()
+    assert slurm.count("drain") == 0  # nor a second over the same window: the scores name node2, no rank does
+    clock.advance(ctl.cfg.isolation.window_s - 1)
     ctl.tick()
     assert slurm.node("node2").drained and slurm.node("node2").reason.startswith("sigma: watchdog-hang")
     assert slurm.count("requeue") == 1
@@ -379,9 +392,9 @@ def test_isolation_without_recovery_is_misdiagnosed_and_the_node_returned(tmp_pa
         add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], r["tokens_per_s"], r["step_time_s"])
     for i, n in enumerate(["node1", "node3"]):
         add_kpi(ctl.conn, n, now - 139, 1, i * 2, 161)
-    for _ in range(3):
+    for step in (1, ctl.cfg.isolation.window_s - 1, 1):  # two windows of evidence
         ctl.tick()
-        clock.advance(1)
+        clock.advance(step)
     inc = ctl.incidents.query(node="node2")[0]
     slurm.set_job(1, state="RUNNING", nodes=("node1", "node3", "node4"), start_time=int(clock()) + 1)
     clock.advance(61)
@@ -404,22 +417,31 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     slurm.run_job(1, nodes, start=clock() - 2000)
     now = clock()
     rng = np.random.default_rng(4)
-    rows = []
-    for t in range(int(now) - 1000, int(now), 5):
-        for i, n in enumerate(nodes):
-            slow = t >= now - 110
-            add_kpi(ctl.conn, n, t, 1, i, (t - int(now) + 1000) // 5, tokens_per_s=500.0 if slow else 1000.0,
-                    step_time_s=2.0 if slow else 1.0)
-            for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.temp_c", 60.0), ("gpu.power_w", 300.0)):
-                v = base + rng.normal(0, base * 0.01)
-                if n == "node3" and slow:
-                    v *= 0.6 if m != "gpu.temp_c" else 1.4  # a throttling GPU: clocks and power down, hot
-                rows.append((n, t, m, v, json.dumps({"gpu": "0"})))
-    with ctl.conn:
-        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+
+    def stream(start: int, end: int):  # every 5 s: the steps and each node's GPU telemetry; node3 throttles
+        rows = []
+        for t in range(start, end, 5):
+            for i, n in enumerate(nodes):
+                slow = t >= now - 110
+                add_kpi(ctl.conn, n, t, 1, i, (t - int(now) + 1000) // 5, tokens_per_s=500.0 if slow else 1000.0,
+                        step_time_s=2.0 if slow else 1.0)
+                for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.temp_c", 60.0), ("gpu.power_w", 300.0)):
+                    v = base + rng.normal(0, base * 0.01)
+                    if n == "node3" and slow:
+                        v *= 0.6 if m != "gpu.temp_c" else 1.4  # a throttling GPU: clocks and power down, hot
+                    rows.append((n, t, m, v, json.dumps({"gpu": "0"})))
+        with ctl.conn:
+            ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+
+    stream(int(now) - 1000, int(now))
     ctl.tick()
     assert slurm.count("drain") == 0  # first round only
     clock.advance(1)
+    ctl.tick()
+    assert slurm.count("drain") == 0  # a second round over the same window is not a second piece of evidence
+    window = int(ctl.cfg.isolation.window_s)
+    stream(int(now), int(now) + window)
+    clock.advance(window - 1)
     ctl.tick()
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
     assert inc.node == "node3" and inc.evidence["isolation"]["ranked"][0][0] == "node3"
