@@ -14,6 +14,18 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def load_bench(name: str):
+    """bench/NAME.py as a module (the benches are scripts, not a package), registered as bench_NAME."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def wait_for(predicate, timeout=60.0, interval=0.3, what="condition"):
     """Poll predicate until it returns something truthy (returned); fail the test after timeout seconds."""
     deadline = time.monotonic() + timeout

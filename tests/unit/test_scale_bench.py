@@ -4,23 +4,13 @@ not a test)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 from sigma.controller.ingest.batch import Ingest
-from tests.conftest import REPO
+from tests.conftest import load_bench
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-scale = _bench("scale")
+scale = load_bench("scale")
 
 
 def test_a_node_behind_sends_its_backlogs_events_and_kpis_first(tmp_path):

@@ -3,23 +3,14 @@ parts that decide what a soak runs and what it reports; the soak itself runs in 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_bench
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _bench("chaos_soak")
+soak = load_bench("chaos_soak")
 KINDS = list(soak.KINDS)
 SIGS = ["gpu-xid-reset", "ib-port-down", "nic-lost-carrier", "disk-full", "nccl-watchdog-timeout"]
 
@@ -61,7 +52,7 @@ def test_exit_condition_names_every_kind_and_signature_that_never_ran():
 
 
 def test_abuse_ratio_compares_each_loaded_round_with_the_unloaded_rounds_around_it():
-    abuse = _bench("ingest_abuse")
+    abuse = load_bench("ingest_abuse")
     unloaded = [{"samples_s": v} for v in (100.0, 200.0, 100.0)]
     loaded = [{"samples_s": v} for v in (135.0, 150.0)]
     assert abuse.round_ratios(unloaded, loaded) == pytest.approx([0.9, 1.0])
