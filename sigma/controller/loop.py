@@ -48,7 +48,6 @@ HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
-INGEST_BEHIND_MAX_FACTOR = 1.0  # ... for at most this many hang_timeout_s (silence beyond it counts as a hang)
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -253,7 +252,7 @@ class Controller:
                     # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
                     # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
                     # nodes all fell silent for longer is judged as before
-                    at = max(newest, now - INGEST_BEHIND_MAX_FACTOR * self.cfg.watchdog.hang_timeout_s)
+                    at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
                     findings += self._watch(job, at, findings, since_job)
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
@@ -361,12 +360,16 @@ class Controller:
             f"SELECT * FROM kpis WHERE ts >= ? AND ({' OR '.join(sorted(wanted))})", (now - window,))]
 
     def _update_kpi_window(self, now: float) -> None:
-        w = self.cfg.watchdog
-        keep = max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s) + INGEST_BEHIND_MAX_FACTOR * \
-            w.hang_timeout_s
+        # the watchdog's lookback, from a judging time up to hang_timeout_s behind now
+        keep = self._lookback() + self.cfg.watchdog.hang_timeout_s
         if self.kpi_window is None or self.kpi_window.keep_s != keep:  # first tick, or a reload changed it
             self.kpi_window = KpiWindow(self.conn, keep)
         self.kpi_window.update(now)
+
+    def _lookback(self) -> float:
+        """How far back the watchdog reads a job's KPI rows: its hang and throughput windows."""
+        w = self.cfg.watchdog
+        return max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s)
 
     def _newest_data(self, job: Job, now: float) -> float:
         """The newest sample time any of the job's nodes has delivered (one index seek per node; now if none)."""
@@ -376,9 +379,8 @@ class Controller:
 
     def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
         w = self.cfg.watchdog
-        lookback = max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s)
         start = float(job.start_time or 0)
-        rows = self.kpi_window.job_rows(job.job_id, max(start, now - lookback))
+        rows = self.kpi_window.job_rows(job.job_id, max(start, now - self._lookback()))
         if not rows:
             last = self.conn.execute("SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC LIMIT 1",
                                      (job.job_id, start)).fetchone()

@@ -59,8 +59,9 @@ def finish_before_exit(wait: Callable[[], None]) -> Callable[[], None]:
 
 
 def _wait_for_sigterm(read_fd: int) -> None:
-    while signal.SIGTERM not in os.read(read_fd, 64):  # other handled signals (submitit's SIGCONT, USR2) pass
-        pass
+    # other handled signals (submitit's SIGCONT, USR2) pass by; a closed pipe ends the watch
+    if not any(signal.SIGTERM in chunk for chunk in iter(lambda: os.read(read_fd, 64), b"")):
+        return
     started = time.monotonic()
     with _lock:
         waits = list(_before_exit.values())
@@ -69,7 +70,7 @@ def _wait_for_sigterm(read_fd: int) -> None:
             wait()
         except BaseException as exc:  # a failed save leaves the older checkpoint; say so and go
             print(f"sigma train: on SIGTERM: {exc}", file=sys.stderr, flush=True)
-    print(f"sigma train: SIGTERM from SLURM (requeue, cancel or time limit): exiting now"
+    print("sigma train: SIGTERM from SLURM (requeue, cancel or time limit): exiting now"
           + (f" after {time.monotonic() - started:.1f}s finishing the checkpoint in flight" if waits else ""),
           file=sys.stderr, flush=True)
     os._exit(128 + signal.SIGTERM)

@@ -135,16 +135,27 @@ def test_finish_in_flight_waits_for_a_synchronous_save_in_another_thread(tmp_pat
 
     release, real_save = threading.Event(), dcp.save
     monkeypatch.setattr(dcp, "save", lambda *a, **k: (release.wait(60), real_save(*a, **k))[1])
+    order = []
+
+    class Written(threading.Event):  # says when a caller starts waiting for the save
+        def wait(self, timeout=None):
+            order.append("waiting")
+            return super().wait(timeout)
+
     mgr = CheckpointManager(tmp_path, keep=2)
+    mgr._written = Written()
+    mgr._written.set()
     mgr.finish_in_flight()  # nothing in flight: returns at once
+    order.clear()
     saving = threading.Thread(target=mgr.save, args=(5, state(5.0, 5)))
     saving.start()
     wait_for(lambda: not mgr._written.is_set(), timeout=60, what="the save under way")
-    finishing = threading.Thread(target=mgr.finish_in_flight)
+    finishing = threading.Thread(target=lambda: (mgr.finish_in_flight(), order.append("finished")))
     finishing.start()
-    finishing.join(0.5)
-    assert finishing.is_alive()  # the save is held in dcp.save: nothing to exit on yet
+    wait_for(lambda: "waiting" in order, timeout=60, what="finish_in_flight waiting")
+    order.append("released")  # the save is held in dcp.save until now: nothing to exit on before it
     release.set()
     finishing.join(60)
-    assert not finishing.is_alive() and mgr.latest().name == "step-00000005"  # complete, not half-written
+    assert order == ["waiting", "released", "finished"]
+    assert mgr.latest().name == "step-00000005"  # complete, not half-written
     saving.join(60)

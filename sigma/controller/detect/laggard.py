@@ -27,9 +27,10 @@ prints the shares of each run; docs/controller.md quotes them).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+
+from sigma.controller.detect.noise import kpi_payload
 
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
@@ -85,7 +86,7 @@ def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
     wait: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     for k in kpis:
-        payload = _payload(k)
+        payload = kpi_payload(k)
         w, step_time = payload.get("wait_s"), k.get("step_time_s")
         if w is not None and step_time and step_time > 0:
             wait[k["node"]] += min(float(step_time), max(0.0, float(w)))
@@ -100,7 +101,7 @@ def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
     total: dict[str, float] = defaultdict(float)
     missing: set[str] = set()
     for k in kpis:
-        payload = _payload(k)
+        payload = kpi_payload(k)
         step_time = k.get("step_time_s")
         if not step_time or step_time <= 0:
             continue
@@ -111,11 +112,6 @@ def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
     return {node: held[node] / total[node] for node in total if node not in missing}
-
-
-def _payload(k: Mapping) -> dict:
-    payload = k.get("payload") or {}
-    return json.loads(payload or "{}") if isinstance(payload, str) else payload
 
 
 def _held_node(nodes: Sequence[str], shares: Mapping[str, float], held: Mapping[str, float]) -> str | None:

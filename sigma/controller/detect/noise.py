@@ -96,7 +96,8 @@ class JobNoise:
                 "ranks": [asdict(r) for r in self.ranks]}
 
 
-def _payload(row: Mapping) -> dict:
+def kpi_payload(row: Mapping) -> dict:
+    """A KPI row's payload as a dict ({} where a rank wrote something else: the rank's own words, never trusted)."""
     p = row.get("payload") or {}
     if isinstance(p, str):
         try:
@@ -185,7 +186,7 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
                     stability=throughput_stability(r.get("tokens_per_s") for r in rows))
     if not slow or out.jitter < cfg.min_jitter:
         return out
-    payloads = {r["step"]: _payload(r) for r in rows}
+    payloads = {r["step"]: kpi_payload(r) for r in rows}
     for p in payloads.values():  # waiting in a collective for a slower peer is the peer's noise, not this rank's
         if "blocked_s" in p:
             p["blocked_s"] = max(0.0, float(p["blocked_s"] or 0.0) - float(p.get("wait_s") or 0.0))

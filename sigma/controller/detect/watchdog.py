@@ -150,12 +150,14 @@ def _straggler_findings(job: JobInfo, current: list[Mapping], now: float, cfg: W
     """The node every other node waits for, held off the CPU outside collectives (only where the ranks report
     blocked_s: without it a node waited for is judged only beside a throughput drop)."""
     recent = steady_window(current, now)
-    if len(job.nodes) < 2 or len(rates(recent)) < cfg.min_points or set(held_shares(recent)) != set(job.nodes):
+    if len(job.nodes) < 2 or len(rates(recent)) < cfg.min_points:
+        return []
+    held = held_shares(recent)
+    if set(held) != set(job.nodes):
         return []
     node, shares = waited_for_node(list(job.nodes), recent)
     if node is None:
         return []
-    held = held_shares(recent)
     return [Finding(rule_id="watchdog-straggler", severity="warning", action="notify",
                     summary=f"the job's ranks wait for {node} ({100 * shares[node]:.0f}% of its time waiting, others "
                             f"{100 * min(v for n, v in shares.items() if n != node):.0f}%), held off the CPU "
