@@ -19,7 +19,6 @@ from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
 from sigma.controller.db import open_db
-from sigma.store import is_url
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
@@ -59,10 +58,6 @@ class Controller:
         self.cfg = cfg
         self.clock = clock
         self.root = root
-        if is_url(cfg.db) and conn is None:
-            raise NotImplementedError(f"db {cfg.db.split('@')[-1]}: the detection loop runs on SQLite only (it reads "
-                                      f"with SQLite's JSON functions); PostgreSQL holds the schema, ingest and "
-                                      f"retention so far (docs/controller.md, Database)")
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))

@@ -1,5 +1,6 @@
 """The controller's store on a real PostgreSQL server (started here, Debian's package): the same migrations, signed
-ingest over real HTTP, the adapter's sqlite3 behaviour (upserts, new ids, integrity errors), retention."""
+ingest over real HTTP, the adapter's sqlite3 behaviour (upserts, new ids, integrity errors), retention, the
+controller opened on a URL (its decisions: test_controller_postgres.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ from sigma.controller.ingest.server import ControllerServer  # noqa: E402
 from sigma.controller.loop import Controller  # noqa: E402
 from sigma.controller.retention import Retention, RetentionConfig  # noqa: E402
 from sigma.store import migrate  # noqa: E402
+from sigma.pgstore import PgConnection  # noqa: E402
 from sigma.telemetry import wire  # noqa: E402
+
+from tests.unit.controller.fakes import FakeSlurm  # noqa: E402
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -143,6 +147,11 @@ def test_retention_downsamples_on_postgresql(url):
     assert tuple(row) == (10, 0.0, 9.0, 45.0)
 
 
-def test_controller_loop_says_it_needs_sqlite(url, tmp_path):
-    with pytest.raises(NotImplementedError, match="SQLite only"):
-        Controller(ControllerConfig(db=url, log_dir=str(tmp_path)))
+def test_controller_opens_a_postgresql_url_and_ticks(url, tmp_path):
+    ctl = Controller(ControllerConfig(db=url, log_dir=str(tmp_path)), slurm=FakeSlurm(), rules=[])
+    try:
+        assert isinstance(ctl.conn, PgConnection)
+        ctl.tick()
+        assert ctl.ticks == 1
+    finally:
+        ctl.conn.close()

@@ -3,7 +3,8 @@
 The watchdog judges each running job every tick over the last `keep_s` of its ranks' steps (hang, throughput
 against the job's own earlier throughput: about 15 minutes). At 32 jobs of 8 nodes stepping once a second that is
 240,000 rows, which reading again every tick cost more than the rest of the tick. Rows reach `kpis` in rowid
-order, a late batch too, so each tick reads only the rows after the last rowid it has seen.
+order, a late batch too, so each tick reads only the rows after the last rowid it has seen (on PostgreSQL an
+identity column of that name: sigma.pgstore).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class KpiWindow:
         for r in rows:
             row = dict(r)
             del row["rowid_"]
+            row.pop("rowid", None)  # PostgreSQL's kpis has it as a column (sigma.pgstore), `*` includes it
             self.rows.setdefault(row["job_id"], []).append(row)
             touched.add(row["job_id"])
         for job in touched:

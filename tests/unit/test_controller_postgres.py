@@ -1,0 +1,83 @@
+"""The controller's detection loop on a real PostgreSQL server (tests/unit/pgserver.py): a known-fault log line and
+a hung job's KPIs go through the same ticks on SQLite and on PostgreSQL and come out as the same decisions."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from tests.unit.pgserver import PgServer, pg_bin
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
+if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
+    pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql",
+                allow_module_level=True)
+
+from sigma.controller.config import BreakerConfig, ControllerConfig  # noqa: E402
+from sigma.controller.db import open_db  # noqa: E402
+from sigma.controller.detect.samples import bucket_stats, recent_for_metrics  # noqa: E402
+
+from tests.unit.controller.helpers import add_event, add_kpi, make_controller, xid79  # noqa: E402
+from tests.unit.controller.test_watchdog_isolation import kpi_rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pg():
+    server = PgServer().start()
+    yield server
+    server.stop()
+
+
+def run_scenario(tmp_path, db: str) -> dict:
+    """Xid 79 in node4's log, and job 1 hung on node1-3 because node2 stopped: three ticks, as an operator sees them."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = ControllerConfig(db=db, log_dir=str(tmp_path / "log"), breaker=BreakerConfig(max_nodes=2, max_fraction=0.5))
+    ctl, slurm, clock = make_controller(tmp_path, cfg=cfg, conn=open_db(db))
+    ctl.cfg.isolation.rounds = 2
+    nodes = ["node1", "node2", "node3"]
+    slurm.run_job(1, nodes, start=clock() - 1000)
+    now = clock()
+    for r in kpi_rows(nodes, now - 300, now - 130, stop={"node2": now - 140}):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], r["tokens_per_s"], r["step_time_s"],
+                payload={"model": "llama-8b"})
+    for i, n in enumerate(["node1", "node3"]):
+        add_kpi(ctl.conn, n, now - 139, 1, i * 2, 161)
+        add_event(ctl.conn, n, now - 150, source="kpi", kind="heartbeat", job_ids=[1])
+    xid79(ctl.conn, "node4", now - 5)
+    ctl.tick()
+    clock.advance(1)
+    ctl.tick()
+    clock.advance(ctl.cfg.isolation.window_s - 1)
+    ctl.tick()
+    incidents = sorted((i.rule_id, i.source, i.node, i.job_id, i.action, i.status, i.fault_ts, i.opened_at,
+                        json.dumps(i.evidence, sort_keys=True)) for i in ctl.incidents.query())
+    actions = sorted((r["kind"], r["target"], r["state"]) for r in ctl.conn.execute("SELECT * FROM actions"))
+    drained = sorted(n for n in ("node1", "node2", "node3", "node4") if slurm.node(n).drained)
+    ctl.conn.close()
+    return {"incidents": incidents, "actions": actions, "drained": drained, "requeues": slurm.count("requeue")}
+
+
+def test_a_tick_on_postgresql_decides_as_on_sqlite(pg, tmp_path):
+    on_sqlite = run_scenario(tmp_path / "sqlite", str(tmp_path / "sqlite" / "c.db"))
+    on_postgres = run_scenario(tmp_path / "pg", pg.create_db(f"t{uuid.uuid4().hex[:12]}"))
+    assert on_postgres == on_sqlite
+    assert on_sqlite["drained"] == ["node2", "node4"] and on_sqlite["requeues"] == 1
+    rules = {(i[0], i[2]) for i in on_sqlite["incidents"]}
+    assert ("watchdog-hang", "node2") in rules and ("gpu-xid-79", "node4") in rules
+
+
+def test_sample_windows_read_the_same_on_both(pg, tmp_path):
+    rows = [(n, 100.0 + t, m, float(t) if n != "n3" else None, '{"gpu":"0"}' if m == "gpu.temp_c" else "{}", "[]")
+            for n in ("n1", "n2", "n3") for t in range(0, 60, 7) for m in ("gpu.temp_c", "host.load1", "sidecar.cpu")]
+    got = []
+    for db in (str(tmp_path / "c.db"), pg.create_db(f"t{uuid.uuid4().hex[:12]}")):
+        conn = open_db(db)
+        with conn:
+            conn.executemany("INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?,?,?,?,?,?)", rows)
+        recent = [(r["node"], r["ts"], r["metric"]) for r in recent_for_metrics(conn, 130.0, ["gpu.temp_c", "x"])]
+        got.append((sorted(recent), sorted(bucket_stats(conn, ["n1", "n3", "n9"], 100.0, 160.0, 3))))
+        conn.close()
+    assert got[0] == got[1]
+    assert got[0][0] and {r[0] for r in got[0][1]} == {"n1"}  # n3 has no values, n9 no rows, sidecar.* left out
