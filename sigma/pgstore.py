@@ -171,12 +171,24 @@ class PgConnection:
         self.raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
         self.raw.execute(JSON_VALID_SQL)
         self._identity()
+        self._check_rowid()
 
     def _identity(self) -> None:
         """Tables whose id is an identity column: an INSERT into one returns the new id (lastrowid)."""
         self.identity = {r[0] for r in self.raw.execute(
             "SELECT table_name FROM information_schema.columns WHERE column_name = 'id' AND is_identity = 'YES'"
             " AND table_schema = current_schema()")}
+
+    def _check_rowid(self) -> None:
+        """A database made before ROWID_TABLES had their rowid column cannot be read in arrival order: say so."""
+        lacking = [r[0] for r in self.raw.execute(
+            "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = ANY(%s) GROUP BY table_name HAVING NOT bool_or(column_name = 'rowid')",
+            (list(ROWID_TABLES),))]
+        if lacking:
+            raise RuntimeError(f"{self.url.split('@')[-1]}: table(s) {', '.join(sorted(lacking))} have no rowid "
+                               f"column (created by an older sigma): create the database again "
+                               f"(docs/controller.md, PostgreSQL)")
 
     @property
     def in_transaction(self) -> bool:

@@ -104,6 +104,19 @@ def test_adapter_speaks_like_sqlite3(url):
     assert conn.execute("SELECT count(*) FROM detector_state WHERE key = 'gone'").fetchone()[0] == 0
 
 
+def test_arrival_order_column_and_its_absence(url):
+    conn = open_db(url)
+    with conn:
+        conn.executemany("INSERT INTO kpis (node, ts, job_id) VALUES (?,?,?)", [("n1", 9.0, 1), ("n1", 1.0, 1)])
+    assert [tuple(r) for r in conn.execute("SELECT ts FROM kpis ORDER BY rowid")] == [(9.0,), (1.0,)]
+    conn.close()
+    raw = psycopg.connect(url, autocommit=True)
+    raw.execute("ALTER TABLE kpis DROP COLUMN rowid")  # as a database made before the column existed
+    raw.close()
+    with pytest.raises(RuntimeError, match="kpis have no rowid column"):
+        open_db(url)
+
+
 def test_signed_ingest_stores_on_postgresql(url):
     server = ControllerServer(("127.0.0.1", 0), Ingest(url, SECRET))
     server.start()
