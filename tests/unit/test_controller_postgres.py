@@ -17,12 +17,14 @@ if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
     pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql",
                 allow_module_level=True)
 
+from sigma.cli import main  # noqa: E402
 from sigma.controller.config import BreakerConfig, ControllerConfig  # noqa: E402
 from sigma.controller.db import open_db  # noqa: E402
 from sigma.controller.ingest.batch import Ingest  # noqa: E402
 from sigma.controller.ingest.server import ControllerServer  # noqa: E402
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics  # noqa: E402
 from sigma.controller.report.metrics import report  # noqa: E402
+from sigma.controller.report.prometheus import ControllerCollector  # noqa: E402
 from sigma.telemetry import wire  # noqa: E402
 
 from tests.unit.controller.helpers import add_event, add_kpi, make_controller  # noqa: E402
@@ -58,7 +60,7 @@ def push_xid79(db: str, node: str, ts: float) -> None:
         server.ingest.close()
 
 
-def run_scenario(tmp_path, db: str) -> dict:
+def run_scenario(tmp_path, db: str, capsys) -> dict:
     """Xid 79 in node4's log (through ingest), and job 1 hung on node1-3 because node2 stopped: the ticks through
     node4's reboot and validation, and the report of the hour, as an operator sees them."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -97,15 +99,22 @@ def run_scenario(tmp_path, db: str) -> dict:
                                                         " ORDER BY id")]
     drained = sorted(n for n in ("node1", "node2", "node3", "node4") if slurm.node(n).drained)
     ctl.conn.close()
-    return {"incidents": incidents, "actions": actions, "drained": drained, "transitions": transitions,
+    cli = []  # what an operator's commands print, read from the same database
+    for argv in (["incidents", "--db", db, "--json"], ["nodes", "--db", db], ["explain", "1", "--db", db],
+                 ["report", "--db", db, "--json"]):
+        assert main(argv) == 0, argv
+        cli.append(capsys.readouterr().out)
+    cli[-1] = sorted(json.loads(cli[-1]))  # the report's window ends at the wall clock: its sections only
+    metrics = sorted(m.name for m in ControllerCollector(db).collect())  # GET /metrics reads the same way
+    return {"cli": cli, "metrics": metrics, "incidents": incidents, "actions": actions, "drained": drained, "transitions": transitions,
             "requeues": slurm.count("requeue"), "report": json.dumps(rep, sort_keys=True, default=str)}
 
 
-def test_a_tick_on_postgresql_decides_as_on_sqlite(pg, tmp_path):
-    on_sqlite = run_scenario(tmp_path / "sqlite", str(tmp_path / "sqlite" / "c.db"))
-    on_postgres = run_scenario(tmp_path / "pg", pg.create_db(f"t{uuid.uuid4().hex[:12]}"))
+def test_a_tick_on_postgresql_decides_as_on_sqlite(pg, tmp_path, capsys):
+    on_sqlite = run_scenario(tmp_path / "sqlite", str(tmp_path / "sqlite" / "c.db"), capsys)
+    on_postgres = run_scenario(tmp_path / "pg", pg.create_db(f"t{uuid.uuid4().hex[:12]}"), capsys)
     assert on_postgres == on_sqlite
-    assert '"targets": ["7"]' in on_sqlite["report"]
+    assert '"targets": ["7"]' in on_sqlite["report"] and "sigma_incidents" in on_sqlite["metrics"]
     assert on_sqlite["drained"] == ["node2"] and on_sqlite["requeues"] == 1
     assert ("node4", "remediating", "validating") in on_sqlite["transitions"]
     assert ("reboot", "node4", "done") in on_sqlite["actions"]
