@@ -131,7 +131,9 @@ def test_sample_windows_read_the_same_on_both(pg, tmp_path):
         with conn:
             conn.executemany("INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?,?,?,?,?,?)", rows)
         recent = [(r["node"], r["ts"], r["metric"]) for r in recent_for_metrics(conn, 130.0, ["gpu.temp_c", "x"])]
-        got.append((sorted(recent), sorted(bucket_stats(conn, ["n1", "n3", "n9"], 100.0, 160.0, 3))))
+        first = sorted(tuple(r) for r in recent_for_metrics(conn, 0.0, ["host.load1", "gpu.temp_c"], upto_rowid=4))
+        got.append((sorted(recent), sorted(bucket_stats(conn, ["n1", "n3", "n9"], 100.0, 160.0, 3)), first))
         conn.close()
     assert got[0] == got[1]
+    assert len(got[0][2]) == 3  # the first 4 rows to arrive, sidecar.cpu not asked for
     assert got[0][0] and {r[0] for r in got[0][1]} == {"n1"}  # n3 has no values, n9 no rows, sidecar.* left out

@@ -16,17 +16,23 @@ _NODES = """nodes(node) AS (
     UNION ALL SELECT (SELECT min(node) FROM samples WHERE node > nodes.node) FROM nodes WHERE node IS NOT NULL)"""
 
 
-# args: since, then the metrics; plain SQL both stores run (CROSS JOIN keeps SQLite's join order: nodes first)
-BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.* FROM nodes CROSS JOIN samples AS s WHERE s.node = nodes.node"
-                  " AND s.ts >= ? AND nodes.node IS NOT NULL AND s.metric IN ({marks}) ORDER BY s.ts")
+# args: since, [highest rowid,] then the metrics; plain SQL both stores run (CROSS JOIN keeps SQLite's join order:
+# nodes first); the columns named, since PostgreSQL's samples has its rowid as a column (sigma.pgstore)
+BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.node, s.ts, s.metric, s.value, s.labels, s.job_ids"
+                  " FROM nodes CROSS JOIN samples AS s WHERE s.node = nodes.node AND s.ts >= ?{upto}"
+                  " AND nodes.node IS NOT NULL AND s.metric IN ({marks}) ORDER BY s.ts")
 
 
-def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
-    """Rows of every node with ts >= since and metric in `metrics`."""
+def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics, upto_rowid: int | None = None) -> list:
+    """Rows of every node with ts >= since and metric in `metrics`; with upto_rowid, only those that had arrived by
+    then (a reader that goes on in rowid order reads the later ones: none is counted twice)."""
     metrics = sorted(set(metrics))
     if not metrics:
         return []
-    return conn.execute(BY_METRICS_SQL.format(marks=",".join("?" * len(metrics))), (since, *metrics)).fetchall()
+    sql = BY_METRICS_SQL.format(upto="" if upto_rowid is None else " AND s.rowid <= ?",
+                                marks=",".join("?" * len(metrics)))
+    bound = () if upto_rowid is None else (upto_rowid,)
+    return conn.execute(sql, (since, *bound, *metrics)).fetchall()
 
 
 # per (node, series, time slice) aggregates of the given nodes' samples, the sidecar's own metrics left out;
