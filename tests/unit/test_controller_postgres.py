@@ -106,8 +106,8 @@ def run_scenario(tmp_path, db: str, capsys) -> dict:
         cli.append(capsys.readouterr().out)
     cli[-1] = sorted(json.loads(cli[-1]))  # the report's window ends at the wall clock: its sections only
     metrics = sorted(m.name for m in ControllerCollector(db).collect())  # GET /metrics reads the same way
-    return {"cli": cli, "metrics": metrics, "incidents": incidents, "actions": actions, "drained": drained, "transitions": transitions,
-            "requeues": slurm.count("requeue"), "report": json.dumps(rep, sort_keys=True, default=str)}
+    return {"cli": cli, "metrics": metrics, "incidents": incidents, "actions": actions, "drained": drained,
+            "transitions": transitions, "requeues": slurm.count("requeue"), "report": json.dumps(rep, sort_keys=True, default=str)}
 
 
 def test_a_tick_on_postgresql_decides_as_on_sqlite(pg, tmp_path, capsys):
@@ -129,7 +129,8 @@ def test_sample_windows_read_the_same_on_both(pg, tmp_path):
     for db in (str(tmp_path / "c.db"), pg.create_db(f"t{uuid.uuid4().hex[:12]}")):
         conn = open_db(db)
         with conn:
-            conn.executemany("INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?,?,?,?,?,?)", rows)
+            conn.executemany("INSERT INTO samples (node, ts, metric, value, labels, job_ids) VALUES (?,?,?,?,?,?)",
+                             rows)
         recent = [(r["node"], r["ts"], r["metric"]) for r in recent_for_metrics(conn, 130.0, ["gpu.temp_c", "x"])]
         first = sorted(tuple(r) for r in recent_for_metrics(conn, 0.0, ["host.load1", "gpu.temp_c"], upto_rowid=4))
         got.append((sorted(recent), sorted(bucket_stats(conn, ["n1", "n3", "n9"], 100.0, 160.0, 3)), first))

@@ -58,5 +58,6 @@ def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, bu
     width = (until - since) / buckets
     starts = [since + b * width for b in range(buckets)]
     length = width if sample_s is None else min(width, sample_s)
-    sql = BUCKETS_SQL.format(slices=", ".join(f"({b}, ?)" for b in range(buckets)), nodes=", ".join(["(?)"] * len(nodes)))
+    sql = BUCKETS_SQL.format(slices=", ".join(f"({b}, ?)" for b in range(buckets)),
+                             nodes=", ".join(["(?)"] * len(nodes)))
     return [tuple(r) for r in conn.execute(sql, (*starts, *nodes, length))]
