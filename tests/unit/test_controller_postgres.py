@@ -19,7 +19,7 @@ if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
 
 from sigma.cli import main  # noqa: E402
 from sigma.controller.config import BreakerConfig, ControllerConfig  # noqa: E402
-from sigma.controller.db import open_db  # noqa: E402
+from sigma.controller.db import KPI_COLUMNS, open_db  # noqa: E402
 from sigma.controller.ingest.batch import Ingest  # noqa: E402
 from sigma.controller.ingest.server import ControllerServer  # noqa: E402
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics  # noqa: E402
@@ -138,3 +138,11 @@ def test_sample_windows_read_the_same_on_both(pg, tmp_path):
     assert got[0] == got[1]
     assert len(got[0][2]) == 3  # the first 4 rows to arrive, sidecar.cpu not asked for
     assert got[0][0] and {r[0] for r in got[0][1]} == {"n1"}  # n3 has no values, n9 no rows, sidecar.* left out
+
+
+def test_kpi_reads_name_every_column_but_the_arrival_order(pg, tmp_path):
+    for db in (str(tmp_path / "c.db"), pg.create_db(f"t{uuid.uuid4().hex[:12]}")):
+        conn = open_db(db)
+        columns = [d[0] for d in conn.execute("SELECT * FROM kpis LIMIT 0").description]
+        conn.close()
+        assert [c for c in columns if c != "rowid"] == KPI_COLUMNS.split(", "), db

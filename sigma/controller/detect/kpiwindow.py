@@ -12,6 +12,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from operator import itemgetter
 
+from sigma.controller.db import KPI_COLUMNS
+
 _TS = itemgetter("ts")
 
 
@@ -28,13 +30,15 @@ class KpiWindow:
             self.conn.execute("BEGIN")  # one snapshot: the rows read now and the rowid the next reads start after
             try:
                 top = self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM kpis").fetchone()[0]
-                rows = self.conn.execute("SELECT rowid AS rowid_, * FROM kpis WHERE ts >= ? AND rowid <= ?",
+                rows = self.conn.execute(f"SELECT rowid AS rowid_, {KPI_COLUMNS} FROM kpis WHERE ts >= ?"
+                                         " AND rowid <= ?",
                                          (now - self.keep_s, top)).fetchall()
             finally:
                 self.conn.execute("COMMIT")
             self.last_rowid = top
         else:
-            rows = self.conn.execute("SELECT rowid AS rowid_, * FROM kpis WHERE rowid > ? ORDER BY rowid",
+            rows = self.conn.execute(f"SELECT rowid AS rowid_, {KPI_COLUMNS} FROM kpis WHERE rowid > ?"
+                                     " ORDER BY rowid",
                                      (self.last_rowid,)).fetchall()
             if rows:
                 self.last_rowid = rows[-1]["rowid_"]
@@ -42,7 +46,6 @@ class KpiWindow:
         for r in rows:
             row = dict(r)
             del row["rowid_"]
-            row.pop("rowid", None)  # PostgreSQL's kpis has it as a column (sigma.pgstore), `*` includes it
             self.rows.setdefault(row["job_id"], []).append(row)
             touched.add(row["job_id"])
         for job in touched:
