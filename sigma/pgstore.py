@@ -7,7 +7,12 @@ Everything dialect-specific is translated here, once per statement text (cached)
   (CONFLICT_KEYS);
 - DDL: `INTEGER PRIMARY KEY` becomes an identity column, INTEGER BIGINT, REAL DOUBLE PRECISION, `WITHOUT ROWID`
   goes; an INSERT into a table with an identity column returns its id (cursor.lastrowid, as in sqlite3);
-- psycopg's IntegrityError is raised as sqlite3.IntegrityError, so callers catch one exception.
+- psycopg's IntegrityError is raised as sqlite3.IntegrityError, so callers catch one exception;
+- SQLite's JSON functions, in the forms the controller uses: `json_extract(col, '$.a.b')` becomes
+  `col::jsonb #>> '{a,b}'`, `json_each(col) WHERE value = ?` a walk of `jsonb_array_elements_text`, `json_valid`
+  a session function (PostgreSQL 15 has no `IS JSON`); any other use of them is refused by name;
+- the tables read in arrival order (ROWID_TABLES) get an identity column `rowid`, SQLite's implicit one: ingest
+  writes through one connection, one transaction at a time, so ids become visible in the order they were given.
 
 Transactions follow sqlite3's explicit style: `BEGIN` / commit() / rollback(), or `with conn:` for one atomic
 block; a statement outside them commits by itself. Rows index by position and by column name (sqlite3.Row).
@@ -27,6 +32,13 @@ except ImportError:  # the extra is not installed: open_store says how to get it
 
 # upsert keys of the tables written with INSERT OR REPLACE
 CONFLICT_KEYS = {"detector_state": ("key",), "node_lifecycle": ("node",), "migrations": ("name",)}
+ROWID_TABLES = ("samples", "kpis")
+_JSON_EXTRACT = re.compile(r"\bjson_extract\(\s*([\w.]+)\s*,\s*'\$\.([\w.]+)'\s*\)", re.I)
+_JSON_EACH_EQ = re.compile(r"\bjson_each\(([\w.]+)\)\s+WHERE\s+value\s*=\s*\?", re.I)
+_JSON_LEFT = re.compile(r"\bjson_(each|extract|tree|array_length|group_array|group_object|set|insert|remove)\(", re.I)
+# json_valid(text) as SQLite has it: a session (pg_temp) function, so it needs no migration and no rights
+JSON_VALID_SQL = """CREATE OR REPLACE FUNCTION pg_temp.json_valid(doc text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+    AS $$ BEGIN PERFORM doc::jsonb; RETURN true; EXCEPTION WHEN others THEN RETURN false; END $$"""
 _TOKENS = re.compile(r"('(?:[^']|'')*'|--[^\n]*)")  # quoted strings and comments
 
 
@@ -39,6 +51,8 @@ def _outside_strings(sql: str, fn) -> str:
 @lru_cache(maxsize=1024)
 def translate(sql: str, with_params: bool = True) -> tuple[str, str | None]:
     """(PostgreSQL text, the table an INSERT writes or None) for one SQLite statement or script."""
+    sql = _json(sql)
+
     def code(part: str) -> str:
         if with_params:
             part = part.replace("?", "%s")
@@ -51,6 +65,8 @@ def translate(sql: str, with_params: bool = True) -> tuple[str, str | None]:
 
     # psycopg reads % everywhere, quoted or not: a literal one is doubled before the placeholders are made
     out = _outside_strings(sql.replace("%", "%%") if with_params else sql, code)
+    for table in ROWID_TABLES:
+        out = _with_rowid(out, table)
     m = re.match(r"\s*INSERT\s+OR\s+(IGNORE|REPLACE)\s+INTO\s+(\w+)\s*\(([^)]*)\)", out, flags=re.I)
     if m:
         kind, table, cols = m.group(1).upper(), m.group(2), [c.strip() for c in m.group(3).split(",")]
@@ -67,6 +83,36 @@ def translate(sql: str, with_params: bool = True) -> tuple[str, str | None]:
                     + (f"UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in rest)}" if rest else "NOTHING"))
     m = re.match(r"\s*INSERT\s+INTO\s+(\w+)", out, flags=re.I)
     return out, (m.group(1) if m and "RETURNING" not in out.upper() else None)
+
+
+def _json(sql: str) -> str:
+    """SQLite's JSON functions in PostgreSQL's words (the forms the controller's queries use)."""
+    def path(m):
+        return f"(({m.group(1)})::jsonb #>> '{{{m.group(2).replace('.', ',')}}}')"
+    sql = _JSON_EXTRACT.sub(path, sql)
+    sql = _JSON_EACH_EQ.sub(r"jsonb_array_elements_text((\1)::jsonb) WHERE value = (?)::text", sql)
+    sql = re.sub(r"\bjson_valid\(", "pg_temp.json_valid(", sql, flags=re.I)
+    left = _JSON_LEFT.search(sql)
+    if left:
+        raise NotImplementedError(f"SQLite's {left.group(0)}...) in this form has no PostgreSQL translation "
+                                  f"(sigma.pgstore): {' '.join(sql.split())[:200]}")
+    return sql
+
+
+def _with_rowid(sql: str, table: str) -> str:
+    """CREATE TABLE `table` (...) with a last column `rowid`, an identity key: SQLite's arrival order, indexed."""
+    m = re.search(rf"\bCREATE\s+TABLE\s+(IF\s+NOT\s+EXISTS\s+)?{table}\s*\(", sql, flags=re.I)
+    if not m:
+        return sql
+    depth, i, quoted = 1, m.end(), False
+    while depth:
+        c = sql[i]
+        if c == "'":
+            quoted = not quoted
+        elif not quoted:
+            depth += {"(": 1, ")": -1}.get(c, 0)
+        i += 1
+    return f"{sql[:i - 1]}, rowid BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY{sql[i - 1:]}"
 
 
 def _params(values) -> tuple:
@@ -123,13 +169,26 @@ class PgConnection:
                                f"pip install 'sigma-slurm[postgres]'")
         self.url = url
         self.raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
+        self.raw.execute(JSON_VALID_SQL)
         self._identity()
+        self._check_rowid()
 
     def _identity(self) -> None:
         """Tables whose id is an identity column: an INSERT into one returns the new id (lastrowid)."""
         self.identity = {r[0] for r in self.raw.execute(
             "SELECT table_name FROM information_schema.columns WHERE column_name = 'id' AND is_identity = 'YES'"
             " AND table_schema = current_schema()")}
+
+    def _check_rowid(self) -> None:
+        """A database made before ROWID_TABLES had their rowid column cannot be read in arrival order: say so."""
+        lacking = [r[0] for r in self.raw.execute(
+            "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = ANY(%s) GROUP BY table_name HAVING NOT bool_or(column_name = 'rowid')",
+            (list(ROWID_TABLES),))]
+        if lacking:
+            raise RuntimeError(f"{self.url.split('@')[-1]}: table(s) {', '.join(sorted(lacking))} have no rowid "
+                               f"column (created by an older sigma): create the database again "
+                               f"(docs/controller.md, PostgreSQL)")
 
     @property
     def in_transaction(self) -> bool:

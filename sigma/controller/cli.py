@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from sigma.cli import parse_since
+from sigma.store import is_url
 
 SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
 
@@ -120,7 +121,7 @@ def _conn(args, readonly: bool = True):
     from sigma.controller.db import open_db
 
     cfg = _config(args)
-    if readonly and not Path(cfg.db).exists():
+    if readonly and not is_url(cfg.db) and not Path(cfg.db).exists():
         raise CommandError(f"no controller database at {cfg.db} (from {cfg.source}): the controller has not run "
                            f"yet; start it with `sigma stack up` (local cluster) or `sigma controller run`, "
                            f"or pass --config / --db")
@@ -202,7 +203,7 @@ def _disabled_rules(db: str) -> dict:
     """Rules the running controller disabled because they raised (kept in its database for this listing)."""
     from sigma.controller.db import open_db
 
-    if not Path(db).exists():
+    if not is_url(db) and not Path(db).exists():
         return {}
     conn = open_db(db, readonly=True)
     try:

@@ -135,6 +135,10 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
 
+# kpis' columns, for reads instead of `*`: on PostgreSQL the table also has its arrival order as a column, rowid
+# (sigma.pgstore), which SQLite keeps implicit; rows read the same on both
+KPI_COLUMNS = "node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mfu, grad_norm, payload"
+
 
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     """The controller database: an SQLite file, or PostgreSQL for a postgresql:// URL (same migrations)."""

@@ -18,8 +18,7 @@ from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
-from sigma.controller.db import open_db
-from sigma.store import is_url
+from sigma.controller.db import KPI_COLUMNS, open_db
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
@@ -58,10 +57,6 @@ class Controller:
         self.cfg = cfg
         self.clock = clock
         self.root = root
-        if is_url(cfg.db) and conn is None:
-            raise NotImplementedError(f"db {cfg.db.split('@')[-1]}: the detection loop runs on SQLite only (it reads "
-                                      f"with SQLite's JSON functions); PostgreSQL holds the schema, ingest and "
-                                      f"retention so far (docs/controller.md, Database)")
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
         self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
@@ -357,7 +352,7 @@ class Controller:
         wanted = {_kpi_filter(r.kpi.field, r.kpi.nonfinite) for r in rules} | ({"1"} if composite else set())
         window = max([r.window_s for r in rules] + composite)  # composite (learned) rules judge every row
         return [normalise(r) for r in self.conn.execute(
-            f"SELECT * FROM kpis WHERE ts >= ? AND ({' OR '.join(sorted(wanted))})", (now - window,))]
+            f"SELECT {KPI_COLUMNS} FROM kpis WHERE ts >= ? AND ({' OR '.join(sorted(wanted))})", (now - window,))]
 
     def _update_kpi_window(self, now: float) -> None:
         # the watchdog's lookback, from a judging time up to hang_timeout_s behind now
@@ -382,7 +377,8 @@ class Controller:
         start = float(job.start_time or 0)
         rows = self.kpi_window.job_rows(job.job_id, max(start, now - self._lookback()))
         if not rows:
-            last = self.conn.execute("SELECT * FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC LIMIT 1",
+            last = self.conn.execute(f"SELECT {KPI_COLUMNS} FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC"
+                                     " LIMIT 1",
                                      (job.job_id, start)).fetchone()
             rows = [dict(last)] if last else []
         ever = rows != [] or self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1",
@@ -561,7 +557,7 @@ class Controller:
                 " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
                 (inc.opened_at, verify["job_id"])).fetchone()[0]
             rows = [] if restart is None else [dict(r) for r in self.conn.execute(
-                "SELECT * FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
+                f"SELECT {KPI_COLUMNS} FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
                 (verify["job_id"], restart))]
             recovered = recovered_after_move(verify, rows, self.cfg.watchdog.min_points, iso.recover_fraction)
             if recovered:

@@ -64,7 +64,9 @@ def test_buckets_by_nodes_match_a_scan(tmp_path):
 
 def test_window_reads_search_the_index(tmp_path):
     conn = _db(tmp_path)
-    for sql, args in ((BY_METRICS_SQL, (1.0, '["a"]')), (BUCKETS_SQL, ('[1.0, 2.0]', '["n1"]', 1.0))):
+    for sql, args in ((BY_METRICS_SQL.format(upto=" AND s.rowid <= ?", marks="?"), (1.0, 9, "a")),
+                      (BY_METRICS_SQL.format(upto="", marks="?"), (1.0, "a")),
+                      (BUCKETS_SQL.format(slices="(0, ?), (1, ?)", nodes="(?)"), (1.0, 2.0, "n1", 1.0))):
         plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
         assert "USING INDEX samples_node_ts (node=? AND ts>?" in plan, plan
         assert "SCAN s " not in plan + " " and "SCAN samples" not in plan, plan

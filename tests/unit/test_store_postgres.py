@@ -1,5 +1,6 @@
 """The controller's store on a real PostgreSQL server (started here, Debian's package): the same migrations, signed
-ingest over real HTTP, the adapter's sqlite3 behaviour (upserts, new ids, integrity errors), retention."""
+ingest over real HTTP, the adapter's sqlite3 behaviour (upserts, new ids, integrity errors), retention, the
+controller opened on a URL (its decisions: test_controller_postgres.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ from sigma.controller.ingest.server import ControllerServer  # noqa: E402
 from sigma.controller.loop import Controller  # noqa: E402
 from sigma.controller.retention import Retention, RetentionConfig  # noqa: E402
 from sigma.store import migrate  # noqa: E402
+from sigma.pgstore import PgConnection  # noqa: E402
 from sigma.telemetry import wire  # noqa: E402
+
+from tests.unit.controller.fakes import FakeSlurm  # noqa: E402
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -100,6 +104,19 @@ def test_adapter_speaks_like_sqlite3(url):
     assert conn.execute("SELECT count(*) FROM detector_state WHERE key = 'gone'").fetchone()[0] == 0
 
 
+def test_arrival_order_column_and_its_absence(url):
+    conn = open_db(url)
+    with conn:
+        conn.executemany("INSERT INTO kpis (node, ts, job_id) VALUES (?,?,?)", [("n1", 9.0, 1), ("n1", 1.0, 1)])
+    assert [tuple(r) for r in conn.execute("SELECT ts FROM kpis ORDER BY rowid")] == [(9.0,), (1.0,)]
+    conn.close()
+    raw = psycopg.connect(url, autocommit=True)
+    raw.execute("ALTER TABLE kpis DROP COLUMN rowid")  # as a database made before the column existed
+    raw.close()
+    with pytest.raises(RuntimeError, match="kpis have no rowid column"):
+        open_db(url)
+
+
 def test_signed_ingest_stores_on_postgresql(url):
     server = ControllerServer(("127.0.0.1", 0), Ingest(url, SECRET))
     server.start()
@@ -143,6 +160,11 @@ def test_retention_downsamples_on_postgresql(url):
     assert tuple(row) == (10, 0.0, 9.0, 45.0)
 
 
-def test_controller_loop_says_it_needs_sqlite(url, tmp_path):
-    with pytest.raises(NotImplementedError, match="SQLite only"):
-        Controller(ControllerConfig(db=url, log_dir=str(tmp_path)))
+def test_controller_opens_a_postgresql_url_and_ticks(url, tmp_path):
+    ctl = Controller(ControllerConfig(db=url, log_dir=str(tmp_path)), slurm=FakeSlurm(), rules=[])
+    try:
+        assert isinstance(ctl.conn, PgConnection)
+        ctl.tick()
+        assert ctl.ticks == 1
+    finally:
+        ctl.conn.close()

@@ -76,7 +76,7 @@ class Incidents:
         now = self.clock()
         with self.conn:
             self.conn.execute("UPDATE incidents SET status=?, status_note=?, updated_at=?,"
-                              " closed_at=CASE WHEN ? THEN ? ELSE closed_at END WHERE id=?",
+                              " closed_at=CASE WHEN ? = 1 THEN ? ELSE closed_at END WHERE id=?",
                               (status, note, now, int(close), now, incident_id))
 
     def add_evidence(self, incident_id: int, **extra) -> None:

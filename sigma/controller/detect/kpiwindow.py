@@ -3,13 +3,16 @@
 The watchdog judges each running job every tick over the last `keep_s` of its ranks' steps (hang, throughput
 against the job's own earlier throughput: about 15 minutes). At 32 jobs of 8 nodes stepping once a second that is
 240,000 rows, which reading again every tick cost more than the rest of the tick. Rows reach `kpis` in rowid
-order, a late batch too, so each tick reads only the rows after the last rowid it has seen.
+order, a late batch too, so each tick reads only the rows after the last rowid it has seen (on PostgreSQL an
+identity column of that name: sigma.pgstore).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from operator import itemgetter
+
+from sigma.controller.db import KPI_COLUMNS
 
 _TS = itemgetter("ts")
 
@@ -27,13 +30,15 @@ class KpiWindow:
             self.conn.execute("BEGIN")  # one snapshot: the rows read now and the rowid the next reads start after
             try:
                 top = self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM kpis").fetchone()[0]
-                rows = self.conn.execute("SELECT rowid AS rowid_, * FROM kpis WHERE ts >= ? AND rowid <= ?",
+                rows = self.conn.execute(f"SELECT rowid AS rowid_, {KPI_COLUMNS} FROM kpis WHERE ts >= ?"
+                                         " AND rowid <= ?",
                                          (now - self.keep_s, top)).fetchall()
             finally:
                 self.conn.execute("COMMIT")
             self.last_rowid = top
         else:
-            rows = self.conn.execute("SELECT rowid AS rowid_, * FROM kpis WHERE rowid > ? ORDER BY rowid",
+            rows = self.conn.execute(f"SELECT rowid AS rowid_, {KPI_COLUMNS} FROM kpis WHERE rowid > ?"
+                                     " ORDER BY rowid",
                                      (self.last_rowid,)).fetchall()
             if rows:
                 self.last_rowid = rows[-1]["rowid_"]

@@ -8,7 +8,6 @@ Rows come back ordered by ts, as a ts index would give them.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
 # the distinct nodes in samples, one index seek each
@@ -17,27 +16,35 @@ _NODES = """nodes(node) AS (
     UNION ALL SELECT (SELECT min(node) FROM samples WHERE node > nodes.node) FROM nodes WHERE node IS NOT NULL)"""
 
 
-BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.* FROM nodes CROSS JOIN samples AS s ON s.node = nodes.node"
-                  " AND s.ts >= ? WHERE nodes.node IS NOT NULL AND s.metric IN (SELECT value FROM json_each(?))"
-                  " ORDER BY s.ts")  # args: since, metrics JSON list
-def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics) -> list:
-    """Rows of every node with ts >= since and metric in `metrics`."""
+# args: since, [highest rowid,] then the metrics; plain SQL both stores run (CROSS JOIN keeps SQLite's join order:
+# nodes first); the columns named, since PostgreSQL's samples has its rowid as a column (sigma.pgstore)
+BY_METRICS_SQL = (f"WITH RECURSIVE {_NODES} SELECT s.node, s.ts, s.metric, s.value, s.labels, s.job_ids"
+                  " FROM nodes CROSS JOIN samples AS s WHERE s.node = nodes.node AND s.ts >= ?{upto}"
+                  " AND nodes.node IS NOT NULL AND s.metric IN ({marks}) ORDER BY s.ts")
+
+
+def recent_for_metrics(conn: sqlite3.Connection, since: float, metrics, upto_rowid: int | None = None) -> list:
+    """Rows of every node with ts >= since and metric in `metrics`; with upto_rowid, only those that had arrived by
+    then (a reader that goes on in rowid order reads the later ones: none is counted twice)."""
     metrics = sorted(set(metrics))
     if not metrics:
         return []
-    return conn.execute(BY_METRICS_SQL, (since, json.dumps(metrics))).fetchall()
+    sql = BY_METRICS_SQL.format(upto="" if upto_rowid is None else " AND s.rowid <= ?",
+                                marks=",".join("?" * len(metrics)))
+    bound = () if upto_rowid is None else (upto_rowid,)
+    return conn.execute(sql, (since, *bound, *metrics)).fetchall()
 
 
 # per (node, series, time slice) aggregates of the given nodes' samples, the sidecar's own metrics left out;
 # each slice is an index range seek per node
 BUCKETS_SQL = (
-    "WITH slices(bucket, start) AS (SELECT key, value FROM json_each(?))"
-    " SELECT s.node, s.metric || CASE WHEN s.labels = '{}' THEN '' ELSE s.labels END AS series, slices.bucket,"
+    "WITH slices(bucket, start) AS (VALUES {slices}), n(node) AS (VALUES {nodes})"
+    " SELECT s.node, s.metric || CASE WHEN s.labels = '{{}}' THEN '' ELSE s.labels END AS series, slices.bucket,"
     " count(*), avg(s.value), avg(s.value * s.value), min(s.value), max(s.value), min(s.ts), max(s.ts)"
-    " FROM json_each(?) AS n, slices CROSS JOIN samples AS s ON s.node = n.value"
+    " FROM n, slices CROSS JOIN samples AS s WHERE s.node = n.node"
     " AND s.ts >= slices.start AND s.ts < slices.start + ?"
-    " WHERE s.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
-    " GROUP BY s.node, series, slices.bucket")  # args: slice starts JSON list, nodes JSON list, slice length
+    " AND s.metric NOT LIKE 'sidecar.%' AND s.value IS NOT NULL"
+    " GROUP BY s.node, series, slices.bucket")  # args: slice starts, nodes, slice length
 
 
 def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, buckets: int,
@@ -51,4 +58,6 @@ def bucket_stats(conn: sqlite3.Connection, nodes, since: float, until: float, bu
     width = (until - since) / buckets
     starts = [since + b * width for b in range(buckets)]
     length = width if sample_s is None else min(width, sample_s)
-    return [tuple(r) for r in conn.execute(BUCKETS_SQL, (json.dumps(starts), json.dumps(nodes), length))]
+    sql = BUCKETS_SQL.format(slices=", ".join(f"({b}, ?)" for b in range(buckets)),
+                             nodes=", ".join(["(?)"] * len(nodes)))
+    return [tuple(r) for r in conn.execute(sql, (*starts, *nodes, length))]

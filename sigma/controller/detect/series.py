@@ -117,7 +117,7 @@ class SeriesWindows:
             self.conn.execute("BEGIN")  # one snapshot: the rows read now and the rowid the next reads start after
             try:
                 top = self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM samples").fetchone()[0]
-                rows = recent_for_metrics(self.conn, now - max(windows.values()) - BUCKET_S, names)
+                rows = recent_for_metrics(self.conn, now - max(windows.values()) - BUCKET_S, names, top)
             finally:
                 self.conn.execute("COMMIT")
             self._add((r["node"], r["metric"], r["labels"], r["ts"], r["value"]) for r in rows)

@@ -188,11 +188,16 @@ def stability_table(conn: sqlite3.Connection, since: float, now: float) -> list[
 
 def shadow_hits(conn: sqlite3.Connection, since: float) -> list[dict]:
     """Per rule in shadow mode (a newly promoted learned rule, say): what it would have acted on."""
-    rows = conn.execute("SELECT rule_id, COUNT(*) AS n, GROUP_CONCAT(DISTINCT COALESCE(node, job_id)) AS targets,"
-                        " MAX(opened_at) AS last FROM incidents WHERE status = 'shadow' AND opened_at >= ?"
-                        " GROUP BY rule_id ORDER BY rule_id", (since,)).fetchall()
-    return [{"rule": r["rule_id"], "hits": r["n"], "targets": sorted(str(r["targets"] or "").split(",")),
-             "last": r["last"]} for r in rows]
+    per_rule: dict[str, dict] = {}  # grouped here: GROUP_CONCAT is SQLite's (PostgreSQL has string_agg)
+    for r in conn.execute("SELECT rule_id, node, job_id, opened_at FROM incidents WHERE status = 'shadow'"
+                          " AND opened_at >= ? ORDER BY rule_id", (since,)):
+        hit = per_rule.setdefault(r["rule_id"], {"rule": r["rule_id"], "hits": 0, "targets": set(), "last": None})
+        hit["hits"] += 1
+        target = r["node"] if r["node"] is not None else r["job_id"]
+        if target is not None:
+            hit["targets"].add(str(target))
+        hit["last"] = r["opened_at"] if hit["last"] is None else max(hit["last"], r["opened_at"])
+    return [{**h, "targets": sorted(h["targets"]) or [""]} for h in per_rule.values()]
 
 
 def _job_seconds(conn: sqlite3.Connection, since: float, until: float, max_gap_s: float = 60.0) -> float:
