@@ -131,6 +131,14 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
             steps_lost INTEGER NOT NULL, time_lost_s REAL, source TEXT NOT NULL DEFAULT '',
             recorded_at REAL NOT NULL, PRIMARY KEY (incident_id, job_id));
     """),
+    ("0160_history_indexes", """
+        -- What a tick reads of tables that grow for as long as the controller runs: the recent or the open rows.
+        CREATE INDEX lifecycle_transitions_state_ts ON lifecycle_transitions (to_state, ts);
+        CREATE INDEX actions_kind_created ON actions (kind, created_at);
+        CREATE INDEX actions_kind_state_done ON actions (kind, state, done_at);
+        CREATE INDEX incidents_open ON incidents (closed_at, status);
+        CREATE INDEX incidents_source_status ON incidents (source, status);
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS

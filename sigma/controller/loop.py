@@ -19,6 +19,7 @@ from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
                                      load_remediation_config, resolve, unknown_rule_ids)
 from sigma.controller.db import KPI_COLUMNS, open_db
+from sigma.controller.newest import NewestPerKey
 from sigma.controller.act.decide import RUNNING_STATES, Decider
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
@@ -88,6 +89,11 @@ class Controller:
         self.windows = EventWindows(self.rules)
         self.series = SeriesWindows(self.conn)
         self.kpi_window: KpiWindow | None = None  # the watchdog's rows, fed with the new ones each tick
+        # evidence from before a node came back (or an admin took it over), or from before a job's requeue, is done
+        self.node_back = NewestPerKey(self.conn, "SELECT node, MAX(ts) FROM lifecycle_transitions WHERE to_state IN"
+                                      " ('resumed', 'returned', 'admin') AND ts >= ? GROUP BY node")
+        self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
+                                         " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
@@ -209,12 +215,8 @@ class Controller:
 
     # ---------- detection ----------
     def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job]) -> list[Finding]:
-        # evidence from before a node came back (or an admin took it over) has been dealt with
-        since = {r[0]: r[1] for r in self.conn.execute(
-            "SELECT node, MAX(ts) FROM lifecycle_transitions WHERE to_state IN ('resumed', 'returned', 'admin')"
-            " GROUP BY node")}
-        since_job = {int(r[0]): r[1] for r in self.conn.execute(
-            "SELECT target, MAX(created_at) FROM actions WHERE kind='requeue' AND state != 'shadow' GROUP BY target")}
+        since = self.node_back.read()
+        since_job = {int(job): ts for job, ts in self.job_requeued.read().items()}
         running = [j for j in jobs if j.state in RUNNING_STATES]
         jobs_on_node: dict[str, list[int]] = {}
         for j in running:
@@ -547,9 +549,9 @@ class Controller:
     def _verify(self, now: float) -> None:
         """Isolation decisions are checked: the requeued job recovered -> confirmed; else misdiagnosed."""
         iso = self.cfg.isolation
-        for inc in self.incidents.query(source="isolation"):
+        for inc in self.incidents.query(source="isolation", status=("acted", "resolved")):
             verify = inc.evidence.get("verify")
-            if not verify or inc.evidence.get("verification") or inc.status not in ("acted", "resolved"):
+            if not verify or inc.evidence.get("verification"):
                 continue
             # only the run after the decision counts: steps of the old run (on the culprit) say nothing
             restart = self.conn.execute(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 Scope = Literal["node", "job"]
@@ -140,7 +141,7 @@ class Rule:
         if self.examples and self.log is None:
             raise ValueError(f"rule {self.id}: examples are log lines; only a log rule can have them")
 
-    @property
+    @cached_property  # read for every rule on every tick; a rule's condition is set once, when it is made
     def match_kind(self) -> str:
         return next(k for k in MATCH_KINDS if getattr(self, k) is not None)
 

@@ -265,7 +265,7 @@ class Engine:
         """SLURM's scheduler: pending jobs in submission order onto free, available nodes outside reservations;
         a validation job onto its node inside its reservation."""
         s = self.slurm
-        pending = [j for j in s.job_map.values() if j.state == "PENDING"]
+        pending = [j for j in s.live.values() if j.state == "PENDING"]
         if not pending:
             return
         free = [n for n in self.names if s.node_map[n].available and not s.node_map[n].alloc_cpus]
@@ -378,7 +378,7 @@ class Engine:
     def _free(self, nodes) -> None:
         s = self.slurm
         for n in nodes:
-            busy = any(n in j.nodes and j.state == "RUNNING" for j in s.job_map.values())
+            busy = any(n in j.nodes and j.state == "RUNNING" for j in s.live.values())
             if not busy:
                 s.set_node(n, alloc_cpus=0, state="down" if s.node_map[n].state == "down" else "idle")
                 if "REBOOT_REQUESTED" in s.node_map[n].flags:
@@ -393,7 +393,7 @@ class Engine:
         self._record(j, j.state, 0 if healthy else 1)
         self._free(j.nodes)
         j.nodes = ()
-        j.state = "DONE"
+        self.slurm.retire(j)
 
     def _record(self, j: SimJob, state: str, rc: int) -> None:
         from sigma.slurm.types import AccountingRecord
@@ -412,7 +412,7 @@ class Engine:
             return
         f = self.faults[node] = Fault(o, o.kind, self.now)
         kind = KINDS[o.kind]
-        for j in list(self.slurm.job_map.values()):
+        for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
                 self._degrade(j, f)
         if kind.detect == "slurm":
@@ -438,7 +438,7 @@ class Engine:
         if self.faults.get(node) is not f:
             return
         e = self.log_events[f.kind]
-        jobs = [j.job_id for j in self.slurm.job_map.values() if node in j.nodes and j.state == "RUNNING"]
+        jobs = [j.job_id for j in self.slurm.live.values() if node in j.nodes and j.state == "RUNNING"]
         fields = e["fields"] if isinstance(e["fields"], str) else json.dumps(e["fields"])
         with self.ctrl.conn:
             self.ctrl.conn.execute("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids)"
@@ -466,7 +466,7 @@ class Engine:
             return
         n = self.slurm.node_map[node]
         self.slurm.set_node(node, state="down", reason=n.reason or "Not responding")
-        for j in list(self.slurm.job_map.values()):
+        for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes:
                 if j.validation_of is None:
                     self.requeue(j)
@@ -570,7 +570,7 @@ class Engine:
         n = self.slurm.node_map[node]
         if not n.drained or n.drained_by_sigma:
             self.slurm.admin_drain(node, "admin: repair")
-        for j in list(self.slurm.job_map.values()):
+        for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
                 self.requeue(j)
         if f is not None:

@@ -64,7 +64,8 @@ class SimSlurm:
     def __init__(self, names: list[str], engine):
         self.engine = engine
         self.node_map = {n: Node(name=n, state="idle", cpus=CPUS, partitions=("gpu",)) for n in names}
-        self.job_map: dict[int, SimJob] = {}
+        self.job_map: dict[int, SimJob] = {}  # every job ever, for the figures
+        self.live: dict[int, SimJob] = {}  # those not DONE: what queries and the scheduler walk
         self.records: dict[int, AccountingRecord] = {}
         self.res: dict[str, str] = {}  # reservation -> node
         self.reserved: dict[str, str] = {}  # node -> reservation
@@ -86,11 +87,11 @@ class SimSlurm:
 
     def jobs(self, job_ids=()) -> list[Job]:
         ids = set(job_ids)
-        return [j.view() for j in self.job_map.values() if (not ids or j.job_id in ids) and j.state != "DONE"]
+        return [j.view() for j in self.live.values() if not ids or j.job_id in ids]
 
     def job(self, job_id: int) -> Job | None:
-        j = self.job_map.get(int(job_id))
-        return j.view() if j is not None and j.state != "DONE" else None
+        j = self.live.get(int(job_id))
+        return j.view() if j is not None else None
 
     def accounting(self, job_ids=(), since=None, duplicates=False) -> list[AccountingRecord]:
         ids = set(job_ids)
@@ -210,6 +211,11 @@ class SimSlurm:
     def new_job(self, name: str, nodes: int, work_s: float | None, checkpoint_s: float, restart_s: float) -> SimJob:
         job = SimJob(self.next_id, name, nodes, work_s, checkpoint_s, restart_s, self.engine.now)
         job.begin_at = self.engine.now
-        self.job_map[job.job_id] = job
+        self.job_map[job.job_id] = self.live[job.job_id] = job
         self.next_id += 1
         return job
+
+    def retire(self, job: SimJob) -> None:
+        """The job has left squeue for good (a finished validation job)."""
+        job.state = "DONE"
+        del self.live[job.job_id]

@@ -90,13 +90,18 @@ class Incidents:
         return Incident.from_row(row) if row else None
 
     def query(self, *, node: str | None = None, job_id: int | None = None, since: float | None = None,
-              open_only: bool = False, status: str | None = None, source: str | None = None) -> list[Incident]:
+              open_only: bool = False, status: str | tuple[str, ...] | None = None,
+              source: str | None = None) -> list[Incident]:
         sql, args = "SELECT * FROM incidents WHERE 1=1", []
+        statuses = (status,) if isinstance(status, str) else status
         for clause, value in (("node = ?", node), ("job_id = ?", job_id), ("opened_at >= ?", since),
-                              ("status = ?", status), ("source = ?", source)):
+                              ("source = ?", source)):
             if value is not None:
                 sql += f" AND {clause}"
                 args.append(value)
+        if statuses is not None:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args += statuses
         if open_only:
             sql += " AND closed_at IS NULL"
         return [Incident.from_row(r) for r in self.conn.execute(sql + " ORDER BY id", args)]
