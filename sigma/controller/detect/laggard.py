@@ -22,7 +22,9 @@ nor runnable), that decides instead: the node waited for must be the one whose r
 collectives (stopped, throttled, blocked) more of their time than every other node's. A node slowed by another
 process taking its CPU is runnable, not held: its ranks queue for a CPU while the ranks it holds up wait in a
 collective, so under CPU contention alone the node waited for is the *least* held one (bench/straggler.py --trace
-prints the shares of each run; docs/controller.md quotes them).
+prints the shares of each run; docs/controller.md quotes them). Time blocked on the disk is not held either (the
+rank's `io_wait_s`, else a step with a storm of major faults): a disk busy with another process's I/O is the
+disk's noise, which the noise attribution names (io-stall), not a node that stops its ranks.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from sigma.controller.detect.noise import kpi_payload
+from sigma.controller.detect.noise import NoiseConfig, kpi_payload
 
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
@@ -43,6 +45,7 @@ WINDOW_S = 30.0  # recent steps that say which node the others wait for ...
 STEADY_S = 2 * WINDOW_S  # ... once the run has stepped this long (its first steps are each rank's start-up)
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
+MAJFLT_STORM = NoiseConfig.majflt_min  # major faults in one step that say its time off the CPU went to the disk
 
 
 def steady_window(rows: Iterable[Mapping], now: float) -> list[Mapping]:
@@ -94,9 +97,20 @@ def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
     return {node: wait[node] / total[node] for node in total}
 
 
+def disk_s(payload: Mapping) -> float | None:
+    """Of a step's time off the CPU, what the rank spent blocked on its disk: `io_wait_s` (delay accounting) where
+    the rank reports it; else, in a step with a storm of major faults (pages that had to come from disk), all of
+    it; else None (nothing says the rank waited for its disk)."""
+    if payload.get("io_wait_s") is not None:
+        return max(0.0, float(payload["io_wait_s"]))
+    return float("inf") if float(payload.get("majflt") or 0) >= MAJFLT_STORM else None
+
+
 def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
-    """Share of their time each node's ranks were held off the CPU outside collectives (`blocked_s` less `wait_s`,
-    summed over steps, over the summed step times); only nodes every row of which carries blocked_s."""
+    """Share of their time each node's ranks were held off the CPU outside collectives and outside disk I/O
+    (`blocked_s` less `wait_s` less the time blocked on the disk, summed over steps, over the summed step times);
+    only nodes every row of which carries blocked_s. Waiting for a disk is the disk's noise (another process's
+    I/O, a busy shared file system), as waiting for a CPU is contention, not a node that stops its ranks."""
     held: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     missing: set[str] = set()
@@ -108,7 +122,7 @@ def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
         if payload.get("blocked_s") is None:
             missing.add(k["node"])
             continue
-        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0))
+        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0)) - (disk_s(payload) or 0.0)
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
     return {node: held[node] / total[node] for node in total if node not in missing}
