@@ -23,8 +23,9 @@ collectives (stopped, throttled, blocked) more of their time than every other no
 process taking its CPU is runnable, not held: its ranks queue for a CPU while the ranks it holds up wait in a
 collective, so under CPU contention alone the node waited for is the *least* held one (bench/straggler.py --trace
 prints the shares of each run; docs/controller.md quotes them). Time blocked on the disk is not held either (the
-rank's `io_wait_s`, else a step with a storm of major faults): a disk busy with another process's I/O is the
-disk's noise, which the noise attribution names (io-stall), not a node that stops its ranks.
+rank's `io_wait_s`, else a step with a storm of major faults, else the share of the time the node's disk stalled
+some task, PSI): a disk busy with another process's I/O is the disk's noise, which the noise attribution names
+(io-stall), not a node that stops its ranks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ STEADY_S = 2 * WINDOW_S  # ... once the run has stepped this long (its first ste
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
 MAJFLT_STORM = NoiseConfig.majflt_min  # major faults in one step that say its time off the CPU went to the disk
+IO_STALL = "host.pressure.io.some.total_us"  # the node's PSI counter: microseconds some task was stalled on I/O
 
 
 def steady_window(rows: Iterable[Mapping], now: float) -> list[Mapping]:
@@ -106,11 +108,27 @@ def disk_s(payload: Mapping) -> float | None:
     return float("inf") if float(payload.get("majflt") or 0) >= MAJFLT_STORM else None
 
 
-def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
+def disk_stall_shares(buckets: Iterable[Sequence], since: float) -> dict[str, float]:
+    """Share of the time since `since` each node had some task stalled on I/O (PSI, the IO_STALL counter), from
+    bucket_stats rows (node, series, bucket, count, mean, mean of squares, min, max, first ts, last ts): its increase
+    within each bucket over the time the bucket's samples span."""
+    stalled: dict[str, float] = defaultdict(float)
+    spanned: dict[str, float] = defaultdict(float)
+    for node, series, _, count, _, _, low, high, first, last in buckets:
+        if series == IO_STALL and count >= 2 and last >= since and last > first:
+            stalled[node] += max(0.0, high - low) * 1e-6
+            spanned[node] += last - first
+    return {node: min(1.0, stalled[node] / spanned[node]) for node in spanned}
+
+
+def held_shares(kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = None) -> dict[str, float]:
     """Share of their time each node's ranks were held off the CPU outside collectives and outside disk I/O
     (`blocked_s` less `wait_s` less the time blocked on the disk, summed over steps, over the summed step times);
     only nodes every row of which carries blocked_s. Waiting for a disk is the disk's noise (another process's
-    I/O, a busy shared file system), as waiting for a CPU is contention, not a node that stops its ranks."""
+    I/O, a busy shared file system), as waiting for a CPU is contention, not a node that stops its ranks.
+    stalled: node -> share of the time its disk stalled some task (disk_stall_shares), taken off its held share
+    where the ranks cannot say their own disk time (delay accounting off: a rank blocked writing has no major
+    faults); not floored at 0, so nodes that share a stall keep their difference."""
     held: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     missing: set[str] = set()
@@ -125,7 +143,8 @@ def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
         off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0)) - (disk_s(payload) or 0.0)
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
-    return {node: held[node] / total[node] for node in total if node not in missing}
+    stalled = stalled or {}
+    return {node: held[node] / total[node] - stalled.get(node, 0.0) for node in total if node not in missing}
 
 
 def _held_node(nodes: Sequence[str], shares: Mapping[str, float], held: Mapping[str, float]) -> str | None:
@@ -144,14 +163,16 @@ def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None
     return least if others - shares[least] >= WAIT_GAP and ratio else None
 
 
-def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:
+def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = None
+                    ) -> tuple[str | None, dict[str, float]]:
     """(the one node every other node waits for, and, where the ranks report it, the one held off the CPU outside
-    collectives; else the one waited for all along the window; the wait shares as evidence)."""
+    collectives (less its disk's stalls: `stalled`, see held_shares); else the one waited for all along the window;
+    the wait shares as evidence)."""
     kpis = list(kpis)
     shares = wait_shares(kpis)
     if len(nodes) < 2 or set(shares) != set(nodes):
         return None, shares
-    held = held_shares(kpis)
+    held = held_shares(kpis, stalled)
     if set(held) == set(nodes):  # the ranks say where their time went: that tells a held node from CPU contention
         return _held_node(nodes, shares, held), shares
     node = _waited_for(nodes, shares)

@@ -778,3 +778,51 @@ def test_a_node_whose_ranks_block_on_its_disk_is_no_straggler(tmp_path):
         clock.advance(1)
     assert slurm.count("drain") == 0
     assert not [i for i in ctl.incidents.query() if i.rule_id in ("isolation-outlier", "watchdog-straggler")]
+
+
+def _disk_stall_samples(ctl, now, share):
+    """share(t, node) -> the share of each second some task on the node is stalled on I/O: its PSI counter
+    (host.pressure.io.some.total_us) sampled every second over the last 5 minutes."""
+    rows, total = [], {}
+    for t in range(int(now) - 300, int(now) + 1):
+        for n in ("node1", "node2"):
+            total[n] = total.get(n, 0.0) + share(t, n) * 1e6
+            rows.append((n, float(t), "host.pressure.io.some.total_us", total[n], "{}"))
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def test_disk_stall_shares_read_the_psi_counter_per_node():
+    from sigma.controller.detect.laggard import disk_stall_shares
+
+    buckets = [("node1", "host.pressure.io.some.total_us", 5, 20, 0, 0, 1e6, 5e6, NOW - 20, NOW),
+               ("node2", "host.pressure.io.some.total_us", 5, 20, 0, 0, 1e6, 1e6, NOW - 20, NOW),
+               ("node1", "host.pressure.io.some.total_us", 1, 20, 0, 0, 0.0, 9e6, NOW - 100, NOW - 80),  # too old
+               ("node2", "host.cpu.util_pct", 5, 20, 0, 0, 0.0, 90.0, NOW - 20, NOW)]
+    assert disk_stall_shares(buckets, NOW - 30) == {"node1": 0.2, "node2": 0.0}
+
+
+def test_a_node_held_while_its_disk_stalls_is_not_drained_without_delay_accounting(tmp_path):
+    """node2's ranks are blocked writing to a disk another process saturates: held 13 % of their time and waited
+    for, with neither io_wait_s (delay accounting off) nor major faults to say it was the disk. The node's PSI says
+    some task was stalled on I/O 20 % of the time: that comes off its held share, and nothing is drained. A stall
+    both nodes share (one disk, or a host under the same I/O) leaves a stopped node named and drained."""
+    wait = lambda now: lambda t, n: 0.75 if n == "node1" and t >= now - 40 else 0.5  # noqa: E731
+    for stall, held_node2, drained in ((lambda t, n: 0.2 if n == "node2" else 0.0, 0.13, False),
+                                       (lambda t, n: 0.1, 0.12, True)):
+        (tmp_path / str(drained)).mkdir()
+        ctl, slurm, clock = make_controller(tmp_path / str(drained))
+        slurm.run_job(1, ["node1", "node2"], start=clock() - 2000)
+        now = clock()
+        for r in _held_rows(wait(now), lambda t, n: held_node2 if n == "node2" and t >= now - 40 else 0.03,
+                            t0=now - 300, t1=now):
+            add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], tokens_per_s=r["tokens_per_s"],
+                    step_time_s=r["step_time_s"], payload={k: v for k, v in r["payload"].items() if k != "io_wait_s"})
+        _disk_stall_samples(ctl, now, stall)
+        ctl.tick()
+        clock.advance(1)
+        ctl.tick()
+        assert slurm.node("node2").drained == drained and not slurm.node("node1").drained
+        if drained:
+            (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+            assert "disk stalled: node1 10%, node2 10%" in inc.evidence["isolation"]["reason"]
