@@ -21,7 +21,9 @@ isolation's reason, the controller's slowest tick (its /metrics gauge, sampled),
 (the machine is shared: its other work is noise in every figure). A run without a drain within `--timeout` says so.
 With --trace, each run is followed by what the watchdog saw every 10 s from 60 s before the injection (read back
 from the run's controller database): the throughput of the last 30 s over the job's earlier throughput (the drop
-ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them.
+ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them, and the
+share of the time some task on the node was stalled on the disk (PSI io, which the isolation takes off the held
+share).
 With --replay, no cluster: the KPIs recorded by earlier runs (their state directories) go through today's rules.
 
 With --io-noise, also a process writing and fsyncing a file on the disk the emulated nodes share (from before the
@@ -64,7 +66,7 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
     import sqlite3
 
     from sigma.controller.config import WatchdogConfig
-    from sigma.controller.detect.laggard import WINDOW_S, held_shares, wait_shares
+    from sigma.controller.detect.laggard import IO_STALL, WINDOW_S, held_shares, wait_shares
     from sigma.controller.detect.watchdog import throughput
 
     w = WatchdogConfig()
@@ -72,7 +74,17 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
     conn.row_factory = sqlite3.Row
     rows = [dict(r) for r in conn.execute("SELECT * FROM kpis WHERE job_id = ? AND step IS NOT NULL ORDER BY ts",
                                           (job_id,))]
+    psi = [dict(r) for r in conn.execute("SELECT node, ts, value FROM samples WHERE metric = ? AND ts >= ? ORDER BY ts",
+                                         (IO_STALL, t0 - 60 - WINDOW_S))]
     conn.close()
+
+    def stalled(since: float, until: float) -> dict[str, float]:  # share of the time some task waited on the disk
+        out = {}
+        for node in sorted({r["node"] for r in psi}):
+            pts = [r for r in psi if r["node"] == node and since <= r["ts"] < until]
+            if len(pts) >= 2 and pts[-1]["ts"] > pts[0]["ts"]:
+                out[node] = (pts[-1]["value"] - pts[0]["value"]) * 1e-6 / (pts[-1]["ts"] - pts[0]["ts"])
+        return out
     for now in range(int(t0) - 60, int(min(until, rows[-1]["ts"] if rows else t0)) + 1, 10):
         recent = [r for r in rows if now - w.recent_window_s <= r["ts"] < now]
         start = now - w.recent_window_s - w.baseline_window_s
@@ -82,7 +94,9 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
         waits, held = wait_shares(lag), held_shares(lag)
         print(f"       {now - t0:+5.0f} s  drop ratio {fmt(a / b if a and b else None, '.2f'):>5}  waiting "
               + " ".join(f"{n} {v:.2f}" for n, v in sorted(waits.items())) + "  held "
-              + " ".join(f"{n} {v:.2f}" for n, v in sorted(held.items())), flush=True)
+              + " ".join(f"{n} {v:.2f}" for n, v in sorted(held.items())) + "  disk stalled "
+              + (" ".join(f"{n} {v:.2f}" for n, v in stalled(now - WINDOW_S, now).items() if n in waits) or "-"),
+              flush=True)
 
 
 def submit(p: Pipeline, data: Path, workdir: Path) -> int:
