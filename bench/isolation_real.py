@@ -301,8 +301,9 @@ def solo_misses(names, scored, labels, segments) -> None:
     """Why the engine misses the segments where one server alone is labelled, at the shipped operating point: each
     segment's best score for its server, the windows at or above min_score, and those where it was also the
     dominant outlier (rounds = ISO.rounds consecutive such windows act)."""
-    node_scores = scored[0]
+    node_scores, metric_z = scored[0], scored[1]
     reasons: dict[str, list[str]] = {}
+    details = []
     for s in segments:
         span = slice(s.start, s.end + 1)
         if labels[:, span].sum(axis=0).max() != 1:
@@ -319,10 +320,21 @@ def solo_misses(names, scored, labels, segments) -> None:
                   "at min_score but not dominant" if (own >= ISO.min_score).any() else "below min_score")
         reasons.setdefault(reason, []).append(f"{names[s.entity]}@{s.start} ({len(own)} windows, best {own.max():.1f},"
                                               f" {len(s.metrics)} metrics)")
+        if reason != "acted on":  # what its best window was made of: its top metrics (* labelled), the runner-up
+            t = s.start + int(np.argmax(own))
+            z = metric_z[t, s.entity]
+            top = ", ".join(f"{j + 1}{'*' if j in s.metrics else ''} {z[j]:.1f}" for j in np.argsort(-z)[:4])
+            lone = int(np.sum(metric_z[s.start:s.end + 1, s.entity][:, s.metrics].max(axis=1) >= ISO.min_score))
+            other = np.delete(node_scores[t], s.entity).max()
+            details.append(f"{names[s.entity]}@{s.start}: best window {t}: {top}; others' best {other:.1f}; a labelled"
+                           f" metric alone >= {ISO.min_score} in {lone}/{len(own)} windows")
     print(f"  engine, one server anomalous, at min_score {ISO.min_score} / dominance {ISO.dominance} / rounds "
           f"{ISO.rounds}:")
     for reason, segs in sorted(reasons.items(), key=lambda x: -len(x[1])):
         print(f"    {reason}: {len(segs)}: {', '.join(segs)}")
+    print("  the missed ones, their best window's top metric scores (metric numbers 1-based, * labelled):")
+    for line in details:
+        print(f"    {line}")
 
 
 # the score each method needs to act: a sweep that puts every method at the same false-action rates
