@@ -132,6 +132,7 @@ def held_shares(kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = N
     held: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     missing: set[str] = set()
+    untold: set[str] = set()  # nodes some row of which does not say its own disk time (no io_wait_s)
     for k in kpis:
         payload = kpi_payload(k)
         step_time = k.get("step_time_s")
@@ -140,11 +141,14 @@ def held_shares(kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = N
         if payload.get("blocked_s") is None:
             missing.add(k["node"])
             continue
+        if payload.get("io_wait_s") is None:
+            untold.add(k["node"])
         off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0)) - (disk_s(payload) or 0.0)
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
     stalled = stalled or {}
-    return {node: held[node] / total[node] - stalled.get(node, 0.0) for node in total if node not in missing}
+    return {node: held[node] / total[node] - (stalled.get(node, 0.0) if node in untold else 0.0)
+            for node in total if node not in missing}
 
 
 def _held_node(nodes: Sequence[str], shares: Mapping[str, float], held: Mapping[str, float]) -> str | None:

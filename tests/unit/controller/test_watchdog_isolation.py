@@ -758,6 +758,9 @@ def test_a_node_whose_ranks_block_on_its_disk_is_no_straggler(tmp_path):
         # node2's own 3 % held: known with io_wait_s; a step with a storm of major faults counts off the CPU as disk
         held = {"node1": 0.03, "node2": 0.03 if io_wait else 0.0}
         assert {n: round(v, 3) for n, v in held_shares(recent).items()} == held
+        # the node's disk stalls (PSI) come off only where the ranks do not say their own disk time
+        with_psi = {n: round(v, 3) for n, v in held_shares(recent, {"node1": 0.1, "node2": 0.1}).items()}
+        assert with_psi == (held if io_wait else {"node1": -0.07, "node2": -0.1})
         assert waited_for_node(["node1", "node2"], recent)[0] is None
         assert check_job(two, rows, NOW, CFG, ever_reported=True) == []
     stopped = _held_rows(wait, lambda t, n: 0.12 if n == "node2" and t >= NOW - 40 else 0.03,
