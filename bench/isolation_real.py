@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -294,14 +295,17 @@ def asd(root: Path, servers: int, today_mod) -> None:
     print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
     solo_misses(names, passes["engine"], labels, segments)
     equal_budget(methods, passes, test, labels, segments, names)
+    aggregations(passes["engine"], test, labels, segments, names)
+    tail_weighted(methods[0], train, passes["engine"], test, labels, segments, names)
 
 
 def solo_misses(names, scored, labels, segments) -> None:
     """Why the engine misses the segments where one server alone is labelled, at the shipped operating point: each
     segment's best score for its server, the windows at or above min_score, and those where it was also the
     dominant outlier (rounds = ISO.rounds consecutive such windows act)."""
-    node_scores = scored[0]
+    node_scores, metric_z = scored[0], scored[1]
     reasons: dict[str, list[str]] = {}
+    details = []
     for s in segments:
         span = slice(s.start, s.end + 1)
         if labels[:, span].sum(axis=0).max() != 1:
@@ -318,10 +322,21 @@ def solo_misses(names, scored, labels, segments) -> None:
                   "at min_score but not dominant" if (own >= ISO.min_score).any() else "below min_score")
         reasons.setdefault(reason, []).append(f"{names[s.entity]}@{s.start} ({len(own)} windows, best {own.max():.1f},"
                                               f" {len(s.metrics)} metrics)")
+        if reason != "acted on":  # what its best window was made of: its top metrics (* labelled), the runner-up
+            t = s.start + int(np.argmax(own))
+            z = metric_z[t, s.entity]
+            top = ", ".join(f"{j + 1}{'*' if j in s.metrics else ''} {z[j]:.1f}" for j in np.argsort(-z)[:4])
+            lone = int(np.sum(metric_z[s.start:s.end + 1, s.entity][:, s.metrics].max(axis=1) >= ISO.min_score))
+            other = np.delete(node_scores[t], s.entity).max()
+            details.append(f"{names[s.entity]}@{s.start}: best window {t}: {top}; others' best {other:.1f}; a labelled"
+                           f" metric alone >= {ISO.min_score} in {lone}/{len(own)} windows")
     print(f"  engine, one server anomalous, at min_score {ISO.min_score} / dominance {ISO.dominance} / rounds "
           f"{ISO.rounds}:")
     for reason, segs in sorted(reasons.items(), key=lambda x: -len(x[1])):
         print(f"    {reason}: {len(segs)}: {', '.join(segs)}")
+    print("  the missed ones, their best window's top metric scores (metric numbers 1-based, * labelled):")
+    for line in details:
+        print(f"    {line}")
 
 
 # the score each method needs to act: a sweep that puts every method at the same false-action rates
@@ -372,6 +387,90 @@ def equal_budget(methods, passes, test, labels, segments, names, budgets=(0.01, 
                 row += "" if later else " |"
             print(row)
         m.threshold = default
+
+
+# ways to reduce a node's metric scores to one score: the shipped top-3 mean, and those that let fewer metrics decide
+AGGREGATIONS = {"top-3 mean": lambda z: isolation.top_k_mean(z, 3), "top-2 mean": lambda z: isolation.top_k_mean(z, 2),
+                "top-1": lambda z: isolation.top_k_mean(z, 1),
+                "rms of top-3": lambda z: np.sqrt(np.mean(np.sort(z, axis=-1)[..., -3:] ** 2, axis=-1))}
+
+
+class _Aggregated:
+    """The engine's metric scores reduced to a node score another way; acts as the engine does."""
+    name = "aggregated"
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def pick(self, names, scores, hint=None):
+        return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
+
+
+def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01, wrong_goal: float = 0.02) -> None:
+    """The engine's metric scores aggregated per node in other ways, each at the threshold that gives the best top-1
+    on the first half of the scored split within the false-action and wrong-node goals, then applied to the second
+    half: whether letting fewer metrics decide (what the missed one-server segments call for) holds on later data."""
+    metric_z = scored[1]
+    half = test.shape[1] // 2
+    print(f"  aggregation of the engine's metric scores, threshold chosen on the first half (best top-1 with false/win "
+          f"<= {100 * false_goal:.0f}% and wrong <= {100 * wrong_goal:.0f}%), then the second half:")
+    print("  aggregation    threshold | first half: top-1   wrong  top-1 solo  false/win | second half: top-1   wrong  "
+          "top-1 solo  false/win")
+    for name, reduce in AGGREGATIONS.items():
+        passes = {name: (reduce(metric_z), metric_z, scored[2])}
+        first, second = (_part(passes, test, labels, segments, lo, hi) for lo, hi in ((0, half), (half, test.shape[1])))
+        curve = [(float(th), run(_Aggregated(float(th)), first[1], first[2], first[3], names, first[0][name]))
+                 for th in np.arange(3.0, 12.01, 0.5)]
+        within = [(th, r) for th, r in curve if r["false_per_window"] <= false_goal and r["wrong"] <= wrong_goal]
+        if not within:
+            print(f"  {name:14s} no threshold meets the goals on the first half")
+            continue
+        th = max(within, key=lambda x: (x[1]["top1"], x[1]["solo"][0], x[0]))[0]
+        rows = [(f"{name:14s} {th:9.1f}", th)]
+        if name == "top-3 mean":  # and the shipped operating point on each half
+            rows.append((f"{'  shipped':14s} {ISO.min_score:9.1f}", ISO.min_score))
+        for label, th in rows:
+            r1, r2 = (run(_Aggregated(th), part[1], part[2], part[3], names, part[0][name]) for part in (first, second))
+            print(f"  {label} | " + " | ".join(
+                f"{' ' * 12}{100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  {r['solo'][0]}/{r['solo'][1]:<8}  "
+                f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
+
+
+def tail_weights(base, history: np.ndarray) -> np.ndarray:
+    """[metrics] weights from the healthy tail beyond the 99th percentile: the engine maps a metric's healthy 99th
+    percentile score to CALIBRATION_Z; here its 99.9th percentile is also held to where a Gaussian's would fall
+    (x 3.29 / 2.58), so a metric whose healthy spikes jump far past its 99th percentile (a rare event of a discrete
+    size) weighs less. Needs a long history (ASD's train split: 100,000 values per metric)."""
+    from statistics import NormalDist
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        residual = history - np.nanmedian(history, axis=0)[None]
+        E, T, M = residual.shape
+        z = isolation._z(residual.reshape(E * T, M), np.repeat(base.peer_center, T, axis=0),
+                         np.repeat(base.peer_scale, T, axis=0), base.flat)
+        gauss = {q: NormalDist().inv_cdf(1 - (1 - q / 100) / 2) for q in (99.0, 99.9)}
+        w = [isolation.CALIBRATION_Z * gauss[q] / gauss[99.0] / np.maximum(np.nanpercentile(z, q, axis=0), 1e-9)
+             for q in gauss]
+    return np.minimum(1.0, np.minimum(*w))
+
+
+def tail_weighted(engine, history, scored, test, labels, segments, names) -> None:
+    """The engine's score, or one metric alone in tail-weighted units, at the same min_score (no new threshold):
+    what lets a lone labelled metric decide where the healthy history shows how rare it is."""
+    metric_z = scored[1]
+    lone = isolation.top_k_mean(metric_z / engine.base.peer_weight * tail_weights(engine.base, history), 1)
+    node = np.maximum(scored[0], lone)
+    half = test.shape[1] // 2
+    passes = {"x": (node, metric_z, scored[2])}
+    print(f"  engine or one metric alone, tail-weighted (99.9th percentile too), both at min_score {ISO.min_score}: "
+          "whole split, first half, second half:")
+    for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+        part = _part(passes, test, labels, segments, lo, hi)
+        r = run(_Aggregated(ISO.min_score), part[1], part[2], part[3], names, part[0]["x"])
+        print(f"    top-1 {100 * r['top1']:5.1f}%  wrong {100 * r['wrong']:5.1f}%  one server {r['solo'][0]}/"
+              f"{r['solo'][1]}  false/win {100 * r['false_per_window']:5.2f}%  HR@100 {r['hit100']:.3f}  "
+              f"HR@150 {r['hit150']:.3f}")
 
 
 def nab(root: Path, files: int) -> None:

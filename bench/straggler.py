@@ -21,11 +21,17 @@ isolation's reason, the controller's slowest tick (its /metrics gauge, sampled),
 (the machine is shared: its other work is noise in every figure). A run without a drain within `--timeout` says so.
 With --trace, each run is followed by what the watchdog saw every 10 s from 60 s before the injection (read back
 from the run's controller database): the throughput of the last 30 s over the job's earlier throughput (the drop
-ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them.
+ratio), and per node the share of the ranks' time waiting in collectives and held off the CPU outside them, and the
+share of the time some task on the node was stalled on the disk (PSI io, which the isolation takes off the held
+share).
 With --replay, no cluster: the KPIs recorded by earlier runs (their state directories) go through today's rules.
 
+With --io-noise, also a process writing and fsyncing a file on the disk the emulated nodes share (from before the
+baseline, like the CPU hog): with `--percent 0`, whether time the ranks spend blocked on a busy disk is taken for a
+straggler.
+
 usage: python bench/straggler.py [--runs 3] [--percent 50 30] [--baseline-s 90] [--timeout 180] [--no-noise]
-                                 [--state-dir DIR] [--trace]
+                                 [--io-noise] [--state-dir DIR] [--trace]
        python bench/straggler.py --replay STATE_DIR... [--timeout 180] [--trace]
 """
 
@@ -60,7 +66,7 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
     import sqlite3
 
     from sigma.controller.config import WatchdogConfig
-    from sigma.controller.detect.laggard import WINDOW_S, held_shares, wait_shares
+    from sigma.controller.detect.laggard import IO_STALL, WINDOW_S, held_shares, wait_shares
     from sigma.controller.detect.watchdog import throughput
 
     w = WatchdogConfig()
@@ -68,7 +74,17 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
     conn.row_factory = sqlite3.Row
     rows = [dict(r) for r in conn.execute("SELECT * FROM kpis WHERE job_id = ? AND step IS NOT NULL ORDER BY ts",
                                           (job_id,))]
+    psi = [dict(r) for r in conn.execute("SELECT node, ts, value FROM samples WHERE metric = ? AND ts >= ? ORDER BY ts",
+                                         (IO_STALL, t0 - 60 - WINDOW_S))]
     conn.close()
+
+    def stalled(since: float, until: float) -> dict[str, float]:  # share of the time some task waited on the disk
+        out = {}
+        for node in sorted({r["node"] for r in psi}):
+            pts = [r for r in psi if r["node"] == node and since <= r["ts"] < until]
+            if len(pts) >= 2 and pts[-1]["ts"] > pts[0]["ts"]:
+                out[node] = (pts[-1]["value"] - pts[0]["value"]) * 1e-6 / (pts[-1]["ts"] - pts[0]["ts"])
+        return out
     for now in range(int(t0) - 60, int(min(until, rows[-1]["ts"] if rows else t0)) + 1, 10):
         recent = [r for r in rows if now - w.recent_window_s <= r["ts"] < now]
         start = now - w.recent_window_s - w.baseline_window_s
@@ -78,7 +94,9 @@ def trace(db: Path, job_id: int, t0: float, until: float) -> None:
         waits, held = wait_shares(lag), held_shares(lag)
         print(f"       {now - t0:+5.0f} s  drop ratio {fmt(a / b if a and b else None, '.2f'):>5}  waiting "
               + " ".join(f"{n} {v:.2f}" for n, v in sorted(waits.items())) + "  held "
-              + " ".join(f"{n} {v:.2f}" for n, v in sorted(held.items())), flush=True)
+              + " ".join(f"{n} {v:.2f}" for n, v in sorted(held.items())) + "  disk stalled "
+              + (" ".join(f"{n} {v:.2f}" for n, v in stalled(now - WINDOW_S, now).items() if n in waits) or "-"),
+              flush=True)
 
 
 def submit(p: Pipeline, data: Path, workdir: Path) -> int:
@@ -146,14 +164,22 @@ def tick_seconds(p: Pipeline) -> float | None:
     return float(m.group(1)) if m else None
 
 
+# another process's disk I/O: 4 MiB written and fsynced at a time, in a file rewritten from its start every 256 MiB
+IO_HOG = ("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nblock = os.urandom(4 << 20)\n"
+          "while True:\n    for _ in range(64):\n        os.write(fd, block)\n        os.fsync(fd)\n"
+          "    os.lseek(fd, 0, 0)\n")
+
+
 def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, percent: float, noise: bool,
-            baseline_s: float, timeout: float) -> dict:
+            baseline_s: float, timeout: float, io_noise: bool = False) -> dict:
     res: dict = {"percent": percent}
     with Pipeline(cluster, workdir, remediation={"playbooks": [{"name": "manual", "kind": "manual"}]}) as p:
         job_id = submit(p, data, workdir)
         job = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j, timeout=180,
                        what="training job running")
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if noise else None
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if noise else []
+        if io_noise:
+            hogs.append(subprocess.Popen([sys.executable, "-c", IO_HOG, str(workdir / "io-noise.bin")]))
         chaos, injection = Chaos(cluster), None
         try:
             first = wait_for(lambda: p.query("SELECT min(ts) AS t FROM kpis WHERE job_id = ? AND step IS NOT NULL",
@@ -209,9 +235,10 @@ def one_run(cluster: LocalCluster, slurm: Slurm, workdir: Path, data: Path, perc
                 nodes_drained=sorted(n.name for n in slurm.nodes() if n.drained),
                 tick_max=max(ticks) if ticks else None, load=statistics.mean(loads) if loads else os.getloadavg()[0])
         finally:
-            if hog is not None:
+            for hog in hogs:
                 hog.kill()
                 hog.wait()
+            (workdir / "io-noise.bin").unlink(missing_ok=True)
             if injection is not None:
                 chaos.undo(injection.id)
             reset_cluster(slurm, cluster)
@@ -230,6 +257,9 @@ def main() -> int:
     ap.add_argument("--baseline-s", type=float, default=90.0, help="training before the injection")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a drain after the injection")
     ap.add_argument("--no-noise", action="store_true", help="no CPU hog")
+    ap.add_argument("--io-noise", action="store_true",
+                    help="also a process writing and fsyncing a file on the disk the nodes share (from before the "
+                         "baseline)")
     ap.add_argument("--state-dir", default=None)
     ap.add_argument("--trace", action="store_true", help="per run, the drop ratio and wait / held shares every 10 s")
     ap.add_argument("--replay", type=Path, nargs="+", default=None, metavar="STATE_DIR",
@@ -251,7 +281,8 @@ def main() -> int:
     cluster.up(ClusterSpec(nodes=4, port_base=30100 + (digest % 200) * 25))
     slurm = Slurm(cluster.conf)
     slurm.env["SBATCH_OUTPUT"] = str(state / "slurm-%j.out")
-    print(f"{os.cpu_count()} CPUs; CPU hog: {'no' if args.no_noise else 'yes'}; baseline {args.baseline_s:.0f} s; "
+    print(f"{os.cpu_count()} CPUs; CPU hog: {'no' if args.no_noise else 'yes'}; disk I/O hog: "
+          f"{'yes' if args.io_noise else 'no'}; baseline {args.baseline_s:.0f} s; "
           f"shipped watchdog/isolation defaults", flush=True)
     print(f"{'run':>4} {'pct':>4} {'kpi':>5} {'seen':>5} {'wdog':>5} {'verdict':>7} {'drain':>6} {'node':>6} "
           f"{'right':>5} {'false':>5} {'early':>5} {'tick_max':>8} {'load1':>5}  reason", flush=True)
@@ -260,7 +291,7 @@ def main() -> int:
         for percent in args.percent:
             for i in range(args.runs):
                 r = one_run(cluster, slurm, state / f"run-{int(percent)}-{i}", data, percent, not args.no_noise,
-                            args.baseline_s, args.timeout)
+                            args.baseline_s, args.timeout, args.io_noise)
                 results.append(r)
                 right = "-" if not r["node"] else "yes" if r["node"] == r["victim"] else "NO"
                 print(f"{i + 1:>4} {percent:>4.0f} {fmt(r['kpi'], '.1f'):>5} {fmt(r['kpi_seen'], '.1f'):>5} "
@@ -275,7 +306,8 @@ def main() -> int:
     for percent in args.percent:
         rs = [r for r in results if r["percent"] == percent]
         if percent == 0:
-            print(f"CPU noise alone: {sum(len(r['false_drains']) for r in rs)} false drains in {len(rs)} runs of "
+            print(f"{'CPU and disk' if args.io_noise else 'CPU'} noise alone: "
+                  f"{sum(len(r['false_drains']) for r in rs)} false drains in {len(rs)} runs of "
                   f"{args.timeout:.0f} s after the baseline")
             continue
         got = [r["drain"] for r in rs if r.get("drain") is not None and r["node"] == r["victim"]]

@@ -26,8 +26,9 @@ from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
 from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
-from sigma.controller.detect.laggard import (behind_node, heartbeats_settled, held_shares, silent_node, steady_window,
-                                             waited_for_node)
+from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
+from sigma.controller.detect.laggard import (behind_node, disk_stall_shares, heartbeats_settled, held_shares,
+                                             silent_node, steady_window, waited_for_node)
 from sigma.controller.act.journal import ActionRow, Journal
 from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
@@ -416,8 +417,8 @@ class Controller:
         named |= {n for n in job.nodes if self.remediator.active(n)}
         if named:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
-        direct, beats = self._direct_evidence(f, job, rows, now)
         current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
+        direct, beats = self._direct_evidence(f, job, rows, now, current)
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
                                                 self._history_buckets(job.nodes, now))
         scores = score(list(job.nodes), cur, hist, jitter=jitter)
@@ -478,18 +479,22 @@ class Controller:
                 sample_s=iso.window_s / WINDOW_BUCKETS))
         return cached[1]
 
-    def _direct_evidence(self, f: Finding, job: Job, rows: list[dict], now: float
+    def _direct_evidence(self, f: Finding, job: Job, rows: list[dict], now: float, current: list[tuple]
                          ) -> tuple[tuple[str, str] | None, dict[str, float]]:
-        """((culprit, reason) or None, last heartbeat per node) from what the job's ranks report themselves."""
+        """((culprit, reason) or None, last heartbeat per node) from what the job's ranks report themselves
+        (current: the window's telemetry buckets, for the share of time each node's disk stalled)."""
         nodes = list(job.nodes)
         if f.rule_id != "watchdog-hang":
             recent = steady_window(rows, now)  # the run's start-up steps say nothing about a straggler
-            node, shares = waited_for_node(nodes, recent)
+            stalled = disk_stall_shares(current, now - LAGGARD_WINDOW_S)
+            node, shares = waited_for_node(nodes, recent, stalled)
             held = held_shares(recent)
             reason = (f"the other ranks wait for {node} (share of the step waiting: "
                       f"{', '.join(f'{n} {v:.0%}' for n, v in sorted(shares.items()))}"
                       + (f"; held off the CPU: {', '.join(f'{n} {v:.0%}' for n, v in sorted(held.items()))}"
-                         if set(held) == set(nodes) else "") + ")")
+                         if set(held) == set(nodes) else "")
+                      + (f"; disk stalled: {', '.join(f'{n} {v:.0%}' for n, v in sorted(stalled.items()))}"
+                         if any(stalled.values()) else "") + ")")
             return ((node, reason) if node else None), {}
         beats = dict(self.conn.execute(
             "SELECT node, MAX(ts) FROM events WHERE source='kpi' AND kind='heartbeat' AND ts >= ? AND"

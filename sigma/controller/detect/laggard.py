@@ -22,7 +22,10 @@ nor runnable), that decides instead: the node waited for must be the one whose r
 collectives (stopped, throttled, blocked) more of their time than every other node's. A node slowed by another
 process taking its CPU is runnable, not held: its ranks queue for a CPU while the ranks it holds up wait in a
 collective, so under CPU contention alone the node waited for is the *least* held one (bench/straggler.py --trace
-prints the shares of each run; docs/controller.md quotes them).
+prints the shares of each run; docs/controller.md quotes them). Time blocked on the disk is not held either (the
+rank's `io_wait_s`, else a step with a storm of major faults, else the share of the time the node's disk stalled
+some task, PSI): a disk busy with another process's I/O is the disk's noise, which the noise attribution names
+(io-stall), not a node that stops its ranks.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from sigma.controller.detect.noise import kpi_payload
+from sigma.controller.detect.noise import NoiseConfig, kpi_payload
 
 SILENT_S = 15.0  # no heartbeat for this long: silent (the trainer beats every 5 s by default)
 FRESH_S = 12.0  # a heartbeat at most this old: alive
@@ -43,6 +46,8 @@ WINDOW_S = 30.0  # recent steps that say which node the others wait for ...
 STEADY_S = 2 * WINDOW_S  # ... once the run has stepped this long (its first steps are each rank's start-up)
 SLICES = 5  # the window is split in this many slices of time ...
 CONSISTENT = 0.8  # ... and the same node must be the one waited for in at least this share of them
+MAJFLT_STORM = NoiseConfig.majflt_min  # major faults in one step that say its time off the CPU went to the disk
+IO_STALL = "host.pressure.io.some.total_us"  # the node's PSI counter: microseconds some task was stalled on I/O
 
 
 def steady_window(rows: Iterable[Mapping], now: float) -> list[Mapping]:
@@ -94,12 +99,40 @@ def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
     return {node: wait[node] / total[node] for node in total}
 
 
-def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
-    """Share of their time each node's ranks were held off the CPU outside collectives (`blocked_s` less `wait_s`,
-    summed over steps, over the summed step times); only nodes every row of which carries blocked_s."""
+def disk_s(payload: Mapping) -> float | None:
+    """Of a step's time off the CPU, what the rank spent blocked on its disk: `io_wait_s` (delay accounting) where
+    the rank reports it; else, in a step with a storm of major faults (pages that had to come from disk), all of
+    it; else None (nothing says the rank waited for its disk)."""
+    if payload.get("io_wait_s") is not None:
+        return max(0.0, float(payload["io_wait_s"]))
+    return float("inf") if float(payload.get("majflt") or 0) >= MAJFLT_STORM else None
+
+
+def disk_stall_shares(buckets: Iterable[Sequence], since: float) -> dict[str, float]:
+    """Share of the time since `since` each node had some task stalled on I/O (PSI, the IO_STALL counter), from
+    bucket_stats rows (node, series, bucket, count, mean, mean of squares, min, max, first ts, last ts): its increase
+    within each bucket over the time the bucket's samples span."""
+    stalled: dict[str, float] = defaultdict(float)
+    spanned: dict[str, float] = defaultdict(float)
+    for node, series, _, count, _, _, low, high, first, last in buckets:
+        if series == IO_STALL and count >= 2 and last >= since and last > first:
+            stalled[node] += max(0.0, high - low) * 1e-6
+            spanned[node] += last - first
+    return {node: min(1.0, stalled[node] / spanned[node]) for node in spanned}
+
+
+def held_shares(kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Share of their time each node's ranks were held off the CPU outside collectives and outside disk I/O
+    (`blocked_s` less `wait_s` less the time blocked on the disk, summed over steps, over the summed step times);
+    only nodes every row of which carries blocked_s. Waiting for a disk is the disk's noise (another process's
+    I/O, a busy shared file system), as waiting for a CPU is contention, not a node that stops its ranks.
+    stalled: node -> share of the time its disk stalled some task (disk_stall_shares), taken off its held share
+    where the ranks cannot say their own disk time (delay accounting off: a rank blocked writing has no major
+    faults); not floored at 0, so nodes that share a stall keep their difference."""
     held: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     missing: set[str] = set()
+    untold: set[str] = set()  # nodes some row of which does not say its own disk time (no io_wait_s)
     for k in kpis:
         payload = kpi_payload(k)
         step_time = k.get("step_time_s")
@@ -108,10 +141,14 @@ def held_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
         if payload.get("blocked_s") is None:
             missing.add(k["node"])
             continue
-        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0))
+        if payload.get("io_wait_s") is None:
+            untold.add(k["node"])
+        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0)) - (disk_s(payload) or 0.0)
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
-    return {node: held[node] / total[node] for node in total if node not in missing}
+    stalled = stalled or {}
+    return {node: held[node] / total[node] - (stalled.get(node, 0.0) if node in untold else 0.0)
+            for node in total if node not in missing}
 
 
 def _held_node(nodes: Sequence[str], shares: Mapping[str, float], held: Mapping[str, float]) -> str | None:
@@ -130,14 +167,16 @@ def _waited_for(nodes: Sequence[str], shares: Mapping[str, float]) -> str | None
     return least if others - shares[least] >= WAIT_GAP and ratio else None
 
 
-def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping]) -> tuple[str | None, dict[str, float]]:
+def waited_for_node(nodes: Sequence[str], kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = None
+                    ) -> tuple[str | None, dict[str, float]]:
     """(the one node every other node waits for, and, where the ranks report it, the one held off the CPU outside
-    collectives; else the one waited for all along the window; the wait shares as evidence)."""
+    collectives (less its disk's stalls: `stalled`, see held_shares); else the one waited for all along the window;
+    the wait shares as evidence)."""
     kpis = list(kpis)
     shares = wait_shares(kpis)
     if len(nodes) < 2 or set(shares) != set(nodes):
         return None, shares
-    held = held_shares(kpis)
+    held = held_shares(kpis, stalled)
     if set(held) == set(nodes):  # the ranks say where their time went: that tells a held node from CPU contention
         return _held_node(nodes, shares, held), shares
     node = _waited_for(nodes, shares)

@@ -635,18 +635,24 @@ def test_on_a_busy_host_the_node_waited_for_is_told_by_its_busy_share():
     assert waited_for_node(["node1", "node2"], moving)[0] is None
 
 
-def _held_rows(wait, held, t0=NOW - 900, t1=NOW, dt=0.5):
+def _held_rows(wait, held, t0=NOW - 900, t1=NOW, dt=0.5, disk=None, io_wait=True):
     """A 2-node job of 2 ranks per node, steps of dt s at a steady 1000 tokens/s (no throughput drop);
     wait(t, node) / held(t, node) -> the share of the step its ranks wait in collectives / are held off the CPU
-    outside them (the KPI payload's wait_s, and blocked_s = wait_s + the held time)."""
+    outside them (the KPI payload's wait_s, and blocked_s = wait_s + the held time); disk(t, node) -> the share
+    they are blocked on the disk, also in blocked_s, and in io_wait_s (delay accounting on) or, with io_wait False,
+    said only by the step's major faults (20 a step where the share is above 0)."""
     rows, step, t = [], 0, t0
     while t <= t1:
         for i, n in enumerate(("node1", "node2")):
             for r in range(2):
-                w, h = wait(t, n) * dt, held(t, n) * dt
+                w, h, d = wait(t, n) * dt, held(t, n) * dt, (disk(t, n) if disk else 0.0) * dt
+                payload = {"wait_s": w, "blocked_s": w + h + d, "cpu_wait_s": 0.3 * dt, "majflt": 0}
+                if io_wait:
+                    payload["io_wait_s"] = d
+                elif d > 0:
+                    payload["majflt"] = 20
                 rows.append({"node": n, "ts": t, "job_id": 1, "rank": 2 * i + r, "step": step,
-                             "tokens_per_s": 1000.0, "step_time_s": dt,
-                             "payload": {"wait_s": w, "blocked_s": w + h, "cpu_wait_s": 0.3 * dt}})
+                             "tokens_per_s": 1000.0, "step_time_s": dt, "payload": payload})
         step, t = step + 1, t + dt
     return rows
 
@@ -733,3 +739,93 @@ def test_a_run_s_start_up_is_no_straggler():
     old = _held_rows(wait, held, t0=NOW - STEADY_S - 5)
     (f,) = check_job(job(start=NOW - STEADY_S - 10, nodes=("node1", "node2")), old, NOW, CFG, ever_reported=True)
     assert f.rule_id == "watchdog-straggler" and f.evidence["waited_for"] == "node1"
+
+
+def test_a_node_whose_ranks_block_on_its_disk_is_no_straggler(tmp_path):
+    """Another process saturates node2's disk: node2's ranks block on it 10 % of their time outside collectives and
+    node1's ranks wait for them, as they would for a stopped node. Time blocked on the disk is the disk's noise (as
+    a CPU taken by another process is contention), not a held node: no straggler finding and no drain, whether the
+    rank says it (io_wait_s, delay accounting on) or only its major faults do. A stopped node that also reads its
+    disk a little is still named."""
+    from sigma.controller.detect.laggard import held_shares, waited_for_node
+
+    wait = lambda t, n: 0.75 if n == "node1" and t >= NOW - 40 else 0.5  # noqa: E731
+    disk = lambda t, n: 0.1 if n == "node2" and t >= NOW - 40 else 0.0  # noqa: E731
+    two = job(nodes=("node1", "node2"))
+    for io_wait in (True, False):
+        rows = _held_rows(wait, lambda t, n: 0.03, disk=disk, io_wait=io_wait)
+        recent = [r for r in rows if r["ts"] >= NOW - 30]
+        # node2's own 3 % held: known with io_wait_s; a step with a storm of major faults counts off the CPU as disk
+        held = {"node1": 0.03, "node2": 0.03 if io_wait else 0.0}
+        assert {n: round(v, 3) for n, v in held_shares(recent).items()} == held
+        # the node's disk stalls (PSI) come off only where the ranks do not say their own disk time
+        with_psi = {n: round(v, 3) for n, v in held_shares(recent, {"node1": 0.1, "node2": 0.1}).items()}
+        assert with_psi == (held if io_wait else {"node1": -0.07, "node2": -0.1})
+        assert waited_for_node(["node1", "node2"], recent)[0] is None
+        assert check_job(two, rows, NOW, CFG, ever_reported=True) == []
+    stopped = _held_rows(wait, lambda t, n: 0.12 if n == "node2" and t >= NOW - 40 else 0.03,
+                         disk=lambda t, n: 0.02 if n == "node2" else 0.0)
+    (f,) = check_job(two, stopped, NOW, CFG, ever_reported=True)
+    assert f.rule_id == "watchdog-straggler" and f.evidence["waited_for"] == "node2"
+
+    # through the controller: ticks a window apart drain nothing
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(1, ["node1", "node2"], start=clock() - 2000)
+    now = clock()
+    for r in _held_rows(lambda t, n: 0.75 if n == "node1" and t >= now - 40 else 0.5, lambda t, n: 0.03,
+                        t0=now - 300, t1=now, disk=lambda t, n: 0.1 if n == "node2" and t >= now - 40 else 0.0):
+        add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], tokens_per_s=r["tokens_per_s"],
+                step_time_s=r["step_time_s"], payload=r["payload"])
+    for _ in range(3):
+        ctl.tick()
+        clock.advance(1)
+    assert slurm.count("drain") == 0
+    assert not [i for i in ctl.incidents.query() if i.rule_id in ("isolation-outlier", "watchdog-straggler")]
+
+
+def _disk_stall_samples(ctl, now, share):
+    """share(t, node) -> the share of each second some task on the node is stalled on I/O: its PSI counter
+    (host.pressure.io.some.total_us) sampled every second over the last 5 minutes."""
+    rows, total = [], {}
+    for t in range(int(now) - 300, int(now) + 1):
+        for n in ("node1", "node2"):
+            total[n] = total.get(n, 0.0) + share(t, n) * 1e6
+            rows.append((n, float(t), "host.pressure.io.some.total_us", total[n], "{}"))
+    with ctl.conn:
+        ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def test_disk_stall_shares_read_the_psi_counter_per_node():
+    from sigma.controller.detect.laggard import disk_stall_shares
+
+    buckets = [("node1", "host.pressure.io.some.total_us", 5, 20, 0, 0, 1e6, 5e6, NOW - 20, NOW),
+               ("node2", "host.pressure.io.some.total_us", 5, 20, 0, 0, 1e6, 1e6, NOW - 20, NOW),
+               ("node1", "host.pressure.io.some.total_us", 1, 20, 0, 0, 0.0, 9e6, NOW - 100, NOW - 80),  # too old
+               ("node2", "host.cpu.util_pct", 5, 20, 0, 0, 0.0, 90.0, NOW - 20, NOW)]
+    assert disk_stall_shares(buckets, NOW - 30) == {"node1": 0.2, "node2": 0.0}
+
+
+def test_a_node_held_while_its_disk_stalls_is_not_drained_without_delay_accounting(tmp_path):
+    """node2's ranks are blocked writing to a disk another process saturates: held 13 % of their time and waited
+    for, with neither io_wait_s (delay accounting off) nor major faults to say it was the disk. The node's PSI says
+    some task was stalled on I/O 20 % of the time: that comes off its held share, and nothing is drained. A stall
+    both nodes share (one disk, or a host under the same I/O) leaves a stopped node named and drained."""
+    wait = lambda now: lambda t, n: 0.75 if n == "node1" and t >= now - 40 else 0.5  # noqa: E731
+    for stall, held_node2, drained in ((lambda t, n: 0.2 if n == "node2" else 0.0, 0.13, False),
+                                       (lambda t, n: 0.1, 0.12, True)):
+        (tmp_path / str(drained)).mkdir()
+        ctl, slurm, clock = make_controller(tmp_path / str(drained))
+        slurm.run_job(1, ["node1", "node2"], start=clock() - 2000)
+        now = clock()
+        for r in _held_rows(wait(now), lambda t, n: held_node2 if n == "node2" and t >= now - 40 else 0.03,
+                            t0=now - 300, t1=now):
+            add_kpi(ctl.conn, r["node"], r["ts"], 1, r["rank"], r["step"], tokens_per_s=r["tokens_per_s"],
+                    step_time_s=r["step_time_s"], payload={k: v for k, v in r["payload"].items() if k != "io_wait_s"})
+        _disk_stall_samples(ctl, now, stall)
+        ctl.tick()
+        clock.advance(1)
+        ctl.tick()
+        assert slurm.node("node2").drained == drained and not slurm.node("node1").drained
+        if drained:
+            (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+            assert "disk stalled: node1 10%, node2 10%" in inc.evidence["isolation"]["reason"]
