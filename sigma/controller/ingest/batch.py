@@ -29,6 +29,7 @@ from sigma.controller.act import jit
 from sigma.controller.db import open_db
 from sigma.controller.ingest.groupcommit import GroupCommit
 from sigma.controller.ingest.ratelog import RateLimitedLog
+from sigma.controller.ingest.wal import WalGuard
 from sigma.security.keys import KeyRing
 from sigma.store import is_url
 from sigma.telemetry import wire
@@ -87,9 +88,12 @@ class Ingest:
         self.max_row_age_s = max_row_age_s
         self.max_unverified_bytes = max_unverified_bytes
         self.conn = open_db(self.db_path)
+        self.wal: WalGuard | None = None  # SQLite: the write-ahead log kept short between groups (wal.py)
         if not is_url(db_path):
             self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
-        self.writer = GroupCommit(self.conn, self._write)
+            self.wal = WalGuard()
+            self.wal.setup(self.conn)
+        self.writer = GroupCommit(self.conn, self._write, after_commit=self.wal and self.wal.after_commit)
         self.lock = self.writer.lock  # the connection's user: the group being written
         self._stats_lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
