@@ -108,7 +108,7 @@ def serve(spec_path: str) -> None:
 
     from sigma.controller.config import BreakerConfig, ControllerConfig, IngestConfig, Playbook, RemediationConfig
     from sigma.controller.config import ValidationConfig
-    from sigma.controller.daemon import detection_reads_s, start_http, tune_gc
+    from sigma.controller.daemon import detection_reads_s, start_http, tune_gc, wait_next
     from sigma.controller.loop import Controller
     from sigma.controller.report.prometheus import registry
     from sigma.controller.retention import RetentionConfig, RetentionThread
@@ -174,7 +174,7 @@ def serve(spec_path: str) -> None:
             print(f"tick failed: {exc!r}", file=sys.stderr, flush=True)
         probe["ticks"].append((start, time.monotonic() - t0))
         probe.setdefault("phases", []).append((start, dict(phases)))
-        stop.wait(max(0.0, cfg.poll_s - (time.monotonic() - t0)))
+        wait_next(stop, http.ingest.wake, max(0.0, cfg.poll_s - (time.monotonic() - t0)))
     http.stop()
     pruner.stop()
     probe["groups"] = list(http.ingest.writer.timings)

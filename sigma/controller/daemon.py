@@ -133,6 +133,19 @@ def tune_gc() -> None:
     gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
 
 
+def wait_next(stop: threading.Event, wake: threading.Event | None, seconds: float) -> None:
+    """Wait for the next tick: `seconds`, or less when stop is set or ingest stored an event worth a look now
+    (wake: an Xid line waits for no period; a flood of them makes the ticks back-to-back, as a slow tick does)."""
+    if wake is None:
+        stop.wait(seconds)
+        return
+    end = time.monotonic() + seconds
+    while not stop.is_set() and (left := end - time.monotonic()) > 0:
+        if wake.wait(min(left, 0.1)):
+            wake.clear()
+            return
+
+
 def detection_reads_s(ctl: Controller) -> float:
     """How far back detection reads raw samples: retention keeps at least this much."""
     return max([r.window_s for r in ctl.rules] + [ctl.cfg.isolation.history_s + ctl.cfg.isolation.window_s])
@@ -178,7 +191,8 @@ def run(cfg: ControllerConfig, *, once: bool = False, stop: threading.Event | No
                 ctl.log.event("tick_error", f"ERROR tick failed: {exc}", error=repr(exc))
             if once:
                 break
-            stop.wait(max(0.0, cfg.poll_s - (time.monotonic() - t0)))
+            wait_next(stop, getattr(getattr(http, "ingest", None), "wake", None),
+                      max(0.0, cfg.poll_s - (time.monotonic() - t0)))
     finally:
         if http is not None:
             http.stop()

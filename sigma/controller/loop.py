@@ -84,6 +84,7 @@ class Controller:
         self.ticks = 0
         self._counts: Counter = Counter()  # bad input and guard-rail outcomes, exported on /metrics
         self.disabled: dict[str, dict] = {}  # rules that raised at run time: id -> error (until reload/restart)
+        self._saved: dict[str, str] = {}  # detector_state as last written by this process
         self._save_state("disabled_rules", self.disabled)
         self.windows = EventWindows(self.rules)
         self.series = SeriesWindows(self.conn)
@@ -628,9 +629,13 @@ class Controller:
         return json.loads(row[0]) if row else default
 
     def _save_state(self, key: str, value) -> None:
+        text = json.dumps(value)
+        if self._saved.get(key) == text:  # unchanged: no write transaction (each waits its turn behind ingest)
+            return
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO detector_state (key, value, updated_at) VALUES (?,?,?)",
-                              (key, json.dumps(value), self.clock()))
+                              (key, text, self.clock()))
+        self._saved[key] = text
 
 
 def recovered_after_move(verify: dict, rows: list[dict], min_points: int, fraction: float) -> bool:

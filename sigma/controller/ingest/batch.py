@@ -54,6 +54,7 @@ BATCH_SQL = "INSERT OR IGNORE INTO batches (node, seq, received_at, records) VAL
 NUMBER = (int, float)
 TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
+WAKE_SEVERITIES = frozenset(("warning", "error", "critical"))  # events the loop looks at at once (an Xid line)
 REFUSAL_EVENTS = ("kpi_refused", "key_error")  # what sidecars refused locally: counted per node for /metrics
 MAX_ROW_AGE_S = 30 * 86400.0  # rows older than this are dropped (the node store keeps 7 days by default)
 MAX_UNVERIFIED_BYTES = 1 << 20  # version 1 requests: read at most this much before the signature is checked
@@ -94,6 +95,9 @@ class Ingest:
             self.wal = WalGuard()
             self.wal.setup(self.conn)
         self.writer = GroupCommit(self.conn, self._write, after_commit=self.wal and self.wal.after_commit)
+        # set once a stored batch carries an event of WAKE_SEVERITIES: the detection loop runs its next tick now
+        # rather than at its next period (sigma.controller.daemon.wait_next)
+        self.wake = threading.Event()
         self.lock = self.writer.lock  # the connection's user: the group being written
         self._stats_lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
@@ -301,6 +305,8 @@ class Ingest:
             for e in b["events"]:
                 if e[2] in REFUSAL_EVENTS:
                     self.node_refusals[(node, e[2])] += 1
+        if any(e[3] in WAKE_SEVERITIES for e in b["events"]):
+            self.wake.set()
         if b.get("dropped"):
             reply["dropped"] = b["dropped"]
         return reply
