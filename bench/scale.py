@@ -22,6 +22,11 @@ Printed: ingest lag (batch stored - its samples' time) p50/p99/max, detection la
 opened - fault time, from the controller's incidents table), controller CPU (% of one core) and peak RSS, database
 growth per hour and the size the configured retention bounds it at, samples lost (sent - stored), machine load.
 Goals (the 4-node figures are in docs/controller.md): 0 lost, p99 lag < 2 s, detection within 2x of 4 nodes.
+Then the run as a timeline (--timeline S: slices of S seconds) beside what the controller was doing meanwhile: lag,
+tick durations, the ingest writer's groups (commits, rows, slowest write and commit), Python's collections and
+their pauses, the write-ahead log's and the database's size, retention passes, the machine's load; and the tick's
+parts (the Controller's methods timed). --wal-default and --gc-default run the comparison: SQLite's own WAL
+checkpoints, Python's default collector thresholds.
 
     .venv/bin/python bench/scale.py [--nodes 256] [--metrics 200] [--jobs 32] [--job-nodes 8] [--duration 600]
 """
