@@ -22,6 +22,11 @@ Printed: ingest lag (batch stored - its samples' time) p50/p99/max, detection la
 opened - fault time, from the controller's incidents table), controller CPU (% of one core) and peak RSS, database
 growth per hour and the size the configured retention bounds it at, samples lost (sent - stored), machine load.
 Goals (the 4-node figures are in docs/controller.md): 0 lost, p99 lag < 2 s, detection within 2x of 4 nodes.
+Then the run as a timeline (--timeline S: slices of S seconds) beside what the controller was doing meanwhile: lag,
+tick durations, the ingest writer's groups (commits, rows, slowest write and commit), Python's collections and
+their pauses, the write-ahead log's and the database's size, retention passes, the machine's load; and the tick's
+parts (the Controller's methods timed). --wal-default and --gc-default run the comparison: SQLite's own WAL
+checkpoints, Python's default collector thresholds.
 
     .venv/bin/python bench/scale.py [--nodes 256] [--metrics 200] [--jobs 32] [--job-nodes 8] [--duration 600]
 """
@@ -29,6 +34,7 @@ Goals (the 4-node figures are in docs/controller.md): 0 lost, p99 lag < 2 s, det
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import multiprocessing as mp
@@ -107,7 +113,7 @@ def serve(spec_path: str) -> None:
 
     from sigma.controller.config import BreakerConfig, ControllerConfig, IngestConfig, Playbook, RemediationConfig
     from sigma.controller.config import ValidationConfig
-    from sigma.controller.daemon import detection_reads_s, start_http
+    from sigma.controller.daemon import detection_reads_s, start_http, tune_gc, wait_next
     from sigma.controller.loop import Controller
     from sigma.controller.report.prometheus import registry
     from sigma.controller.retention import RetentionConfig, RetentionThread
@@ -132,24 +138,83 @@ def serve(spec_path: str) -> None:
         slurm.run_job(int(job), nodes, start=start)
     ctl = Controller(cfg, slurm=slurm, remediation=rcfg, root=work)
     http = start_http(cfg, lambda: generate_latest(registry(cfg.db)))
+    if spec.get("wal_default"):  # the comparison: SQLite's own checkpoints after commits
+        http.ingest.wal = http.ingest.writer.after_commit = None
+        http.ingest.conn.execute("PRAGMA wal_autocheckpoint = 1000")
     ctl.start()
-    pruner = RetentionThread(cfg.db, cfg.retention, floor_s=detection_reads_s(ctl))
+    if not spec.get("gc_default"):
+        tune_gc()
+    probe = {"ticks": [], "gc": [], "retention": [], "files": []}  # what the controller did, when (the timeline)
+    pruner = RetentionThread(cfg.db, cfg.retention, floor_s=detection_reads_s(ctl),
+                             on_pass=lambda deleted, took: probe["retention"].append((time.time() - took, took)))
     pruner.start()
     stop = threading.Event()
+    gc_start = {}
+
+    def on_gc(phase, info):  # collector pauses stop every thread of the process
+        if phase == "start":
+            gc_start["t"] = time.perf_counter()
+        elif "t" in gc_start:
+            probe["gc"].append((time.time(), info["generation"], time.perf_counter() - gc_start.pop("t")))
+
+    gc.callbacks.append(on_gc)
+
+    def files() -> None:  # the database and its write-ahead log, once a second
+        db = Path(cfg.db)
+        while not stop.wait(1.0):
+            wal = Path(f"{db}-wal")
+            probe["files"].append((time.time(), db.stat().st_size, wal.stat().st_size if wal.exists() else 0))
+
+    threading.Thread(target=files, daemon=True).start()
+    phases = time_phases(ctl)
     import signal
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    ticks = []
     while not stop.is_set():
         t0 = time.monotonic()
+        start = time.time()
+        phases.clear()
         try:
             ctl.tick()
         except Exception as exc:  # as daemon.run: one bad tick must not stop the controller
             print(f"tick failed: {exc!r}", file=sys.stderr, flush=True)
-        ticks.append(time.monotonic() - t0)
-        stop.wait(max(0.0, cfg.poll_s - (time.monotonic() - t0)))
+        probe["ticks"].append((start, time.monotonic() - t0))
+        probe.setdefault("phases", []).append((start, dict(phases)))
+        wait_next(stop, http.ingest.wake, max(0.0, cfg.poll_s - (time.monotonic() - t0)))
     http.stop()
     pruner.stop()
-    (work / "ticks.json").write_text(json.dumps(ticks))
+    probe["groups"] = list(http.ingest.writer.timings)
+    wal = http.ingest.wal
+    probe["wal"] = {**wal.counts, "seconds": wal.seconds} if wal is not None else {}
+    (work / "probe.json").write_text(json.dumps(probe))
+
+
+PHASES = {"ctl": ("_snapshot", "_match_new_events", "_metric_rules", "_rule_kpis", "_update_kpi_window",
+                  "_newest_data", "_watch", "_isolate", "_save_state", "_verify", "_housekeeping", "_unfinished"),
+          "decider": ("decide",), "journal": ("replay",), "remediator": ("tick",), "windows": ("findings",)}
+
+
+def time_phases(ctl) -> dict:
+    """Wall seconds per part of the tick (the instance's methods wrapped): which part a slow tick spent its
+    time in."""
+    import sigma.controller.loop as loop
+
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    for owner, names in PHASES.items():
+        obj = ctl if owner == "ctl" else getattr(ctl, owner)
+        for name in names:
+            setattr(obj, name, timed(name if owner == "ctl" else f"{owner}.{name}", getattr(obj, name)))
+    loop.record_losses = timed("record_losses", loop.record_losses)
+    return spent
 
 
 # ---------- pusher processes ----------
@@ -317,6 +382,12 @@ def main() -> int:
                     "their backlog; what is left unsent then counts as lost")
     ap.add_argument("--pushers", type=int, default=2, help="pusher processes")
     ap.add_argument("--raw-hours", type=float, default=6.0, help="retention.samples_raw_s in hours (the bound printed)")
+    ap.add_argument("--timeline", type=float, default=30.0, help="print the run in slices of this many seconds "
+                    "beside what the controller was doing (0: not)")
+    ap.add_argument("--wal-default", action="store_true", help="the comparison: SQLite's own WAL checkpoints "
+                    "instead of the ingest writer's (sigma/controller/ingest/wal.py)")
+    ap.add_argument("--gc-default", action="store_true", help="the comparison: Python's default collector "
+                    "thresholds instead of sigma.controller.daemon.tune_gc")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
     need = GPU_METRICS.index("gpu.ecc.volatile.uncorrected") * GPUS + 4  # GPU 3's series, which the ECC fault sets
@@ -343,7 +414,7 @@ def main() -> int:
     port = free_port()
     retention = {"samples_raw_s": args.raw_hours * 3600}
     spec = {"work": str(work), "port": port, "nodes": layout["nodes"], "jobs": layout["jobs"],
-            "retention": retention}
+            "retention": retention, "wal_default": args.wal_default, "gc_default": args.gc_default}
     (work / "spec.json").write_text(json.dumps(spec))
     load0 = os.getloadavg()
     ctl = subprocess.Popen([sys.executable, __file__, "--serve", str(work / "spec.json")], cwd=REPO,
@@ -371,13 +442,21 @@ def main() -> int:
         p.start()
     time.sleep(max(0.0, t0 - time.time()))
     size0, cpu0, wall0, io0 = db_bytes(db), proc.cpu_times(), time.monotonic(), proc.io_counters()
-    rss, loads = [], []
+    rss, loads, load_trace = [], [], []
     print(f"streaming {args.nodes} nodes x {args.metrics} metrics/s ({args.nodes * args.metrics:,} samples/s), "
           f"{args.jobs} jobs x {args.job_nodes} nodes, {len(layout['faults'])} faults, for {args.duration} s "
           f"(work dir {work})", flush=True)
+    pusher_procs = [psutil.Process(p.pid) for p in pushers]
+    pusher_cpu = {}
     while any(p.is_alive() for p in pushers):
+        for pp in pusher_procs:
+            try:
+                pusher_cpu[pp.pid] = pp.cpu_times().user + pp.cpu_times().system
+            except psutil.Error:  # exited
+                pass
         rss.append(proc.memory_info().rss)
         loads.append(os.getloadavg()[0])
+        load_trace.append((time.time(), loads[-1]))
         time.sleep(1.0)
     wall = time.monotonic() - wall0
     cpu1, io1 = proc.cpu_times(), proc.io_counters()
@@ -402,7 +481,8 @@ def main() -> int:
     serve_s = [received[(r[0], r[1])] - r[4] for r in records if (r[0], r[1]) in received]
     per_batch = statistics.mean(len(r[2]) for r in records) if records else 0
     incidents = conn.execute("SELECT rule_id, node, job_id, opened_at, fault_ts FROM incidents").fetchall()
-    ticks = json.loads((work / "ticks.json").read_text()) if (work / "ticks.json").exists() else []
+    probe = json.loads((work / "probe.json").read_text()) if (work / "probe.json").exists() else {}
+    ticks = [d for _, d in probe.get("ticks", [])]
 
     cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
     growth_h = (size1 - size0) / wall * 3600
@@ -418,6 +498,11 @@ def main() -> int:
           f"tick p50 {pct(ticks, .5) * 1000:.0f} ms  p99 {pct(ticks, .99) * 1000:.0f} ms  ({len(ticks)} ticks); "
           f"wrote {(io1.write_bytes - io0.write_bytes) / wall / 1e6:.1f} MB/s to disk "
           f"({(io1.write_bytes - io0.write_bytes) / max(1, stored):.0f} bytes per stored sample)")
+    if probe.get("wal"):
+        w = probe["wal"]
+        print(f"write-ahead log: {w['passive']:,} passive checkpoints, {w['restart']} restarts, {w['restart_busy']} "
+              f"restarts put off (readers), {w['seconds']:.1f} s checkpointing in the ingest writer")
+    print(f"pushers: CPU {sum(pusher_cpu.values()) / wall * 100:.0f} % of one core ({args.pushers} processes)")
     print(f"database: {size0 / 2**20:.1f} -> {size1 / 2**20:.1f} MiB in {wall:.0f} s = {growth_h / 2**30:.2f} GiB/h "
           f"; retention (raw {args.raw_hours:g} h, then 1 h rollups for 400 days) bounds it at about "
           f"{bound_bytes(growth_h, RetentionConfig(**retention)) / 2**30:.1f} GiB")
@@ -443,7 +528,57 @@ def main() -> int:
                     if not any(node == n or (job is not None and job == j) for n, j in explained))
     print(f"  incidents on no injected fault: {sum(other.values())}"
           + (f" ({', '.join(f'{r} {n}' for r, n in other.most_common())})" if other else ""))
+    if args.timeline:
+        timeline(args.timeline, t0, records, received, probe, load_trace)
     return 0
+
+
+def timeline(slice_s: float, t0: float, records: list, received: dict, probe: dict, loads: list) -> None:
+    """The run in slices of slice_s seconds (by sample time), beside what the controller was doing then: where
+    the lag's tail comes from."""
+    def slot(t: float) -> int:
+        return int((t - t0) // slice_s)
+
+    lag, ctl_part = {}, {}
+    for node, seq, seconds, _, sent in records:
+        got = received.get((node, seq))
+        if got is None:
+            continue
+        for t in seconds:
+            lag.setdefault(slot(t), []).append(got - t)
+        ctl_part.setdefault(slot(sent), []).append(got - sent)
+    per = lambda rows: {k: [r[1:] for r in rows if slot(r[0]) == k] for k in {slot(r[0]) for r in rows}}
+    ticks, groups = per(probe.get("ticks", [])), per(probe.get("groups", []))
+    gcs, files = per(probe.get("gc", [])), per(probe.get("files", []))
+    retention = per(probe.get("retention", []))
+    load = per(loads)
+    print(f"\ntimeline ({slice_s:g} s slices by sample time; lag = stored - sample time; ctl = stored - sent; "
+          f"groups: commits, mean rows, slowest write / commit; gc: gen-2 collections and all pauses; WAL at the "
+          f"slice's end):")
+    print(f"{'t s':>5} {'lag p50':>8} {'p99':>7} {'max':>7} {'ctl p99':>8} {'tick p50':>9} {'max':>7} {'groups':>6} "
+          f"{'rows':>7} {'write':>6} {'commit':>7} {'gc2':>4} {'gc ms':>6} {'WAL MiB':>8} {'DB MiB':>7} "
+          f"{'retention s':>11} {'load':>5}")
+    phases = per(probe.get("phases", []))
+    for k in sorted(lag):
+        t, g, f = ticks.get(k, []), groups.get(k, []), files.get(k, [])
+        print(f"{k * slice_s:>5.0f} {pct(lag[k], .5):>8.2f} {pct(lag[k], .99):>7.2f} {max(lag[k]):>7.2f} "
+              f"{pct(ctl_part.get(k, []), .99):>8.2f} {pct([d for d, in t], .5):>9.2f} "
+              f"{max([d for d, in t], default=float('nan')):>7.2f} {len(g):>6} "
+              f"{statistics.mean([r for _, r, _, _ in g]) if g else 0:>7.0f} "
+              f"{max([w for _, _, w, _ in g], default=float('nan')):>6.2f} "
+              f"{max([c for _, _, _, c in g], default=float('nan')):>7.2f} "
+              f"{sum(1 for gen, _ in gcs.get(k, []) if gen == 2):>4} {sum(d for _, d in gcs.get(k, [])) * 1000:>6.0f} "
+              f"{(f[-1][1] / 2**20) if f else float('nan'):>8.1f} {(f[-1][0] / 2**20) if f else float('nan'):>7.0f} "
+              f"{sum(d for d, in retention.get(k, [])):>11.1f} "
+              f"{statistics.mean([v for v, in load.get(k, [])]) if load.get(k) else float('nan'):>5.1f}")
+    print("\nthe tick's parts, seconds summed over each slice (the four largest):")
+    for k in sorted(phases):
+        total: dict[str, float] = {}
+        for (spent,) in phases[k]:
+            for name, v in spent.items():
+                total[name] = total.get(name, 0.0) + v
+        top = sorted(total.items(), key=lambda kv: -kv[1])[:4]
+        print(f"{k * slice_s:>5.0f}  " + "  ".join(f"{n} {v:.1f}" for n, v in top))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from sigma.controller.act import jit
 from sigma.controller.db import open_db
 from sigma.controller.ingest.groupcommit import GroupCommit
 from sigma.controller.ingest.ratelog import RateLimitedLog
+from sigma.controller.ingest.wal import WalGuard
 from sigma.security.keys import KeyRing
 from sigma.store import is_url
 from sigma.telemetry import wire
@@ -53,6 +54,7 @@ BATCH_SQL = "INSERT OR IGNORE INTO batches (node, seq, received_at, records) VAL
 NUMBER = (int, float)
 TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
+WAKE_SEVERITIES = frozenset(("warning", "error", "critical"))  # events the loop looks at at once (an Xid line)
 REFUSAL_EVENTS = ("kpi_refused", "key_error")  # what sidecars refused locally: counted per node for /metrics
 MAX_ROW_AGE_S = 30 * 86400.0  # rows older than this are dropped (the node store keeps 7 days by default)
 MAX_UNVERIFIED_BYTES = 1 << 20  # version 1 requests: read at most this much before the signature is checked
@@ -87,9 +89,15 @@ class Ingest:
         self.max_row_age_s = max_row_age_s
         self.max_unverified_bytes = max_unverified_bytes
         self.conn = open_db(self.db_path)
+        self.wal: WalGuard | None = None  # SQLite: the write-ahead log kept short between groups (wal.py)
         if not is_url(db_path):
             self.conn.execute("PRAGMA cache_size = -65536")  # 64 MB: keeps the samples indexes' hot pages in memory
-        self.writer = GroupCommit(self.conn, self._write)
+            self.wal = WalGuard()
+            self.wal.setup(self.conn)
+        self.writer = GroupCommit(self.conn, self._write, after_commit=self.wal and self.wal.after_commit)
+        # set once a stored batch carries an event of WAKE_SEVERITIES: the detection loop runs its next tick now
+        # rather than at its next period (sigma.controller.daemon.wait_next)
+        self.wake = threading.Event()
         self.lock = self.writer.lock  # the connection's user: the group being written
         self._stats_lock = threading.Lock()
         self.stats = {"batches": 0, "duplicates": 0, "rejected": 0, "samples": 0, "events": 0, "kpis": 0}
@@ -297,6 +305,8 @@ class Ingest:
             for e in b["events"]:
                 if e[2] in REFUSAL_EVENTS:
                     self.node_refusals[(node, e[2])] += 1
+        if any(e[3] in WAKE_SEVERITIES for e in b["events"]):
+            self.wake.set()
         if b.get("dropped"):
             reply["dropped"] = b["dropped"]
         return reply

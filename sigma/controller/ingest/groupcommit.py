@@ -11,12 +11,17 @@ arrived while the previous one ran, so the commits follow the write path's speed
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+log = logging.getLogger("sigma.controller.ingest.groupcommit")
+
 MAX_GROUP_ROWS = 500_000  # a group stops growing here: one transaction holds the write lock for about a second
+TIMINGS_KEPT = 10_000  # the newest groups' timings (bench/scale.py reads them)
 
 
 @dataclass
@@ -29,9 +34,11 @@ class _Pending:
 
 
 class GroupCommit:
-    def __init__(self, conn, write: Callable, *, max_rows: int = MAX_GROUP_ROWS):
+    def __init__(self, conn, write: Callable, *, max_rows: int = MAX_GROUP_ROWS,
+                 after_commit: Callable | None = None):
         self.conn = conn
         self.write = write  # write(conn, item) -> result, inside the group's transaction
+        self.after_commit = after_commit  # after_commit(conn): between two groups, once the handlers are woken
         self.max_rows = max_rows
         self.lock = threading.Lock()  # the connection: the writer holds it while it writes a group
         self._queue: deque[_Pending] = deque()
@@ -40,6 +47,8 @@ class GroupCommit:
         self._closed = False
         self.groups = 0  # transactions committed
         self.items = 0  # items stored in them (items / groups = the mean group size)
+        # per committed group: (wall time it started, items, rows, seconds writing, seconds committing)
+        self.timings: deque[tuple[float, int, int, float, float]] = deque(maxlen=TIMINGS_KEPT)
 
     def submit(self, item, rows: int = 1):
         """Store item in the next group; its result once committed, or its error raised."""
@@ -76,15 +85,21 @@ class GroupCommit:
                 while self._queue and (not group or rows + self._queue[0].rows <= self.max_rows):
                     group.append(self._queue.popleft())
                     rows += group[-1].rows
-            try:
-                with self.lock:
+            with self.lock:
+                try:
                     self._write_group(group)  # records any error on each item: its handler answers 500
-            finally:
-                for p in group:
-                    p.done.set()
+                finally:
+                    for p in group:
+                        p.done.set()
+                if self.after_commit is not None:
+                    try:
+                        self.after_commit(self.conn)
+                    except Exception:  # housekeeping (a WAL checkpoint): the group is stored, the next one tries
+                        log.exception("after-commit step failed")
 
     def _write_group(self, group: list[_Pending]) -> None:
         conn = self.conn
+        start, t0 = time.time(), time.perf_counter()
         try:
             conn.execute("BEGIN")
             for p in group:
@@ -95,9 +110,11 @@ class GroupCommit:
                     p.error = exc
                     conn.execute("ROLLBACK TO item")
                 conn.execute("RELEASE item")
+            t1 = time.perf_counter()
             conn.commit()
             self.groups += 1
             self.items += len(group)
+            self.timings.append((start, len(group), sum(p.rows for p in group), t1 - t0, time.perf_counter() - t1))
         except BaseException as exc:  # the transaction itself failed (disk full, I/O): nothing of it is stored
             if conn.in_transaction:
                 conn.rollback()
