@@ -321,7 +321,7 @@ class PeerReplicas:
         src, step = manifest["rank"], manifest["step"]
         name = f"rank-{src}.step-{step:08d}"
         tag = f"{self.ctx.rank}-{threading.get_ident()}"  # ranks of one node, and two threads, may write one replica
-        spare = where / f".spare.rank-{src}.{self.ctx.rank}"  # one writer per source on a node (see `sends`)
+        spare = where / f".spare.rank-{src}"  # one writer per source rank on a node (see `sends`)
         tmp_payload, tmp_manifest = where / f".{name}.bin.tmp-{tag}", where / f".{name}.json.tmp-{tag}"
         data = memoryview(payload.numpy() if isinstance(payload, torch.Tensor) else payload).cast("B")
         try:
