@@ -22,6 +22,7 @@ setup(
         "sqlglot>=25",
         "drain3>=0.9.11,<0.10",  # log template mining for rule learning
         "regex>=2023.0",  # bounded-time probes of rule regexes
+        "crc32c>=2.4,<3",  # hardware CRC-32C of in-memory replicas (sigma/train/replica.py)
         # CPU wheel on the build machines; a looser pin pulls a multi-GB CUDA build.
         "torch==2.13.0",
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus

@@ -58,6 +58,7 @@ CHECKPOINT_EVERY = 20
 # The controller stops requeueing a job after CRASH_LOOP_RESTARTS job-level requeues within the window (the shipped
 # restarts, a shorter window): the soak's faults are independent, so it spaces its job-level ones to stay under it.
 CRASH_LOOP_RESTARTS = 3
+LOST_GOAL_S = 15.0  # time lost per fault beyond its detection: checkpoint plus restart
 CRASH_LOOP_WINDOW_S = 300.0
 TRAINING_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED")
 
@@ -131,6 +132,12 @@ class FaultRow:
     def time_lost_s(self) -> float | None:
         """Fault -> training past the step it had reached (new work again)."""
         return None if self.caught_up_ts is None else self.caught_up_ts - self.ts
+
+    @property
+    def lost_after_detection_s(self) -> float | None:
+        """Time lost beyond detection: what checkpoint and restart cost (the goal: at most LOST_GOAL_S)."""
+        lost, latency = self.time_lost_s, self.latency
+        return None if lost is None or latency is None else lost - latency
 
 
 @dataclass
@@ -624,13 +631,20 @@ def _fmt(v, spec: str = ".1f", unit: str = " s") -> str:
     return "-" if v is None else f"{v:{spec}}{unit}"
 
 
+def _goal(r: FaultRow) -> str:
+    extra = r.lost_after_detection_s
+    return "-" if extra is None else f"{extra:.1f} s ({'met' if extra <= LOST_GOAL_S else 'NOT met'})"
+
+
 def print_result(res: SoakResult) -> None:
-    head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost")
+    head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost",
+            "time lost", f"lost - detection (goal <= {LOST_GOAL_S:.0f} s)")
     table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
                        "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
                        ("n/a (idle node)" if r.kind == "prolog" else "n/a (left running)" if not r.job_affected
                         else "yes" if r.recovered else "NO"),
-                       _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost)) for r in res.rows]
+                       _fmt(r.recovery_s), "-" if r.steps_lost is None else str(r.steps_lost),
+                       _fmt(r.time_lost_s), _goal(r)) for r in res.rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for i, row in enumerate(table):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
@@ -667,16 +681,17 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
         return "-" if not vals else "/".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in vals)
 
     b, a = per_kind(before), per_kind(after)
-    head = ("kind", "steps lost before", "after", "time lost before (s)", "after", "detection after (s)",
-            "after - detection (s)")
+    head = ("kind", "steps lost before", "after", "time lost before (s)", "after", "detection before (s)",
+            "after", "lost - detection before (s)", "after", f"goal (after: <= {LOST_GOAL_S:.0f} s)")
     table = [head]
     for kind in sorted(set(b) | set(a)):
         rb, ra = b.get(kind, []), a.get(kind, [])
+        extra = [r.lost_after_detection_s for r in ra if r.lost_after_detection_s is not None]
         table.append((kind, cell(rb, lambda r: r.steps_lost), cell(ra, lambda r: r.steps_lost),
                       cell(rb, lambda r: r.time_lost_s), cell(ra, lambda r: r.time_lost_s),
-                      cell(ra, lambda r: r.latency),
-                      cell(ra, lambda r: None if r.time_lost_s is None or r.latency is None
-                           else r.time_lost_s - r.latency)))
+                      cell(rb, lambda r: r.latency), cell(ra, lambda r: r.latency),
+                      cell(rb, lambda r: r.lost_after_detection_s), cell(ra, lambda r: r.lost_after_detection_s),
+                      "-" if not extra else "met" if max(extra) <= LOST_GOAL_S else "NOT met"))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     print("without (before) and with (after) just-in-time checkpoints, same seed:")
     for i, row in enumerate(table):

@@ -12,7 +12,8 @@ time to the first step again is split:
   built -> state loaded       the newest checkpoint (and a newer in-memory replica) read and applied
   state loaded -> first step  the first training step after the resume
 
-usage: python bench/restart.py [--rounds 1] [--begin-time] [--replicas] [--state-dir DIR]
+usage: python bench/restart.py [--rounds 1] [--begin-time] [--replicas] [--state-dir DIR] [--baseline DIR]
+                               [--imports-only]
 Columns, each measured on a job of its own, interleaved round by round:
   before       launch.exit_on_sigterm=false: the ranks ignore SLURM's SIGTERM (as submitit does) until SIGKILL
   after        the defaults: a rank exits on SIGTERM (sigma/train/terminate.py)
@@ -120,26 +121,37 @@ def measure(slurm: Slurm, cluster: LocalCluster, work: Path, mode: str, replicas
                  timeout=60, interval=0.2, what=f"job {job_id} gone")
 
 
-def import_split() -> dict[str, float]:
-    """Seconds a fresh interpreter spends importing the trainer (`python -X importtime`), split into torch, DCP
-    (torch.distributed.checkpoint with DTensor and sympy, which the first checkpoint load or save needs) and this
-    project's own modules (their self time)."""
+def import_split(tree: Path | None = None) -> dict[str, float]:
+    """Seconds a fresh interpreter spends importing the trainer (`python -X importtime`) of this checkout, or of
+    `tree` (another version of it), split into torch, torch._dynamo and torch.distributed.checkpoint where the
+    start-up imports them, and this project's own modules (their self time); then, timed apart, what importing
+    torch.distributed.checkpoint costs afterwards (what the first checkpoint load or save pays if the start-up
+    did not)."""
     import subprocess
 
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", "import sigma.train.launch, sigma.train.trainer"],
-                         capture_output=True, text=True, check=True, cwd=REPO).stderr
-    cumulative, own = {}, 0.0
-    for line in err.splitlines():
+    prelude = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+               f"getattr(f, '__module__', '')]; sys.path.insert(0, {str(tree)!r}); " if tree else "")
+    code = (prelude + "import time, sys; import sigma.train.launch, sigma.train.trainer; t = time.perf_counter(); "
+            "import torch.distributed.checkpoint; print(time.perf_counter() - t)")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                          check=True, cwd=tree or REPO)
+    cumulative, own, first = {}, 0.0, True
+    for line in proc.stderr.splitlines():
         parts = line.removeprefix("import time:").split("|")
         if len(parts) != 3 or not parts[0].strip().isdigit():
             continue
         self_us, cum_us, name = int(parts[0]), int(parts[1]), parts[2].strip()
+        if not first:
+            continue
         cumulative.setdefault(name, cum_us / 1e6)
         if name == "sigma" or name.startswith("sigma."):
             own += self_us / 1e6
+        if name == "sigma.train.trainer":
+            first = False  # what follows is the DCP import timed apart
     total = cumulative.get("sigma.train.launch", 0.0) + cumulative.get("sigma.train.trainer", 0.0)
-    return {"all": total, "torch": cumulative.get("torch", 0.0),
-            "torch.distributed.checkpoint": cumulative.get("torch.distributed.checkpoint", 0.0), "sigma (own)": own}
+    return {"all": total, "torch": cumulative.get("torch", 0.0), "torch._dynamo": cumulative.get("torch._dynamo", 0.0),
+            "torch.distributed.checkpoint": cumulative.get("torch.distributed.checkpoint", 0.0),
+            "sigma (own)": own, "DCP later, when first needed": float(proc.stdout.strip() or 0.0)}
 
 
 def main() -> int:
@@ -148,7 +160,13 @@ def main() -> int:
     parser.add_argument("--begin-time", action="store_true", help="also a column with SLURM's BeginTime left alone")
     parser.add_argument("--replicas", action="store_true", help="checkpoint.replica_every=1 in the job")
     parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another version: its trainer's imports are split too, side by side")
+    parser.add_argument("--imports-only", action="store_true", help="only the import split (no cluster)")
     args = parser.parse_args()
+    if args.imports_only:
+        print_imports(args.baseline)
+        return 0
 
     digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-restart-"))
@@ -177,10 +195,25 @@ def main() -> int:
                                               for n in names))
     finally:
         cluster.down(keep_munge=True)  # munged may serve other clusters on this machine
-    split = import_split()
-    print(f"imports of a fresh rank (python -X importtime, load average {os.getloadavg()[0]:.1f}): "
-          + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in split.items()))
+    print_imports(args.baseline)
     return 0
+
+
+def print_imports(baseline: Path | None) -> None:
+    """The import split of this checkout (and of `baseline`), interleaved twice."""
+    trees = [("this checkout", None)] + ([("baseline", baseline)] if baseline else [])
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+    loads = [os.getloadavg()[0]]
+    for _ in range(2):
+        for name, tree in trees:
+            runs[name].append(import_split(tree))
+            loads.append(os.getloadavg()[0])
+    print(f"imports of a fresh rank (python -X importtime, median of 2, load average {min(loads):.1f}-"
+          f"{max(loads):.1f}), seconds:")
+    keys = list(runs[trees[0][0]][0])
+    print(f"{'':<16}" + "".join(f"{k:>30}" for k in keys))
+    for name, _ in trees:
+        print(f"{name:<16}" + "".join(f"{statistics.median(r[k] for r in runs[name]):>30.2f}" for k in keys))
 
 
 if __name__ == "__main__":

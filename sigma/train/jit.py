@@ -24,9 +24,15 @@ from pathlib import Path
 import torch
 
 REQUEST_NAME = "checkpoint-request.{node}.json"  # written by the node's sidecar (sigma/telemetry/control.py)
-from torch.distributed.checkpoint.api import CheckpointException
 
-SAVE_ERRORS = (Exception, CheckpointException)  # DCP wraps a rank's ENOSPC/EFBIG/EIO in a BaseException subclass
+
+def save_errors() -> tuple:
+    """What a failed save raises: DCP wraps a rank's ENOSPC/EFBIG/EIO in a BaseException subclass. Imported only
+    when a save failed (the save imported DCP already): a start-up that resumes from a replica never pays for it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return Exception, CheckpointException
+
 MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
 
 
@@ -131,7 +137,7 @@ def save_requested(request: tuple[int, float], ckpt, step: int, state: dict, ctx
     else:
         try:
             path = ckpt.save(step, state, _meta(ctx, "jit", loss=loss, request=request), background=False)
-        except SAVE_ERRORS as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
+        except save_errors() as exc:  # DCP raises on every rank; a full disk leaves the older checkpoints as they are
             kpi.event("checkpoint_failed", f"just-in-time checkpoint of step {step} for request {request} failed: "
                                            f"{exc}; the newest complete checkpoint is {ckpt.latest()}", step=step,
                       request=request)
@@ -153,7 +159,7 @@ def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -
     started = time.monotonic()
     try:
         path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
-    except SAVE_ERRORS as exc:  # a full disk: the older checkpoints are left as they are
+    except save_errors() as exc:  # a full disk: the older checkpoints are left as they are
         kpi.event("checkpoint_failed", f"rollback checkpoint of step {step - 1} failed: {exc}", step=step - 1)
         return None
     kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: {path}",

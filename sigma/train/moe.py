@@ -70,15 +70,18 @@ class _PermuteRows(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
-@torch.compiler.disable
-def _grouped_mm_eager(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return torch._grouped_mm(x, w_t, offs=offs)
+@functools.cache
+def _grouped_mm_eager():
+    """torch._grouped_mm kept out of a torch.compile graph. Made on first use under compile, not at import:
+    torch.compiler.disable imports torch._dynamo (seconds of every rank's start-up, restarts included)."""
+    return torch.compiler.disable(lambda x, w_t, offs: torch._grouped_mm(x, w_t, offs=offs))
 
 
 def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows x[offs[g-1]:offs[g]] @ w_t[g] for every group g; x [M, K], w_t [G, K, N] -> [M, N]."""
     # torch.compile's shape rules for _grouped_mm accept bf16 only; other dtypes run eagerly inside a graph.
-    mm = torch._grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_eager
+    compiled_other_dtype = x.dtype != torch.bfloat16 and torch.compiler.is_compiling()
+    mm = _grouped_mm_eager() if compiled_other_dtype else torch._grouped_mm
     return _ContiguousGrad.apply(mm(x, w_t, offs=offs))
 
 

@@ -3,13 +3,19 @@ and sends one to a peer rank on another node, so a node that dies without warnin
 
 Host memory is node-local shared memory (`checkpoint.replica_dir`, default /dev/shm/sigma-replicas, a tmpfs):
 it outlives the training processes (SLURM kills them all on a requeue) but not the node. Each node keeps, under
-`<replica_dir>/<node>/<run>/`, its ranks' own copies and the copies their peers sent, each as a payload file and a
-manifest (run, config fingerprint, world size, ep, step, source rank, SHA-256), written by rename: a replica
-is either whole or absent.
+`<replica_dir>/<node>/<run>/`, its ranks' own copies and the copies their peers sent, each as a payload file
+(`rank-<R>.step-<N>.bin`: the tensors' bytes back to back, no pickling) and a manifest (`.json`: run, config
+fingerprint, world size, ep, step, source rank, size, CRC-32C, and the layout: every tensor's name, dtype, shape and
+offset, with the small rest of the state, sampler position and step), each written with one write and a rename: a
+replica is either whole or absent.
 
-The copy is taken between steps (tensors cloned to CPU: training goes on at once) and written and sent from a
-thread over a gloo group of its own, overlapping the next steps; the next replication waits for it. Peer of rank r:
-r + ranks-per-node (mod world), i.e. the same local rank on the next node.
+What a step pays: the step's state is copied into a preallocated flat buffer (one copy per tensor) by a replication
+thread, which then checksums it, exchanges it with the peer over a gloo group of its own and writes it; the training
+thread hands the step over and goes on (its next optimiser step waits only until the copy is taken, which takes a
+small part of a forward and backward pass). A round that comes due while the previous one is still in flight on any
+rank is skipped (every rank agrees, from a flag on the step's loss all-reduce) and the next step tries again: the
+step never waits for a replica, and the KPI line says how far behind the replicas are (`replica_step`,
+`replica_skipped`). Peer of rank r: r + ranks-per-node (mod world), i.e. the same local rank on the next node.
 
 On start (`restore`), after the newest complete disk checkpoint was found: every rank lists the replicas its node
 holds, the ranks agree (all-gather) on the newest step at which every rank's state is held somewhere, and if that
@@ -22,18 +28,20 @@ exists.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import queue
 import shutil
 import threading
 from pathlib import Path
 
 import torch
+from crc32c import crc32c
 
 KEEP = 2  # versions kept per source rank: a crash mid-replication leaves the previous complete set
 SHARED_NAME = "replicas"  # under the checkpoint directory: replicas kept on disk by a rank answering while blocked
 ON_DISK = -1  # holder of a replica on the shared checkpoint filesystem (every rank reads it itself)
+ALIGN = 64  # tensor offsets in a payload: every dtype's view of the buffer is aligned
 
 
 def fingerprint(cfg) -> str:
@@ -44,12 +52,14 @@ def fingerprint(cfg) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def local_state(model, optimizer, named, rng: dict, trainer: dict) -> dict:
-    """This rank's state as plain CPU tensors (its own expert shards, no DTensors): cloned, so training may go on."""
+def local_state(model, optimizer, named, rng: dict, trainer: dict, copy: bool = True) -> dict:
+    """This rank's state (its own expert shards, no DTensors): cloned to CPU, so training may go on, or with
+    copy=False the live tensors themselves (for a copy taken before the next optimiser step)."""
+    take = (lambda t: t.detach().to("cpu", copy=True)) if copy else (lambda t: t.detach())
     with torch.no_grad():
-        return {"model": {n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()},
-                "optim": {n: {k: optimizer.state[p][k].detach().to("cpu", copy=True)
-                              for k in ("step", "exp_avg", "exp_avg_sq")} for n, p in named},
+        return {"model": {n: take(t) for n, t in model.state_dict().items()},
+                "optim": {n: {k: take(optimizer.state[p][k]) for k in ("step", "exp_avg", "exp_avg_sq")}
+                          for n, p in named},
                 "rng": rng, "trainer": trainer}
 
 
@@ -61,6 +71,96 @@ def apply_state(state: dict, model, optimizer, named) -> None:
         for n, p in named:
             for k in ("step", "exp_avg", "exp_avg_sq"):
                 optimizer.state[p][k].copy_(state["optim"][n][k])
+
+
+# ---------- the payload format: tensors back to back, described by the manifest ----------
+
+def _split(state) -> tuple[object, list[torch.Tensor]]:
+    """(JSON skeleton with every tensor replaced by {"tensor": i}, the tensors in that order)."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            return {"tensor": len(tensors) - 1}
+        if isinstance(value, dict):
+            return {str(k): walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+    return walk(state), tensors
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[list[list], int]:
+    """[[dtype, shape, offset], ...] of the tensors in a flat buffer, and its size."""
+    out, offset = [], 0
+    for t in tensors:
+        out.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset])
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return out, offset
+
+
+def _views(buffer: torch.Tensor, layout: list[list]) -> list[torch.Tensor]:
+    views = []
+    for dtype, shape, offset in layout:
+        dt = getattr(torch, dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        views.append(buffer[offset:offset + n * dt.itemsize].view(dt).view(shape))
+    return views
+
+
+def pack(state: dict) -> tuple[dict, torch.Tensor]:
+    """(manifest fields "skeleton" and "layout", payload) of a state dict, copied once."""
+    skeleton, tensors = _split(state)
+    layout, size = _layout(tensors)
+    payload = torch.zeros(size, dtype=torch.uint8)
+    with torch.no_grad():
+        for view, t in zip(_views(payload, layout), tensors):
+            view.copy_(t)
+    return {"skeleton": skeleton, "layout": layout}, payload
+
+
+def unpack(manifest: dict, payload: bytes | bytearray | memoryview) -> dict:
+    """The state dict a payload holds (tensors of their own: torch.set_rng_state ignores a view's offset)."""
+    buffer = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+    views = [v.clone() for v in _views(buffer, manifest["layout"])]
+
+    def walk(value):
+        if isinstance(value, dict):
+            return views[value["tensor"]] if set(value) == {"tensor"} else {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+    return walk(manifest["skeleton"])
+
+
+def checksum(payload) -> str:
+    return f"{crc32c(memoryview(payload).cast('B')):08x}"  # hardware CRC-32C: several GB/s, a small part of a copy
+
+
+class _Staging:
+    """A preallocated flat buffer a state is copied into, one copy per tensor; rebuilt only when the state's
+    tensors change (names, shapes, dtypes)."""
+
+    def __init__(self):
+        self.key = None
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.layout: list[list] = []
+        self.views: list[torch.Tensor] = []
+
+    def fill(self, state: dict) -> tuple[dict, torch.Tensor]:
+        skeleton, tensors = _split(state)
+        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        if key != self.key:
+            self.layout, size = _layout(tensors)
+            self.buffer = torch.zeros(size, dtype=torch.uint8)  # zeros: the padding is part of the checksum
+            self.views, self.key = _views(self.buffer, self.layout), key
+        if tensors:
+            with torch.no_grad():
+                torch._foreach_copy_(self.views, tensors)  # one call: one GIL release for all the tensors
+        return {"skeleton": skeleton, "layout": self.layout}, self.buffer
 
 
 class PeerReplicas:
@@ -80,88 +180,186 @@ class PeerReplicas:
         step = ranks_per_node if 0 < ranks_per_node < world else 1
         self.send_to, self.recv_from = (rank + step) % world, (rank - step) % world
         self.group = None
+        self.nodes = [node] * world
         if ctx.distributed:
             import torch.distributed as dist
 
             self.group = dist.new_group(backend="gloo")  # replica traffic never meets the training's collectives
-        self._thread: threading.Thread | None = None
+            dist.all_gather_object(self.nodes, node, group=self.group)
+        # a peer on this very node (one-node runs) already keeps its own copy here: nothing to send or receive
+        self.sends = self.group is not None and self.send_to != rank and self.nodes[self.send_to] != node
+        self.receives = self.group is not None and self.recv_from != rank and self.nodes[self.recv_from] != node
+        self.last = 0  # the step of the newest round started (the same on every rank)
+        self.done_step = 0  # the newest step this rank's replica was written (KPI `replica_step`)
+        self.skipped = 0  # rounds put off because the previous one was still in flight (KPI `replica_skipped`)
+        self._staging = _Staging()
+        self._incoming = torch.empty(0, dtype=torch.uint8)
+        self._idle = threading.Event()  # no round in flight
+        self._idle.set()
+        self._copied = threading.Event()  # the round in flight has copied the state: training may change it
+        self._copied.set()
         self._error: BaseException | None = None
+        self._work: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
 
     # ---------- replication ----------
-    def after_step(self, step: int, take_state) -> None:
-        """Every `every` steps: copy the state now, write and send it in the background."""
-        if not self.every or step % self.every:
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def after_step(self, step: int, take_state, busy_anywhere: bool | None = None) -> None:
+        """At the end of step `step` (every rank): start a round when one is due and none is in flight on any rank
+        (`busy_anywhere`, agreed by the ranks; None: this rank's own thread decides, for a single process or a
+        caller that waited). `take_state()` gives the state to copy (live tensors may be given: the copy is taken
+        before `wait_copied` returns)."""
+        self._report()
+        if not self.every or step - self.last < self.every:
             return
-        self.wait()
-        state = take_state()
-        self._thread = threading.Thread(target=self._replicate, args=(step, state), daemon=True,
-                                        name="sigma-replica")
-        self._thread.start()
+        if self.busy() if busy_anywhere is None else busy_anywhere:
+            self.skipped += 1  # due, but the previous round is still in flight somewhere: the next step tries
+            return
+        self.last = step
+        state = take_state()  # in this thread: the RNG state and sampler position are this step's
+        self._idle.clear()
+        self._copied.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, daemon=True, name="sigma-replica")
+            self._thread.start()
+        self._work.put((step, state))
+
+    def wait_copied(self) -> None:
+        """Before the training thread changes the state (the optimiser step): the round in flight has its copy."""
+        self._copied.wait()
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Until the round in flight is written (and exchanged); a failed round becomes a `replica_failed` event."""
+        self._idle.wait()
+        self._report()
+
+    def _report(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
             self.event("replica_failed", f"replica not kept: {error}")
 
-    def _replicate(self, step: int, state: dict) -> None:
-        try:
-            buf = io.BytesIO()
-            torch.save(state, buf)
-            payload = buf.getvalue()
-            # exchange first: a write that fails here (a full tmpfs) must not leave the peer waiting for our send
-            received = (self._exchange(payload) if self.group is not None and self.send_to != self.ctx.rank
-                        else None)
-            self._write(self.ctx.rank, step, payload)
-            if received is not None:
-                self._write(self.recv_from, step, received)
-        except BaseException as exc:  # reported by the next wait(); training goes on without this replica
-            self._error = exc
+    def kpis(self) -> dict:
+        return {"replica_step": self.done_step, "replica_skipped": self.skipped}
 
-    def _exchange(self, payload: bytes) -> bytes:
-        """Send ours to send_to, receive recv_from's (sizes first: shards may differ in size)."""
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            try:
+                self._replicate(*item)
+            except BaseException as exc:  # reported by the next after_step/wait; training goes on without it
+                self._error = exc
+            finally:
+                self._copied.set()
+                self._idle.set()
+
+    def _replicate(self, step: int, state: dict) -> None:
+        mine, payload, failure = None, None, ""
+        try:
+            fields, payload = self._staging.fill(state)
+            mine = {**self._manifest(self.ctx.rank, step, payload), **fields}
+        except Exception as exc:  # the peer still gets our header, so it never waits for a payload
+            failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._copied.set()
+            del state
+        # exchange first: a write that fails here (a full tmpfs) must not leave the peer waiting for our send
+        theirs, incoming = self._exchange(mine, payload, failure) if (self.sends or self.receives) else (None, None)
+        if mine is None:
+            raise RuntimeError(f"the state of step {step} could not be copied: {failure}")
+        self._write(self.dir, mine, payload)
+        if theirs is not None:
+            self._write(self.dir, theirs, incoming)
+        self.done_step = step
+
+    def _manifest(self, src: int, step: int, payload: torch.Tensor) -> dict:
+        return {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size, "ep": self.ctx.ep_size,
+                "step": step, "rank": src, "node": self.node, "bytes": payload.numel(),
+                "crc32c": checksum(payload.numpy())}
+
+    def _exchange(self, mine: dict | None, payload: torch.Tensor | None,
+                  failure: str) -> tuple[dict | None, torch.Tensor | None]:
+        """Send our manifest and payload to send_to, receive recv_from's (manifest sizes first)."""
         import torch.distributed as dist
 
-        out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        size_in = torch.zeros(1, dtype=torch.int64)
-        reqs = [dist.isend(torch.tensor([out.numel()], dtype=torch.int64), self.send_to, group=self.group),
-                dist.irecv(size_in, self.recv_from, group=self.group)]
+        header = json.dumps(mine if mine is not None else {"failed": failure}).encode()
+        reqs, size_in = [], torch.zeros(1, dtype=torch.int64)
+        if self.sends:
+            reqs.append(dist.isend(torch.tensor([len(header)], dtype=torch.int64), self.send_to, group=self.group))
+        if self.receives:
+            reqs.append(dist.irecv(size_in, self.recv_from, group=self.group))
         for r in reqs:
             r.wait()
-        data = torch.empty(int(size_in.item()), dtype=torch.uint8)
-        reqs = [dist.isend(out, self.send_to, group=self.group), dist.irecv(data, self.recv_from, group=self.group)]
+        reqs, header_in = [], torch.empty(int(size_in.item()), dtype=torch.uint8)
+        if self.sends:
+            reqs.append(dist.isend(torch.frombuffer(bytearray(header), dtype=torch.uint8), self.send_to,
+                                   group=self.group))
+        if self.receives:
+            reqs.append(dist.irecv(header_in, self.recv_from, group=self.group))
         for r in reqs:
             r.wait()
-        return data.numpy().tobytes()
+        theirs = json.loads(header_in.numpy().tobytes()) if self.receives else None
+        if theirs is not None and "failed" in theirs:
+            theirs = None  # the peer could not copy its state this round: nothing comes
+        reqs = []
+        if self.sends and mine is not None and payload.numel():
+            reqs.append(dist.isend(payload, self.send_to, group=self.group))
+        if theirs is not None:
+            if self._incoming.numel() != theirs["bytes"]:
+                self._incoming = torch.empty(theirs["bytes"], dtype=torch.uint8)
+            if theirs["bytes"]:
+                reqs.append(dist.irecv(self._incoming, self.recv_from, group=self.group))
+        for r in reqs:
+            r.wait()
+        return theirs, self._incoming
 
-    def _write(self, src: int, step: int, payload: bytes, where: Path | None = None, durable: bool = False) -> None:
-        where = where or self.dir
+    def _write(self, where: Path, manifest: dict, payload, durable: bool = False) -> None:
+        """One replica under `where`: the payload with one write, then the manifest, each by rename (the manifest
+        last: a replica is visible only once both are whole); the versions past KEEP of its source are dropped,
+        the payload file of the oldest kept to be written over next time (tmpfs pages stay allocated)."""
         where.mkdir(parents=True, exist_ok=True)
+        src, step = manifest["rank"], manifest["step"]
         name = f"rank-{src}.step-{step:08d}"
         tag = f"{self.ctx.rank}-{threading.get_ident()}"  # ranks of one node, and two threads, may write one replica
-        manifest = {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size,
-                    "ep": self.ctx.ep_size, "step": step, "rank": src, "bytes": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest()}
-        files = [(where / f".{name}{suffix}.tmp-{tag}", where / f"{name}{suffix}", data)
-                 for suffix, data in ((".pt", payload), (".json", json.dumps(manifest).encode()))]
+        spare = where / f".spare.rank-{src}"  # one writer per source rank on a node (see `sends`)
+        tmp_payload, tmp_manifest = where / f".{name}.bin.tmp-{tag}", where / f".{name}.json.tmp-{tag}"
+        data = memoryview(payload.numpy() if isinstance(payload, torch.Tensor) else payload).cast("B")
         try:
-            for tmp, _, data in files:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    if durable:  # on disk, not tmpfs: written through before the rename makes it visible
-                        f.flush()
-                        os.fsync(f.fileno())
+            if not durable and spare.exists():
+                os.replace(spare, tmp_payload)
+            with open(tmp_payload, "r+b" if tmp_payload.exists() else "wb") as f:
+                f.write(data)
+                f.truncate()
+                if durable:  # on disk, not tmpfs: written through before the rename makes it visible
+                    f.flush()
+                    os.fsync(f.fileno())
+            with open(tmp_manifest, "wb") as f:
+                f.write(json.dumps(manifest).encode())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
         except BaseException:  # a full disk or tmpfs: no half-written file stays, the older replicas are untouched
-            for tmp, _, _ in files:
-                tmp.unlink(missing_ok=True)
+            tmp_payload.unlink(missing_ok=True)
+            tmp_manifest.unlink(missing_ok=True)
             raise
-        for tmp, final, _ in files:  # the manifest last: a replica is visible only once both are whole
-            os.replace(tmp, final)
+        os.replace(tmp_payload, where / f"{name}.bin")
+        os.replace(tmp_manifest, where / f"{name}.json")
         for old in sorted(where.glob(f"rank-{src}.step-*.json"))[:-KEEP]:
-            old.unlink(missing_ok=True)
-            old.with_suffix(".pt").unlink(missing_ok=True)
+            old.unlink(missing_ok=True)  # the manifest first: the replica is gone before its payload is reused
+            if durable:
+                old.with_suffix(".bin").unlink(missing_ok=True)
+            else:
+                try:
+                    os.replace(old.with_suffix(".bin"), spare)
+                except FileNotFoundError:
+                    pass
+
+    def write_bytes(self, src: int, step: int, payload: bytes) -> None:
+        """A replica of source rank `src` made of `payload` (bytes with no layout: what a test damages or skips)."""
+        manifest = {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size,
+                    "ep": self.ctx.ep_size, "step": step, "rank": src, "node": self.node, "bytes": len(payload),
+                    "crc32c": checksum(payload), "skeleton": None, "layout": []}
+        self._write(self.dir, manifest, payload)
 
     def keep_on_disk(self, step: int, state: dict) -> list[int]:
         """This rank's `state` of `step`, and every replica this node holds (the hung peer's among them; older
@@ -171,14 +369,18 @@ class PeerReplicas:
             for held in steps:
                 if (src, held) == (self.ctx.rank, step):
                     continue
+                name = f"rank-{src}.step-{held:08d}"
                 try:
-                    payload = (self.dir / f"rank-{src}.step-{held:08d}.pt").read_bytes()
-                except OSError:  # pruned by the replication thread meanwhile: a newer one is there
+                    manifest = json.loads((self.dir / f"{name}.json").read_text())
+                    payload = (self.dir / f"{name}.bin").read_bytes()
+                except (OSError, ValueError):  # pruned by the replication thread meanwhile: a newer one is there
                     continue
-                self._write(src, held, payload, self.shared, durable=True)
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        self._write(self.ctx.rank, step, buf.getvalue(), self.shared, durable=True)  # last: never pruned
+                if len(payload) != manifest.get("bytes") or checksum(payload) != manifest.get("crc32c"):
+                    continue  # written over by the replication thread between the two reads
+                self._write(self.shared, manifest, payload, durable=True)
+        fields, payload = pack(state)
+        self._write(self.shared, {**self._manifest(self.ctx.rank, step, payload), **fields}, payload,
+                    durable=True)  # last: never pruned
         return sorted(src for src, steps in self._held_in(self.shared).items() if step in steps)
 
     # ---------- restore ----------
@@ -202,16 +404,22 @@ class PeerReplicas:
     def _check(self, path: Path) -> str:
         try:
             m = json.loads(path.read_text())
-            payload = path.with_suffix(".pt").read_bytes()
+            payload = path.with_suffix(".bin").read_bytes()
         except (OSError, ValueError) as exc:
             return f"unreadable ({exc})"
+        if not isinstance(m, dict):
+            return "unreadable (not a manifest)"
         if m.get("run") != self.run or m.get("fingerprint") != self.fp:
             return f"from another run or config (run {m.get('run')!r}, config {m.get('fingerprint')!r})"
         if m.get("world_size") != self.ctx.world_size or m.get("ep") != self.ctx.ep_size:
             return f"written by {m.get('world_size')} ranks with ep={m.get('ep')}"
-        if len(payload) != m.get("bytes") or hashlib.sha256(payload).hexdigest() != m.get("sha256"):
+        if len(payload) != m.get("bytes") or checksum(payload) != m.get("crc32c"):
             return f"corrupt or partial ({len(payload)} bytes, checksum does not match the manifest)"
         return ""
+
+    def _read(self, where: Path, src: int, step: int) -> tuple[bytes, bytes]:
+        name = f"rank-{src}.step-{step:08d}"
+        return (where / f"{name}.json").read_bytes(), (where / f"{name}.bin").read_bytes()
 
     def restore(self, disk_step: int, model, optimizer, named) -> dict | None:
         """Every rank together: the newest replica set held across the nodes, if newer than disk_step, loaded into
@@ -239,21 +447,23 @@ class PeerReplicas:
         step = max(complete, default=0)
         if step <= disk_step:
             return None
-        payload = None
+        got = None
         for src in range(self.ctx.world_size):  # the same order on every rank: one pair at a time
             holder = holders[(src, step)]
             if holder == ON_DISK:
                 if src == self.ctx.rank:
-                    payload = (self.shared / f"rank-{src}.step-{step:08d}.pt").read_bytes()
+                    got = self._read(self.shared, src, step)
             elif holder == src == self.ctx.rank:
-                payload = (self.dir / f"rank-{src}.step-{step:08d}.pt").read_bytes()
+                got = self._read(self.dir, src, step)
             elif self.ctx.rank == holder:
-                data = (self.dir / f"rank-{src}.step-{step:08d}.pt").read_bytes()
-                self._send(data, src)
+                for data in self._read(self.dir, src, step):
+                    self._send(data, src)
             elif self.ctx.rank == src:
-                payload = self._recv(holder)
-        state = torch.load(io.BytesIO(payload), weights_only=False)
+                got = self._recv(holder), self._recv(holder)
+        manifest, payload = got
+        state = unpack(json.loads(manifest), bytearray(payload))
         apply_state(state, model, optimizer, named)
+        self.last = self.done_step = step
         holder = holders[(self.ctx.rank, step)]
         return {**state["trainer"], "rng": state["rng"],
                 "holder": str(self.shared) if holder == ON_DISK else views[holder]["node"]}
@@ -262,7 +472,8 @@ class PeerReplicas:
         import torch.distributed as dist
 
         dist.send(torch.tensor([len(data)], dtype=torch.int64), dst, group=self.group)
-        dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst, group=self.group)
+        if data:
+            dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst, group=self.group)
 
     def _recv(self, src: int) -> bytes:
         import torch.distributed as dist
@@ -270,12 +481,18 @@ class PeerReplicas:
         size = torch.zeros(1, dtype=torch.int64)
         dist.recv(size, src, group=self.group)
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.recv(data, src, group=self.group)
+        if data.numel():
+            dist.recv(data, src, group=self.group)
         return data.numpy().tobytes()
 
     def close(self, finished: bool = False) -> None:
-        """Wait for the replication in flight; a finished run (every rank together) frees the node's memory."""
+        """Wait for the round in flight and stop the thread; a finished run (every rank together) frees the node's
+        memory."""
         self.wait()
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join()
+            self._thread = None
         if finished:
             if self.group is not None:
                 import torch.distributed as dist

@@ -511,9 +511,11 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 with PrecursorProbe(model, enabled=reporting) as probe:  # collapse precursors, on the norms' steps
                     ce, aux, loads = forward_backward(model, batch, micro_batches, amp_dtype, ctx.device, poison)
                 layout_kpi = probe.values()  # (no layout: the step's own extra KPI fields)
-                losses = torch.stack([ce, aux])
+                # with the losses, whether a replica round is in flight on any rank: all skip the next one alike
+                busy = ce.new_tensor(float(replicas is not None and replicas.busy()))
+                losses = torch.stack([ce, aux, busy])
                 ctx.all_reduce_sum(losses)
-                loss_value, aux_value = (losses / ctx.world_size).tolist()
+                loss_value, aux_value, busy = (losses / ctx.world_size).tolist()
                 if loads is not None:  # before the optimiser step: the state changes with no collective inside
                     ctx.all_reduce_sum(loads)
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
@@ -528,6 +530,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             if layout is None:
                 sync_gradients(ctx, named)
                 gnorm = clip_gradients(ctx, named, cfg.optim.grad_clip)
+                if replicas is not None:
+                    replicas.wait_copied()  # the replica round in flight has copied the previous step's state
                 with jit.mutating():  # no collective in here (jit.BlockedAnswer relies on it)
                     optimizer.step()
                     if loads is not None and aux_free:
@@ -536,7 +540,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 jit.settled(step, sampler.state_dict(), rng_state(ctx))
                 if replicas is not None:  # at once: a rank stopped later in the step has sent its replica already
                     replicas.after_step(step, lambda: local_state(model, optimizer, named, rng_state(ctx), {
-                        "step": step, "sampler": sampler.state_dict()}))
+                        "step": step, "sampler": sampler.state_dict()}, copy=False), busy_anywhere=busy > 0)
             if loads is not None and layout is None and hasattr(model, "recompute"):
                 # the balanced policy re-picks its layers from the step's routing
                 model.recompute.update(dict(zip(range(model_cfg.n_dense_layers, model_cfg.n_layers), loads)))
@@ -552,6 +556,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             summary.mfu.append(mfu)
             summary.last_step = step
             extra = dict(layout_kpi)  # with pp: pipeline_s, stage_busy_s, bubble of this rank
+            if replicas is not None:
+                extra.update(replicas.kpis())  # the newest step replicated, the rounds skipped
             if peak:
                 extra["hfu"] = tps / ctx.world_size * hw_flops_token / peak.flops
             if loads is not None:

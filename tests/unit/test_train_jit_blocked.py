@@ -94,7 +94,7 @@ def test_the_thread_answers_only_a_stuck_training_thread_and_names_what_is_missi
     ctx = SimpleNamespace(distributed=False, rank=0, world_size=3, ep_size=1, device=torch.device("cpu"))
     jit = JitCheckpoints(tmp_path / "kpi", "n1", ctx)
     replicas = PeerReplicas(tmp_path / "shm", "n1", "run", "fp", ctx, 1, 1, shared=tmp_path / "ckpt" / "replicas")
-    replicas._write(2, 7, b"rank 2's step 7, sent by its node's peer")  # held here; rank 1's is not
+    replicas.write_bytes(2, 7, b"rank 2's step 7, sent by its node's peer")  # held here; rank 1's is not
     kpi = Events()
     answer = BlockedAnswer(jit, replicas, lambda step, sampler, rng: {"step": step, "sampler": sampler}, kpi,
                            interval_s=3600)  # polled by hand below

@@ -44,42 +44,70 @@ def straight(train_data, tmp_path_factory):
 
 
 def kill_then_resume(train_data, tmp_path, damage=None):
-    killed = torchrun(tmp_path, args(train_data, tmp_path, "checkpoint.replica_every=1", "fault.kill_at_step=6"))
+    """Killed at step 6 with no disk checkpoint before the end: what it resumes from is a replica. A round still
+    in flight when the next one is due is skipped, so the newest two rounds are the ones held, whichever steps."""
+    extra = ("checkpoint.replica_every=1", "fault.kill_at_step=6", "checkpoint.every=100")
+    killed = torchrun(tmp_path, args(train_data, tmp_path, *extra))
     assert killed.returncode != 0
     held = tmp_path / "shm" / NODE
     (run,) = list(held.iterdir())
-    assert sorted(p.name for p in run.glob("*.json")) == [f"rank-{r}.step-0000000{s}.json" for r in (0, 1)
-                                                          for s in (4, 5)]
+    names = sorted(p.name for p in run.glob("*.json"))
+    steps = sorted({int(n.split(".step-")[1][:8]) for n in names})
+    assert len(steps) == 2 and steps[-1] <= 5 and names == [f"rank-{r}.step-{s:08d}.json" for r in (0, 1)
+                                                              for s in steps]
     if damage:
-        damage(run)
-    resumed = torchrun(tmp_path, args(train_data, tmp_path, "checkpoint.replica_every=1", "fault.kill_at_step=6"))
+        damage(run, steps)
+    resumed = torchrun(tmp_path, args(train_data, tmp_path, *extra))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not run.exists()  # a finished run frees the node's memory
-    return curve(tmp_path)
+    return steps, *curve(tmp_path)
 
 
 def test_resume_from_peer_replicas_is_bit_exact(train_data, tmp_path, straight):
-    losses, events = kill_then_resume(train_data, tmp_path)
+    steps, losses, events = kill_then_resume(train_data, tmp_path)
     resumes = [e for e in events if e["event"] == "resume"]
-    assert [(e["step"], e["checkpoint_kind"]) for e in resumes] == [(5, "replica")]  # the disk one not read
+    assert [(e["step"], e["checkpoint_kind"]) for e in resumes] == [(steps[-1], "replica")]  # the disk one not read
     assert sorted(losses) == list(range(1, 9))
     for step in range(1, 9):  # model, AdamW, RNG (router jitter) and sampler all came back from the replica
         assert losses[step] == straight[step], step
 
 
 def test_a_corrupt_replica_is_skipped_for_the_previous_complete_set(train_data, tmp_path, straight):
-    def corrupt(run):
-        payload = run / "rank-1.step-00000005.pt"
+    def corrupt(run, steps):
+        payload = run / f"rank-1.step-{steps[-1]:08d}.bin"
         data = bytearray(payload.read_bytes())
         data[len(data) // 2] ^= 0xFF
         payload.write_bytes(bytes(data))
 
-    losses, events = kill_then_resume(train_data, tmp_path, corrupt)
+    steps, losses, events = kill_then_resume(train_data, tmp_path, corrupt)
     ignored = [e for e in events if e["event"] == "replica_ignored"]
-    assert ignored and "rank-1.step-00000005" in ignored[0]["message"] and "corrupt" in ignored[0]["message"]
-    assert [e["step"] for e in events if e["event"] == "resume"][-1] == 4
+    assert ignored and f"rank-1.step-{steps[-1]:08d}" in ignored[0]["message"]
+    assert "corrupt" in ignored[0]["message"]
+    assert [e["step"] for e in events if e["event"] == "resume"][-1] == steps[0]
     for step in range(1, 9):
         assert losses[step] == straight[step], step
+
+
+def test_the_kpi_lines_say_how_far_behind_the_replicas_are(train_data, tmp_path):
+    proc = torchrun(tmp_path, args(train_data, tmp_path, "checkpoint.replica_every=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [r for r in read_kpis(tmp_path / "kpi" / "job-88" / f"rank-0.{NODE}.jsonl") if "event" not in r]
+    assert [r["step"] for r in lines] == list(range(1, 9))
+    # a round is due 2 steps after the last one started; one due while the previous is in flight is counted as
+    # skipped and retried at the next step: the counts say which steps started a round
+    started, last, skipped = [], 0, 0
+    for r in lines:
+        assert r["replica_skipped"] in (skipped, skipped + 1)
+        if r["step"] - last >= 2:
+            if r["replica_skipped"] == skipped:
+                started.append(r["step"])
+                last = r["step"]
+        else:
+            assert r["replica_skipped"] == skipped, r  # nothing due, nothing skipped
+        skipped = r["replica_skipped"]
+        assert r["replica_step"] in [0, *started] and r["replica_step"] <= r["step"]  # written rounds only
+    assert started[0] == 2 and all(b - a >= 2 for a, b in zip(started, started[1:]))
+    assert lines[-1]["replica_step"] >= 2
 
 
 def test_replicas_of_another_run_config_or_layout_are_ignored(tmp_path):
@@ -93,10 +121,11 @@ def test_replicas_of_another_run_config_or_layout_are_ignored(tmp_path):
     events = []
     ctx = DistContext(rank=0, world_size=2, ep_size=1)
     mine = PeerReplicas(tmp_path, "n1", "run-a", "fp-a", ctx, 1, 1, event=lambda kind, msg, **f: events.append(msg))
-    mine._write(0, 4, b"state of rank 0")
-    mine._write(1, 4, b"state of rank 1")
-    PeerReplicas(tmp_path, "n1", "run-a", "fp-b", ctx, 1, 1)._write(0, 5, b"other config")
-    PeerReplicas(tmp_path, "n1", "run-a", "fp-a", DistContext(rank=0, world_size=4, ep_size=1), 1, 1)._write(1, 6, b"4")
+    mine.write_bytes(0, 4, b"state of rank 0")
+    mine.write_bytes(1, 4, b"state of rank 1")
+    PeerReplicas(tmp_path, "n1", "run-a", "fp-b", ctx, 1, 1).write_bytes(0, 5, b"other config")
+    four_ranks = DistContext(rank=0, world_size=4, ep_size=1)
+    PeerReplicas(tmp_path, "n1", "run-a", "fp-a", four_ranks, 1, 1).write_bytes(1, 6, b"4")
     (tmp_path / "n1" / "run-a" / "rank-1.step-00000007.json").write_text('{"run": "run-a", "fin')  # half a manifest
     assert mine.held() == {0: [4], 1: [4]}
     assert len(events) == 3
@@ -151,9 +180,9 @@ def test_a_partial_replica_is_ignored_and_the_complete_older_one_used(tmp_path):
     events = []
     ctx = SimpleNamespace(distributed=False, rank=0, world_size=1, ep_size=1)
     replicas = PeerReplicas(tmp_path, "n1", "run-a", "fp-a", ctx, 1, 1, event=lambda kind, msg, **f: events.append(msg))
-    replicas._write(0, 4, b"state of step 4")
-    replicas._write(0, 5, b"state of step 5")
-    payload = tmp_path / "n1" / "run-a" / "rank-0.step-00000005.pt"
+    replicas.write_bytes(0, 4, b"state of step 4")
+    replicas.write_bytes(0, 5, b"state of step 5")
+    payload = tmp_path / "n1" / "run-a" / "rank-0.step-00000005.bin"
     payload.write_bytes(payload.read_bytes()[:6])  # cut short, as a copy interrupted by a crash would be
     assert replicas.held() == {0: [4]}
     (message,) = events
