@@ -10,6 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 
 def pg_bin(name: str) -> str | None:
     """Debian keeps the server binaries in /usr/lib/postgresql/<version>/bin, off PATH."""
@@ -54,3 +56,20 @@ class PgServer:
             self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def require_postgres():
+    """Skips the calling test module unless psycopg and the server binaries are installed; returns psycopg."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
+    if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql",
+                    allow_module_level=True)
+    return psycopg
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """One server for the test module."""
+    server = PgServer().start()
+    yield server
+    server.stop()

@@ -10,12 +10,9 @@ import uuid
 
 import pytest
 
-from tests.unit.pgserver import PgServer, pg_bin
+from tests.unit.pgserver import pg, require_postgres  # noqa: F401 (pg: the server fixture)
 
-psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
-if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
-    pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql",
-                allow_module_level=True)
+psycopg = require_postgres()
 
 from sigma.cli import main  # noqa: E402
 from sigma.controller.config import BreakerConfig, ControllerConfig  # noqa: E402
@@ -32,13 +29,6 @@ from tests.unit.controller.test_watchdog_isolation import kpi_rows  # noqa: E402
 
 
 SECRET = b"0123456789abcdef0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PgServer().start()
-    yield server
-    server.stop()
 
 
 def push_xid79(db: str, node: str, ts: float) -> None:

@@ -16,18 +16,24 @@ def _insert(conn, k):
     return k
 
 
+def _guarded_db(tmp_path: Path, guard: WalGuard) -> tuple[Path, sqlite3.Connection]:
+    """A table in a fresh database whose writer connection the guard looks after."""
+    db = tmp_path / "c.db"
+    conn = connect(db)
+    conn.execute("CREATE TABLE t (k INTEGER, pad TEXT)")
+    conn.commit()
+    guard.setup(conn)
+    return db, conn
+
+
 def _wal_bytes(db: Path) -> int:
     wal = Path(f"{db}-wal")
     return wal.stat().st_size if wal.exists() else 0
 
 
 def test_a_reader_puts_the_restart_off_and_the_next_group_after_it_restarts_the_log(tmp_path):
-    db = tmp_path / "c.db"
-    conn = connect(db)
-    conn.execute("CREATE TABLE t (k INTEGER, pad TEXT)")
-    conn.commit()
     guard = WalGuard(restart_bytes=256 * 1024, wait_ms=50)
-    guard.setup(conn)
+    db, conn = _guarded_db(tmp_path, guard)
     writer = GroupCommit(conn, _insert, after_commit=guard.after_commit)
     reader = connect(db, readonly=True)
     reader.execute("BEGIN")
@@ -51,12 +57,8 @@ def test_a_reader_puts_the_restart_off_and_the_next_group_after_it_restarts_the_
 
 
 def test_a_short_log_is_only_copied_never_waited_on(tmp_path):
-    db = tmp_path / "c.db"
-    conn = connect(db)
-    conn.execute("CREATE TABLE t (k INTEGER, pad TEXT)")
-    conn.commit()
     guard = WalGuard()  # 64 MiB: a few groups never reach it
-    guard.setup(conn)
+    db, conn = _guarded_db(tmp_path, guard)
     writer = GroupCommit(conn, _insert, after_commit=guard.after_commit)
     reader = connect(db, readonly=True)
     reader.execute("BEGIN")
@@ -72,12 +74,8 @@ def test_a_short_log_is_only_copied_never_waited_on(tmp_path):
 def test_a_restart_waits_for_a_reader_to_finish_its_statement_then_starts_the_log_over(tmp_path):
     import threading
 
-    db = tmp_path / "c.db"
-    conn = connect(db)
-    conn.execute("CREATE TABLE t (k INTEGER, pad TEXT)")
-    conn.commit()
     guard = WalGuard(restart_bytes=64 * 1024, wait_ms=5000)
-    guard.setup(conn)
+    db, conn = _guarded_db(tmp_path, guard)
     reader = connect(db, readonly=True)
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM t").fetchone()
