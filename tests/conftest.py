@@ -46,12 +46,18 @@ def _test_cluster_location() -> tuple[Path, int]:
 
 @pytest.fixture(scope="session")
 def cluster():
-    from sigma.slurm.cluster import ClusterSpec, LocalCluster
+    from sigma.slurm.client import Slurm
+    from sigma.slurm.cluster import ClusterError, ClusterSpec, LocalCluster
 
     state, port_base = _test_cluster_location()
     local = LocalCluster(state)
     local.down(keep_munge=True)  # a fresh start picks up config changes
-    local.up(ClusterSpec(nodes=4, port_base=port_base))
+    try:
+        local.up(ClusterSpec(nodes=4, port_base=port_base))
+    except ClusterError:
+        # slurmctld restored what a killed test session left in its saved state (a running job, a node down):
+        # cancel and resume as after every test, then go on
+        reset_cluster(Slurm(local.conf), local, timeout=120)
     yield local
     local.down(keep_munge=True)
 

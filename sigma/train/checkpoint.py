@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -130,6 +131,7 @@ class CheckpointManager:
         self._pending: Future | None = None
         self._written = threading.Event()  # cleared while a synchronous save (a just-in-time one) is being written
         self._written.set()
+        self._writing = 0  # nested in_flight() blocks of the training thread
         self.last_saved_step: int | None = None  # the step of the last save() or load(): the same on every rank
 
     def latest(self) -> Path | None:
@@ -142,11 +144,21 @@ class CheckpointManager:
         writer thread when in the background). Every rank calls save together."""
         if background:
             return self._save(step, state, meta, True, on_complete)
+        with self.in_flight():
+            return self._save(step, state, meta, False, on_complete)
+
+    @contextmanager
+    def in_flight(self):
+        """A synchronous save, and what the training thread does to record it, in one block: a rank that SLURM is
+        terminating waits for the whole block (finish_in_flight), so the save's event is not lost to the exit."""
+        self._writing += 1
         self._written.clear()
         try:
-            return self._save(step, state, meta, False, on_complete)
+            yield
         finally:
-            self._written.set()
+            self._writing -= 1
+            if not self._writing:
+                self._written.set()
 
     def _save(self, step: int, state: dict, meta: dict | None, background: bool,
               on_complete: Callable[[Path, float], None] | None) -> Path:

@@ -157,13 +157,16 @@ def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -
     if ckpt.last_saved_step == step - 1 or jit.rollback_state(state, step) is None:
         return None
     started = time.monotonic()
-    try:
-        path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
-    except save_errors() as exc:  # a full disk: the older checkpoints are left as they are
-        kpi.event("checkpoint_failed", f"rollback checkpoint of step {step - 1} failed: {exc}", step=step - 1)
-        return None
-    kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: {path}",
-              step=step - 1, path=str(path), save_s=round(time.monotonic() - started, 3), kind="rollback")
+    # the controller requeues on the NaN event while this is saved: the exit on its SIGTERM waits for the event too
+    with ckpt.in_flight():
+        try:
+            path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
+        except save_errors() as exc:  # a full disk: the older checkpoints are left as they are
+            kpi.event("checkpoint_failed", f"rollback checkpoint of step {step - 1} failed: {exc}", step=step - 1)
+            return None
+        kpi.event("checkpoint", f"rollback checkpoint of step {step - 1}, the last before the non-finite loss: "
+                  f"{path}", step=step - 1, path=str(path), save_s=round(time.monotonic() - started, 3),
+                  kind="rollback")
     return path
 
 

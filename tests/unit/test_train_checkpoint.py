@@ -159,3 +159,44 @@ def test_finish_in_flight_waits_for_a_synchronous_save_in_another_thread(tmp_pat
     assert order == ["waiting", "released", "finished"]
     assert mgr.latest().name == "step-00000005"  # complete, not half-written
     saving.join(60)
+
+
+def test_a_sigterm_exit_waits_until_the_nan_rollback_checkpoint_is_recorded(tmp_path):
+    """The controller requeues on the NaN event while every rank saves the rollback checkpoint: the rank's exit on
+    SLURM's SIGTERM must not come between the save and its `checkpoint` event, which says where to resume from."""
+    import threading
+    from types import SimpleNamespace
+
+    from sigma.train.jit import JitCheckpoints, save_rollback
+    from tests.conftest import wait_for
+
+    order, release = [], threading.Event()
+
+    class Written(threading.Event):  # says when the exit starts waiting
+        def wait(self, timeout=None):
+            order.append("waiting")
+            return super().wait(timeout)
+
+    class Kpi:  # the event is written only once released
+        def event(self, event, message, **fields):
+            release.wait(60)
+            order.append(f"{event} {fields.get('kind')}")
+
+    ctx = SimpleNamespace(world_size=1, ep_size=1)
+    jit = JitCheckpoints(tmp_path / "job", "node1", ctx)
+    jit.begin_step({"seed": 0, "step": 6}, {})
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=2)
+    mgr._written = Written()
+    mgr._written.set()
+    saving = threading.Thread(target=save_rollback, args=(jit, mgr, 7, state(6.0, 7), ctx, Kpi()))
+    saving.start()
+    wait_for(lambda: mgr.latest() is not None, timeout=60, what="the rollback checkpoint on disk")
+    exiting = threading.Thread(target=lambda: (mgr.finish_in_flight(), order.append("exit")))
+    exiting.start()
+    wait_for(lambda: "waiting" in order, timeout=60, what="the exit waiting")
+    order.append("released")
+    release.set()
+    exiting.join(60)
+    saving.join(60)
+    assert order == ["waiting", "released", "checkpoint rollback", "exit"]
+    assert mgr.latest().name == "step-00000006"
