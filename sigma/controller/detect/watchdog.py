@@ -97,7 +97,10 @@ def throughput(rows: Iterable[Mapping]) -> float | None:
     few long steps with many fast ones; its long steps fill less than half of the time, so a median (over rows or
     over time) sees the fast steps and misses the 30 % the job loses. Sums are exact (fsum): the same in any order,
     so running sums kept as rows come and go give the same value."""
-    points = rates(rows)
+    return weighted_mean(rates(rows))
+
+
+def weighted_mean(points: list[tuple[float, float]]) -> float | None:
     total = math.fsum(w for _, w in points)
     return math.fsum(v * w for v, w in points) / total if total > 0 else None
 
@@ -240,10 +243,10 @@ def _throughput_findings(job: JobInfo, current, now: float, cfg: WatchdogConfig,
                          history_median: float | None, base: dict) -> list[Finding]:
     """Throughput drop against the job's own recent past, and against its model config's history."""
     findings = []
-    recent = current.since(now - cfg.recent_window_s)
-    if len(rates(recent)) < cfg.min_points:
+    recent = rates(current.since(now - cfg.recent_window_s))
+    if len(recent) < cfg.min_points:
         return findings
-    recent_tp = throughput(recent)
+    recent_tp = weighted_mean(recent)
     points, base_tp = current.earlier(now - cfg.recent_window_s - cfg.baseline_window_s, now - cfg.recent_window_s)
     if points >= cfg.min_points:
         if recent_tp < (1 - cfg.drop_fraction) * base_tp:
