@@ -25,7 +25,8 @@ Goals (the 4-node figures are in docs/controller.md): 0 lost, p99 lag < 2 s, det
 Then the run as a timeline (--timeline S: slices of S seconds) beside what the controller was doing meanwhile: lag,
 tick durations, the ingest writer's groups (commits, rows, slowest write and commit), Python's collections and
 their pauses, the write-ahead log's and the database's size, retention passes, the machine's load; and the tick's
-parts (the Controller's methods timed). --wal-default and --gc-default run the comparison: SQLite's own WAL
+parts (the Controller's methods timed): the watchdog's two (`_update_kpi_window`, `_watch`) in every slice, to see
+whether its cost stays flat as the jobs' KPI windows fill (930 s with the shipped config), then the four largest. --wal-default and --gc-default run the comparison: SQLite's own WAL
 checkpoints, Python's default collector thresholds.
 
     .venv/bin/python bench/scale.py [--nodes 256] [--metrics 200] [--jobs 32] [--job-nodes 8] [--duration 600]

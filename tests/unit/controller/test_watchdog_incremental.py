@@ -13,6 +13,8 @@ from sigma.controller.db import KPI_COLUMNS, open_db
 from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.watchdog import JobInfo, RowsView, check_job, judge, throughput
 
+from tests.unit.controller.helpers import make_controller
+
 CFG = WatchdogConfig(hang_timeout_s=15.0, startup_grace_s=20.0, recent_window_s=10.0, baseline_window_s=60.0,
                      min_points=5, jitter_window_s=20.0)
 LOOKBACK = max(2 * CFG.hang_timeout_s, CFG.recent_window_s + CFG.baseline_window_s)
@@ -110,3 +112,39 @@ def test_forgotten_and_late_rows_keep_the_sums_exact(tmp_path):
         points, tp = view.earlier(t - 30.0, t - 5.0)
         inside = [r for r in rows if t - 30.0 <= r["ts"] < t - 5.0]
         assert (points, tp) == (len(inside), throughput(inside))
+
+
+def _stream(ctl, nodes, job, t0, t1, tps):
+    with ctl.conn:
+        for t in range(int(t0), int(t1)):
+            for rank, node in enumerate(nodes):
+                ctl.conn.execute("INSERT INTO samples VALUES (?, ?, 'host.cpu.util_pct', 5.0, '{}', '[]')",
+                                 (node, float(t)))
+                ctl.conn.execute("INSERT INTO kpis (node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s)"
+                                 " VALUES (?, ?, ?, ?, ?, 2.0, ?, ?)", (node, float(t), job, rank, t, 1000.0 / tps,
+                                                                       tps))
+
+
+def test_a_restarted_controller_judges_as_the_running_one(tmp_path):
+    """The loop's own path: a throughput drop judged from the running state, then by a controller started again on
+    the same database (its state rebuilt on its first tick), and from scratch: the same finding."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.enabled = False  # the watchdog's own verdict
+    nodes = ("node1", "node2")
+    start = clock() - 1000
+    slurm.run_job(1, list(nodes), start=start)
+    _stream(ctl, nodes, 1, clock() - 990, clock(), 1000.0)
+    ctl.tick()
+    for minute in range(10):  # a tick a minute: new rows arrive, the window's start passes old ones
+        clock.advance(60)
+        _stream(ctl, nodes, 1, clock() - 60, clock(), 500.0 if minute == 9 else 1000.0)
+        found = [f for f in ctl.tick() if f.source == "watchdog"]
+    assert [f.rule_id for f in found] == ["watchdog-throughput-drop"]
+    again, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock, conn=ctl.conn)
+    again.cfg.isolation.enabled = False
+    assert [f for f in again.tick() if f.source == "watchdog"] == found
+    at = clock() - 1  # judged as of the nodes' newest sample
+    lookback = max(2 * ctl.cfg.watchdog.hang_timeout_s,
+                   ctl.cfg.watchdog.recent_window_s + ctl.cfg.watchdog.baseline_window_s)
+    rows = _fresh(ctl.conn, 1, max(start, at - lookback))
+    assert check_job(JobInfo(1, nodes, start), rows, at, ctl.cfg.watchdog, ever_reported=True) == found
