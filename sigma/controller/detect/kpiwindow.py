@@ -220,9 +220,6 @@ class JobState:
     def _at(self, ts: float) -> int:
         return bisect_left(self.rows, ts, key=_TS)
 
-    def _between(self, lo: float, hi: float) -> int:
-        return self._at(hi) - self._at(lo)
-
 
 class KpiView:
     """watchdog.RowsView's questions answered from a job's JobState: the rows with ts >= start."""

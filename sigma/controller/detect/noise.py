@@ -107,7 +107,7 @@ def kpi_payload(row: Mapping) -> dict:
     return p if isinstance(p, dict) else {}
 
 
-@lru_cache(maxsize=1 << 16)  # more than the straggler window's rows at 256 nodes (32 jobs x 8 ranks x 30 s)
+@lru_cache(maxsize=1 << 16)  # the straggler window's rows at 256 nodes: 32 jobs x 64 ranks x 30 s = 61,440
 def _parsed(text: str) -> dict:
     try:
         p = json.loads(text)
@@ -195,7 +195,7 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
                     stability=throughput_stability(r.get("tokens_per_s") for r in rows))
     if not slow or out.jitter < cfg.min_jitter:
         return out
-    payloads = {r["step"]: dict(kpi_payload(r)) for r in rows}  # changed below
+    payloads = {r["step"]: dict(kpi_payload(r)) for r in rows}  # copies: changed below
     for p in payloads.values():  # waiting in a collective for a slower peer is the peer's noise, not this rank's
         if "blocked_s" in p:
             p["blocked_s"] = max(0.0, float(p["blocked_s"] or 0.0) - float(p.get("wait_s") or 0.0))
