@@ -25,7 +25,8 @@ Goals (the 4-node figures are in docs/controller.md): 0 lost, p99 lag < 2 s, det
 Then the run as a timeline (--timeline S: slices of S seconds) beside what the controller was doing meanwhile: lag,
 tick durations, the ingest writer's groups (commits, rows, slowest write and commit), Python's collections and
 their pauses, the write-ahead log's and the database's size, retention passes, the machine's load; and the tick's
-parts (the Controller's methods timed). --wal-default and --gc-default run the comparison: SQLite's own WAL
+parts (the Controller's methods timed): the watchdog's two (`_update_kpi_window`, `_watch`) in every slice, to see
+whether its cost stays flat as the jobs' KPI windows fill (930 s with the shipped config), then the four largest. --wal-default and --gc-default run the comparison: SQLite's own WAL
 checkpoints, Python's default collector thresholds.
 
     .venv/bin/python bench/scale.py [--nodes 256] [--metrics 200] [--jobs 32] [--job-nodes 8] [--duration 600]
@@ -571,14 +572,18 @@ def timeline(slice_s: float, t0: float, records: list, received: dict, probe: di
               f"{(f[-1][1] / 2**20) if f else float('nan'):>8.1f} {(f[-1][0] / 2**20) if f else float('nan'):>7.0f} "
               f"{sum(d for d, in retention.get(k, [])):>11.1f} "
               f"{statistics.mean([v for v, in load.get(k, [])]) if load.get(k) else float('nan'):>5.1f}")
-    print("\nthe tick's parts, seconds summed over each slice (the four largest):")
+    print("\nthe tick's parts, seconds summed over each slice: the watchdog's (its rows read, its jobs judged; the "
+          "mean and the largest per tick), then the four largest:")
     for k in sorted(phases):
         total: dict[str, float] = {}
         for (spent,) in phases[k]:
             for name, v in spent.items():
                 total[name] = total.get(name, 0.0) + v
+        watch = [spent.get("_watch", 0.0) for (spent,) in phases[k]]
         top = sorted(total.items(), key=lambda kv: -kv[1])[:4]
-        print(f"{k * slice_s:>5.0f}  " + "  ".join(f"{n} {v:.1f}" for n, v in top))
+        print(f"{k * slice_s:>5.0f}  _update_kpi_window {total.get('_update_kpi_window', 0.0):.2f}  _watch "
+              f"{total.get('_watch', 0.0):.2f} ({statistics.mean(watch) * 1000:.0f} / {max(watch) * 1000:.0f} ms)  |  "
+              + "  ".join(f"{n} {v:.1f}" for n, v in top))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
-from sigma.controller.detect.watchdog import JobInfo, check_job, typical_throughput
+from sigma.controller.detect.watchdog import JobInfo, RowsView, judge, typical_throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import (MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series,
                                  metric_findings, normalise)
@@ -397,14 +397,15 @@ class Controller:
     def _watch(self, job: Job, now: float, rule_findings: list[Finding], since_job: dict[int, float]) -> list[Finding]:
         w = self.cfg.watchdog
         start = float(job.start_time or 0)
-        rows = self.kpi_window.job_rows(job.job_id, max(start, now - self._lookback()))
-        if not rows:
+        # the job's rows with their running figures: a tick costs the rows that arrived, not the window (kpiwindow)
+        view = self.kpi_window.view(job.job_id, max(start, now - self._lookback()))
+        if not view.last(1):
             last = self.conn.execute(f"SELECT {KPI_COLUMNS} FROM kpis WHERE job_id = ? AND ts >= ? ORDER BY ts DESC"
                                      " LIMIT 1",
                                      (job.job_id, start)).fetchone()
-            rows = [dict(last)] if last else []
-        ever = rows != [] or self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1",
-                                               (job.job_id,)).fetchone() is not None
+            view = RowsView([dict(last)] if last else [])
+        ever = view.last(1) != [] or self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1",
+                                                    (job.job_id,)).fetchone() is not None
         if not ever:
             return []  # a job that does not report KPIs is not watched
         starts = [r[0] for r in self.conn.execute(
@@ -415,13 +416,13 @@ class Controller:
             "SELECT a.created_at FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue'"
             " AND a.target=? AND a.state='done' AND i.scope='node'", (str(job.job_id),))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
-        found = check_job(info, rows, now, w, ever_reported=ever, history_median=self._history(job, rows, now),
-                          start_times=own_restarts(distinct_starts(starts), node_requeues))
+        found = judge(info, view, now, w, ever_reported=ever, history_median=self._history(job, view.last(5), now),
+                      start_times=own_restarts(distinct_starts(starts), node_requeues))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
                     and self.cfg.isolation.enabled:
-                f = self._isolate(f, job, rows, now, rule_findings)
+                f = self._isolate(f, job, view.rows, now, rule_findings)
             if f is not None:
                 out.append(f)
         return out

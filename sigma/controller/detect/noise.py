@@ -28,6 +28,7 @@ import statistics
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from sigma.train.kpi import throughput_stability
 
@@ -97,13 +98,21 @@ class JobNoise:
 
 
 def kpi_payload(row: Mapping) -> dict:
-    """A KPI row's payload as a dict ({} where a rank wrote something else: the rank's own words, never trusted)."""
+    """A KPI row's payload as a dict ({} where a rank wrote something else: the rank's own words, never trusted).
+    Read-only (copy it to change it): a text payload is parsed once and shared, since the watchdog reads the same
+    rows' payloads every tick for as long as they stay in its windows."""
     p = row.get("payload") or {}
     if isinstance(p, str):
-        try:
-            p = json.loads(p)
-        except ValueError:
-            p = {}
+        return _parsed(p)
+    return p if isinstance(p, dict) else {}
+
+
+@lru_cache(maxsize=1 << 16)  # the straggler window's rows at 256 nodes: 32 jobs x 64 ranks x 30 s = 61,440
+def _parsed(text: str) -> dict:
+    try:
+        p = json.loads(text)
+    except ValueError:
+        return {}
     return p if isinstance(p, dict) else {}
 
 
@@ -186,7 +195,7 @@ def _rank(rank: int, rows: list[dict], series: dict, procs: dict, throttle: dict
                     stability=throughput_stability(r.get("tokens_per_s") for r in rows))
     if not slow or out.jitter < cfg.min_jitter:
         return out
-    payloads = {r["step"]: kpi_payload(r) for r in rows}
+    payloads = {r["step"]: dict(kpi_payload(r)) for r in rows}  # copies: changed below
     for p in payloads.values():  # waiting in a collective for a slower peer is the peer's noise, not this rank's
         if "blocked_s" in p:
             p["blocked_s"] = max(0.0, float(p["blocked_s"] or 0.0) - float(p.get("wait_s") or 0.0))

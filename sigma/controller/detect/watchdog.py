@@ -11,17 +11,23 @@
   attributes per rank;
 - crash loop: the job (re)started crash_loop_restarts times within the window.
 NaN/Inf loss is a knowledge-base rule (configs/rules/job.yaml).
+
+The checks read a job's rows through a view: RowsView computes everything from the rows (the reference), the
+controller's KpiWindow keeps the long-window parts (the highest step, the earlier throughput) as running state fed
+with each tick's new rows (kpiwindow.py), so a tick costs what arrived since the last one, not the job's history.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sigma.controller.config import WatchdogConfig
+from sigma.controller.detect.laggard import STEADY_S
 from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
-from sigma.controller.detect.laggard import held_shares, steady_window, waited_for_node
+from sigma.controller.detect.laggard import held_shares, waited_for_node
 from sigma.controller.detect.noise import job_stability
 from sigma.findings import Finding
 
@@ -69,27 +75,34 @@ def progress(job_id: int, kpis: Iterable[Mapping]) -> JobProgress:
     return JobProgress(job_id, max_step, progress_ts, last_ts, ranks)
 
 
+def rate(r: Mapping) -> tuple[float, float] | None:
+    """A row's (throughput, seconds it lasted): tokens_per_s, else 1/step_time_s; weighted by step_time_s."""
+    step_time = r.get("step_time_s")
+    step_time = float(step_time) if step_time is not None and step_time > 0 else None
+    if r.get("tokens_per_s") is not None and r["tokens_per_s"] > 0:
+        return float(r["tokens_per_s"]), step_time or 1.0
+    if step_time:
+        return 1.0 / step_time, step_time
+    return None
+
+
 def rates(rows: Iterable[Mapping]) -> list[tuple[float, float]]:
-    """Per-row (throughput, seconds it lasted): tokens_per_s, else 1/step_time_s; weighted by step_time_s."""
-    out = []
-    for r in rows:
-        step_time = r.get("step_time_s")
-        step_time = float(step_time) if step_time is not None and step_time > 0 else None
-        if r.get("tokens_per_s") is not None and r["tokens_per_s"] > 0:
-            out.append((float(r["tokens_per_s"]), step_time or 1.0))
-        elif step_time:
-            out.append((1.0 / step_time, step_time))
-    return out
+    """Per-row (throughput, seconds it lasted) of the rows that carry one."""
+    return [p for p in map(rate, rows) if p is not None]
 
 
 def throughput(rows: Iterable[Mapping]) -> float | None:
     """The throughput the job delivered: work done over the time it took (the mean rate weighted by each row's
     step time, i.e. tokens / seconds, or steps / seconds). A straggler stopped 30 % of every second alternates a
     few long steps with many fast ones; its long steps fill less than half of the time, so a median (over rows or
-    over time) sees the fast steps and misses the 30 % the job loses."""
-    points = rates(rows)
-    total = sum(w for _, w in points)
-    return sum(v * w for v, w in points) / total if total > 0 else None
+    over time) sees the fast steps and misses the 30 % the job loses. Sums are exact (fsum): the same in any order,
+    so running sums kept as rows come and go give the same value."""
+    return weighted_mean(rates(rows))
+
+
+def weighted_mean(points: list[tuple[float, float]]) -> float | None:
+    total = math.fsum(w for _, w in points)
+    return math.fsum(v * w for v, w in points) / total if total > 0 else None
 
 
 def typical_throughput(rows: Iterable[Mapping]) -> float | None:
@@ -105,22 +118,60 @@ def typical_throughput(rows: Iterable[Mapping]) -> float | None:
     return points[-1][0] if points else None
 
 
+class RowsView:
+    """A job's rows of its current run, everything computed from them on each call (the reference the controller's
+    running state must equal: kpiwindow.KpiView)."""
+
+    def __init__(self, rows: list[Mapping]):
+        self.rows = rows
+
+    def since(self, t: float) -> list[Mapping]:
+        """The rows with ts >= t, in their order."""
+        return [k for k in self.rows if k["ts"] >= t]
+
+    def last(self, n: int) -> list[Mapping]:
+        return self.rows[-n:]
+
+    def head(self) -> tuple[int | None, float | None]:
+        """(the highest step, when it was first reported)."""
+        prog = progress(0, self.rows)
+        return prog.max_step, prog.progress_ts
+
+    def progress(self, job_id: int) -> JobProgress:
+        return progress(job_id, self.rows)
+
+    def earlier(self, lo: float, hi: float) -> tuple[int, float | None]:
+        """(rows with a rate, their throughput) of the rows with lo <= ts < hi."""
+        rows = [k for k in self.rows if lo <= k["ts"] < hi]
+        return len(rates(rows)), throughput(rows)
+
+    def first_step_ts(self) -> float | None:
+        return min((k["ts"] for k in self.rows if k.get("step") is not None), default=None)
+
+
 def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
               history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
     """kpis: this job's rows since (at least) baseline_window_s + recent_window_s ago."""
+    return judge(job, RowsView([k for k in kpis if k["ts"] >= job.start_time]), now, cfg,
+                 ever_reported=ever_reported, history_median=history_median, start_times=start_times)
+
+
+def judge(job: JobInfo, current, now: float, cfg: WatchdogConfig, *, ever_reported: bool,
+          history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
+    """check_job over a view of the job's rows of its current run (RowsView, or the controller's KpiView)."""
     findings: list[Finding] = []
-    current = [k for k in kpis if k["ts"] >= job.start_time]
-    prog = progress(job.job_id, current)
+    max_step, progress_ts = current.head()
     base = dict(source="watchdog", scope="job", job_id=job.job_id)
     # hang
-    if prog.progress_ts is None:
+    if progress_ts is None:
         if ever_reported and now - job.start_time > cfg.startup_grace_s:
             findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
                                     summary=f"no training step in {now - job.start_time:.0f}s since (re)start",
                                     first_ts=job.start_time, last_ts=now, category="hang",
                                     evidence={"nodes": list(job.nodes), "since_start_s": now - job.start_time},
                                     **base))
-    elif now - prog.progress_ts > cfg.hang_timeout_s:
+    elif now - progress_ts > cfg.hang_timeout_s:
+        prog = current.progress(job.job_id)  # the ranks' evidence, read only for a hang
         findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
                                 summary=f"no step progress for {now - prog.progress_ts:.0f}s (step {prog.max_step})",
                                 first_ts=prog.progress_ts, last_ts=now, category="hang",
@@ -145,11 +196,18 @@ def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig
     return findings
 
 
-def _straggler_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
-                        base: dict) -> list[Finding]:
+def _steady_window(current, now: float) -> list[Mapping]:
+    """laggard.steady_window over a view: the last WINDOW_S of step rows once the run has stepped STEADY_S."""
+    first = current.first_step_ts()
+    if first is None or first > now - STEADY_S:
+        return []
+    return [r for r in current.since(now - LAGGARD_WINDOW_S) if r.get("step") is not None]
+
+
+def _straggler_findings(job: JobInfo, current, now: float, cfg: WatchdogConfig, base: dict) -> list[Finding]:
     """The node every other node waits for, held off the CPU outside collectives (only where the ranks report
     blocked_s: without it a node waited for is judged only beside a throughput drop)."""
-    recent = steady_window(current, now)
+    recent = _steady_window(current, now)
     if len(job.nodes) < 2 or len(rates(recent)) < cfg.min_points:
         return []
     held = held_shares(recent)
@@ -168,9 +226,8 @@ def _straggler_findings(job: JobInfo, current: list[Mapping], now: float, cfg: W
                               "held_shares": {n: round(v, 3) for n, v in sorted(held.items())}}, **base)]
 
 
-def _jitter_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
-                     base: dict) -> list[Finding]:
-    window = [k for k in current if k["ts"] >= now - cfg.jitter_window_s]
+def _jitter_findings(job: JobInfo, current, now: float, cfg: WatchdogConfig, base: dict) -> list[Finding]:
+    window = current.since(now - cfg.jitter_window_s)
     stability = job_stability(window)
     if stability is None or stability["steps"] < 2 * cfg.min_points or stability["cv"] <= cfg.jitter_cv:
         return []
@@ -182,18 +239,16 @@ def _jitter_findings(job: JobInfo, current: list[Mapping], now: float, cfg: Watc
                     evidence={"stability": stability, "nodes": list(job.nodes)}, **base)]
 
 
-def _throughput_findings(job: JobInfo, current: list[Mapping], now: float, cfg: WatchdogConfig,
+def _throughput_findings(job: JobInfo, current, now: float, cfg: WatchdogConfig,
                          history_median: float | None, base: dict) -> list[Finding]:
     """Throughput drop against the job's own recent past, and against its model config's history."""
     findings = []
-    recent = [k for k in current if k["ts"] >= now - cfg.recent_window_s]
-    earlier = [k for k in current if now - cfg.recent_window_s - cfg.baseline_window_s <= k["ts"]
-               < now - cfg.recent_window_s]
-    if len(rates(recent)) < cfg.min_points:
+    recent = rates(current.since(now - cfg.recent_window_s))
+    if len(recent) < cfg.min_points:
         return findings
-    recent_tp = throughput(recent)
-    if len(rates(earlier)) >= cfg.min_points:
-        base_tp = throughput(earlier)
+    recent_tp = weighted_mean(recent)
+    points, base_tp = current.earlier(now - cfg.recent_window_s - cfg.baseline_window_s, now - cfg.recent_window_s)
+    if points >= cfg.min_points:
         if recent_tp < (1 - cfg.drop_fraction) * base_tp:
             findings.append(Finding(rule_id="watchdog-throughput-drop", severity="warning", action="notify",
                                     summary=f"throughput {recent_tp:.3g} is {100 * (1 - recent_tp / base_tp):.0f}% "
