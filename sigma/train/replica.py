@@ -163,7 +163,8 @@ class _Staging:
             self.buffer = torch.empty(0, dtype=torch.uint8)
         return skeleton, tensors
 
-    def fill(self, skeleton, tensors: list[torch.Tensor], target: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
+    def fill(self, skeleton, tensors: list[torch.Tensor],
+             target: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
         if target is None:
             if self.buffer.numel() != self.size:
                 self.buffer = torch.zeros(self.size, dtype=torch.uint8)  # zeros: the padding is checksummed

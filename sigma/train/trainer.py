@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from sigma.train import data as data_mod
+from sigma.train.adamw import AdamW  # torch's, minus the seconds of importing torch._dynamo
 from sigma.train.checkpoint import CheckpointManager, checkpoint_step
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
@@ -112,7 +113,7 @@ def build_optimizer(model, cfg: OptimConfig, device: torch.device):
     decay = [p for n, p in named if p.ndim >= 2 and "embeddings" not in n]
     no_decay = [p for n, p in named if not (p.ndim >= 2 and "embeddings" not in n)]
     fused = cfg.fused and device.type in torch.utils._foreach_utils._get_fused_kernels_supported_devices()
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+    opt = AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                             fused=True if fused else None, foreach=None if fused else True)
