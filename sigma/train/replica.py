@@ -6,13 +6,14 @@ it outlives the training processes (SLURM kills them all on a requeue) but not t
 `<replica_dir>/<node>/<run>/`, its ranks' own copies and the copies their peers sent, each as a payload file
 (`rank-<R>.step-<N>.bin`: the tensors' bytes back to back, no pickling) and a manifest (`.json`: run, config
 fingerprint, world size, ep, step, source rank, size, CRC-32C, and the layout: every tensor's name, dtype, shape and
-offset, with the small rest of the state, sampler position and step), each written with one write and a rename: a
-replica is either whole or absent.
+offset, with the small rest of the state, sampler position and step), each made visible by a rename once whole
+(the payload filled in place, the manifest written with one write, last): a replica is either whole or absent.
 
-What a step pays: the step's state is copied into a preallocated flat buffer (one copy per tensor) by a replication
-thread, which then checksums it, exchanges it with the peer over a gloo group of its own and writes it; the training
-thread hands the step over and goes on (its next optimiser step waits only until the copy is taken, which takes a
-small part of a forward and backward pass). A round that comes due while the previous one is still in flight on any
+What a step pays: the step's state is copied (one copy per tensor) by a replication thread straight into the payload
+file of its replica, mapped into the process, which then checksums it and exchanges it with the peer over a gloo
+group of its own, the peer's received straight into a mapped payload file too (no write copies either again); the
+training thread hands the step over and goes on (its next optimiser step waits only until the copy is taken, which
+takes a small part of a forward and backward pass). A round that comes due while the previous one is still in flight on any
 rank is skipped (every rank agrees, from a flag on the step's loss all-reduce) and the next step tries again: the
 step never waits for a replica, and the KPI line says how far behind the replicas are (`replica_step`,
 `replica_skipped`). Peer of rank r: r + ranks-per-node (mod world), i.e. the same local rank on the next node.
