@@ -520,13 +520,13 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 if loads is not None:  # before the optimiser step: the state changes with no collective inside
                     ctx.all_reduce_sum(loads)
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
+                if cfg.checkpoint.nan_rollback:  # before the event: the controller requeues on it, at once
+                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
                            f"the newest checkpoint is {ckpt.latest()}")
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
-                if cfg.checkpoint.nan_rollback:
-                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 raise TrainingStopped(message)
             if layout is None:
                 sync_gradients(ctx, named)
