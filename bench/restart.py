@@ -124,7 +124,8 @@ def measure(slurm: Slurm, cluster: LocalCluster, work: Path, mode: str, replicas
 def import_split(tree: Path | None = None) -> dict[str, float]:
     """Seconds a fresh interpreter spends importing the trainer (`python -X importtime`) of this checkout, or of
     `tree` (another version of it), split into torch, torch._dynamo and torch.distributed.checkpoint where the
-    start-up imports them, and this project's own modules (their self time); then, timed apart, what importing
+    start-up imports them, and this project's own modules (their self time); then, timed apart, what building the
+    trainer's optimiser costs (torch's own AdamW imports torch._dynamo on first use) and what importing
     torch.distributed.checkpoint costs afterwards (what the first checkpoint load or save pays if the start-up
     did not)."""
     import subprocess
@@ -132,6 +133,9 @@ def import_split(tree: Path | None = None) -> dict[str, float]:
     prelude = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
                f"getattr(f, '__module__', '')]; sys.path.insert(0, {str(tree)!r}); " if tree else "")
     code = (prelude + "import time, sys; import sigma.train.launch, sigma.train.trainer; t = time.perf_counter(); "
+            "import torch; from sigma.train.train_config import OptimConfig; "
+            "sigma.train.trainer.build_optimizer(torch.nn.Linear(4, 4), OptimConfig(), torch.device('cpu')); "
+            "print(time.perf_counter() - t); t = time.perf_counter(); "
             "import torch.distributed.checkpoint; print(time.perf_counter() - t)")
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
                           check=True, cwd=tree or REPO)
@@ -149,9 +153,10 @@ def import_split(tree: Path | None = None) -> dict[str, float]:
         if name == "sigma.train.trainer":
             first = False  # what follows is the DCP import timed apart
     total = cumulative.get("sigma.train.launch", 0.0) + cumulative.get("sigma.train.trainer", 0.0)
+    optimiser, dcp = (float(x) for x in proc.stdout.split())
     return {"all": total, "torch": cumulative.get("torch", 0.0), "torch._dynamo": cumulative.get("torch._dynamo", 0.0),
             "torch.distributed.checkpoint": cumulative.get("torch.distributed.checkpoint", 0.0),
-            "sigma (own)": own, "DCP later, when first needed": float(proc.stdout.strip() or 0.0)}
+            "sigma (own)": own, "then the optimiser built": optimiser, "then DCP, when first needed": dcp}
 
 
 def main() -> int:
@@ -211,9 +216,10 @@ def print_imports(baseline: Path | None) -> None:
     print(f"imports of a fresh rank (python -X importtime, median of 2, load average {min(loads):.1f}-"
           f"{max(loads):.1f}), seconds:")
     keys = list(runs[trees[0][0]][0])
-    print(f"{'':<16}" + "".join(f"{k:>30}" for k in keys))
+    print(f"{'':<16}" + "".join(f"{k:>{len(k) + 2}}" for k in keys))
     for name, _ in trees:
-        print(f"{name:<16}" + "".join(f"{statistics.median(r[k] for r in runs[name]):>30.2f}" for k in keys))
+        print(f"{name:<16}" + "".join(f"{statistics.median(r[k] for r in runs[name]):>{len(k) + 2}.2f}"
+                                      for k in keys))
 
 
 if __name__ == "__main__":

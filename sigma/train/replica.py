@@ -6,13 +6,14 @@ it outlives the training processes (SLURM kills them all on a requeue) but not t
 `<replica_dir>/<node>/<run>/`, its ranks' own copies and the copies their peers sent, each as a payload file
 (`rank-<R>.step-<N>.bin`: the tensors' bytes back to back, no pickling) and a manifest (`.json`: run, config
 fingerprint, world size, ep, step, source rank, size, CRC-32C, and the layout: every tensor's name, dtype, shape and
-offset, with the small rest of the state, sampler position and step), each written with one write and a rename: a
-replica is either whole or absent.
+offset, with the small rest of the state, sampler position and step), each made visible by a rename once whole
+(the payload filled in place, the manifest written with one write, last): a replica is either whole or absent.
 
-What a step pays: the step's state is copied into a preallocated flat buffer (one copy per tensor) by a replication
-thread, which then checksums it, exchanges it with the peer over a gloo group of its own and writes it; the training
-thread hands the step over and goes on (its next optimiser step waits only until the copy is taken, which takes a
-small part of a forward and backward pass). A round that comes due while the previous one is still in flight on any
+What a step pays: the step's state is copied (one copy per tensor) by a replication thread straight into the payload
+file of its replica, mapped into the process, which then checksums it and exchanges it with the peer over a gloo
+group of its own, the peer's received straight into a mapped payload file too (no write copies either again); the
+training thread hands the step over and goes on (its next optimiser step waits only until the copy is taken, which
+takes a small part of a forward and backward pass). A round that comes due while the previous one is still in flight on any
 rank is skipped (every rank agrees, from a flag on the step's loss all-reduce) and the next step tries again: the
 step never waits for a replica, and the KPI line says how far behind the replicas are (`replica_step`,
 `replica_skipped`). Peer of rank r: r + ranks-per-node (mod world), i.e. the same local rank on the next node.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import queue
 import shutil
@@ -141,26 +143,91 @@ def checksum(payload) -> str:
 
 
 class _Staging:
-    """A preallocated flat buffer a state is copied into, one copy per tensor; rebuilt only when the state's
-    tensors change (names, shapes, dtypes)."""
+    """Where a state is copied, one copy per tensor: the payload file of its replica in node memory, mapped into
+    this process (`target`), or else a preallocated buffer of the process; the layout is worked out again only when
+    the state's tensors change (shapes, dtypes)."""
 
     def __init__(self):
         self.key = None
         self.buffer = torch.empty(0, dtype=torch.uint8)
         self.layout: list[list] = []
-        self.views: list[torch.Tensor] = []
+        self.size = 0
+        self._views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # id(buffer) -> (buffer, its views)
 
-    def fill(self, state: dict) -> tuple[dict, torch.Tensor]:
+    def plan(self, state: dict) -> tuple[object, list[torch.Tensor]]:
+        """(skeleton, tensors) of a state; sets layout and size."""
         skeleton, tensors = _split(state)
         key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
         if key != self.key:
-            self.layout, size = _layout(tensors)
-            self.buffer = torch.zeros(size, dtype=torch.uint8)  # zeros: the padding is part of the checksum
-            self.views, self.key = _views(self.buffer, self.layout), key
+            self.layout, self.size = _layout(tensors)
+            self.key, self._views = key, {}
+            self.buffer = torch.empty(0, dtype=torch.uint8)
+        return skeleton, tensors
+
+    def fill(self, skeleton, tensors: list[torch.Tensor],
+             target: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
+        if target is None:
+            if self.buffer.numel() != self.size:
+                self.buffer = torch.zeros(self.size, dtype=torch.uint8)  # zeros: the padding is checksummed
+            target = self.buffer
+        held = self._views.get(id(target))
+        if held is None or held[0] is not target:
+            held = self._views[id(target)] = (target, _views(target, self.layout))
+            while len(self._views) > 2 * (KEEP + 2):  # the mapped files come round again: drop the oldest
+                self._views.pop(next(iter(self._views)))
         if tensors:
             with torch.no_grad():
-                torch._foreach_copy_(self.views, tensors)  # one call: one GIL release for all the tensors
-        return {"skeleton": skeleton, "layout": self.layout}, self.buffer
+                torch._foreach_copy_(held[1], tensors)  # one call: one GIL release for all the tensors
+        return {"skeleton": skeleton, "layout": self.layout}, target
+
+
+class _MappedPayloads:
+    """Payload files in node memory, each mapped into this process once: a round's state is copied, and the peer's
+    received, straight into the file that becomes the replica, so no write copies it again. The file of a source
+    rank's oldest replica, when it is pruned, becomes that source's spare and is taken for its next round, mapping
+    and all (its tmpfs pages stay allocated and mapped). Space is allocated up front (posix_fallocate), so a full
+    tmpfs is an error here, never a SIGBUS on a mapped page."""
+
+    def __init__(self, limit: int):
+        self.limit = limit  # files kept mapped: the replicas kept and the ones in flight
+        self._held: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}  # (dev, inode) -> (fd, buffer)
+
+    def take(self, spare: Path, tmp: Path, size: int) -> torch.Tensor:
+        """A file of `size` bytes at `tmp` (the spare moved there, when there is one), mapped."""
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(spare, tmp)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)  # the held fd keeps the inode: its number is not reused meanwhile
+            held = self._held.pop(key, None)
+            if held is not None and held[1].numel() == size:
+                os.close(fd)
+                self._held[key] = held  # most recently used last
+                return held[1]
+            if held is not None:
+                os.close(held[0])
+            os.ftruncate(fd, size)
+            if size:
+                os.posix_fallocate(fd, 0, size)
+            buffer = (torch.frombuffer(mmap.mmap(fd, size), dtype=torch.uint8) if size
+                      else torch.empty(0, dtype=torch.uint8))
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        self._held[key] = (fd, buffer)
+        while len(self._held) > self.limit:
+            os.close(self._held.pop(next(iter(self._held)))[0])
+        return buffer
+
+    def close(self) -> None:
+        for fd, _ in self._held.values():
+            os.close(fd)
+        self._held.clear()
 
 
 class PeerReplicas:
@@ -193,7 +260,8 @@ class PeerReplicas:
         self.done_step = 0  # the newest step this rank's replica was written (KPI `replica_step`)
         self.skipped = 0  # rounds put off because the previous one was still in flight (KPI `replica_skipped`)
         self._staging = _Staging()
-        self._incoming = torch.empty(0, dtype=torch.uint8)
+        self._incoming = torch.empty(0, dtype=torch.uint8)  # where the peer's payload goes when no file can take it
+        self._mapped = _MappedPayloads(2 * (KEEP + 1))  # own and peer's: the kept replicas and the one in flight
         self._idle = threading.Event()  # no round in flight
         self._idle.set()
         self._copied = threading.Event()  # the round in flight has copied the state: training may change it
@@ -254,32 +322,55 @@ class PeerReplicas:
                 self._idle.set()
 
     def _replicate(self, step: int, state: dict) -> None:
-        mine, payload, failure = None, None, ""
+        mine, payload, failure, own = None, None, "", None
         try:
-            fields, payload = self._staging.fill(state)
+            skeleton, tensors = self._staging.plan(state)
+            own = self._take(self.ctx.rank, step, self._staging.size)
+            fields, payload = self._staging.fill(skeleton, tensors, own and own[1])
             mine = {**self._manifest(self.ctx.rank, step, payload), **fields}
         except Exception as exc:  # the peer still gets our header, so it never waits for a payload
             failure = f"{type(exc).__name__}: {exc}"
         finally:
             self._copied.set()
             del state
-        # exchange first: a write that fails here (a full tmpfs) must not leave the peer waiting for our send
-        theirs, incoming = self._exchange(mine, payload, failure) if (self.sends or self.receives) else (None, None)
-        if mine is None:
-            raise RuntimeError(f"the state of step {step} could not be copied: {failure}")
-        self._write(self.dir, mine, payload)
-        if theirs is not None:
-            self._write(self.dir, theirs, incoming)
+        written, into = own and own[0], None
+        try:
+            # exchange first: a write that fails here (a full tmpfs) must not leave the peer waiting for our send
+            theirs, incoming, into = (self._exchange(mine, payload, failure, step) if (self.sends or self.receives)
+                                      else (None, None, None))
+            if mine is None:
+                raise RuntimeError(f"the state of step {step} could not be copied: {failure}")
+            self._write(self.dir, mine, payload, written=written)
+            written = None
+            if theirs is not None:
+                self._write(self.dir, theirs, incoming, written=into)
+                into = None
+        finally:  # a payload file not made a replica is removed: nothing half-written stays
+            for left in (written, into):
+                if left is not None:
+                    left.unlink(missing_ok=True)
         self.done_step = step
+
+    def _take(self, src: int, step: int, size: int) -> tuple[Path, torch.Tensor] | None:
+        """(temporary name, mapping) of a payload file in node memory for source rank `src`'s replica of `step`;
+        None where none can be had (a file system without posix_fallocate, a full one): the payload then goes to
+        a buffer of this process and is written as before, where a full tmpfs is a clear error."""
+        tmp = self.dir / f".rank-{src}.step-{step:08d}.bin.tmp-{self.ctx.rank}-{threading.get_ident()}"
+        try:
+            return tmp, self._mapped.take(self.dir / f".spare.rank-{src}", tmp, size)
+        except Exception:  # never raised to the exchange: the peer's send must complete
+            return None
 
     def _manifest(self, src: int, step: int, payload: torch.Tensor) -> dict:
         return {"run": self.run, "fingerprint": self.fp, "world_size": self.ctx.world_size, "ep": self.ctx.ep_size,
                 "step": step, "rank": src, "node": self.node, "bytes": payload.numel(),
                 "crc32c": checksum(payload.numpy())}
 
-    def _exchange(self, mine: dict | None, payload: torch.Tensor | None,
-                  failure: str) -> tuple[dict | None, torch.Tensor | None]:
-        """Send our manifest and payload to send_to, receive recv_from's (manifest sizes first)."""
+    def _exchange(self, mine: dict | None, payload: torch.Tensor | None, failure: str,
+                  step: int) -> tuple[dict | None, torch.Tensor | None, Path | None]:
+        """Send our manifest and payload to send_to, receive recv_from's (manifest sizes first) straight into a
+        payload file in node memory; returns (their manifest, their payload, its file: None where it went to a
+        buffer of this process instead, see `_take`)."""
         import torch.distributed as dist
 
         header = json.dumps(mine if mine is not None else {"failed": failure}).encode()
@@ -301,38 +392,51 @@ class PeerReplicas:
         theirs = json.loads(header_in.numpy().tobytes()) if self.receives else None
         if theirs is not None and "failed" in theirs:
             theirs = None  # the peer could not copy its state this round: nothing comes
-        reqs = []
+        reqs, incoming, into = [], None, None
         if self.sends and mine is not None and payload.numel():
             reqs.append(dist.isend(payload, self.send_to, group=self.group))
         if theirs is not None:
-            if self._incoming.numel() != theirs["bytes"]:
-                self._incoming = torch.empty(theirs["bytes"], dtype=torch.uint8)
+            taken = self._take(theirs["rank"], step, theirs["bytes"])
+            if taken is None:
+                if self._incoming.numel() != theirs["bytes"]:
+                    self._incoming = torch.empty(theirs["bytes"], dtype=torch.uint8)
+                incoming = self._incoming
+            else:
+                into, incoming = taken
             if theirs["bytes"]:
-                reqs.append(dist.irecv(self._incoming, self.recv_from, group=self.group))
-        for r in reqs:
-            r.wait()
-        return theirs, self._incoming
+                reqs.append(dist.irecv(incoming, self.recv_from, group=self.group))
+        try:
+            for r in reqs:
+                r.wait()
+        except BaseException:
+            if into is not None:
+                into.unlink(missing_ok=True)
+            raise
+        return theirs, incoming, into
 
-    def _write(self, where: Path, manifest: dict, payload, durable: bool = False) -> None:
-        """One replica under `where`: the payload with one write, then the manifest, each by rename (the manifest
-        last: a replica is visible only once both are whole); the versions past KEEP of its source are dropped,
-        the payload file of the oldest kept to be written over next time (tmpfs pages stay allocated)."""
+    def _write(self, where: Path, manifest: dict, payload, durable: bool = False,
+               written: Path | None = None) -> None:
+        """One replica under `where`: the payload with one write (or already in the file `written`, a mapped one),
+        then the manifest, each by rename (the manifest last: a replica is visible only once both are whole); the
+        versions past KEEP of its source are dropped, the payload file of the oldest kept to be written over next
+        time (tmpfs pages stay allocated)."""
         where.mkdir(parents=True, exist_ok=True)
         src, step = manifest["rank"], manifest["step"]
         name = f"rank-{src}.step-{step:08d}"
         tag = f"{self.ctx.rank}-{threading.get_ident()}"  # ranks of one node, and two threads, may write one replica
         spare = where / f".spare.rank-{src}"  # one writer per source rank on a node (see `sends`)
-        tmp_payload, tmp_manifest = where / f".{name}.bin.tmp-{tag}", where / f".{name}.json.tmp-{tag}"
-        data = memoryview(payload.numpy() if isinstance(payload, torch.Tensor) else payload).cast("B")
+        tmp_payload, tmp_manifest = written or where / f".{name}.bin.tmp-{tag}", where / f".{name}.json.tmp-{tag}"
         try:
-            if not durable and spare.exists():
-                os.replace(spare, tmp_payload)
-            with open(tmp_payload, "r+b" if tmp_payload.exists() else "wb") as f:
-                f.write(data)
-                f.truncate()
-                if durable:  # on disk, not tmpfs: written through before the rename makes it visible
-                    f.flush()
-                    os.fsync(f.fileno())
+            if written is None:
+                data = memoryview(payload.numpy() if isinstance(payload, torch.Tensor) else payload).cast("B")
+                if not durable and spare.exists():
+                    os.replace(spare, tmp_payload)
+                with open(tmp_payload, "r+b" if tmp_payload.exists() else "wb") as f:
+                    f.write(data)
+                    f.truncate()
+                    if durable:  # on disk, not tmpfs: written through before the rename makes it visible
+                        f.flush()
+                        os.fsync(f.fileno())
             with open(tmp_manifest, "wb") as f:
                 f.write(json.dumps(manifest).encode())
                 if durable:
@@ -424,6 +528,9 @@ class PeerReplicas:
     def restore(self, disk_step: int, model, optimizer, named) -> dict | None:
         """Every rank together: the newest replica set held across the nodes, if newer than disk_step, loaded into
         model and optimizer; returns its trainer/rng state ({"step", "sampler", "rng", "node"}) or None."""
+        # payload files a killed run was filling: no round is in flight on this node before this collective
+        for left in self.dir.glob(f".rank-*.step-*.bin.tmp-{self.ctx.rank}-*"):
+            left.unlink(missing_ok=True)
         # what the shared directory holds is rank 0's reading, so that every rank plans the same transfers
         mine = {"node": self.node, "held": self.held(),
                 "shared": self._held_in(self.shared) if self.ctx.rank == 0 else {}}
@@ -493,6 +600,8 @@ class PeerReplicas:
             self._work.put(None)
             self._thread.join()
             self._thread = None
+        self._mapped.close()
+        self._staging = _Staging()  # its views of the mapped files go too
         if finished:
             if self.group is not None:
                 import torch.distributed as dist

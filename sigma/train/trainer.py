@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from sigma.train import data as data_mod
+from sigma.train.adamw import AdamW  # torch's, minus the seconds of importing torch._dynamo
 from sigma.train.checkpoint import CheckpointManager, checkpoint_step
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
@@ -112,10 +113,10 @@ def build_optimizer(model, cfg: OptimConfig, device: torch.device):
     decay = [p for n, p in named if p.ndim >= 2 and "embeddings" not in n]
     no_decay = [p for n, p in named if not (p.ndim >= 2 and "embeddings" not in n)]
     fused = cfg.fused and device.type in torch.utils._foreach_utils._get_fused_kernels_supported_devices()
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                            fused=True if fused else None, foreach=None if fused else True)
+    opt = AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                 {"params": no_decay, "weight_decay": 0.0}],
+                lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                fused=True if fused else None, foreach=None if fused else True)
     # Create the (zero) state now, exactly as AdamW's first step would, so checkpoints always hold it.
     for group in opt.param_groups:
         for p in group["params"]:
@@ -519,13 +520,13 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 if loads is not None:  # before the optimiser step: the state changes with no collective inside
                     ctx.all_reduce_sum(loads)
             if not (math.isfinite(loss_value) and math.isfinite(aux_value)):
+                if cfg.checkpoint.nan_rollback:  # before the event: the controller requeues on it, at once
+                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 message = (f"non-finite loss {loss_value} (aux {aux_value}) at step {step}; training stopped, "
                            f"the newest checkpoint is {ckpt.latest()}")
                 kpi.event("nan_loss", message, step=step, loss=loss_value)
                 if is_main:
                     print(f"sigma train: {message}", file=out, flush=True)
-                if cfg.checkpoint.nan_rollback:
-                    save_rollback(jit, ckpt, step, full_state({}), ctx, kpi)
                 raise TrainingStopped(message)
             if layout is None:
                 sync_gradients(ctx, named)

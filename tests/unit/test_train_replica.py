@@ -187,3 +187,35 @@ def test_a_partial_replica_is_ignored_and_the_complete_older_one_used(tmp_path):
     assert replicas.held() == {0: [4]}
     (message,) = events
     assert "rank-0.step-00000005" in message and "corrupt or partial (6 bytes" in message
+
+
+def test_a_round_is_copied_straight_into_node_memory_files_that_come_round_again(tmp_path):
+    """No write after the copy: the payload files are mapped and taken again once their replica is pruned (3
+    files for 2 kept replicas); what a killed run was filling is removed at the next start."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from sigma.train.replica import PeerReplicas, unpack
+
+    ctx = SimpleNamespace(distributed=False, rank=0, world_size=1, ep_size=1)
+    replicas = PeerReplicas(tmp_path, "n1", "run-a", "fp-a", ctx, 1, 1)
+    inodes = []
+    for step in range(1, 8):
+        replicas.after_step(step, lambda: {"x": torch.full((1000,), float(step)), "step": step})
+        replicas.wait()
+        inodes.append((replicas.dir / f"rank-0.step-{step:08d}.bin").stat().st_ino)
+    assert len(set(inodes)) == 3 and inodes[3:6] == inodes[0:3]
+    assert replicas.held() == {0: [6, 7]}
+    name = replicas.dir / "rank-0.step-00000007"
+    state = unpack(json.loads(Path(f"{name}.json").read_text()), bytearray(Path(f"{name}.bin").read_bytes()))
+    assert state["step"] == 7 and torch.equal(state["x"], torch.full((1000,), 7.0))
+    assert f"{name}.bin" in Path("/proc/self/maps").read_text()  # the copy's destination was the file itself
+    replicas.close()
+    left = replicas.dir / ".rank-0.step-00000008.bin.tmp-0-12345"  # a run killed while copying step 8
+    left.write_bytes(b"half")
+    restarted = PeerReplicas(tmp_path, "n1", "run-a", "fp-a", ctx, 1, 1)
+    assert restarted.restore(7, None, None, None) is None  # a disk checkpoint of step 7: nothing newer to load
+    assert not left.exists()
