@@ -157,7 +157,7 @@ def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -
     if ckpt.last_saved_step == step - 1 or jit.rollback_state(state, step) is None:
         return None
     started = time.monotonic()
-    # the controller requeues on the NaN event while this is saved: the exit on its SIGTERM waits for the event too
+    # a SIGTERM meanwhile (a requeue, a cancel) ends the rank only once the save and its record are written
     with ckpt.in_flight():
         try:
             path = ckpt.save(step - 1, state, _meta(ctx, "rollback"), background=False)
