@@ -132,11 +132,12 @@ class Slurm:
 
         slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
         created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.
-        So never start sooner than REQUEUE_SETTLE_S after the requeue (known from requeue() or requeued_at).
+        So never start sooner than REQUEUE_SETTLE_S after the requeue (known from requeue() or requeued_at). A job
+        requeued by someone else (submitit's timeout hook, a failed prolog) was requeued before its caller saw it
+        pending, so waiting REQUEUE_SETTLE_S from now is enough.
         """
-        requeued_at = requeued_at or self._requeued_at.get(int(job_id))
-        if requeued_at is not None:
-            time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))
+        requeued_at = requeued_at or self._requeued_at.get(int(job_id)) or time.time()
+        time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:
