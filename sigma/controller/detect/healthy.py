@@ -45,6 +45,7 @@ MIN_VALUES = 500  # healthy values a node's histogram needs before its percentil
 SLICE_S = 20.0  # seconds of samples each value is the mean (a gauge) or rate (a counter) of
 SAVE_S = 600.0  # how often the histograms are written to detector_state
 STATE_KEY = "isolation.healthy"
+WEIGHTS_S = 300.0  # a job's lone weights are recomputed at most this often (loop.HISTORY_REFRESH_S)
 # where a Gaussian's two-sided 99.9th percentile falls relative to its 99th: 3.29 / 2.58
 GAUSS_TAIL = NormalDist().inv_cdf(1 - 0.001 / 2) / NormalDist().inv_cdf(1 - 0.01 / 2)
 LOG_G = math.log(GAMMA)
@@ -219,6 +220,7 @@ class HealthyFeed:
         self.next_at = 0.0
         self.saved_at = clock()
         self.previous: dict[str, list[tuple]] = {}  # node -> its previous slice's rows (a counter's continuity)
+        self._weights: dict[tuple, tuple[float, np.ndarray]] = {}  # (nodes, features) -> (when, lone weights)
 
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
@@ -267,5 +269,15 @@ class HealthyFeed:
         self.saved_at = self.clock()
 
     def weights(self, nodes: Sequence[str], names: Sequence[str], base) -> np.ndarray:
-        """isolation.score's `lone`: the lone-metric weights of a job's features (NaN for the KPI features)."""
-        return lone_weights(self.sketches, nodes, names, base.peer_center, base.peer_scale)
+        """isolation.score's `lone`: the lone-metric weights of a job's features (NaN for the KPI features),
+        recomputed at most every WEIGHTS_S (the hour's history they are scaled by is re-read as seldom; at 256
+        nodes x 1,600 series they take about a second)."""
+        key = (tuple(nodes), tuple(names))
+        now = self.clock()
+        cached = self._weights.get(key)
+        if cached is None or now - cached[0] >= WEIGHTS_S:
+            if len(self._weights) > 256:
+                self._weights.clear()
+            cached = self._weights[key] = (now, lone_weights(self.sketches, nodes, names, base.peer_center,
+                                                             base.peer_scale))
+        return cached[1]

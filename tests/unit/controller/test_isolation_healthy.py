@@ -200,3 +200,18 @@ def test_feed_saves_its_histograms_and_a_new_controller_reads_them_back(conn):
     again = HealthyFeed(conn, 120.0, lambda: clock[0])
     assert again.sketches.index == feed.sketches.index
     assert np.array_equal(again.sketches.counts[:4], feed.sketches.counts[:4])
+
+
+def test_a_jobs_lone_weights_are_kept_until_the_history_is_read_again(conn):
+    clock = [40_000.0]
+    feed = HealthyFeed(conn, 120.0, lambda: clock[0])
+    rng = np.random.default_rng(7)
+    history = rng.normal(size=(4, MIN_VALUES, 1))
+    feed.sketches.add(NODES, ["m"], healthy.residuals(history), np.ones(4, bool))
+    base = baseline(history)
+    first = feed.weights(NODES, ["m"], base)
+    assert np.isfinite(first).all()
+    feed.sketches.add(NODES, ["m"], rng.normal(size=(4, 3 * MIN_VALUES, 1)) * 50, np.ones(4, bool))
+    assert feed.weights(NODES, ["m"], base) is first
+    clock[0] += healthy.WEIGHTS_S
+    assert feed.weights(NODES, ["m"], base)[0] < first[0]
