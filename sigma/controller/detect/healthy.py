@@ -42,6 +42,7 @@ BUCKETS = 2 * SIDE + 1
 ZERO = SIDE  # the bucket of an exact 0; negatives below it, positives above
 CAP = 50_000.0  # a histogram's counts are halved past this many
 MIN_VALUES = 500  # healthy values a node's histogram needs before its percentiles count
+NODES_PER_TICK = 16  # nodes whose slice is read in one tick
 SLICE_S = 20.0  # seconds of samples each value is the mean (a gauge) or rate (a counter) of
 SAVE_S = 600.0  # how often the histograms are written to detector_state
 STATE_KEY = "isolation.healthy"
@@ -211,13 +212,14 @@ def residuals(values: np.ndarray) -> np.ndarray:
 
 class HealthyFeed:
     """Feeds the histograms from the controller's samples: every `every_s`, one SLICE_S slice of every running
-    job's nodes (jobs of 3 or more nodes), each node's deviation from its job's peer median; saved every SAVE_S."""
+    job's nodes (jobs of 3 or more nodes; NODES_PER_TICK nodes a tick at most), each node's deviation from its
+    job's peer median; saved every SAVE_S."""
 
     def __init__(self, conn, every_s: float, clock: Callable[[], float]):
         self.conn, self.every_s, self.clock = conn, every_s, clock
         row = conn.execute("SELECT value FROM detector_state WHERE key = ?", (STATE_KEY,)).fetchone()
         self.sketches = Sketches.loads(row[0]) if row else Sketches()
-        self.next_at = 0.0
+        self.next_at: dict[int, float] = {}  # job -> when its nodes are read next
         self.saved_at = clock()
         self.previous: dict[str, list[tuple]] = {}  # node -> its previous slice's rows (a counter's continuity)
         self._weights: dict[tuple, tuple[float, np.ndarray]] = {}  # (nodes, features) -> (when, lone weights)
@@ -225,10 +227,18 @@ class HealthyFeed:
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
         suspicion); active(node): being remediated. Returns the values added."""
-        if now < self.next_at:
-            return 0
-        self.next_at = now + self.every_s
-        jobs = [j for j in jobs if len(j.nodes) >= 3]
+        # each job once per every_s, at most NODES_PER_TICK nodes a tick (at least one job): the slices of a large
+        # cluster are read over several ticks, not in one
+        due, budget = [], NODES_PER_TICK
+        for j in sorted((j for j in jobs if len(j.nodes) >= 3), key=lambda j: self.next_at.get(j.job_id, 0.0)):
+            if now < self.next_at.get(j.job_id, 0.0) or (due and len(j.nodes) > budget):
+                break
+            due.append(j)
+            budget -= len(j.nodes)
+            self.next_at[j.job_id] = now + self.every_s
+        jobs = due
+        if len(self.next_at) > 4 * NODES_PER_TICK * 64:  # jobs long gone
+            self.next_at = {k: v for k, v in self.next_at.items() if v > now - self.every_s}
         if not jobs:
             return 0
         findings = list(findings)
@@ -257,7 +267,10 @@ class HealthyFeed:
             healthy = np.array([j.job_id not in suspect_jobs and n not in suspects and not active(n)
                                 for n in j.nodes])
             added += self.sketches.add(list(j.nodes), series, values, healthy)
-        self.previous = rows
+        self.previous.update(rows)
+        for n in nodes:
+            if n not in rows:
+                self.previous.pop(n, None)  # nothing in this slice: the next one has no continuity to read
         if now - self.saved_at >= SAVE_S:
             self.save()
         return added

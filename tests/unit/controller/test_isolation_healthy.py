@@ -215,3 +215,15 @@ def test_a_jobs_lone_weights_are_kept_until_the_history_is_read_again(conn):
     assert feed.weights(NODES, ["m"], base) is first
     clock[0] += healthy.WEIGHTS_S
     assert feed.weights(NODES, ["m"], base)[0] < first[0]
+
+
+def test_a_large_cluster_is_read_a_few_nodes_a_tick(conn):
+    per = healthy.NODES_PER_TICK // 2
+    jobs = [job(i, tuple(f"j{i}n{k}" for k in range(per))) for i in range(3)]
+    feed = HealthyFeed(conn, 120.0, lambda: 0.0)
+    feed.update(1000.0, jobs, [], lambda n: False)
+    assert set(feed.next_at) == {0, 1}  # two jobs fill the budget
+    feed.update(1001.0, jobs, [], lambda n: False)
+    assert set(feed.next_at) == {0, 1, 2} and feed.next_at[2] == 1121.0
+    feed.update(1002.0, jobs, [], lambda n: False)
+    assert feed.next_at[0] == 1120.0  # nothing due before its window has passed
