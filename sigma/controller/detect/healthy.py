@@ -227,6 +227,8 @@ class HealthyFeed:
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
         suspicion); active(node): being remediated. Returns the values added."""
+        if now - self.saved_at >= SAVE_S and len(self.sketches):
+            self.save()
         # each job once per every_s, at most NODES_PER_TICK nodes a tick (at least one job): the slices of a large
         # cluster are read over several ticks, not in one
         due, budget = [], NODES_PER_TICK
@@ -271,8 +273,6 @@ class HealthyFeed:
         for n in nodes:
             if n not in rows:
                 self.previous.pop(n, None)  # nothing in this slice: the next one has no continuity to read
-        if now - self.saved_at >= SAVE_S:
-            self.save()
         return added
 
     def save(self) -> None:

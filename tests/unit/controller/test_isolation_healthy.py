@@ -227,3 +227,23 @@ def test_a_large_cluster_is_read_a_few_nodes_a_tick(conn):
     assert set(feed.next_at) == {0, 1, 2} and feed.next_at[2] == 1121.0
     feed.update(1002.0, jobs, [], lambda n: False)
     assert feed.next_at[0] == 1120.0  # nothing due before its window has passed
+
+
+def test_the_controller_feeds_its_jobs_healthy_nodes_each_window_and_keeps_them_across_a_restart(tmp_path):
+    from tests.unit.controller.helpers import make_controller
+
+    ctl, slurm, clock = make_controller(tmp_path)
+    nodes = ["node1", "node2", "node3", "node4"]
+    slurm.run_job(7, nodes, start=clock.t - 600)
+    rng = np.random.default_rng(8)
+    for k in range(3):
+        insert(ctl.conn, [(n, clock.t - s, "gpu.power_w", 300 + 5 * i + rng.normal()) for i, n in enumerate(nodes)
+                          for s in range(20)])
+        ctl.tick()
+        clock.advance(120.0)
+    taught = {key for key, row in ctl.healthy.sketches.index.items() if ctl.healthy.sketches.counts[row].sum()}
+    assert taught == {(n, "gpu.power_w") for n in nodes}
+    clock.advance(healthy.SAVE_S)
+    ctl.tick()  # saved with this tick's feed
+    again, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock, conn=ctl.conn)
+    assert set(again.healthy.sketches.index) >= taught
