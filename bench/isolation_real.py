@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 import types
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
