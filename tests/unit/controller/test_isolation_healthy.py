@@ -247,3 +247,17 @@ def test_the_controller_feeds_its_jobs_healthy_nodes_each_window_and_keeps_them_
     ctl.tick()  # saved with this tick's feed
     again, _, _ = make_controller(tmp_path, slurm=slurm, clock=clock, conn=ctl.conn)
     assert set(again.healthy.sketches.index) >= taught
+
+
+def test_a_gap_in_the_round_is_never_a_lone_metric_culprit():
+    rng = np.random.default_rng(9)
+    history = rng.normal(size=(4, 1000, 3))
+    s = fed(healthy.residuals(history), ("a", "b", "c"))
+    base = baseline(history)
+    current = rng.normal(size=(4, 3)) * 0.3
+    current[1, 0] = np.nan  # n2 did not report `a` in this window
+    current[3, :] = np.nan  # n4 reported nothing
+    out = score(NODES, current, base=base,
+                lone=lambda b: lone_weights(s, NODES, ["a", "b", "c"], b.peer_center, b.peer_scale))
+    assert np.isfinite(out.total).all() and out.total.max() < 6.0
+    assert out.metric_z[3].sum() == 0 and out.metric_z[1, 0] == 0
