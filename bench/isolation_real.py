@@ -14,7 +14,10 @@ anomalous; false actions per normal window (no entity labelled) and per simulate
 (share of a segment's labelled metrics among its top 100 % / 150 % ranked metrics, over detected points, as in the
 InterFusion code's IPS) and the same for a random ranking.
 
-Methods: `engine` (sigma.controller.detect.isolation: own history + peers), `engine-own` (own history only, the
+Methods: `engine` (sigma.controller.detect.isolation: own history + peers, one metric alone at the weights of the
+healthy histograms of sigma.controller.detect.healthy, fed with the history), `engine-online` (the same, the
+histograms also fed during the scored split with the servers not under suspicion, as the controller goes on feeding
+them), `engine-top3` (the top-3 mean alone: the engine before the histograms), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
 excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
 isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
@@ -108,7 +111,7 @@ class Engine:
 
     threshold = ISO.min_score
 
-    def __init__(self, history: np.ndarray, peers: bool = True, lone: bool = True):
+    def __init__(self, history: np.ndarray, peers: bool = True, lone: bool = True, online: bool = False):
         self.base = isolation.baseline(history)
         self.peers = peers
         self.lone = None
@@ -125,12 +128,19 @@ class Engine:
             weights = healthy.lone_weights(self.sketches, self.entities, self.series, self.base.peer_center,
                                            self.base.peer_scale)
             self.lone = lambda base: weights  # the history is fixed here: computed once
+            if online:  # ... or, as the controller, every window from histograms that go on learning
+                self.name = "engine-online"
+                self.lone = lambda base: healthy.lone_weights(self.sketches, self.entities, self.series,
+                                                              base.peer_center, base.peer_scale)
+        self.online = online
 
     def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.peers:
             z = isolation.metric_scores(current, self.base, peers=False)
             return isolation.top_k_mean(z, 3), z
         s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone)
+        if self.online:  # the servers not under suspicion (below min_score) teach the histograms this window
+            self.sketches.add(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
         return s.total, s.metric_z
 
     def pick(self, names, scores, hint=None):
@@ -299,7 +309,7 @@ def asd(root: Path, servers: int, today_mod) -> None:
     methods = [Engine(train)]
     print(f"  (healthy histograms: {len(methods[0].sketches)} fed with {np.isfinite(train).sum()} values in "
           f"{time.perf_counter() - t0:.1f} s, {methods[0].sketches.nbytes / 1e3:.0f} kB)")
-    methods += [Engine(train, lone=False), Engine(train, peers=False), ThreeSigma(train)]
+    methods += [Engine(train, online=True), Engine(train, lone=False), Engine(train, peers=False), ThreeSigma(train)]
     if today_mod is not None:
         methods.append(Today(today_mod, train))
     passes = {m.name: score(m, test) for m in methods}
@@ -360,7 +370,7 @@ def solo_misses(names, scored, labels, segments) -> None:
 
 
 # the score each method needs to act: a sweep that puts every method at the same false-action rates
-SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-top3": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
+SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-online": np.arange(2.0, 12.01, 0.5), "engine-top3": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
          "today": np.arange(2.0, 12.01, 0.5), "3-sigma": np.array([3, 4, 5, 7, 10, 15, 20, 30, 50, 100, 300, 1e3])}
 
 
