@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
+from sigma.controller.detect import healthy  # noqa: E402
 from sigma.controller.detect.isolation import Streaks, baseline, pick_outlier, score_nodes  # noqa: E402
 from isolation_real import load_today  # noqa: E402
 
@@ -86,6 +87,37 @@ class World:
         self.entity_node = np.repeat(np.arange(nodes), gpus)
         self.names = [f"node{i:03d}" for i in range(nodes)]
         self.stats_times: list[float] = []
+        self.weight_times: list[float] = []
+        E = nodes * gpus
+        # the cluster's own: static per-accelerator hardware variation, and which metrics count rare events
+        self.offset = rng.normal(0, NOISE, (E, metrics))
+        self.sparse = rng.random(metrics) < SPARSE
+        self.entities = [f"{self.names[i // gpus]}/{i % gpus}" for i in range(E)]
+        self.metric_names = [f"m{j}" for j in range(metrics)]
+        self.sketches = healthy.Sketches()
+
+    def noise(self, T: int) -> np.ndarray:
+        """[entities, T, metrics] per-sample noise of T window means."""
+        # per-sample noise is heavy-tailed (t, 5 dof: excess kurtosis 6); each round scores a window mean of
+        # WINDOW samples (as the controller averages its window): scale / sqrt(WINDOW), excess kurtosis 6/WINDOW,
+        # modelled as a t with 4 + 6/(6/WINDOW) dof (t_nu has excess kurtosis 6/(nu-4))
+        dof = 4 + WINDOW
+        unit = np.sqrt(dof / (dof - 2))  # std of t_dof
+        E, M = self.offset.shape
+        return self.rng.standard_t(dof, (E, T, M)).astype(np.float32) * (NOISE * np.sqrt(5 / 3) / unit
+                                                                         / np.sqrt(WINDOW))
+
+    def learn_healthy(self, rounds: int, chunk: int = 20) -> float:
+        """Feed the healthy histograms (healthy.Sketches, as the controller does between faults) with `rounds`
+        healthy rounds of every accelerator's deviation from its peers; returns the seconds it took."""
+        t0 = time.perf_counter()
+        E, M = self.offset.shape
+        for done in range(0, rounds, chunk):
+            T = min(chunk, rounds - done)
+            data = self.offset[:, None, :] + self.noise(T)  # the common workload cancels in the deviation
+            data[:, :, self.sparse] = (self.rng.random((E, T, int(self.sparse.sum()))) < BLIP).astype(np.float32)
+            self.sketches.add(self.entities, self.metric_names, healthy.residuals(data), np.ones(E, bool))
+        return time.perf_counter() - t0
 
     def run(self, fault: str | None, size: tuple[float, float] = SIZE) -> tuple[np.ndarray, int | None]:
         """Series [entities, time, metrics] with the fault (if any) starting in the first scored round."""
@@ -93,17 +125,9 @@ class World:
         picks = self.rng.integers(0, len(self.healthy_shapes), M)
         shape = np.stack([self.healthy_shapes[p] for p in picks], axis=1)  # [T, M] common workload
         level = self.rng.uniform(10, 100, M)
-        offset = self.rng.normal(0, NOISE, (E, M))  # static per-accelerator hardware variation
-        # per-sample noise is heavy-tailed (t, 5 dof: excess kurtosis 6); each round scores a window mean of
-        # WINDOW samples (as the controller averages its window): scale / sqrt(WINDOW), excess kurtosis 6/WINDOW,
-        # modelled as a t with 4 + 6/(6/WINDOW) dof (t_nu has excess kurtosis 6/(nu-4))
-        dof = 4 + WINDOW
-        unit = np.sqrt(dof / (dof - 2))  # std of t_dof
-        noise = self.rng.standard_t(dof, (E, T, M)).astype(np.float32) * (NOISE * np.sqrt(5 / 3) / unit
-                                                                            / np.sqrt(WINDOW))
-        data = level + 3.0 * shape[None, :, :] + offset[:, None, :] + noise
+        data = level + 3.0 * shape[None, :, :] + self.offset[:, None, :] + self.noise(T)
         # error counters and the like: 0 nearly always, on a healthy node now and then one count in a window
-        sparse = self.rng.random(M) < SPARSE
+        sparse = self.sparse
         data[:, :, sparse] = (self.rng.random((E, T, int(sparse.sum()))) < BLIP).astype(np.float32)
         if fault is None:
             return data, None
@@ -137,6 +161,11 @@ class World:
         history = data[:, : self.history, :]
         base = today.history_stats(history) if today else baseline(history)  # once per history window
         self.stats_times.append(time.perf_counter() - t0)
+        if not today:  # the lone-metric weights, as the controller computes them (once per history window)
+            t0 = time.perf_counter()
+            weights = healthy.lone_weights(self.sketches, self.entities, self.metric_names, base.peer_center,
+                                           base.peer_scale)
+            self.weight_times.append(time.perf_counter() - t0)
         culprit, times = None, []
         for r in range(2):
             current = data[:, self.history + r, :]
@@ -145,7 +174,8 @@ class World:
                 scores = today.score_nodes(self.names, current, entity_node=self.entity_node, stats=base)
                 verdict = today.pick_outlier(self.names, scores, ISO.min_score, ISO.dominance)
             else:
-                scores = score_nodes(self.names, current, entity_node=self.entity_node, base=base)
+                scores = score_nodes(self.names, current, entity_node=self.entity_node, base=base,
+                                     lone=lambda _: weights)
                 verdict = pick_outlier(self.names, scores, ISO.min_score, ISO.dominance)
             times.append(time.perf_counter() - t0)
             if streaks.update("job", verdict.culprit) >= ISO.rounds:
@@ -177,10 +207,13 @@ def main() -> int:
     ap.add_argument("--metrics", type=int, default=200)
     ap.add_argument("--history", type=int, default=30, help="healthy rounds per node for the temporal score")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--healthy-rounds", type=int, default=healthy.MIN_VALUES,
+                    help="healthy rounds fed to the long healthy histograms before the trials")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     world = World(args.nodes, args.gpus, args.metrics, args.history, rng)
     today = load_today()
+    fed = world.learn_healthy(args.healthy_rounds)
     engines = {"engine": (None, Tally())} | ({"today": (today, Tally())} if today else {})
     for i in range(args.trials):
         kind = KINDS[i % len(KINDS)]
@@ -217,6 +250,10 @@ def main() -> int:
     print("  round max ms          " + "".join(f"{1000 * max(t.times):>12.0f}" for _, t in engines.values()))
     print(f"  history baseline (once per history window, both engines): median "
           f"{1000 * statistics.median(world.stats_times):.0f} ms")
+    print(f"  healthy histograms: {len(world.sketches)} ({args.nodes * args.gpus} accelerators x {args.metrics} "
+          f"metrics), {world.sketches.nbytes / 2 ** 20:.1f} MiB, fed {args.healthy_rounds} rounds in {fed:.1f} s; "
+          f"lone-metric weights (once per history window): median {1000 * statistics.median(world.weight_times):.0f}"
+          f" ms")
     return 0
 
 

@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from sigma.controller.db import open_db  # noqa: E402
 from sigma.controller.detect.features import job_matrices  # noqa: E402
+from sigma.controller.detect.healthy import NODES_PER_TICK, HealthyFeed  # noqa: E402
 from sigma.controller.detect.isolation import score_nodes  # noqa: E402
 from sigma.controller.loop import HISTORY_BUCKETS, HISTORY_REFRESH_S, WINDOW_BUCKETS  # noqa: E402
 from sigma.controller.detect.samples import bucket_stats  # noqa: E402
@@ -89,6 +91,24 @@ def main() -> int:
             python_walk(conn, nodes, now - args.hour)
             t4 = time.perf_counter()
             history.append(t1 - t0), window.append(t2 - t1), rest.append(t3 - t2), walk.append(t4 - t3)
+        # the long healthy memory's feed (healthy.py): once per window, one slice of every job's nodes (jobs of 8)
+        jobs = [types.SimpleNamespace(job_id=i, nodes=tuple(nodes[i:i + 8])) for i in range(0, len(nodes), 8)]
+        feeds, ticks = [], []
+        for r in range(args.repeat):
+            feed = HealthyFeed(conn, WINDOW_S, time.time)
+            while feed.update(now - WINDOW_S, jobs, [], lambda n: False) or len(feed.next_at) < len(jobs):
+                pass  # the slice before, job by job: counters told from gauges
+            feed.next_at.clear()
+            added, t = 0, []
+            while len(feed.next_at) < len(jobs):  # tick by tick until every job was read
+                t0 = time.perf_counter()
+                added += feed.update(now, jobs, [], lambda n: False)
+                t.append(time.perf_counter() - t0)
+            feeds.append(sum(t)), ticks.append(max(t))
+        print(f"healthy feed (every {WINDOW_S:.0f} s, {NODES_PER_TICK} nodes a tick at most): "
+              f"{1000 * statistics.median(feeds):.0f} ms in all for {added:,} values over {len(t)} ticks, "
+              f"at most {1000 * statistics.median(ticks):.0f} ms a tick "
+              f"({len(feed.sketches):,} histograms, {feed.sketches.nbytes / 2 ** 20:.1f} MiB)")
     med = statistics.median
     round_s = med(window) + med(rest)
     print(f"isolation round (window read + matrices + scores): {1000 * round_s:.0f} ms "

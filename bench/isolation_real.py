@@ -14,7 +14,10 @@ anomalous; false actions per normal window (no entity labelled) and per simulate
 (share of a segment's labelled metrics among its top 100 % / 150 % ranked metrics, over detected points, as in the
 InterFusion code's IPS) and the same for a random ranking.
 
-Methods: `engine` (sigma.controller.detect.isolation: own history + peers), `engine-own` (own history only, the
+Methods: `engine` (sigma.controller.detect.isolation: own history + peers, one metric alone at the weights of the
+healthy histograms of sigma.controller.detect.healthy, fed with the history), `engine-online` (the same, the
+histograms also fed during the scored split with the servers not under suspicion, as the controller goes on feeding
+them), `engine-top3` (the top-3 mean alone: the engine before the histograms), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
 excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
 isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
@@ -32,7 +35,6 @@ import subprocess
 import sys
 import time
 import types
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
-from sigma.controller.detect import isolation  # noqa: E402
+from sigma.controller.detect import healthy, isolation  # noqa: E402
 
 ISO = IsolationConfig()
 DAY_WINDOWS = 86400 / ISO.window_s
@@ -103,19 +105,43 @@ def load_nab(root: Path, files: int) -> list[tuple[str, np.ndarray, list[tuple[i
 
 # ---------- methods: history [E, T, M] -> per round (node scores [E], metric scores [E, M]) ----------
 class Engine:
+    """The controller's scorer: isolation.score, with the lone-metric weights from healthy.Sketches fed with the
+    history's deviations from the peers (as the controller feeds them, one value per window and node)."""
     name = "engine"
 
     threshold = ISO.min_score
 
-    def __init__(self, history: np.ndarray, peers: bool = True):
+    def __init__(self, history: np.ndarray, peers: bool = True, lone: bool = True, online: bool = False):
         self.base = isolation.baseline(history)
         self.peers = peers
+        self.lone = None
         if not peers:
             self.name = "engine-own"
+        elif not lone:
+            self.name = "engine-top3"
+        else:
+            E, T, M = history.shape
+            self.entities, self.series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
+            self.sketches = healthy.Sketches()
+            for t in range(T):
+                self.sketches.add(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
+            weights = healthy.lone_weights(self.sketches, self.entities, self.series, self.base.peer_center,
+                                           self.base.peer_scale)
+            self.lone = lambda base: weights  # the history is fixed here: computed once
+            if online:  # ... or, as the controller, every window from histograms that go on learning
+                self.name = "engine-online"
+                self.lone = lambda base: healthy.lone_weights(self.sketches, self.entities, self.series,
+                                                              base.peer_center, base.peer_scale)
+        self.online = online
 
     def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        z = isolation.metric_scores(current, self.base, peers=self.peers and current.shape[0] >= 3)
-        return isolation.top_k_mean(z, 3), z
+        if not self.peers:
+            z = isolation.metric_scores(current, self.base, peers=False)
+            return isolation.top_k_mean(z, 3), z
+        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone)
+        if self.online:  # the servers not under suspicion (below min_score) teach the histograms this window
+            self.sketches.add(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
+        return s.total, s.metric_z
 
     def pick(self, names, scores, hint=None):
         return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
@@ -279,7 +305,11 @@ def asd(root: Path, servers: int, today_mod) -> None:
           f"{test.shape[1]} scored windows, {len(segments)} anomaly segments, "
           f"{int((~labels.any(axis=0)).sum())} normal windows (no server labelled)")
     print(HEADER)
-    methods = [Engine(train), Engine(train, peers=False), ThreeSigma(train)]
+    t0 = time.perf_counter()
+    methods = [Engine(train)]
+    print(f"  (healthy histograms: {len(methods[0].sketches)} fed with {np.isfinite(train).sum()} values in "
+          f"{time.perf_counter() - t0:.1f} s, {methods[0].sketches.nbytes / 1e3:.0f} kB)")
+    methods += [Engine(train, online=True), Engine(train, lone=False), Engine(train, peers=False), ThreeSigma(train)]
     if today_mod is not None:
         methods.append(Today(today_mod, train))
     passes = {m.name: score(m, test) for m in methods}
@@ -296,7 +326,7 @@ def asd(root: Path, servers: int, today_mod) -> None:
     solo_misses(names, passes["engine"], labels, segments)
     equal_budget(methods, passes, test, labels, segments, names)
     aggregations(passes["engine"], test, labels, segments, names)
-    tail_weighted(methods[0], train, passes["engine"], test, labels, segments, names)
+    halves(methods, passes, test, labels, segments, names)
 
 
 def solo_misses(names, scored, labels, segments) -> None:
@@ -340,7 +370,7 @@ def solo_misses(names, scored, labels, segments) -> None:
 
 
 # the score each method needs to act: a sweep that puts every method at the same false-action rates
-SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
+SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-online": np.arange(2.0, 12.01, 0.5), "engine-top3": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
          "today": np.arange(2.0, 12.01, 0.5), "3-sigma": np.array([3, 4, 5, 7, 10, 15, 20, 30, 50, 100, 300, 1e3])}
 
 
@@ -436,41 +466,15 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
                 f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
 
 
-def tail_weights(base, history: np.ndarray) -> np.ndarray:
-    """[metrics] weights from the healthy tail beyond the 99th percentile: the engine maps a metric's healthy 99th
-    percentile score to CALIBRATION_Z; here its 99.9th percentile is also held to where a Gaussian's would fall
-    (x 3.29 / 2.58), so a metric whose healthy spikes jump far past its 99th percentile (a rare event of a discrete
-    size) weighs less. Needs a long history (ASD's train split: 100,000 values per metric)."""
-    from statistics import NormalDist
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        residual = history - np.nanmedian(history, axis=0)[None]
-        E, T, M = residual.shape
-        z = isolation._z(residual.reshape(E * T, M), np.repeat(base.peer_center, T, axis=0),
-                         np.repeat(base.peer_scale, T, axis=0), base.flat)
-        gauss = {q: NormalDist().inv_cdf(1 - (1 - q / 100) / 2) for q in (99.0, 99.9)}
-        w = [isolation.CALIBRATION_Z * gauss[q] / gauss[99.0] / np.maximum(np.nanpercentile(z, q, axis=0), 1e-9)
-             for q in gauss]
-    return np.minimum(1.0, np.minimum(*w))
-
-
-def tail_weighted(engine, history, scored, test, labels, segments, names) -> None:
-    """The engine's score, or one metric alone in tail-weighted units, at the same min_score (no new threshold):
-    what lets a lone labelled metric decide where the healthy history shows how rare it is."""
-    metric_z = scored[1]
-    lone = isolation.top_k_mean(metric_z / engine.base.peer_weight * tail_weights(engine.base, history), 1)
-    node = np.maximum(scored[0], lone)
+def halves(methods, passes, test, labels, segments, names) -> None:
+    """Every method at its own defaults on each half of the scored split (chronological): the lone-metric weighting
+    (healthy.py: median over nodes, 99.9th percentile) was chosen on the first half only."""
     half = test.shape[1] // 2
-    passes = {"x": (node, metric_z, scored[2])}
-    print(f"  engine or one metric alone, tail-weighted (99.9th percentile too), both at min_score {ISO.min_score}: "
-          "whole split, first half, second half:")
-    for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+    for label, (lo, hi) in (("first half", (0, half)), ("second half", (half, test.shape[1]))):
         part = _part(passes, test, labels, segments, lo, hi)
-        r = run(_Aggregated(ISO.min_score), part[1], part[2], part[3], names, part[0]["x"])
-        print(f"    top-1 {100 * r['top1']:5.1f}%  wrong {100 * r['wrong']:5.1f}%  one server {r['solo'][0]}/"
-              f"{r['solo'][1]}  false/win {100 * r['false_per_window']:5.2f}%  HR@100 {r['hit100']:.3f}  "
-              f"HR@150 {r['hit150']:.3f}")
+        print(f"  {label} ({hi - lo} windows, {len(part[3])} segments wholly inside), at the defaults:")
+        for m in methods:
+            print_row(m.name, run(m, part[1], part[2], part[3], names, part[0][m.name]))
 
 
 def nab(root: Path, files: int) -> None:

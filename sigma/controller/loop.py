@@ -25,6 +25,7 @@ from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
+from sigma.controller.detect.healthy import HealthyFeed
 from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
 from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
 from sigma.controller.detect.laggard import (behind_node, disk_stall_shares, heartbeats_settled, held_shares,
@@ -78,6 +79,7 @@ class Controller:
         self.decider = Decider(self.conn, self.journal, self.incidents, self.remediator, cfg, self.rcfg, self.log,
                                clock)
         self.streaks = Streaks(self._state("isolation_streaks", {}))
+        self.healthy = HealthyFeed(self.conn, cfg.isolation.window_s, clock)
         self.no_culprit_rounds: dict[int, int] = {}
         self._history_cache: dict[str, tuple[float, float | None]] = {}
         self._node_history: dict[tuple[str, ...], tuple[float, list[tuple]]] = {}
@@ -270,6 +272,8 @@ class Controller:
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
                                f"to {max(behind.values()):.0f} s old; the watchdog judges them as of their data",
                                lag_s={str(j): round(v, 1) for j, v in sorted(behind.items())})
+            if self.cfg.isolation.enabled:  # isolation's long memory of healthy behaviour (healthy.py)
+                self.healthy.update(now, running, findings, self.remediator.active)
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
 
@@ -441,7 +445,8 @@ class Controller:
         direct, beats = self._direct_evidence(f, job, rows, now, current)
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
                                                 self._history_buckets(job.nodes, now))
-        scores = score(list(job.nodes), cur, hist, jitter=jitter)
+        scores = score(list(job.nodes), cur, hist, jitter=jitter,
+                       lone=lambda base: self.healthy.weights(job.nodes, names, base))
         verdict = pick_outlier(list(job.nodes), scores.total, iso.min_score, iso.dominance,
                                hint=direct[0] if direct else None)
         if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking

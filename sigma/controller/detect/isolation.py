@@ -12,7 +12,8 @@ its values) and its typical change between samples — so "0 everywhere, 0.03 he
 A metric that never moved in the healthy history (flat, constant) has no scale to learn: a change there scores at
 most FLAT_Z, a hint that can add to other evidence but never names a culprit alone. Each metric's score is
 calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score / 3), so a
-spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores; an
+spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores, or
+one metric's alone where the long healthy history (healthy.py: the 99.9th percentile too) weighs it; an
 accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
 is never evidence, and an entity without history (it joined late) is scored against its peers alone.
 
@@ -24,7 +25,7 @@ them; otherwise the verdict says they cannot be told apart and the caller escala
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -215,17 +216,24 @@ def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -
 
 def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
           entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
-          jitter: np.ndarray | None = None) -> Scores:
+          jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None) -> Scores:
     """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
     precomputed `baseline`); entity_node maps each entity (accelerator) to its node index (default: one entity per
     node); jitter: each metric's usual movement within the window (a gap between peers smaller than that is
-    sampling noise)."""
+    sampling noise); lone(baseline): [metrics] the weight of one metric's peer score alone, from the long healthy
+    history (healthy.lone_weights; NaN where there is too little): a metric may then name an entity alone."""
     if base is None and history is not None and history.shape[1] >= 3:
         base = baseline(history)
     n_nodes = len(nodes)
     peers = n_nodes >= 3
     z = metric_scores(current, base, jitter, peers=peers)
     totals = top_k_mean(z, k) if z.shape[1] else np.zeros(z.shape[0])
+    if lone is not None and base is not None and peers and z.shape[1]:
+        # the same peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile
+        # too): one metric alone reaches min_score only beyond what its healthy history ever does
+        alone = z / base.peer_weight * np.nan_to_num(lone(base), nan=0.0)
+        totals = np.maximum(totals, alone.max(axis=1))
+        z = np.maximum(z, alone)  # the evidence: the scores that decided
     if entity_node is not None:
         totals = per_node(totals, entity_node, n_nodes)
     return Scores(totals, z, entity_node)
@@ -233,9 +241,9 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
 
 def score_nodes(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
                 entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
-                jitter: np.ndarray | None = None) -> np.ndarray:
+                jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None) -> np.ndarray:
     """The per-node totals of `score`."""
-    return score(nodes, current, history, entity_node, k, base, jitter).total
+    return score(nodes, current, history, entity_node, k, base, jitter, lone).total
 
 
 @dataclass
