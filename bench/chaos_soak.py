@@ -551,7 +551,7 @@ class Soak:
         for ta, tb, sa, sb, lost in self.lost_outside:
             events = [f"{kind}{' ' + json.loads(fields or '{}').get('kind', '') if kind == 'checkpoint' else ''}"
                       f" @{ts - ta:+.2f}s" for ts, kind, fields in self.db.execute(
-                          "SELECT ts, kind, fields FROM events WHERE source = 'kpi' AND ts BETWEEN ? AND ? "
+                          "SELECT ts, kind, fields FROM events WHERE source = 'kpi' AND kind != 'heartbeat' AND ts BETWEEN ? AND ? "
                           "ORDER BY ts", (ta - 0.5, tb + 0.5))]
             after = min((r for r in rows if r.window_end <= ta), key=lambda r: ta - r.window_end, default=None)
             since = f"{ta - after.window_end:.1f} s after the {after.label} window" if after else "before any fault"
@@ -593,6 +593,11 @@ class Soak:
         if job is None or job.state not in TRAINING_STATES:
             self.lost_jobs += 1
         self.slurm.cancel(self.job_id)
+        for row in rows:  # a fault still catching up when the next began: its window closes when it caught up
+            if row.caught_up_ts is None and row.restart_ts is not None and row.last_step_before is not None:
+                row.caught_up_ts = self.db.execute(
+                    "SELECT min(ts) FROM kpis WHERE job_id = ? AND ts > ? AND step > ?",
+                    (row.job_id, row.restart_ts, row.last_step_before)).fetchone()[0]
         eff, eff_out = self.effective_time(rows, t0, t1)
         if self.show_timeline:
             self.print_lost_outside(rows)
