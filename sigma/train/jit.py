@@ -267,8 +267,8 @@ class BlockedAnswer:
                 self.kpi.event("checkpoint_failed", f"answer while blocked failed: {exc}")
 
     def poll(self, now: float, mono: float) -> int:
-        """Answer the newest request if the training thread has had it for BLOCKED_AFTER_S (or three of its step
-        times) without finishing a step; returns the step kept, or 0."""
+        """Answer the newest request if the training thread finished no step since it came, nor for
+        BLOCKED_AFTER_S (or three of its step times) before now; returns the step kept, or 0."""
         found, _ = read_request(self.jit.path, now, self.jit.since)
         if not found or found <= max(self.answered, self.jit.answered):
             return 0
