@@ -1,7 +1,10 @@
 """Chaos soak: train on the local cluster while a seeded schedule injects faults of every kind, one at a time.
 
     python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
-                               [--signatures all|N|NAME ...] [--shard I/N] [--no-jit | --compare]
+                               [--signatures all|N|NAME ...] [--shard I/N] [--no-jit | --compare] [--timeline]
+
+`--minutes 0 --kinds hang --timeline` is the quick form: one fault of each kind named, each followed by its
+timeline (where its lost time went), a few minutes in all.
 
 Uses only what a user or an admin could do: `sigma stack up`, `sigma train`, `sigma chaos` (its Python API),
 `sbatch`, `sigma nodes --repaired`, `sigma report`; the controller database is read (read-only) for measurements.
@@ -77,6 +80,9 @@ class FaultRow:
     first_step_after: int | None = None
     node_back_ts: float | None = None
     caught_up_ts: float | None = None  # first step beyond the pre-fault progress
+    verdict_ts: float | None = None  # the incident whose decision acted (drained the node, requeued the job)
+    restart_ts: float | None = None  # the new run's first start/resume event
+    last_step_ts: float | None = None  # the old run's last step
     note: str = ""
     signature: str = ""  # log: the catalogue rule injected ...
     expected_action: str = ""  # ... and the action it must decide
@@ -134,9 +140,16 @@ class FaultRow:
         return None if self.caught_up_ts is None else self.caught_up_ts - self.ts
 
     @property
+    def verdict_s(self) -> float | None:
+        """Fault -> the incident that acted; the first incident when none did (or it is not known)."""
+        return self.latency if self.verdict_ts is None else self.verdict_ts - self.ts
+
+    @property
     def lost_after_detection_s(self) -> float | None:
-        """Time lost beyond detection: what checkpoint and restart cost (the goal: at most LOST_GOAL_S)."""
-        lost, latency = self.time_lost_s, self.latency
+        """Time lost beyond detection: what checkpoint and restart cost (the goal: at most LOST_GOAL_S). Detection
+        is the incident whose decision acted, not an earlier notification that did nothing (a throughput drop
+        before isolation names the node; another job-wide notification that happened to open meanwhile)."""
+        lost, latency = self.time_lost_s, self.verdict_s
         return None if lost is None or latency is None else lost - latency
 
 
@@ -166,7 +179,8 @@ def _sigma(env: dict, *args: str, check: bool = True) -> str:
 class Soak:
     def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
                  fault_timeout: float, throughput_window: float = 30.0, say=print,
-                 signatures: list[str] | None = None, per_round: int | None = None, jit: bool = True):
+                 signatures: list[str] | None = None, per_round: int | None = None, jit: bool = True,
+                 timeline: bool = False):
         """signatures: the catalogue rules the log kind injects (default: every one that can run here);
         per_round: how many of them each round samples (default: all that have not run yet)."""
         from sigma.chaos.inject import Chaos
@@ -178,6 +192,8 @@ class Soak:
         self.stack = Stack(self.cluster)
         self.rng = random.Random(seed)
         self.hang_timeout = hang_timeout
+        self.show_timeline = timeline  # print each fault's timeline (Soak.timeline) once it is handled
+        self.lost_outside: list[tuple] = []  # set by effective_time
         self.settle_s = settle_s
         self.fault_timeout = fault_timeout
         self.say = say
@@ -327,6 +343,11 @@ class Soak:
             row.detected_by = f"{inc[1]} ({inc[2]})"
         drains = drains_since(self.db, since)
         row.acted_nodes = sorted({d[0] for d in drains})
+        verdict = self.db.execute(
+            "SELECT min(i.opened_at) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.created_at >= ?"
+            " AND i.opened_at >= ? AND ((a.kind = 'drain' AND a.target = ?) OR (a.kind = 'requeue' AND a.target = ?))",
+            (since, since, row.node, str(row.job_id or -1))).fetchone()[0]
+        row.verdict_ts = verdict
         acting = next((f"{d[1]} ({d[2]})" for d in drains if d[0] == row.node), None)
         if acting and inc and acting.split()[0] != inc[1]:
             row.detected_by += f" -> {acting}"  # e.g. a throughput drop, then isolation names the node
@@ -337,8 +358,10 @@ class Soak:
             "AND events.kind IN ('resume', 'start') AND events.ts > ? AND j.value = ?", (row.ts, row.job_id)).fetchone()[0]
         if restart is None:
             return
-        row.last_step_before = self.db.execute("SELECT max(step) FROM kpis WHERE job_id = ? AND ts < ?",
-                                               (row.job_id, restart)).fetchone()[0]
+        row.restart_ts = restart
+        row.last_step_before, row.last_step_ts = self.db.execute(
+            "SELECT max(step), max(ts) FROM kpis WHERE job_id = ? AND ts < ? AND step IS NOT NULL",
+            (row.job_id, restart)).fetchone()
         after = self.db.execute("SELECT ts, step FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL "
                                 "ORDER BY ts LIMIT 1", (row.job_id, restart)).fetchone()
         if after:
@@ -346,6 +369,61 @@ class Soak:
             # the fault's window closes when the redone steps are behind us: new work again
             row.caught_up_ts = self.db.execute("SELECT min(ts) FROM kpis WHERE job_id = ? AND ts > ? AND step > ?",
                                                (row.job_id, restart, row.last_step_before or 0)).fetchone()[0]
+
+    def timeline(self, row: FaultRow) -> list[tuple[float, str]]:
+        """(seconds after the fault, what happened) for one fault, from the controller's database and SLURM's
+        accounting: detection, decisions, just-in-time request and answer, requeue, pending, start, the new run's
+        start-up phases, first step, caught up. Where a fault's lost time goes."""
+        since, until = row.ts - 1.0, (row.caught_up_ts or time.time()) + 1.0
+        out: list[tuple[float, str]] = []
+        for opened, rule, source, node, status in self.db.execute(
+                "SELECT opened_at, rule_id, source, node, status FROM incidents WHERE opened_at BETWEEN ? AND ? "
+                "AND (node = ? OR job_id = ?) ORDER BY opened_at", (since, until, row.node, row.job_id or -1)):
+            out.append((opened, f"incident {rule} ({source}) on {node or '-'}: {status}"))
+        for created, done, kind, target, state in self.db.execute(
+                "SELECT created_at, done_at, kind, target, state FROM actions WHERE created_at BETWEEN ? AND ? "
+                "ORDER BY created_at", (since, until)):
+            out.append((created, f"action {kind} {target} planned"))
+            if done is not None:
+                out.append((done, f"action {kind} {target} {state}"))
+        for node, asked, delivered, acked, step, deadline in self.db.execute(
+                "SELECT node, requested_at, delivered_at, acked_at, ack_step, deadline FROM checkpoint_requests "
+                "WHERE requested_at BETWEEN ? AND ? ORDER BY requested_at", (since, until)):
+            out.append((asked, f"checkpoint request to {node} (deadline +{deadline - asked:.0f}s)"))
+            if delivered is not None:
+                out.append((delivered, f"checkpoint request delivered to {node}'s sidecar"))
+            if acked is not None:
+                out.append((acked, f"checkpoint request answered (step {step})"))
+        if row.job_id is not None:
+            for ts, node, kind, fields in self.db.execute(
+                    "SELECT events.ts, events.node, events.kind, events.fields FROM events, json_each(events.job_ids)"
+                    " AS j WHERE events.source = 'kpi' AND events.ts BETWEEN ? AND ? AND j.value = ? AND "
+                    "events.kind IN ('checkpoint', 'resume', 'start', 'stop', 'nan_loss') ORDER BY events.ts",
+                    (since, until, row.job_id)):
+                f = json.loads(fields or "{}")
+                detail = f.get("kind") or f.get("checkpoint_kind") or ""
+                out.append((ts, f"kpi {kind} on {node}" + (f" ({detail})" if detail else "")
+                            + (f" step {f['step']}" if f.get("step") is not None else "")))
+                for phase, at in (f.get("startup") or {}).items() if kind == "start" else ():
+                    if at:
+                        out.append((at, f"  start-up on {node}: {phase}"))
+            out += self.accounting(row.job_id, since, until)
+            for label, ts in (("last step of the old run", row.last_step_ts), ("first step after", row.recovered_ts),
+                              ("caught up (new work)", row.caught_up_ts)):
+                if ts is not None:
+                    out.append((ts, label))
+        return sorted((ts - row.ts, what) for ts, what in out)
+
+    def accounting(self, job_id: int, since: float, until: float) -> list[tuple[float, str]]:
+        """SLURM's view of the job's runs between since and until (sacct, one record per run of a requeued job;
+        whole seconds)."""
+        out = []
+        for rec in self.slurm.accounting([job_id], duplicates=True):
+            for label, ts in (("submitted/eligible", rec.submit_time), ("started", rec.start_time),
+                              ("ended", rec.end_time)):
+                if ts and since - 1 <= ts <= until:
+                    out.append((float(ts), f"slurm: run {label} ({rec.state}, {','.join(rec.nodes) or '-'})"))
+        return out
 
     def handled(self, row: FaultRow) -> bool:
         self.observe(row)
@@ -417,6 +495,9 @@ class Soak:
             row.note = "node not back"
             self.say(f"  {row.node} NOT back in service")
         self.observe(row)
+        if self.show_timeline:
+            for dt, what in self.timeline(row):
+                self.say(f"    {dt:+7.2f}s  {what}")
         return row
 
     # ---------- totals ----------
@@ -449,14 +530,33 @@ class Soak:
 
         good = good_out = 0.0
         best = -1
+        self.lost_outside = []  # (from, to, step, next step, seconds outside the windows): what the share lacks
         for (ta, sa), (tb, sb) in zip(points, points[1:]):
             if sb > best and sb > sa and tb - ta <= max(2.0, 5 * typical):
                 good += tb - ta
                 good_out += outside(ta, tb)
+            elif outside(ta, tb) > 0:
+                self.lost_outside.append((ta, tb, sa, sb, outside(ta, tb)))
             best = max(best, sb)
         start = points[0][0] if points else t0
         wall, wall_out = t1 - start, outside(start, t1)
         return (good / wall if wall > 0 else 0.0), (good_out / wall_out if wall_out > 0 else 0.0)
+
+    def print_lost_outside(self, rows: list[FaultRow]) -> None:
+        """Each stretch outside the fault windows that did not count as training, with the job's KPI events in it:
+        where the effective time outside the windows goes."""
+        total = sum(lost for *_, lost in self.lost_outside)
+        self.say(f"outside the fault windows, {total:.1f} s not counted as training in {len(self.lost_outside)} "
+                 f"stretch(es):")
+        for ta, tb, sa, sb, lost in self.lost_outside:
+            events = [f"{kind}{' ' + json.loads(fields or '{}').get('kind', '') if kind == 'checkpoint' else ''}"
+                      f" @{ts - ta:+.2f}s" for ts, kind, fields in self.db.execute(
+                          "SELECT ts, kind, fields FROM events WHERE source = 'kpi' AND kind != 'heartbeat' AND ts BETWEEN ? AND ? "
+                          "ORDER BY ts", (ta - 0.5, tb + 0.5))]
+            after = min((r for r in rows if r.window_end <= ta), key=lambda r: ta - r.window_end, default=None)
+            since = f"{ta - after.window_end:.1f} s after the {after.label} window" if after else "before any fault"
+            self.say(f"  {time.strftime('%H:%M:%S', time.localtime(ta))} steps {sa} -> {sb}: {tb - ta:.2f} s "
+                     f"({lost:.2f} s outside; {since}); events: {', '.join(events) or 'none'}")
 
     def run(self, minutes: float, kinds: list[str], port_base: int | None = None) -> SoakResult:
         self.up(port_base)
@@ -493,7 +593,14 @@ class Soak:
         if job is None or job.state not in TRAINING_STATES:
             self.lost_jobs += 1
         self.slurm.cancel(self.job_id)
+        for row in rows:  # a fault still catching up when the next began: its window closes when it caught up
+            if row.caught_up_ts is None and row.restart_ts is not None and row.last_step_before is not None:
+                row.caught_up_ts = self.db.execute(
+                    "SELECT min(ts) FROM kpis WHERE job_id = ? AND ts > ? AND step > ?",
+                    (row.job_id, row.restart_ts, row.last_step_before)).fetchone()[0]
         eff, eff_out = self.effective_time(rows, t0, t1)
+        if self.show_timeline:
+            self.print_lost_outside(rows)
         report = _sigma(self.env, "report", "--config", str(self.stack.controller_config), "--since",
                         time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 1)), check=False)  # this soak only
         return SoakResult(rows, self.false_drains(rows, t0), self.lost_jobs, t1 - t0, eff, eff_out, report,
@@ -637,9 +744,9 @@ def _goal(r: FaultRow) -> str:
 
 
 def print_result(res: SoakResult) -> None:
-    head = ("kind", "node", "detected by", "latency", "right node", "job recovered", "recovery", "steps lost",
-            "time lost", f"lost - detection (goal <= {LOST_GOAL_S:.0f} s)")
-    table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency),
+    head = ("kind", "node", "detected by", "latency", "acted on", "right node", "job recovered", "recovery",
+            "steps lost", "time lost", f"lost - acted on (goal <= {LOST_GOAL_S:.0f} s)")
+    table = [head] + [(r.label, r.node, r.detected_by or "NOT DETECTED", _fmt(r.latency), _fmt(r.verdict_s),
                        "yes" if r.right_node else f"no ({','.join(r.acted_nodes) or 'none'})",
                        ("n/a (idle node)" if r.kind == "prolog" else "n/a (left running)" if not r.job_affected
                         else "yes" if r.recovered else "NO"),
@@ -682,7 +789,8 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
 
     b, a = per_kind(before), per_kind(after)
     head = ("kind", "steps lost before", "after", "time lost before (s)", "after", "detection before (s)",
-            "after", "lost - detection before (s)", "after", f"goal (after: <= {LOST_GOAL_S:.0f} s)")
+            "after", "acted on before (s)", "after", "lost - acted on before (s)", "after",
+            f"goal (after: <= {LOST_GOAL_S:.0f} s)")
     table = [head]
     for kind in sorted(set(b) | set(a)):
         rb, ra = b.get(kind, []), a.get(kind, [])
@@ -690,6 +798,7 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
         table.append((kind, cell(rb, lambda r: r.steps_lost), cell(ra, lambda r: r.steps_lost),
                       cell(rb, lambda r: r.time_lost_s), cell(ra, lambda r: r.time_lost_s),
                       cell(rb, lambda r: r.latency), cell(ra, lambda r: r.latency),
+                      cell(rb, lambda r: r.verdict_s), cell(ra, lambda r: r.verdict_s),
                       cell(rb, lambda r: r.lost_after_detection_s), cell(ra, lambda r: r.lost_after_detection_s),
                       "-" if not extra else "met" if max(extra) <= LOST_GOAL_S else "NOT met"))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
@@ -725,6 +834,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-timeout", type=float, default=240.0, help="give up on one fault after this long")
     p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
     p.add_argument("--json", type=Path, default=None, help="also write the rows and totals here")
+    p.add_argument("--timeline", action="store_true",
+                   help="print each fault's timeline (detection, decisions, checkpoint request and answer, SLURM's "
+                        "runs, the new run's start-up, first step); with --minutes 0, one round of --kinds")
     jit = p.add_mutually_exclusive_group()
     jit.add_argument("--no-jit", action="store_true", help="as before just-in-time checkpoints (see above)")
     jit.add_argument("--compare", action="store_true", help="run without, then with just-in-time checkpoints")
@@ -749,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     def soak_once(jit: bool, keep: bool) -> tuple[Soak, SoakResult]:
         say(f"soak {'with' if jit else 'without'} just-in-time checkpoints, seed {args.seed}")
         soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
-                    args.throughput_window, say=say, signatures=signatures, per_round=per_round, jit=jit)
+                    args.throughput_window, say=say, signatures=signatures, per_round=per_round, jit=jit,
+                    timeline=args.timeline)
         try:
             res = soak.run(args.minutes, kinds, args.port_base)
         finally:
@@ -767,6 +880,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": [{**r.__dict__, "latency": r.latency, "recovery_s": r.recovery_s,
                                                    "steps_lost": r.steps_lost, "time_lost_s": r.time_lost_s,
+                                                   "acted_on_s": r.verdict_s,
+                                                   "lost_after_acted_on_s": r.lost_after_detection_s,
                                                    "right_node": r.right_node}
                                                   for r in res.rows],
                                          "false_drains": res.false_drains, "lost_jobs": res.lost_jobs,

@@ -12,7 +12,7 @@ from sigma.slurm.command import DEFAULT_TIMEOUT_S, SlurmError, run
 from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
 
 NEXT_STATES = ("RESUME", "DOWN", "DRAIN")
-REQUEUE_SETTLE_S = 2.0  # see start_now
+REQUEUE_SETTLE_S = 1.1  # see start_now: one second of slurmctld's clock, and a margin
 NOTHING_FOUND = 9003  # sacct's "Nothing found with query" is an empty answer, not a failure
 
 
@@ -132,9 +132,12 @@ class Slurm:
 
         slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
         created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.
-        So never start sooner than REQUEUE_SETTLE_S after the requeue (known from requeue() or requeued_at). A job
-        requeued by someone else (submitit's timeout hook, a failed prolog) was requeued before its caller saw it
-        pending, so waiting REQUEUE_SETTLE_S from now is enough.
+        Both times are slurmctld's `time(NULL)`: the revocation time is stamped on the kill message it builds while
+        handling the requeue, the credential's on its creation at the relaunch. So once a full second has passed
+        since the requeue returned, a relaunch's credential is of a later second, whatever the clocks of this host
+        and the nodes say: never start sooner than REQUEUE_SETTLE_S after the requeue (known from requeue() or
+        requeued_at). A job requeued by someone else (submitit's timeout hook, a failed prolog) was requeued before
+        its caller saw it pending, so waiting REQUEUE_SETTLE_S from now is enough.
         """
         requeued_at = requeued_at or self._requeued_at.get(int(job_id)) or time.time()
         time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))

@@ -16,6 +16,7 @@ step, never from a NaN state.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import threading
 import time
@@ -36,10 +37,13 @@ def save_errors() -> tuple:
 MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
 
 
-def read_request(path: Path, now: float) -> tuple[int, float]:
-    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable or its deadline
-    passed (the controller has requeued by then)."""
+def read_request(path: Path, now: float, since: float | None = None) -> tuple[int, float]:
+    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable, its deadline
+    passed (the controller has requeued by then) or it was written before `since` (this run's start: a request
+    handed to an earlier run of the job, whose answer is what this run resumed from)."""
     try:
+        if since is not None and path.stat().st_mtime < since:
+            return 0, 0.0
         req = json.loads(path.read_text())
         deadline = float(req.get("deadline") or 0)
         return (int(req["id"]), deadline) if not deadline or now < deadline else (0, 0.0)
@@ -52,11 +56,16 @@ def read_request(path: Path, now: float) -> tuple[int, float]:
 class JitCheckpoints:
     """Per rank: poll the control file, agree on requests, save; and the NaN rollback save."""
 
-    def __init__(self, job_dir: Path, node: str, ctx, poll_every: int = 1, answered: int = 0):
+    def __init__(self, job_dir: Path, node: str, ctx, poll_every: int = 1, answered: int = 0,
+                 since: float | None = None):
         self.path = Path(job_dir) / REQUEST_NAME.format(node=node)
         self.ctx = ctx
         self.poll_every = poll_every
         self.answered = answered  # newest request id already answered (from the checkpoint resumed)
+        # when this run's process started: a control file written before is an earlier run's request, answered
+        # by the checkpoint or replica this run resumed from (a replica does not record the request it answered),
+        # and answering it again would save once more and hold until its deadline, the requeue long done
+        self.since = since
         self._before_step = None  # (sampler state, RNG state) at the start of the current step
         # the newest step whose state the model and optimiser hold, with its sampler and RNG state; the lock is
         # held while the training thread changes them (optimiser step, bias update), which needs no collective
@@ -70,7 +79,7 @@ class JitCheckpoints:
         given, or (0, 0.0)."""
         if not self.poll_every or step % self.poll_every:
             return 0, 0.0
-        found, deadline = read_request(self.path, time.time())
+        found, deadline = read_request(self.path, time.time(), self.since)
         newest = torch.tensor([found, deadline] if found > self.answered else [0, 0], dtype=torch.float64,
                               device=self.ctx.device)  # NCCL reduces only device tensors
         if self.ctx.distributed:
@@ -146,8 +155,58 @@ def save_requested(request: tuple[int, float], ckpt, step: int, state: dict, ctx
     kpi.event("checkpoint", f"just-in-time checkpoint of step {step} for request {request}: {path}", step=step,
               path=str(path), save_s=save_s, kind="jit", request=request)
     if deadline:
-        time.sleep(max(0.0, min(deadline - time.time(), MAX_HOLD_S)))
+        why = hold(min(deadline, time.time() + MAX_HOLD_S), default_store(ctx), request)
+        if why != "deadline":  # the requeue is under way and reached the others, not this rank: leave as they did
+            from sigma.train import terminate
+
+            terminate.leave(f"the other ranks left after the just-in-time checkpoint of step {step} ({why}), "
+                            f"this rank got no SIGTERM (its node's slurmd gone?)")
     return path
+
+
+LEFT_KEY = "sigma/jit-left/{request}"  # set in the process group's store by a rank leaving after an answer
+STORE_CHECK_S = 2.0  # one store check while holding waits at most this long
+
+
+def default_store(ctx):
+    """The process group's key-value store (served by rank 0's process), or None in a single process."""
+    if not ctx.distributed:
+        return None
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def hold(until: float, store, request: int, tick_s: float = 0.25) -> str:
+    """Wait after answering a request until `until` (its deadline), SIGTERM (the requeue: terminate.py exits), or
+    another rank's leaving: a rank whose node's slurmd is gone gets no SIGTERM, and holding on would keep the
+    requeued job from ending (SLURM waits for its processes) until the deadline. Each rank marks its SIGTERM exit in
+    the store; a store that stops answering means rank 0's process, which serves it, is gone. Returns why the hold
+    ended ('deadline', 'peer left', 'store gone')."""
+    from sigma.train import terminate
+
+    key = LEFT_KEY.format(request=request)
+    unregister = (terminate.finish_before_exit(lambda: store.set(key, "1")) if store is not None
+                  else (lambda: None))
+    timeout = store.timeout if store is not None else None
+    if store is not None:  # a server on a machine that died never resets the connection: bound each check
+        store.set_timeout(datetime.timedelta(seconds=STORE_CHECK_S))
+    try:
+        while (left := until - time.time()) > 0:
+            time.sleep(min(tick_s, left))
+            if store is None:
+                continue
+            try:
+                if store.check([key]):
+                    return "peer left"
+            except Exception:  # noqa: BLE001 - any failure to reach the store: its server's process is gone
+                return "store gone"
+        return "deadline"
+    finally:
+        unregister()
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set_timeout(timeout)
 
 
 def save_rollback(jit: JitCheckpoints, ckpt, step: int, state: dict, ctx, kpi) -> Path | None:
@@ -187,7 +246,7 @@ class BlockedAnswer:
     stopped process. The requeued run resumes from that set when it is complete, else
     from the newest complete set or the periodic checkpoint (its `resume` event says which)."""
 
-    def __init__(self, jit: JitCheckpoints, replicas, take_state, kpi, interval_s: float = 0.5):
+    def __init__(self, jit: JitCheckpoints, replicas, take_state, kpi, interval_s: float = 0.25):
         self.jit, self.replicas, self.take_state, self.kpi = jit, replicas, take_state, kpi
         self.interval_s = interval_s
         self.answered = jit.answered
@@ -208,13 +267,16 @@ class BlockedAnswer:
                 self.kpi.event("checkpoint_failed", f"answer while blocked failed: {exc}")
 
     def poll(self, now: float, mono: float) -> int:
-        """Answer the newest request if the training thread has had it for BLOCKED_AFTER_S (or three of its step
-        times) without finishing a step; returns the step kept, or 0."""
-        found, _ = read_request(self.jit.path, now)
+        """Answer the newest request if the training thread finished no step since it came, nor for
+        BLOCKED_AFTER_S (or three of its step times) before now; returns the step kept, or 0."""
+        found, _ = read_request(self.jit.path, now, self.jit.since)
         if not found or found <= max(self.answered, self.jit.answered):
             return 0
         seen = self._seen.setdefault(found, mono)
-        if mono - seen < max(BLOCKED_AFTER_S, 3 * self.jit.step_s) or self.jit.settled_at > seen:
+        # stuck: no step finished since the request came, nor for BLOCKED_AFTER_S (or three step times) before
+        # now; counted from the last finished step, not from the request, so a job hung long before the controller
+        # asked (its hang timeout, a dead node's) is answered at once rather than BLOCKED_AFTER_S later
+        if self.jit.settled_at > seen or mono - self.jit.settled_at < max(BLOCKED_AFTER_S, 3 * self.jit.step_s):
             return 0  # the training thread is stepping: it answers at its next poll
         self.answered = found
         started = time.monotonic()

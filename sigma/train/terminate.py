@@ -62,6 +62,11 @@ def _wait_for_sigterm(read_fd: int) -> None:
     # other handled signals (submitit's SIGCONT, USR2) pass by; a closed pipe ends the watch
     if not any(signal.SIGTERM in chunk for chunk in iter(lambda: os.read(read_fd, 64), b"")):
         return
+    leave("SIGTERM from SLURM (requeue, cancel or time limit)")
+
+
+def leave(why: str) -> None:
+    """Finish what is registered (a checkpoint in flight), then exit as SLURM's SIGTERM would: 128 + SIGTERM."""
     started = time.monotonic()
     with _lock:
         waits = list(_before_exit.values())
@@ -69,8 +74,8 @@ def _wait_for_sigterm(read_fd: int) -> None:
         try:
             wait()
         except BaseException as exc:  # a failed save leaves the older checkpoint; say so and go
-            print(f"sigma train: on SIGTERM: {exc}", file=sys.stderr, flush=True)
-    print("sigma train: SIGTERM from SLURM (requeue, cancel or time limit): exiting now"
-          + (f" after {time.monotonic() - started:.1f}s finishing the checkpoint in flight" if waits else ""),
+            print(f"sigma train: on leaving: {exc}", file=sys.stderr, flush=True)
+    print(f"sigma train: {why}: exiting now"
+          + (f" after {time.monotonic() - started:.1f}s finishing what was in flight" if waits else ""),
           file=sys.stderr, flush=True)
     os._exit(128 + signal.SIGTERM)

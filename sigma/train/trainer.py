@@ -463,7 +463,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         kpi.event("checkpoint", f"saved {path}", step=at_step, path=str(path), save_s=round(save_s, 3))
 
     # just-in-time checkpoints asked for by the controller, and the NaN rollback (sigma/train/jit.py)
-    jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta))
+    jit = JitCheckpoints(kpi.path.parent, kpi.node, ctx, cfg.checkpoint.jit_poll_every, saved_request(meta),
+                         since=startup.get("process"))
 
     def full_state(trainer_state: dict) -> dict:
         return (layout.state(trainer_state, rng_state(ctx)) if layout is not None

@@ -149,6 +149,10 @@ def assert_resumed(p, job_id, rank0, submitted, kinds=("replica",)):
     (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=60,
                        what="steps lost recorded")
     assert lost["steps_lost"] <= 1 and lost["source"] == resume["checkpoint_kind"], lost
+    # the old run's control file is still there; the new run, resumed from what answered it, does not answer it
+    # again (a second save, then a hold until the request's deadline)
+    again = [r for r in records if r.get("event") == "checkpoint" and r.get("request") and r["ts"] > resume["ts"]]
+    assert not again, again
     return records, resume
 
 

@@ -96,6 +96,43 @@ def test_control_file_reading(tmp_path):
     assert read_request(path, 100.0) == (0, 0.0)
 
 
+def test_a_request_written_before_the_run_started_is_an_earlier_runs(tmp_path):
+    """A run resumed from the replica that answered a request finds the request's control file still there: it was
+    written before this run's processes started, so it is not answered again (a second save and a hold until its
+    deadline, long after the requeue it was for)."""
+    path = tmp_path / "checkpoint-request.n1.json"
+    path.write_text(json.dumps({"id": 3, "deadline": 200.0}))
+    written = path.stat().st_mtime
+    assert read_request(path, 100.0, since=written + 1) == (0, 0.0)  # the run started after: an earlier run's
+    assert read_request(path, 100.0, since=written - 1) == (3, 200.0)  # written while this run ran: its own
+
+
+def test_the_hold_after_an_answer_ends_when_another_rank_leaves(tmp_path):
+    """A rank whose node's slurmd is gone gets no SIGTERM from the requeue: it stops holding when a rank that got
+    one marks its leaving in the store, or when the store's server (rank 0's process) is gone."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from sigma.train.jit import LEFT_KEY, hold
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False, timeout=datetime.timedelta(seconds=30))
+    assert hold(time.time() + 0.3, client, 7) == "deadline"  # nobody left: held to the deadline
+    assert client.timeout == datetime.timedelta(seconds=30)  # the store's own timeout restored
+    threading.Timer(0.3, lambda: server.set(LEFT_KEY.format(request=8), "1")).start()
+    started = time.monotonic()
+    assert hold(time.time() + 60, client, 8) == "peer left"
+    assert time.monotonic() - started < 30
+    del server  # rank 0's process gone: its store with it
+    started = time.monotonic()
+    assert hold(time.time() + 60, client, 9) == "store gone"
+    assert time.monotonic() - started < 30
+    assert hold(time.time() + 0.2, None, 10) == "deadline"  # a single process: nothing to watch
+
+
 def test_a_disk_that_fills_during_the_requested_save_keeps_the_older_checkpoint(train_data, tmp_path):
     """The file-size limit makes every checkpoint write fail with EFBIG, as a full disk would: the request is
     answered with a checkpoint_failed event, training goes on, and the older complete checkpoint stays as it was."""

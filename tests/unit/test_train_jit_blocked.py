@@ -122,6 +122,31 @@ def test_the_thread_answers_only_a_stuck_training_thread_and_names_what_is_missi
     assert kept == ["rank-0.step-00000008.json", "rank-2.step-00000007.json"]  # rank 2's older one kept as well
 
 
+def test_a_training_thread_stuck_long_before_the_request_is_answered_at_once(tmp_path):
+    """A job hung since long before the controller asked (its hang timeout) is answered at the first poll, not
+    BLOCKED_AFTER_S after it: stuck is counted from the last finished step."""
+    import torch
+    from types import SimpleNamespace
+
+    from sigma.train.jit import BLOCKED_AFTER_S, BlockedAnswer, JitCheckpoints
+    from sigma.train.replica import PeerReplicas
+
+    ctx = SimpleNamespace(distributed=False, rank=0, world_size=1, ep_size=1, device=torch.device("cpu"))
+    jit = JitCheckpoints(tmp_path / "kpi", "n1", ctx)
+    replicas = PeerReplicas(tmp_path / "shm", "n1", "run", "fp", ctx, 1, 1, shared=tmp_path / "ckpt" / "replicas")
+    kpi = Events()
+    answer = BlockedAnswer(jit, replicas, lambda step, sampler, rng: {"step": step}, kpi, interval_s=3600)
+    try:
+        jit.settled(5, {"seed": 0, "step": 5}, {})
+        (tmp_path / "kpi").mkdir()
+        (tmp_path / "kpi" / "checkpoint-request.n1.json").write_text('{"id": 2, "job_id": 1, "deadline": 0}')
+        assert answer.poll(time.time(), jit.settled_at + BLOCKED_AFTER_S / 2) == 0  # not stuck long enough
+        assert answer.poll(time.time(), jit.settled_at + 120) == 5  # first poll of a job stuck for 2 minutes
+    finally:
+        answer.close()
+    assert [e["kind"] for e in kpi.seen] == ["jit-blocked"]
+
+
 def test_a_failed_keep_is_an_event_and_training_goes_on(tmp_path):
     import torch
     from types import SimpleNamespace

@@ -98,9 +98,10 @@ class SlurmActions:
             not_out = [a for a in avoid if a in states and states[a].available]
             if not_out:
                 raise NotYet(f"{not_out} not drained yet")
-        if job.reason in ("NonZeroExitCode", "None", ""):
-            raise NotYet(f"pending for {job.reason or 'no reason yet'}")  # a requeued failed job: BeginTime next
-        if job.reason not in ("BeginTime",):
+        # A requeued failed job still shows its old reason (NonZeroExitCode) and one requeued off a node that went
+        # DOWN none, until the scheduler's next pass over it (seconds, or the 30 s backfill): the requeue has set its
+        # BeginTime already, and StartTime=now clears it and wakes the scheduler, rather than waiting for that pass.
+        if job.reason not in ("BeginTime", "NonZeroExitCode", "None", ""):
             return f"pending for {job.reason}; no BeginTime to clear"
         self.slurm.start_now(int(job_id))
         return "StartTime=now"

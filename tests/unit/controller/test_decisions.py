@@ -194,6 +194,24 @@ def test_failed_job_is_started_even_when_its_requeue_shows_late(tmp_path):
     assert slurm.count("start_now") == 1
 
 
+def test_a_requeued_job_still_showing_its_old_reason_is_started_at_once(tmp_path):
+    """Pending for NonZeroExitCode (a failed job) or for no reason (requeued off a node that went DOWN) until the
+    scheduler's next pass over it: StartTime=now is issued then, not after that pass."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(9, ["node1"], start=clock() - 50)
+    slurm.set_job(9, state="FAILED")
+    requeue = slurm.requeue
+
+    def requeue_old_reason(job_id, hold=False):
+        requeue(job_id, hold)
+        slurm.set_job(job_id, state="PENDING", reason="NonZeroExitCode")
+
+    slurm.requeue = requeue_old_reason
+    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+    ctl.tick()
+    assert slurm.count("requeue") == 1 and slurm.count("start_now") == 1
+
+
 def run_until(ctl, clock, predicate, ticks=20, step=5.0, each=None):
     for _ in range(ticks):
         if each:
