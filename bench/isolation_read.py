@@ -96,8 +96,8 @@ def main() -> int:
         feeds, ticks = [], []
         for r in range(args.repeat):
             feed = HealthyFeed(conn, WINDOW_S, time.time)
-            while feed.update(now - WINDOW_S, jobs, [], lambda n: False) or len(feed.next_at) < len(jobs):
-                pass  # the slice before, job by job: counters told from gauges
+            while len(feed.next_at) < len(jobs):  # the slice before, job by job: counters told from gauges
+                feed.update(now - WINDOW_S, jobs, [], lambda n: False)
             feed.next_at.clear()
             added, t = 0, []
             while len(feed.next_at) < len(jobs):  # tick by tick until every job was read

@@ -28,6 +28,7 @@ exists.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -195,10 +196,8 @@ class _MappedPayloads:
     def take(self, spare: Path, tmp: Path, size: int) -> torch.Tensor:
         """A file of `size` bytes at `tmp` (the spare moved there, when there is one), mapped."""
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # no spare yet: a new file
             os.replace(spare, tmp)
-        except FileNotFoundError:
-            pass
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             st = os.fstat(fd)

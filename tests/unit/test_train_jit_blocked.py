@@ -140,8 +140,9 @@ def test_a_training_thread_stuck_long_before_the_request_is_answered_at_once(tmp
         jit.settled(5, {"seed": 0, "step": 5}, {})
         (tmp_path / "kpi").mkdir()
         (tmp_path / "kpi" / "checkpoint-request.n1.json").write_text('{"id": 2, "job_id": 1, "deadline": 0}')
-        assert answer.poll(time.time(), jit.settled_at + BLOCKED_AFTER_S / 2) == 0  # not stuck long enough
-        assert answer.poll(time.time(), jit.settled_at + 120) == 5  # first poll of a job stuck for 2 minutes
+        now = time.time()  # the polls' clocks are given: the steps' monotonic clock as of the last settled step
+        assert answer.poll(now, jit.settled_at + BLOCKED_AFTER_S / 2) == 0  # not stuck long enough
+        assert answer.poll(now, jit.settled_at + 120) == 5  # first poll of a job stuck for 2 minutes
     finally:
         answer.close()
     assert [e["kind"] for e in kpi.seen] == ["jit-blocked"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import math
 import warnings
 import zlib
@@ -50,6 +51,7 @@ WEIGHTS_S = 300.0  # a job's lone weights are recomputed at most this often (loo
 # where a Gaussian's two-sided 99.9th percentile falls relative to its 99th: 3.29 / 2.58
 GAUSS_TAIL = NormalDist().inv_cdf(1 - 0.001 / 2) / NormalDist().inv_cdf(1 - 0.01 / 2)
 LOG_G = math.log(GAMMA)
+log = logging.getLogger("sigma.controller.detect.healthy")
 
 
 class Sketches:
@@ -158,8 +160,10 @@ class Sketches:
             arrays = np.load(io.BytesIO(zlib.decompress(base64.b64decode(d["arrays"]))))
             counts, anchor, anchored = arrays["counts"], arrays["anchor"], arrays["anchored"]
             if counts.shape != (len(keys), BUCKETS) or anchor.shape != (len(keys),) or anchored.shape != (len(keys),):
-                return out
-        except (ValueError, KeyError, TypeError, zlib.error, OSError):
+                raise ValueError(f"{len(keys)} keys, arrays of shapes {counts.shape}, {anchor.shape}, {anchored.shape}")
+        except (ValueError, KeyError, TypeError, zlib.error, OSError) as exc:
+            log.warning("detector_state %s unreadable (%s: %s): the healthy histograms are learned again",
+                        STATE_KEY, type(exc).__name__, exc)
             return out
         out.index = {(k[0], k[1]): i for i, k in enumerate(keys)}
         out.counts, out.anchor, out.anchored = counts.astype(np.uint16), anchor.astype(np.int16), anchored.astype(bool)

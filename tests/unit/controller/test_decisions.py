@@ -172,21 +172,28 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     assert slurm.node("node1").drained and slurm.count("requeue") == 3
 
 
-def test_failed_job_is_started_even_when_its_requeue_shows_late(tmp_path):
-    """A trainer that stops on a NaN loss has failed before the rule sees it; SLURM may still list the job as
-    FAILED right after `scontrol requeue`: start_now waits for it to be pending instead of giving up."""
+def nan_failed_job(tmp_path, **seen_after_requeue):
+    """A controller whose job 9 failed on a NaN loss, with SLURM showing `seen_after_requeue` right after
+    `scontrol requeue`, after one tick."""
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.run_job(9, ["node1"], start=clock() - 50)
     slurm.set_job(9, state="FAILED")
     requeue = slurm.requeue
 
-    def requeue_seen_late(job_id, hold=False):
+    def requeue_seen(job_id, hold=False):
         requeue(job_id, hold)
-        slurm.set_job(job_id, state="FAILED")
+        slurm.set_job(job_id, **seen_after_requeue)
 
-    slurm.requeue = requeue_seen_late
+    slurm.requeue = requeue_seen
     add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
     ctl.tick()
+    return ctl, slurm, clock
+
+
+def test_failed_job_is_started_even_when_its_requeue_shows_late(tmp_path):
+    """A trainer that stops on a NaN loss has failed before the rule sees it; SLURM may still list the job as
+    FAILED right after `scontrol requeue`: start_now waits for it to be pending instead of giving up."""
+    ctl, slurm, clock = nan_failed_job(tmp_path, state="FAILED")
     assert slurm.count("requeue") == 1 and slurm.count("start_now") == 0
     slurm.set_job(9, state="PENDING", reason="BeginTime")  # slurmctld catches up
     clock.advance(5)
@@ -197,18 +204,7 @@ def test_failed_job_is_started_even_when_its_requeue_shows_late(tmp_path):
 def test_a_requeued_job_still_showing_its_old_reason_is_started_at_once(tmp_path):
     """Pending for NonZeroExitCode (a failed job) or for no reason (requeued off a node that went DOWN) until the
     scheduler's next pass over it: StartTime=now is issued then, not after that pass."""
-    ctl, slurm, clock = make_controller(tmp_path)
-    slurm.run_job(9, ["node1"], start=clock() - 50)
-    slurm.set_job(9, state="FAILED")
-    requeue = slurm.requeue
-
-    def requeue_old_reason(job_id, hold=False):
-        requeue(job_id, hold)
-        slurm.set_job(job_id, state="PENDING", reason="NonZeroExitCode")
-
-    slurm.requeue = requeue_old_reason
-    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
-    ctl.tick()
+    ctl, slurm, clock = nan_failed_job(tmp_path, state="PENDING", reason="NonZeroExitCode")
     assert slurm.count("requeue") == 1 and slurm.count("start_now") == 1
 
 
