@@ -123,8 +123,8 @@ class Engine:
             E, T, M = history.shape
             self.entities, self.series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
             self.sketches = healthy.Sketches()
-            for t in range(T):
-                self.sketches.add(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
+            for t in range(T):  # through the controller's rule: a server far out in its own histograms teaches not
+                self.sketches.teach(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
             weights = healthy.lone_weights(self.sketches, self.entities, self.series, self.base.peer_center,
                                            self.base.peer_scale)
             self.lone = lambda base: weights  # the history is fixed here: computed once
@@ -134,14 +134,20 @@ class Engine:
                                                               base.peer_center, base.peer_scale)
         self.online = online
 
-    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(node scores [E], the evidence that ranks each node's metrics [E, M], the metric scores that decided)."""
         if not self.peers:
             z = isolation.metric_scores(current, self.base, peers=False)
-            return isolation.top_k_mean(z, 3), z
-        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone)
-        if self.online:  # the servers not under suspicion (below min_score) teach the histograms this window
-            self.sketches.add(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
-        return s.total, s.metric_z
+            return isolation.top_k_mean(z, 3), z, z
+        position = None if self.lone is None else (
+            lambda deviation: self.sketches.positions(self.entities, self.series, deviation))
+        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone,
+                            position=position)
+        if self.online:  # the servers not under suspicion (no verdict: below min_score) may teach this window,
+            # through the controller's rule (healthy.Sketches.teach: not those far out in their own histograms)
+            self.sketches.teach(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
+        # the engine before the histograms ranked its evidence by the peer scores alone
+        return s.total, s.evidence if self.lone is not None else s.metric_z, s.metric_z
 
     def pick(self, names, scores, hint=None):
         return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
@@ -158,7 +164,7 @@ class ThreeSigma:
 
     def __call__(self, current):
         z = np.nan_to_num(np.abs(current - self.mean) / self.std, nan=0.0)
-        return z.max(axis=1), z
+        return z.max(axis=1), z, z
 
     def pick(self, names, scores, hint=None):
         i = int(np.argmax(scores))
@@ -194,7 +200,7 @@ class Today:
         spatial = self.mod.spatial_z(current)
         temporal = self.mod.temporal_z(current, self.stats) if self.stats is not None else None
         z = np.nan_to_num(self.mod.combine(spatial, temporal), nan=0.0, posinf=1e6)
-        return self.mod.top_k_mean(z, 3), z
+        return self.mod.top_k_mean(z, 3), z, z
 
     def pick(self, names, scores, hint=None):
         return self.mod.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
@@ -223,23 +229,24 @@ def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
     return len(set(top.tolist()) & set(labelled)) / len(labelled)
 
 
-def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """One scoring pass over the test split: (node scores [T, E], metric scores [T, E, M], ms per round)."""
+def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """One scoring pass over the test split: (node scores [T, E], the evidence ranking metrics [T, E, M], ms per
+    round, the metric scores that decided [T, E, M])."""
     E, T, M = test.shape
-    node_scores, metric_z = np.zeros((T, E)), np.zeros((T, E, M))
+    node_scores, evidence, metric_z = np.zeros((T, E)), np.zeros((T, E, M)), np.zeros((T, E, M))
     t0 = time.perf_counter()
     for t in range(T):
         if hasattr(method, "at"):
             method.at(t)
-        node_scores[t], metric_z[t] = method(test[:, t, :])
-    return node_scores, metric_z, 1000 * (time.perf_counter() - t0) / T
+        node_scores[t], evidence[t], metric_z[t] = method(test[:, t, :])
+    return node_scores, evidence, 1000 * (time.perf_counter() - t0) / T, metric_z
 
 
 def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str],
         scored: tuple | None = None, rounds: int = ISO.rounds) -> dict:
     """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows).
     scored: a previous `score` pass of this method, replayed at its current threshold."""
-    node_scores, metric_z, round_ms = scored or score(method, test)
+    node_scores, metric_z, round_ms = (scored or score(method, test))[:3]
     T = test.shape[1]
     streaks = isolation.Streaks()
     acts = np.full(T, -1)  # entity acted on at t (-1: none)
@@ -333,7 +340,7 @@ def solo_misses(names, scored, labels, segments) -> None:
     """Why the engine misses the segments where one server alone is labelled, at the shipped operating point: each
     segment's best score for its server, the windows at or above min_score, and those where it was also the
     dominant outlier (rounds = ISO.rounds consecutive such windows act)."""
-    node_scores, metric_z = scored[0], scored[1]
+    node_scores, evidence, metric_z = scored[0], scored[1], scored[3]
     reasons: dict[str, list[str]] = {}
     details = []
     for s in segments:
@@ -354,7 +361,7 @@ def solo_misses(names, scored, labels, segments) -> None:
                                               f" {len(s.metrics)} metrics)")
         if reason != "acted on":  # what its best window was made of: its top metrics (* labelled), the runner-up
             t = s.start + int(np.argmax(own))
-            z = metric_z[t, s.entity]
+            z = evidence[t, s.entity]
             top = ", ".join(f"{j + 1}{'*' if j in s.metrics else ''} {z[j]:.1f}" for j in np.argsort(-z)[:4])
             lone = int(np.sum(metric_z[s.start:s.end + 1, s.entity][:, s.metrics].max(axis=1) >= ISO.min_score))
             other = np.delete(node_scores[t], s.entity).max()
@@ -440,7 +447,7 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
     """The engine's metric scores aggregated per node in other ways, each at the threshold that gives the best top-1
     on the first half of the scored split within the false-action and wrong-node goals, then applied to the second
     half: whether letting fewer metrics decide (what the missed one-server segments call for) holds on later data."""
-    metric_z = scored[1]
+    metric_z = scored[3]
     half = test.shape[1] // 2
     print(f"  aggregation of the engine's metric scores, threshold chosen on the first half (best top-1 with false/win "
           f"<= {100 * false_goal:.0f}% and wrong <= {100 * wrong_goal:.0f}%), then the second half:")

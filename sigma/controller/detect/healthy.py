@@ -51,6 +51,13 @@ WEIGHTS_S = 300.0  # a job's lone weights are recomputed at most this often (loo
 # where a Gaussian's two-sided 99.9th percentile falls relative to its 99th: 3.29 / 2.58
 GAUSS_TAIL = NormalDist().inv_cdf(1 - 0.001 / 2) / NormalDist().inv_cdf(1 - 0.01 / 2)
 LOG_G = math.log(GAMMA)
+CALIBRATION_Z = 3.0  # a value at its histogram's healthy 99.5th percentile is this far out (isolation's calibration)
+Z_CAP = 1000.0
+# a node whose SUSPECT_SERIES farthest series lie on average 3x beyond their healthy 99.5th percentile does not
+# teach: far past anything healthy (7.7 sigma for a Gaussian), so the rare healthy extremes the 99.95th percentile
+# is made of still teach (a gate at 1x or 2x drops them, and the weights it leaves are too high: bench/isolation_real)
+SUSPECT_Z = 3 * CALIBRATION_Z
+SUSPECT_SERIES = 3
 log = logging.getLogger("sigma.controller.detect.healthy")
 
 
@@ -124,6 +131,42 @@ class Sketches:
             self.counts[full] //= 2
         return int(v.size)
 
+    def positions(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray) -> np.ndarray:
+        """values [nodes, series] or [nodes, time, series] -> how far each lies from its own (node, series)
+        histogram's median, in units where the healthy 99.5th percentile (the 0.5th below the median) is
+        CALIBRATION_Z, as isolation calibrates its scores; the 99.95th / GAUSS_TAIL where the 99.5th is the median
+        itself (a metric that nearly always reads the same), Z_CAP beyond a histogram that never moved. NaN where
+        the histogram has fewer than MIN_VALUES values, or for a NaN value."""
+        values = np.asarray(values, float)
+        q = self.quantiles(nodes, series, (0.0005, 0.005, 0.5, 0.995, 0.9995))
+        if values.ndim == 3:
+            q = q[:, :, None, :]
+        lo, lo_far, med, hi, hi_far = q
+        with np.errstate(invalid="ignore", divide="ignore"):
+            up = np.where(hi > med, hi - med, (hi_far - med) / GAUSS_TAIL)
+            down = np.where(lo < med, med - lo, (med - lo_far) / GAUSS_TAIL)
+            d = values - med
+            z = CALIBRATION_Z * np.where(d > 0, d / up, np.where(d < 0, -d / down, 0.0))
+        return np.where(np.isnan(d), np.nan, np.minimum(z, Z_CAP))
+
+    def teach(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray, healthy: np.ndarray) -> int:
+        """add, from the nodes clearly below suspicion only: a node not under suspicion (healthy [nodes], the
+        caller's word) whose slice lies, on the mean of its SUSPECT_SERIES farthest series, SUSPECT_Z or more from
+        its own healthy histograms (`positions`) teaches nothing with that slice. Below the action threshold is
+        not healthy: an anomaly too small to be acted on would otherwise teach the histograms that it is normal,
+        and lower the weights that could name it later. A healthy node's rare spike in one series still teaches
+        (the mean is over several). values [nodes, series] or [nodes, time, series] (each time judged alone)."""
+        values = np.asarray(values, float)
+        ok = np.asarray(healthy, bool)
+        z = np.nan_to_num(self.positions(nodes, series, values), nan=0.0)
+        if z.shape[-1]:
+            clear = _top_mean(z, SUSPECT_SERIES) < SUSPECT_Z  # [nodes] or [nodes, time]
+            if values.ndim == 3:
+                values = np.where(clear[:, :, None], values, np.nan)
+            else:
+                ok = ok & clear
+        return self.add(nodes, series, values, ok)
+
     def quantiles(self, nodes: Sequence[str], series: Sequence[str], qs: Sequence[float]) -> np.ndarray:
         """[len(qs), nodes, series] healthy quantiles (NaN where a histogram is missing or has < MIN_VALUES)."""
         out = np.full((len(qs), len(nodes), len(series)), np.nan)
@@ -169,6 +212,12 @@ class Sketches:
         out.counts, out.anchor, out.anchored = counts.astype(np.uint16), anchor.astype(np.int16), anchored.astype(bool)
         out.kinds = {str(k): bool(v) for k, v in (d.get("kinds") or {}).items()}
         return out
+
+
+def _top_mean(z: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the k largest values along the last axis."""
+    k = max(1, min(k, z.shape[-1]))
+    return np.partition(z, z.shape[-1] - k, axis=-1)[..., -k:].mean(axis=-1)
 
 
 def _key(v: np.ndarray) -> np.ndarray:
@@ -272,7 +321,7 @@ class HealthyFeed:
             values[:, ~same] = np.nan
             healthy = np.array([j.job_id not in suspect_jobs and n not in suspects and not active(n)
                                 for n in j.nodes])
-            added += self.sketches.add(list(j.nodes), series, values, healthy)
+            added += self.sketches.teach(list(j.nodes), series, values, healthy)
         self.previous.update(rows)
         for n in nodes:
             if n not in rows:
