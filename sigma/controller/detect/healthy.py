@@ -58,6 +58,7 @@ Z_CAP = 1000.0
 # is made of still teach (a gate at 1x or 2x drops them, and the weights it leaves are too high: bench/isolation_real)
 SUSPECT_Z = 3 * CALIBRATION_Z
 SUSPECT_SERIES = 3
+POSITION_QS = (0.0005, 0.005, 0.5, 0.995, 0.9995)  # the quantiles `positions` and `lone_weights` read
 log = logging.getLogger("sigma.controller.detect.healthy")
 
 
@@ -131,14 +132,16 @@ class Sketches:
             self.counts[full] //= 2
         return int(v.size)
 
-    def positions(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray) -> np.ndarray:
+    def positions(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray,
+                  q: np.ndarray | None = None) -> np.ndarray:
         """values [nodes, series] or [nodes, time, series] -> how far each lies from its own (node, series)
         histogram's median, in units where the healthy 99.5th percentile (the 0.5th below the median) is
         CALIBRATION_Z, as isolation calibrates its scores; the 99.95th / GAUSS_TAIL where the 99.5th is the median
         itself (a metric that nearly always reads the same), Z_CAP beyond a histogram that never moved. NaN where
-        the histogram has fewer than MIN_VALUES values, or for a NaN value."""
+        the histogram has fewer than MIN_VALUES values, or for a NaN value. q: their POSITION_QS quantiles, if the
+        caller keeps them."""
         values = np.asarray(values, float)
-        q = self.quantiles(nodes, series, (0.0005, 0.005, 0.5, 0.995, 0.9995))
+        q = self.quantiles(nodes, series, POSITION_QS) if q is None else q
         if values.ndim == 3:
             q = q[:, :, None, :]
         lo, lo_far, med, hi, hi_far = q
@@ -238,11 +241,12 @@ def _value(b: np.ndarray, anchor: np.ndarray) -> np.ndarray:
 
 
 def lone_weights(sketches: Sketches, nodes: Sequence[str], series: Sequence[str], center: np.ndarray,
-                 scale: np.ndarray, calibration_z: float = 3.0) -> np.ndarray:
+                 scale: np.ndarray, calibration_z: float = 3.0, q: np.ndarray | None = None) -> np.ndarray:
     """[series] weight of one metric's peer score alone (NaN where no node has enough healthy history): the
     healthy 99th-percentile score mapped to calibration_z and the 99.9th to calibration_z x GAUSS_TAIL, the
-    median over the nodes. center, scale: [nodes, series] of the peer score (isolation.Baseline)."""
-    q = sketches.quantiles(nodes, series, (0.0005, 0.005, 0.995, 0.9995))
+    median over the nodes. center, scale: [nodes, series] of the peer score (isolation.Baseline); q: the
+    histograms' POSITION_QS quantiles, if the caller keeps them."""
+    q = (sketches.quantiles(nodes, series, POSITION_QS) if q is None else q)[[0, 1, 3, 4]]
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         z99 = np.maximum(q[2] - center, center - q[1]) / scale
@@ -275,7 +279,8 @@ class HealthyFeed:
         self.next_at: dict[int, float] = {}  # job -> when its nodes are read next
         self.saved_at = clock()
         self.previous: dict[str, list[tuple]] = {}  # node -> its previous slice's rows (a counter's continuity)
-        self._weights: dict[tuple, tuple[float, np.ndarray]] = {}  # (nodes, features) -> (when, lone weights)
+        # (nodes, features) -> (when, lone weights, the quantiles behind them)
+        self._weights: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
 
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
@@ -338,12 +343,24 @@ class HealthyFeed:
         """isolation.score's `lone`: the lone-metric weights of a job's features (NaN for the KPI features),
         recomputed at most every WEIGHTS_S (the hour's history they are scaled by is re-read as seldom; at 256
         nodes x 1,600 series they take about a second)."""
+        return self._cached(nodes, names, base)[1]
+
+    def positions(self, nodes: Sequence[str], names: Sequence[str], deviation: np.ndarray) -> np.ndarray:
+        """isolation.score's `position`: where each node's deviation from the peers lies in its healthy histograms
+        (Sketches.positions), on the quantiles kept with the job's weights (a job's weights come first in a
+        round)."""
+        cached = self._weights.get((tuple(nodes), tuple(names)))
+        q = cached[2] if cached is not None else None
+        return self.sketches.positions(nodes, names, deviation, q)
+
+    def _cached(self, nodes: Sequence[str], names: Sequence[str], base) -> tuple[float, np.ndarray, np.ndarray]:
         key = (tuple(nodes), tuple(names))
         now = self.clock()
         cached = self._weights.get(key)
         if cached is None or now - cached[0] >= WEIGHTS_S:
             if len(self._weights) > 256:
                 self._weights.clear()
+            q = self.sketches.quantiles(nodes, names, POSITION_QS)
             cached = self._weights[key] = (now, lone_weights(self.sketches, nodes, names, base.peer_center,
-                                                             base.peer_scale))
-        return cached[1]
+                                                             base.peer_scale, q=q), q)
+        return cached

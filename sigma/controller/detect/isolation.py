@@ -266,9 +266,10 @@ def _evidence(current: np.ndarray, z: np.ndarray, base: Baseline | None,
 
 def score_nodes(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None = None,
                 entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
-                jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None) -> np.ndarray:
+                jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None,
+                position: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The per-node totals of `score`."""
-    return score(nodes, current, history, entity_node, k, base, jitter, lone).total
+    return score(nodes, current, history, entity_node, k, base, jitter, lone, position).total
 
 
 @dataclass
