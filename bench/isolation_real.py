@@ -15,9 +15,11 @@ anomalous; false actions per normal window (no entity labelled) and per simulate
 InterFusion code's IPS) and the same for a random ranking.
 
 Methods: `engine` (sigma.controller.detect.isolation: own history + peers, one metric alone at the weights of the
-healthy histograms of sigma.controller.detect.healthy, fed with the history), `engine-online` (the same, the
-histograms also fed during the scored split with the servers not under suspicion, as the controller goes on feeding
-them), `engine-top3` (the top-3 mean alone: the engine before the histograms), `engine-own` (own history only, the
+healthy histograms of sigma.controller.detect.healthy, fed with the history through the controller's own rule,
+healthy.Sketches.teach; its evidence ranks metrics as the controller's top_metrics do), `engine-online` (the same,
+the histograms also fed during the scored split with the servers not under suspicion, no verdict this window, through
+the same rule, as the controller goes on feeding them), `engine-top3` (the top-3 mean alone, its evidence the peer
+scores: the engine before the histograms), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
 excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
 isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
@@ -334,6 +336,7 @@ def asd(root: Path, servers: int, today_mod) -> None:
     equal_budget(methods, passes, test, labels, segments, names)
     aggregations(passes["engine"], test, labels, segments, names)
     halves(methods, passes, test, labels, segments, names)
+    teaching_gates(train, test, labels, segments, names)
 
 
 def solo_misses(names, scored, labels, segments) -> None:
@@ -471,6 +474,33 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
             print(f"  {label} | " + " | ".join(
                 f"{' ' * 12}{100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  {r['solo'][0]}/{r['solo'][1]:<8}  "
                 f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
+
+
+def teaching_gates(train, test, labels, segments, names) -> None:
+    """The rule that keeps nodes far out in their own histograms from teaching them (healthy.Sketches.teach), at
+    other thresholds than the shipped SUSPECT_Z (inf: no such rule), in both readings (the histograms from the
+    history only, and also fed while scoring); the first half of the scored split chose, the second checks."""
+    shipped = healthy.SUSPECT_Z
+    half = test.shape[1] // 2
+    print(f"  teaching gate (a node whose {healthy.SUSPECT_SERIES} farthest series lie on average this far out in "
+          f"its own histograms teaches nothing; shipped {shipped:g}): whole | first half | second half")
+    try:
+        for gate in (healthy.CALIBRATION_Z, 2 * healthy.CALIBRATION_Z, shipped, float("inf")):
+            healthy.SUSPECT_Z = gate
+            for online in (False, True):
+                m = Engine(train, online=online)
+                kept = m.sketches.counts[:len(m.sketches)].sum() / max(1, np.isfinite(train).sum())
+                scored = score(m, test)
+                row = f"  {gate:5g} {m.name:13s} history kept {100 * kept:6.2f}%"
+                for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+                    part = _part({m.name: scored}, test, labels, segments, lo, hi)
+                    r = run(m, part[1], part[2], part[3], names, part[0][m.name])
+                    row += (f" | {100 * r['top1']:5.1f}% {100 * r['wrong']:4.1f}% {r['solo'][0]}/{r['solo'][1]:<3d}"
+                            f"{100 * r['false_per_window']:5.2f}% HR {r['hit100']:.3f}")
+                print(row, flush=True)
+    finally:
+        healthy.SUSPECT_Z = shipped
+    print("    (each: top-1, wrong, one server, false/win, HR@100 %)")
 
 
 def halves(methods, passes, test, labels, segments, names) -> None:
