@@ -135,6 +135,7 @@ class Engine:
                 self.lone = lambda base: healthy.lone_weights(self.sketches, self.entities, self.series,
                                                               base.peer_center, base.peer_scale)
         self.online = online
+        self.readings: list[tuple[np.ndarray, np.ndarray]] = []  # per round: (own-history scores, positions)
 
     def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node scores [E], the evidence that ranks each node's metrics [E, M], the metric scores that decided)."""
@@ -145,6 +146,9 @@ class Engine:
             lambda deviation: self.sketches.positions(self.entities, self.series, deviation))
         s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone,
                             position=position)
+        if position is not None:  # the evidence's other readings, kept for evidence_rankings
+            self.readings.append((isolation.metric_scores(current, self.base, peers=False),
+                                  np.nan_to_num(position(current - np.nanmedian(current, axis=0)), nan=0.0)))
         if self.online:  # the servers not under suspicion (no verdict: below min_score) may teach this window,
             # through the controller's rule (healthy.Sketches.teach: not those far out in their own histograms)
             self.sketches.teach(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
@@ -336,6 +340,7 @@ def asd(root: Path, servers: int, today_mod) -> None:
     equal_budget(methods, passes, test, labels, segments, names)
     aggregations(passes["engine"], test, labels, segments, names)
     halves(methods, passes, test, labels, segments, names)
+    evidence_rankings(methods[:2], passes, test, labels, segments, names)
     teaching_gates(train, test, labels, segments, names)
 
 
@@ -474,6 +479,27 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
             print(f"  {label} | " + " | ".join(
                 f"{' ' * 12}{100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  {r['solo'][0]}/{r['solo'][1]:<8}  "
                 f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
+
+
+def evidence_rankings(engines, passes, test, labels, segments, names) -> None:
+    """HitRate@100 % of the engine's verdicts with their metrics ranked by other readings than the shipped one (the
+    strongest of the peer score, the own-history score and the position in the healthy histograms): which ranking
+    names the labelled metrics best was chosen on the first half."""
+    half = test.shape[1] // 2
+    print("  evidence ranking, HitRate@100 % of the same verdicts: whole | first half | second half")
+    for m in engines:
+        node_scores, _, ms, decided = passes[m.name]
+        own, position = (np.array(x) for x in zip(*m.readings))
+        for label, ranking in (("peer score (before)", decided),
+                               ("peer score, position", np.maximum(decided, position)),
+                               ("peer score, own history", np.maximum(decided, own)),
+                               ("all three (shipped)", np.maximum.reduce([decided, own, position]))):
+            row = f"  {m.name:13s} {label:24s}"
+            for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+                part = _part({m.name: (node_scores, ranking, ms)}, test, labels, segments, lo, hi)
+                r = run(m, part[1], part[2], part[3], names, part[0][m.name])
+                row += f" | {r['hit100']:.3f}"
+            print(row)
 
 
 def teaching_gates(train, test, labels, segments, names) -> None:

@@ -14,6 +14,11 @@ and its 99.9th to where a Gaussian's would fall (x 3.29 / 2.58), the median over
 more healthy values. With it one metric alone may name a node (isolation.score); without it (too little healthy
 history) it may not, as before.
 
+Who teaches (`Sketches.teach`, the controller's feed and the benches alike): a node not under suspicion, and
+clearly below it: not one whose three farthest series lie, on average, 3x beyond their own healthy 99.5th
+percentile (`positions`). An anomaly too small to act on would otherwise teach that it is normal. The same
+positions rank a verdict's evidence (isolation.score's `position`).
+
 Bad input: NaN and gaps are not values (nothing is added); a counter's reset gives no rate for that slice (the
 feature reader marks the series a gauge, whose level is then not mixed with its rates: those slices are skipped);
 a series that appears late starts its own histogram, one that vanishes keeps its own; a node of a job with a

@@ -15,7 +15,8 @@ calibrated by how predictable it was on healthy entities: divided by (its health
 spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores, or
 one metric's alone where the long healthy history (healthy.py: the 99.9th percentile too) weighs it; an
 accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
-is never evidence, and an entity without history (it joined late) is scored against its peers alone.
+is never evidence, and an entity without history (it joined late) is scored against its peers alone. The evidence
+(`Scores.top_metrics`) ranks each metric by its strongest reading: peers, own history, long healthy history.
 
 Acting needs one outlier (top score >= min_score and >= dominance x the runner-up) in `rounds` consecutive rounds.
 When several entities are outliers at once, the job's own evidence (the node the others wait for) may pick among
@@ -252,7 +253,7 @@ def _evidence(current: np.ndarray, z: np.ndarray, base: Baseline | None,
     own history, and against its long healthy history of deviations from the peers. The peer score alone ranks
     well the metrics that moved apart from the peers; the cause of a fault also shows in metrics the peers moved
     with, or that moved within the hour's noise but beyond anything the long history saw. (Chosen on the first
-    half of bench/isolation_real.py's chronological ASD split: HitRate@100 % 0.78 -> 0.82.)"""
+    half of bench/isolation_real.py's chronological ASD split: HitRate@100 % 0.78 -> 0.83; docs/controller.md.)"""
     out = z
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
