@@ -233,6 +233,30 @@ def test_feed_reads_slices_and_keeps_only_healthy_nodes_of_jobs_with_peers(conn)
     assert feed.update(t0 + 481, [job()], [jf], lambda n: False) == 0
 
 
+def test_feed_keeps_a_node_far_out_in_its_histograms_from_teaching_though_no_finding_names_it(conn):
+    t0 = 30_000.0
+    rng = np.random.default_rng(12)
+    for k in range(2):  # n3 reads 40 degrees above its peers in the second slice: far past its healthy spread
+        ts = t0 + k * 120.0
+        insert(conn, [(n, ts - s, "gpu.temp", 60 + rng.normal(0, 0.1) + (40 if k and n == "n3" else 0))
+                      for n in NODES for s in range(20)])
+    feed = HealthyFeed(conn, 120.0, lambda: t0)
+    history = rng.normal(0, 0.5, (4, 2 * MIN_VALUES, 1))
+    history[:, 0] = 0.5  # a histogram's range is centred on its first value: one of the usual size
+    feed.sketches.add(NODES, ["gpu.temp"], history, np.ones(4, bool))  # a long healthy memory, a degree wide
+    before = {key: int(feed.sketches.counts[row].sum()) for key, row in feed.sketches.index.items()}
+    assert [feed.update(t0 + k * 120.0 + 1, [job()], [], lambda n: False) for k in range(2)] == [0, 3]
+    grown = {key[0] for key, row in feed.sketches.index.items() if feed.sketches.counts[row].sum() > before[key]}
+    assert grown == {"n1", "n2", "n4"}
+    # the same positions rank a round's evidence, on the quantiles kept with the job's weights
+    base = baseline(history)
+    feed.weights(NODES, ["gpu.temp"], base)
+    deviation = np.array([[0.1], [-0.1], [20.0], [0.0]])
+    assert np.array_equal(feed.positions(NODES, ["gpu.temp"], deviation),
+                          feed.sketches.positions(NODES, ["gpu.temp"], deviation))
+    assert feed.positions(NODES, ["gpu.temp"], deviation)[2, 0] > healthy.SUSPECT_Z
+
+
 def test_feed_keeps_a_counter_as_rates_and_skips_the_slice_where_it_reset(conn):
     t0 = 20_000.0
     rows, level = [], {n: 1000.0 * i for i, n in enumerate(NODES)}
