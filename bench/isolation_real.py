@@ -337,11 +337,38 @@ def asd(root: Path, servers: int, today_mod) -> None:
     r100, r150 = random_hit_rate(segments, test.shape[2], np.random.default_rng(0))
     print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
     solo_misses(names, passes["engine"], labels, segments)
+    for m in methods[:2]:
+        wrong_actions(m, passes[m.name], labels, segments, names)
     equal_budget(methods, passes, test, labels, segments, names)
     aggregations(passes["engine"], test, labels, segments, names)
     halves(methods, passes, test, labels, segments, names)
     evidence_rankings(methods[:2], passes, test, labels, segments, names)
     teaching_gates(train, test, labels, segments, names)
+
+
+def wrong_actions(m, scored, labels, segments, names) -> None:
+    """Where the engine acted on a server that was not labelled: the wrong-node segments and the false actions,
+    each with the acted-on server's score and its top decided metrics (1-based)."""
+    node_scores, metric_z = scored[0], scored[3]
+    streaks, acts = isolation.Streaks(), np.full(node_scores.shape[0], -1)
+    for t in range(node_scores.shape[0]):
+        culprit = m.pick(names, node_scores[t])
+        if streaks.update("job", culprit) >= ISO.rounds:
+            acts[t] = names.index(culprit)
+    lines = []
+    for t in np.flatnonzero(acts >= 0):
+        x = acts[t]
+        if labels[x, t]:
+            continue
+        inside = [s for s in segments if s.start <= t <= s.end]
+        z = metric_z[t, x]
+        top = ", ".join(f"{j + 1} {z[j]:.1f}" for j in np.argsort(-z)[:3])
+        where = (f"during {', '.join(f'{names[s.entity]}@{s.start}-{s.end}' for s in inside)}" if inside
+                 else "no server labelled")
+        lines.append(f"{names[x]}@{t} ({where}): score {node_scores[t, x]:.1f}; top metrics {top}")
+    print(f"  {m.name}: acted on an unlabelled server {len(lines)} time(s)" + (":" if lines else ""))
+    for line in lines:
+        print(f"    {line}")
 
 
 def solo_misses(names, scored, labels, segments) -> None:
