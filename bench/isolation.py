@@ -108,7 +108,7 @@ class World:
                                                                          / np.sqrt(WINDOW))
 
     def learn_healthy(self, rounds: int, chunk: int = 20) -> float:
-        """Feed the healthy histograms (healthy.Sketches, as the controller does between faults) with `rounds`
+        """Feed the healthy histograms (healthy.Sketches.teach, as the controller does between faults) with `rounds`
         healthy rounds of every accelerator's deviation from its peers; returns the seconds it took."""
         t0 = time.perf_counter()
         E, M = self.offset.shape
@@ -116,7 +116,7 @@ class World:
             T = min(chunk, rounds - done)
             data = self.offset[:, None, :] + self.noise(T)  # the common workload cancels in the deviation
             data[:, :, self.sparse] = (self.rng.random((E, T, int(self.sparse.sum()))) < BLIP).astype(np.float32)
-            self.sketches.add(self.entities, self.metric_names, healthy.residuals(data), np.ones(E, bool))
+            self.sketches.teach(self.entities, self.metric_names, healthy.residuals(data), np.ones(E, bool))
         return time.perf_counter() - t0
 
     def run(self, fault: str | None, size: tuple[float, float] = SIZE) -> tuple[np.ndarray, int | None]:
@@ -160,11 +160,14 @@ class World:
         t0 = time.perf_counter()
         history = data[:, : self.history, :]
         base = today.history_stats(history) if today else baseline(history)  # once per history window
+        if not today:
+            base.own  # the own-history statistics the verdict's evidence ranks metrics with, once per window too
         self.stats_times.append(time.perf_counter() - t0)
         if not today:  # the lone-metric weights, as the controller computes them (once per history window)
             t0 = time.perf_counter()
+            q = self.sketches.quantiles(self.entities, self.metric_names, healthy.POSITION_QS)
             weights = healthy.lone_weights(self.sketches, self.entities, self.metric_names, base.peer_center,
-                                           base.peer_scale)
+                                           base.peer_scale, q=q)
             self.weight_times.append(time.perf_counter() - t0)
         culprit, times = None, []
         for r in range(2):
@@ -174,7 +177,8 @@ class World:
                 scores = today.score_nodes(self.names, current, entity_node=self.entity_node, stats=base)
                 verdict = today.pick_outlier(self.names, scores, ISO.min_score, ISO.dominance)
             else:
-                scores = score_nodes(self.names, current, entity_node=self.entity_node, base=base,
+                position = lambda deviation: self.sketches.positions(self.entities, self.metric_names, deviation, q)
+                scores = score_nodes(self.names, current, entity_node=self.entity_node, base=base, position=position,
                                      lone=lambda _: weights)
                 verdict = pick_outlier(self.names, scores, ISO.min_score, ISO.dominance)
             times.append(time.perf_counter() - t0)

@@ -15,9 +15,11 @@ anomalous; false actions per normal window (no entity labelled) and per simulate
 InterFusion code's IPS) and the same for a random ranking.
 
 Methods: `engine` (sigma.controller.detect.isolation: own history + peers, one metric alone at the weights of the
-healthy histograms of sigma.controller.detect.healthy, fed with the history), `engine-online` (the same, the
-histograms also fed during the scored split with the servers not under suspicion, as the controller goes on feeding
-them), `engine-top3` (the top-3 mean alone: the engine before the histograms), `engine-own` (own history only, the
+healthy histograms of sigma.controller.detect.healthy, fed with the history through the controller's own rule,
+healthy.Sketches.teach; its evidence ranks metrics as the controller's top_metrics do), `engine-online` (the same,
+the histograms also fed during the scored split with the servers not under suspicion, no verdict this window, through
+the same rule, as the controller goes on feeding them), `engine-top3` (the top-3 mean alone, its evidence the peer
+scores: the engine before the histograms), `engine-own` (own history only, the
 per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
 excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
 isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
@@ -123,8 +125,8 @@ class Engine:
             E, T, M = history.shape
             self.entities, self.series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
             self.sketches = healthy.Sketches()
-            for t in range(T):
-                self.sketches.add(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
+            for t in range(T):  # through the controller's rule: a server far out in its own histograms teaches not
+                self.sketches.teach(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
             weights = healthy.lone_weights(self.sketches, self.entities, self.series, self.base.peer_center,
                                            self.base.peer_scale)
             self.lone = lambda base: weights  # the history is fixed here: computed once
@@ -133,15 +135,25 @@ class Engine:
                 self.lone = lambda base: healthy.lone_weights(self.sketches, self.entities, self.series,
                                                               base.peer_center, base.peer_scale)
         self.online = online
+        self.readings: list[tuple[np.ndarray, np.ndarray]] = []  # per round: (own-history scores, positions)
 
-    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(node scores [E], the evidence that ranks each node's metrics [E, M], the metric scores that decided)."""
         if not self.peers:
             z = isolation.metric_scores(current, self.base, peers=False)
-            return isolation.top_k_mean(z, 3), z
-        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone)
-        if self.online:  # the servers not under suspicion (below min_score) teach the histograms this window
-            self.sketches.add(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
-        return s.total, s.metric_z
+            return isolation.top_k_mean(z, 3), z, z
+        position = None if self.lone is None else (
+            lambda deviation: self.sketches.positions(self.entities, self.series, deviation))
+        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone,
+                            position=position)
+        if position is not None:  # the evidence's other readings, kept for evidence_rankings
+            self.readings.append((isolation.metric_scores(current, self.base, peers=False),
+                                  np.nan_to_num(position(current - np.nanmedian(current, axis=0)), nan=0.0)))
+        if self.online:  # the servers not under suspicion (no verdict: below min_score) may teach this window,
+            # through the controller's rule (healthy.Sketches.teach: not those far out in their own histograms)
+            self.sketches.teach(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
+        # the engine before the histograms ranked its evidence by the peer scores alone
+        return s.total, s.evidence if self.lone is not None else s.metric_z, s.metric_z
 
     def pick(self, names, scores, hint=None):
         return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
@@ -158,7 +170,7 @@ class ThreeSigma:
 
     def __call__(self, current):
         z = np.nan_to_num(np.abs(current - self.mean) / self.std, nan=0.0)
-        return z.max(axis=1), z
+        return z.max(axis=1), z, z
 
     def pick(self, names, scores, hint=None):
         i = int(np.argmax(scores))
@@ -194,7 +206,7 @@ class Today:
         spatial = self.mod.spatial_z(current)
         temporal = self.mod.temporal_z(current, self.stats) if self.stats is not None else None
         z = np.nan_to_num(self.mod.combine(spatial, temporal), nan=0.0, posinf=1e6)
-        return self.mod.top_k_mean(z, 3), z
+        return self.mod.top_k_mean(z, 3), z, z
 
     def pick(self, names, scores, hint=None):
         return self.mod.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
@@ -223,23 +235,24 @@ def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
     return len(set(top.tolist()) & set(labelled)) / len(labelled)
 
 
-def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """One scoring pass over the test split: (node scores [T, E], metric scores [T, E, M], ms per round)."""
+def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """One scoring pass over the test split: (node scores [T, E], the evidence ranking metrics [T, E, M], ms per
+    round, the metric scores that decided [T, E, M])."""
     E, T, M = test.shape
-    node_scores, metric_z = np.zeros((T, E)), np.zeros((T, E, M))
+    node_scores, evidence, metric_z = np.zeros((T, E)), np.zeros((T, E, M)), np.zeros((T, E, M))
     t0 = time.perf_counter()
     for t in range(T):
         if hasattr(method, "at"):
             method.at(t)
-        node_scores[t], metric_z[t] = method(test[:, t, :])
-    return node_scores, metric_z, 1000 * (time.perf_counter() - t0) / T
+        node_scores[t], evidence[t], metric_z[t] = method(test[:, t, :])
+    return node_scores, evidence, 1000 * (time.perf_counter() - t0) / T, metric_z
 
 
 def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str],
         scored: tuple | None = None, rounds: int = ISO.rounds) -> dict:
     """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows).
     scored: a previous `score` pass of this method, replayed at its current threshold."""
-    node_scores, metric_z, round_ms = scored or score(method, test)
+    node_scores, metric_z, round_ms = (scored or score(method, test))[:3]
     T = test.shape[1]
     streaks = isolation.Streaks()
     acts = np.full(T, -1)  # entity acted on at t (-1: none)
@@ -324,16 +337,45 @@ def asd(root: Path, servers: int, today_mod) -> None:
     r100, r150 = random_hit_rate(segments, test.shape[2], np.random.default_rng(0))
     print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
     solo_misses(names, passes["engine"], labels, segments)
+    for m in methods[:2]:
+        wrong_actions(m, passes[m.name], labels, segments, names)
     equal_budget(methods, passes, test, labels, segments, names)
     aggregations(passes["engine"], test, labels, segments, names)
     halves(methods, passes, test, labels, segments, names)
+    evidence_rankings(methods[:2], passes, test, labels, segments, names)
+    teaching_gates(train, test, labels, segments, names)
+
+
+def wrong_actions(m, scored, labels, segments, names) -> None:
+    """Where the engine acted on a server that was not labelled: the wrong-node segments and the false actions,
+    each with the acted-on server's score and its top decided metrics (1-based)."""
+    node_scores, metric_z = scored[0], scored[3]
+    streaks, acts = isolation.Streaks(), np.full(node_scores.shape[0], -1)
+    for t in range(node_scores.shape[0]):
+        culprit = m.pick(names, node_scores[t])
+        if streaks.update("job", culprit) >= ISO.rounds:
+            acts[t] = names.index(culprit)
+    lines = []
+    for t in np.flatnonzero(acts >= 0):
+        x = acts[t]
+        if labels[x, t]:
+            continue
+        inside = [s for s in segments if s.start <= t <= s.end]
+        z = metric_z[t, x]
+        top = ", ".join(f"{j + 1} {z[j]:.1f}" for j in np.argsort(-z)[:3])
+        where = (f"during {', '.join(f'{names[s.entity]}@{s.start}-{s.end}' for s in inside)}" if inside
+                 else "no server labelled")
+        lines.append(f"{names[x]}@{t} ({where}): score {node_scores[t, x]:.1f}; top metrics {top}")
+    print(f"  {m.name}: acted on an unlabelled server {len(lines)} time(s)" + (":" if lines else ""))
+    for line in lines:
+        print(f"    {line}")
 
 
 def solo_misses(names, scored, labels, segments) -> None:
     """Why the engine misses the segments where one server alone is labelled, at the shipped operating point: each
     segment's best score for its server, the windows at or above min_score, and those where it was also the
     dominant outlier (rounds = ISO.rounds consecutive such windows act)."""
-    node_scores, metric_z = scored[0], scored[1]
+    node_scores, evidence, metric_z = scored[0], scored[1], scored[3]
     reasons: dict[str, list[str]] = {}
     details = []
     for s in segments:
@@ -354,7 +396,7 @@ def solo_misses(names, scored, labels, segments) -> None:
                                               f" {len(s.metrics)} metrics)")
         if reason != "acted on":  # what its best window was made of: its top metrics (* labelled), the runner-up
             t = s.start + int(np.argmax(own))
-            z = metric_z[t, s.entity]
+            z = evidence[t, s.entity]
             top = ", ".join(f"{j + 1}{'*' if j in s.metrics else ''} {z[j]:.1f}" for j in np.argsort(-z)[:4])
             lone = int(np.sum(metric_z[s.start:s.end + 1, s.entity][:, s.metrics].max(axis=1) >= ISO.min_score))
             other = np.delete(node_scores[t], s.entity).max()
@@ -440,7 +482,7 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
     """The engine's metric scores aggregated per node in other ways, each at the threshold that gives the best top-1
     on the first half of the scored split within the false-action and wrong-node goals, then applied to the second
     half: whether letting fewer metrics decide (what the missed one-server segments call for) holds on later data."""
-    metric_z = scored[1]
+    metric_z = scored[3]
     half = test.shape[1] // 2
     print(f"  aggregation of the engine's metric scores, threshold chosen on the first half (best top-1 with false/win "
           f"<= {100 * false_goal:.0f}% and wrong <= {100 * wrong_goal:.0f}%), then the second half:")
@@ -464,6 +506,54 @@ def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01
             print(f"  {label} | " + " | ".join(
                 f"{' ' * 12}{100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  {r['solo'][0]}/{r['solo'][1]:<8}  "
                 f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
+
+
+def evidence_rankings(engines, passes, test, labels, segments, names) -> None:
+    """HitRate@100 % of the engine's verdicts with their metrics ranked by other readings than the shipped one (the
+    strongest of the peer score, the own-history score and the position in the healthy histograms): which ranking
+    names the labelled metrics best was chosen on the first half."""
+    half = test.shape[1] // 2
+    print("  evidence ranking, HitRate@100 % of the same verdicts: whole | first half | second half")
+    for m in engines:
+        node_scores, _, ms, decided = passes[m.name]
+        own, position = (np.array(x) for x in zip(*m.readings))
+        for label, ranking in (("peer score (before)", decided),
+                               ("peer score, position", np.maximum(decided, position)),
+                               ("peer score, own history", np.maximum(decided, own)),
+                               ("all three (shipped)", np.maximum.reduce([decided, own, position]))):
+            row = f"  {m.name:13s} {label:24s}"
+            for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+                part = _part({m.name: (node_scores, ranking, ms)}, test, labels, segments, lo, hi)
+                r = run(m, part[1], part[2], part[3], names, part[0][m.name])
+                row += f" | {r['hit100']:.3f}"
+            print(row)
+
+
+def teaching_gates(train, test, labels, segments, names) -> None:
+    """The rule that keeps nodes far out in their own histograms from teaching them (healthy.Sketches.teach), at
+    other thresholds than the shipped SUSPECT_Z (inf: no such rule), in both readings (the histograms from the
+    history only, and also fed while scoring); the first half of the scored split chose, the second checks."""
+    shipped = healthy.SUSPECT_Z
+    half = test.shape[1] // 2
+    print(f"  teaching gate (a node whose {healthy.SUSPECT_SERIES} farthest series lie on average this far out in "
+          f"its own histograms teaches nothing; shipped {shipped:g}): whole | first half | second half")
+    try:
+        for gate in (healthy.CALIBRATION_Z, 2 * healthy.CALIBRATION_Z, shipped, float("inf")):
+            healthy.SUSPECT_Z = gate
+            for online in (False, True):
+                m = Engine(train, online=online)
+                kept = m.sketches.counts[:len(m.sketches)].sum() / max(1, np.isfinite(train).sum())
+                scored = score(m, test)
+                row = f"  {gate:5g} {m.name:13s} history kept {100 * kept:6.2f}%"
+                for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
+                    part = _part({m.name: scored}, test, labels, segments, lo, hi)
+                    r = run(m, part[1], part[2], part[3], names, part[0][m.name])
+                    row += (f" | {100 * r['top1']:5.1f}% {100 * r['wrong']:4.1f}% {r['solo'][0]}/{r['solo'][1]:<3d}"
+                            f"{100 * r['false_per_window']:5.2f}% HR {r['hit100']:.3f}")
+                print(row, flush=True)
+    finally:
+        healthy.SUSPECT_Z = shipped
+    print("    (each: top-1, wrong, one server, false/win, HR@100 %)")
 
 
 def halves(methods, passes, test, labels, segments, names) -> None:

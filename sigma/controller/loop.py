@@ -446,7 +446,8 @@ class Controller:
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
                                                 self._history_buckets(job.nodes, now))
         scores = score(list(job.nodes), cur, hist, jitter=jitter,
-                       lone=lambda base: self.healthy.weights(job.nodes, names, base))
+                       lone=lambda base: self.healthy.weights(job.nodes, names, base),
+                       position=lambda deviation: self.healthy.positions(job.nodes, names, deviation))
         verdict = pick_outlier(list(job.nodes), scores.total, iso.min_score, iso.dominance,
                                hint=direct[0] if direct else None)
         if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking

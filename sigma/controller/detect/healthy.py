@@ -14,6 +14,11 @@ and its 99.9th to where a Gaussian's would fall (x 3.29 / 2.58), the median over
 more healthy values. With it one metric alone may name a node (isolation.score); without it (too little healthy
 history) it may not, as before.
 
+Who teaches (`Sketches.teach`, the controller's feed and the benches alike): a node not under suspicion, and
+clearly below it: not one whose three farthest series lie, on average, 3x beyond their own healthy 99.5th
+percentile (`positions`). An anomaly too small to act on would otherwise teach that it is normal. The same
+positions rank a verdict's evidence (isolation.score's `position`).
+
 Bad input: NaN and gaps are not values (nothing is added); a counter's reset gives no rate for that slice (the
 feature reader marks the series a gauge, whose level is then not mixed with its rates: those slices are skipped);
 a series that appears late starts its own histogram, one that vanishes keeps its own; a node of a job with a
@@ -51,6 +56,14 @@ WEIGHTS_S = 300.0  # a job's lone weights are recomputed at most this often (loo
 # where a Gaussian's two-sided 99.9th percentile falls relative to its 99th: 3.29 / 2.58
 GAUSS_TAIL = NormalDist().inv_cdf(1 - 0.001 / 2) / NormalDist().inv_cdf(1 - 0.01 / 2)
 LOG_G = math.log(GAMMA)
+CALIBRATION_Z = 3.0  # a value at its histogram's healthy 99.5th percentile is this far out (isolation's calibration)
+Z_CAP = 1000.0
+# a node whose SUSPECT_SERIES farthest series lie on average 3x beyond their healthy 99.5th percentile does not
+# teach: far past anything healthy (7.7 sigma for a Gaussian), so the rare healthy extremes the 99.95th percentile
+# is made of still teach (a gate at 1x or 2x drops them, and the weights it leaves are too high: bench/isolation_real)
+SUSPECT_Z = 3 * CALIBRATION_Z
+SUSPECT_SERIES = 3
+POSITION_QS = (0.0005, 0.005, 0.5, 0.995, 0.9995)  # the quantiles `positions` and `lone_weights` read
 log = logging.getLogger("sigma.controller.detect.healthy")
 
 
@@ -124,6 +137,44 @@ class Sketches:
             self.counts[full] //= 2
         return int(v.size)
 
+    def positions(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray,
+                  q: np.ndarray | None = None) -> np.ndarray:
+        """values [nodes, series] or [nodes, time, series] -> how far each lies from its own (node, series)
+        histogram's median, in units where the healthy 99.5th percentile (the 0.5th below the median) is
+        CALIBRATION_Z, as isolation calibrates its scores; the 99.95th / GAUSS_TAIL where the 99.5th is the median
+        itself (a metric that nearly always reads the same), Z_CAP beyond a histogram that never moved. NaN where
+        the histogram has fewer than MIN_VALUES values, or for a NaN value. q: their POSITION_QS quantiles, if the
+        caller keeps them."""
+        values = np.asarray(values, float)
+        q = self.quantiles(nodes, series, POSITION_QS) if q is None else q
+        if values.ndim == 3:
+            q = q[:, :, None, :]
+        lo, lo_far, med, hi, hi_far = q
+        with np.errstate(invalid="ignore", divide="ignore"):
+            up = np.where(hi > med, hi - med, (hi_far - med) / GAUSS_TAIL)
+            down = np.where(lo < med, med - lo, (med - lo_far) / GAUSS_TAIL)
+            d = values - med
+            z = CALIBRATION_Z * np.where(d > 0, d / up, np.where(d < 0, -d / down, 0.0))
+        return np.where(np.isnan(d), np.nan, np.minimum(z, Z_CAP))
+
+    def teach(self, nodes: Sequence[str], series: Sequence[str], values: np.ndarray, healthy: np.ndarray) -> int:
+        """add, from the nodes clearly below suspicion only: a node not under suspicion (healthy [nodes], the
+        caller's word) whose slice lies, on the mean of its SUSPECT_SERIES farthest series, SUSPECT_Z or more from
+        its own healthy histograms (`positions`) teaches nothing with that slice. Below the action threshold is
+        not healthy: an anomaly too small to be acted on would otherwise teach the histograms that it is normal,
+        and lower the weights that could name it later. A healthy node's rare spike in one series still teaches
+        (the mean is over several). values [nodes, series] or [nodes, time, series] (each time judged alone)."""
+        values = np.asarray(values, float)
+        ok = np.asarray(healthy, bool)
+        z = np.nan_to_num(self.positions(nodes, series, values), nan=0.0)
+        if z.shape[-1]:
+            clear = _top_mean(z, SUSPECT_SERIES) < SUSPECT_Z  # [nodes] or [nodes, time]
+            if values.ndim == 3:
+                values = np.where(clear[:, :, None], values, np.nan)
+            else:
+                ok = ok & clear
+        return self.add(nodes, series, values, ok)
+
     def quantiles(self, nodes: Sequence[str], series: Sequence[str], qs: Sequence[float]) -> np.ndarray:
         """[len(qs), nodes, series] healthy quantiles (NaN where a histogram is missing or has < MIN_VALUES)."""
         out = np.full((len(qs), len(nodes), len(series)), np.nan)
@@ -171,6 +222,12 @@ class Sketches:
         return out
 
 
+def _top_mean(z: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the k largest values along the last axis."""
+    k = max(1, min(k, z.shape[-1]))
+    return np.partition(z, z.shape[-1] - k, axis=-1)[..., -k:].mean(axis=-1)
+
+
 def _key(v: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.floor(np.log(np.abs(v)) / LOG_G).astype(np.int64)
@@ -189,11 +246,12 @@ def _value(b: np.ndarray, anchor: np.ndarray) -> np.ndarray:
 
 
 def lone_weights(sketches: Sketches, nodes: Sequence[str], series: Sequence[str], center: np.ndarray,
-                 scale: np.ndarray, calibration_z: float = 3.0) -> np.ndarray:
+                 scale: np.ndarray, calibration_z: float = 3.0, q: np.ndarray | None = None) -> np.ndarray:
     """[series] weight of one metric's peer score alone (NaN where no node has enough healthy history): the
     healthy 99th-percentile score mapped to calibration_z and the 99.9th to calibration_z x GAUSS_TAIL, the
-    median over the nodes. center, scale: [nodes, series] of the peer score (isolation.Baseline)."""
-    q = sketches.quantiles(nodes, series, (0.0005, 0.005, 0.995, 0.9995))
+    median over the nodes. center, scale: [nodes, series] of the peer score (isolation.Baseline); q: the
+    histograms' POSITION_QS quantiles, if the caller keeps them."""
+    q = (sketches.quantiles(nodes, series, POSITION_QS) if q is None else q)[[0, 1, 3, 4]]
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         z99 = np.maximum(q[2] - center, center - q[1]) / scale
@@ -226,7 +284,8 @@ class HealthyFeed:
         self.next_at: dict[int, float] = {}  # job -> when its nodes are read next
         self.saved_at = clock()
         self.previous: dict[str, list[tuple]] = {}  # node -> its previous slice's rows (a counter's continuity)
-        self._weights: dict[tuple, tuple[float, np.ndarray]] = {}  # (nodes, features) -> (when, lone weights)
+        # (nodes, features) -> (when, lone weights, the quantiles behind them)
+        self._weights: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
 
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
@@ -272,7 +331,7 @@ class HealthyFeed:
             values[:, ~same] = np.nan
             healthy = np.array([j.job_id not in suspect_jobs and n not in suspects and not active(n)
                                 for n in j.nodes])
-            added += self.sketches.add(list(j.nodes), series, values, healthy)
+            added += self.sketches.teach(list(j.nodes), series, values, healthy)
         self.previous.update(rows)
         for n in nodes:
             if n not in rows:
@@ -289,12 +348,24 @@ class HealthyFeed:
         """isolation.score's `lone`: the lone-metric weights of a job's features (NaN for the KPI features),
         recomputed at most every WEIGHTS_S (the hour's history they are scaled by is re-read as seldom; at 256
         nodes x 1,600 series they take about a second)."""
+        return self._cached(nodes, names, base)[1]
+
+    def positions(self, nodes: Sequence[str], names: Sequence[str], deviation: np.ndarray) -> np.ndarray:
+        """isolation.score's `position`: where each node's deviation from the peers lies in its healthy histograms
+        (Sketches.positions), on the quantiles kept with the job's weights (a job's weights come first in a
+        round)."""
+        cached = self._weights.get((tuple(nodes), tuple(names)))
+        q = cached[2] if cached is not None else None
+        return self.sketches.positions(nodes, names, deviation, q)
+
+    def _cached(self, nodes: Sequence[str], names: Sequence[str], base) -> tuple[float, np.ndarray, np.ndarray]:
         key = (tuple(nodes), tuple(names))
         now = self.clock()
         cached = self._weights.get(key)
         if cached is None or now - cached[0] >= WEIGHTS_S:
             if len(self._weights) > 256:
                 self._weights.clear()
+            q = self.sketches.quantiles(nodes, names, POSITION_QS)
             cached = self._weights[key] = (now, lone_weights(self.sketches, nodes, names, base.peer_center,
-                                                             base.peer_scale))
-        return cached[1]
+                                                             base.peer_scale, q=q), q)
+        return cached

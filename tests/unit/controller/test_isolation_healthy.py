@@ -128,6 +128,72 @@ def test_one_metric_alone_names_a_node_only_with_the_long_healthy_history():
     assert np.array_equal(empty.total, without.total)
 
 
+def learned(T=MIN_VALUES * 2, M=4, seed=7) -> tuple[Sketches, list[str]]:
+    """Histograms of M Gaussian series on every node, with enough values for their quantiles to count."""
+    series = [f"m{j}" for j in range(M)]
+    values = np.random.default_rng(seed).normal(size=(4, T, M))
+    values[:, 0, :] = 1.0  # a histogram's range is centred on its first value: one of the usual size
+    return fed(values, tuple(series)), series
+
+
+def test_positions_put_a_healthy_99_5th_percentile_at_3_and_say_nothing_without_history():
+    s, series = learned()
+    q995 = s.quantiles(NODES, series, (0.995,))[0]
+    pos = s.positions(NODES, series, q995)
+    assert np.allclose(pos, healthy.CALIBRATION_Z)
+    assert np.all(s.positions(NODES, series, np.zeros((4, 4))) < 0.5)
+    assert np.isnan(s.positions(NODES, ["never"], np.ones((4, 1)))).all()
+    assert np.isnan(s.positions(NODES, series, np.full((4, 4), np.nan))).all()
+
+
+def test_a_node_far_out_in_its_own_histograms_does_not_teach_even_below_the_action_threshold():
+    s, series = learned()
+    values = np.random.default_rng(8).normal(size=(4, 4))
+    values[2, :3] = 12.0  # n3: three series far past anything healthy (12 sigma), not under suspicion
+    before = s.counts[:len(s)].sum(axis=1).copy()
+    added = s.teach(NODES, series, values, np.ones(4, bool))
+    grown = {key[0] for key, row in s.index.items() if s.counts[row].sum() > before[row]}
+    assert added == 3 * 4 and grown == {"n1", "n2", "n4"}
+
+
+def test_a_healthy_node_teaches_and_so_does_its_rare_spike_in_one_series():
+    s, series = learned()
+    values = np.random.default_rng(9).normal(size=(4, 4))
+    values[1, 0] = 12.0  # one series of n2 alone: a rare healthy spike the 99.95th percentile is made of
+    assert s.teach(NODES, series, values, np.ones(4, bool)) == 4 * 4
+    assert s.teach(NODES, series, values, np.array([True, True, True, False])) == 3 * 4  # the caller's word too
+    # over time, [nodes, time, series]: each slice judged alone
+    over = np.random.default_rng(10).normal(size=(4, 5, 4))
+    over[0, 2, :] = 15.0
+    assert s.teach(NODES, series, over, np.ones(4, bool)) == 4 * 5 * 4 - 4
+
+
+def test_a_fresh_histogram_learns_everything_until_its_quantiles_count():
+    s = Sketches()
+    values = np.full((4, 3), 50.0)
+    assert s.teach(NODES, ["a", "b", "c"], values, np.ones(4, bool)) == 12
+
+
+def test_the_evidence_ranks_a_metric_beyond_its_long_history_above_one_within_the_hours_noise():
+    rng = np.random.default_rng(11)
+    T, M = 2000, 4
+    series = [f"m{j}" for j in range(M)]
+    history = rng.normal(size=(4, T, M))
+    s = Sketches()
+    s.add(NODES, series, healthy.residuals(history), np.ones(4, bool))
+    base = baseline(history)
+    current = rng.normal(size=(4, M)) * 0.1
+    current[2, 1] += 2.0  # n3's m1 a little apart from the peers ...
+    current[2, 3] += 1.5
+    s.counts[s.index[("n3", "m3")]] = 0  # ... m3 of a node whose healthy m3 never moved from the peers
+    s.counts[s.index[("n3", "m3")], healthy.ZERO] = 1000
+    position = lambda deviation: s.positions(NODES, series, deviation)
+    plain = score(NODES, current, base=base)
+    ranked = score(NODES, current, base=base, position=position)
+    assert np.array_equal(plain.total, ranked.total)  # evidence only: it decides nothing
+    assert plain.top_metrics(2, series)[0][0] == "m1" and ranked.top_metrics(2, series)[0][0] == "m3"
+
+
 # ---------- the controller's feed, from its samples table ----------
 def insert(conn, rows):
     with conn:
@@ -165,6 +231,30 @@ def test_feed_reads_slices_and_keeps_only_healthy_nodes_of_jobs_with_peers(conn)
     jf = Finding(rule_id="watchdog-throughput-drop", source="watchdog", scope="job", severity="warning",
                  action="notify", summary="", first_ts=t0, last_ts=t0, job_id=1)
     assert feed.update(t0 + 481, [job()], [jf], lambda n: False) == 0
+
+
+def test_feed_keeps_a_node_far_out_in_its_histograms_from_teaching_though_no_finding_names_it(conn):
+    t0 = 30_000.0
+    rng = np.random.default_rng(12)
+    for k in range(2):  # n3 reads 40 degrees above its peers in the second slice: far past its healthy spread
+        ts = t0 + k * 120.0
+        insert(conn, [(n, ts - s, "gpu.temp", 60 + rng.normal(0, 0.1) + (40 if k and n == "n3" else 0))
+                      for n in NODES for s in range(20)])
+    feed = HealthyFeed(conn, 120.0, lambda: t0)
+    history = rng.normal(0, 0.5, (4, 2 * MIN_VALUES, 1))
+    history[:, 0] = 0.5  # a histogram's range is centred on its first value: one of the usual size
+    feed.sketches.add(NODES, ["gpu.temp"], history, np.ones(4, bool))  # a long healthy memory, a degree wide
+    before = {key: int(feed.sketches.counts[row].sum()) for key, row in feed.sketches.index.items()}
+    assert [feed.update(t0 + k * 120.0 + 1, [job()], [], lambda n: False) for k in range(2)] == [0, 3]
+    grown = {key[0] for key, row in feed.sketches.index.items() if feed.sketches.counts[row].sum() > before[key]}
+    assert grown == {"n1", "n2", "n4"}
+    # the same positions rank a round's evidence, on the quantiles kept with the job's weights
+    base = baseline(history)
+    feed.weights(NODES, ["gpu.temp"], base)
+    deviation = np.array([[0.1], [-0.1], [20.0], [0.0]])
+    assert np.array_equal(feed.positions(NODES, ["gpu.temp"], deviation),
+                          feed.sketches.positions(NODES, ["gpu.temp"], deviation))
+    assert feed.positions(NODES, ["gpu.temp"], deviation)[2, 0] > healthy.SUSPECT_Z
 
 
 def test_feed_keeps_a_counter_as_rates_and_skips_the_slice_where_it_reset(conn):
