@@ -571,13 +571,16 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 extra["moe_param_norm"] = (layout.moe_param_norms() if layout is not None
                                            else moe_param_norms(model, ctx))
             if held_out is not None and (step % cfg.eval.every == 0 or step == cfg.steps):
+                te = time.perf_counter()
                 eval_loss = (layout.evaluate(held_out, cfg.eval.batches, ctx.device) if layout is not None
                              else evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx))
-                extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)))
+                # its own time, apart from the step's: a step with an evaluation is not a slow step
+                eval_s = round(time.perf_counter() - te, 4)
+                extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)), eval_s=eval_s)
                 summary.eval_losses[step] = eval_loss
                 kpi.event("eval", f"held-out loss {eval_loss:.4f}, perplexity {extra['eval_ppl']:.2f} at step "
-                                  f"{step}", step=step, eval_loss=eval_loss, eval_ppl=extra["eval_ppl"],
-                          tokens=cfg.eval.batches * tokens_per_step)
+                                  f"{step} ({eval_s:.2f} s)", step=step, eval_loss=eval_loss,
+                          eval_ppl=extra["eval_ppl"], tokens=cfg.eval.batches * tokens_per_step, eval_s=eval_s)
                 if is_main and cfg.kpi.progress_every:
                     print(f"eval   {step:>6}/{cfg.steps} | loss {eval_loss:7.4f} | ppl {extra['eval_ppl']:9.2f}",
                           file=out, flush=True)
