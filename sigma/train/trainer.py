@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from sigma.train import data as data_mod
 from sigma.train.adamw import AdamW  # torch's, minus the seconds of importing torch._dynamo
-from sigma.train.checkpoint import CheckpointManager, checkpoint_step
+from sigma.train.checkpoint import CheckpointManager, checkpoint_step, import_dcp_in_background
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
 from sigma.train.noise import GcPressure, StepNoise
@@ -476,6 +476,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         blocked = BlockedAnswer(jit, replicas, lambda at, sampler_state, rng: local_state(
             model, optimizer, named, rng, {"step": at, "sampler": sampler_state}), kpi)
 
+    first_step = step + 1
     try:
         while step < cfg.steps:
             step += 1
@@ -587,6 +588,8 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
             kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt,
                         tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **noise.sample(),
                         **extra)
+            if step == first_step and cfg.checkpoint.every:  # after the first step: the restart does not wait
+                import_dcp_in_background()
             if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
                 print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
                       flush=True)

@@ -131,7 +131,8 @@ class Decider:
                        f"playbook {playbook.name}")
         return inc
 
-    def _down_when_requeued(self, f: Finding, inc: Incident, n: Node, on_node: list[Job], requeued: list[int]) -> str:
+    def _down_when_requeued(self, f: Finding, inc: Incident, n: Node, on_node: list[Job],
+                            requeued: list[int]) -> str:
         """A node SLURM itself reports NOT_RESPONDING is set DOWN once its jobs are requeued (act/actions.py
         _set_down), as slurmctld would after SlurmdTimeout (300 s by default): their steps there end now and the
         requeued job can start elsewhere; our drain stays, so the node returns through validation. Not while a job

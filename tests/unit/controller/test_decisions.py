@@ -506,6 +506,15 @@ def test_a_job_that_is_not_requeued_keeps_the_silent_node_up_to_slurm(tmp_path):
     assert "not set DOWN, job(s) [4] not requeued" in (tmp_path / "log" / "decisions.log").read_text()
 
 
+def test_shadow_mode_records_the_set_down_it_would_do(tmp_path):
+    ctl, slurm, clock = dead_node(tmp_path)
+    ctl.cfg.shadow = True
+    ctl.tick()
+    assert slurm.calls == []
+    assert actions(ctl.conn) == [("drain", "node2", "shadow"), ("requeue", "4", "shadow"),
+                                 ("set_down", "node2", "shadow")]
+
+
 def test_a_drain_of_a_responding_node_never_sets_it_down(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     slurm.run_job(7, ["node2", "node3"], start=clock() - 100)
