@@ -457,6 +457,10 @@ def test_a_silent_node_is_set_down_after_its_job_is_requeued_and_the_job_starts_
     assert "requeued [4]; set DOWN once requeued (slurmd not responding)" in (
         tmp_path / "log" / "decisions.log").read_text()
     assert ctl.incidents.query(node="node2")[0].status == "acted"
+    from tests.unit.controller.test_jit_checkpoint import explain
+
+    explained = explain(tmp_path, ctl, 1)  # `sigma explain` names the action and what it did
+    assert "set_down" in explained and "set DOWN (slurmd not responding)" in explained
 
 
 def test_set_down_waits_for_the_just_in_time_checkpoint_of_the_healthy_node(tmp_path):
