@@ -163,6 +163,12 @@ class SoakResult:
     effective_outside: float
     report: str
     job_ids: list[int]
+    evaluations: list[tuple] = field(default_factory=list)  # (step, seconds): the configured evaluations
+
+    def evaluated(self) -> str:
+        secs = sum(s for _, s in self.evaluations)
+        return (f"; {len(self.evaluations)} evaluation(s), {secs:.1f} s in all, counted as the job's own work"
+                if self.evaluations else "")
 
 
 def _sigma(env: dict, *args: str, check: bool = True) -> str:
@@ -194,6 +200,7 @@ class Soak:
         self.hang_timeout = hang_timeout
         self.show_timeline = timeline  # print each fault's timeline (Soak.timeline) once it is handled
         self.lost_outside: list[tuple] = []  # set by effective_time
+        self.evaluations: list[tuple] = []  # (step, seconds) of the evaluations counted as training, likewise
         self.settle_s = settle_s
         self.fault_timeout = fault_timeout
         self.say = say
@@ -514,33 +521,12 @@ class Soak:
         """Share of wall time with steps progressing (new steps, not redone ones), overall and outside faults."""
         points = []
         for job_id in self.job_ids:
-            points += [(r[0], r[1]) for r in self.db.execute(
-                "SELECT ts, step FROM kpis WHERE job_id = ? AND rank = 0 AND step IS NOT NULL AND ts BETWEEN ? AND ?",
-                (job_id, t0, t1))]
-        points.sort()
-        gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
-        typical = gaps[len(gaps) // 2] if gaps else 1.0
-        windows = [(r.ts, r.window_end) for r in rows]
-
-        def outside(a: float, b: float) -> float:
-            span = b - a
-            for w0, w1 in windows:
-                span -= max(0.0, min(b, w1) - max(a, w0))
-            return max(0.0, span)
-
-        good = good_out = 0.0
-        best = -1
-        self.lost_outside = []  # (from, to, step, next step, seconds outside the windows): what the share lacks
-        for (ta, sa), (tb, sb) in zip(points, points[1:]):
-            if sb > best and sb > sa and tb - ta <= max(2.0, 5 * typical):
-                good += tb - ta
-                good_out += outside(ta, tb)
-            elif outside(ta, tb) > 0:
-                self.lost_outside.append((ta, tb, sa, sb, outside(ta, tb)))
-            best = max(best, sb)
-        start = points[0][0] if points else t0
-        wall, wall_out = t1 - start, outside(start, t1)
-        return (good / wall if wall > 0 else 0.0), (good_out / wall_out if wall_out > 0 else 0.0)
+            points += [tuple(r) for r in self.db.execute(
+                "SELECT ts, step, CASE WHEN json_valid(payload) THEN json_extract(payload, '$.eval_s') END FROM kpis"
+                " WHERE job_id = ? AND rank = 0 AND step IS NOT NULL AND ts BETWEEN ? AND ?", (job_id, t0, t1))]
+        share = effective_share(points, [(r.ts, r.window_end) for r in rows], t0, t1)
+        self.lost_outside, self.evaluations = share.lost_outside, share.evaluations
+        return share.overall, share.outside
 
     def print_lost_outside(self, rows: list[FaultRow]) -> None:
         """Each stretch outside the fault windows that did not count as training, with the job's KPI events in it:
@@ -604,11 +590,56 @@ class Soak:
         report = _sigma(self.env, "report", "--config", str(self.stack.controller_config), "--since",
                         time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 1)), check=False)  # this soak only
         return SoakResult(rows, self.false_drains(rows, t0), self.lost_jobs, t1 - t0, eff, eff_out, report,
-                          list(self.job_ids))
+                          list(self.job_ids), list(self.evaluations))
 
     def stop_platform(self, with_cluster: bool = False) -> None:
         _sigma(self.env, "stack", "down", *(["--with-cluster"] if with_cluster else []), *self.state_args,
                check=False)
+
+
+STALL_S = 2.0  # a gap between two steps longer than this (and than 5 typical steps) is not a step but a stall
+
+
+@dataclass
+class Share:
+    overall: float
+    outside: float  # outside the fault windows
+    lost_outside: list[tuple]  # (from, to, step, next step, seconds outside the windows): what `outside` lacks
+    evaluations: list[tuple]  # (step, seconds) of the evaluations inside steps counted as training
+
+
+def effective_share(points: list[tuple], windows: list[tuple[float, float]], t0: float, t1: float) -> Share:
+    """Effective training time from rank 0's steps: (ts, step, eval_s or None) per step. A gap between two steps
+    counts as training when it brings a new step (not a redone one) and, without the evaluation the trainer ran in
+    it (`eval_s`, the `eval.every` the user configured), is no longer than a stall (STALL_S, or 5 typical steps).
+    The evaluation itself counts as the job's own work, not as time a fault took: an evaluation of 1.7 s plus a
+    0.3 s step is not a 2 s stall."""
+    points = sorted(points)
+    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
+    typical = gaps[len(gaps) // 2] if gaps else 1.0
+
+    def outside(a: float, b: float) -> float:
+        span = b - a
+        for w0, w1 in windows:
+            span -= max(0.0, min(b, w1) - max(a, w0))
+        return max(0.0, span)
+
+    good = good_out = 0.0
+    best = -1
+    lost_outside, evaluations = [], []
+    for (ta, sa, _), (tb, sb, eval_s) in zip(points, points[1:]):
+        if sb > best and sb > sa and tb - ta - (eval_s or 0.0) <= max(STALL_S, 5 * typical):
+            good += tb - ta
+            good_out += outside(ta, tb)
+            if eval_s:
+                evaluations.append((sb, eval_s))
+        elif outside(ta, tb) > 0:
+            lost_outside.append((ta, tb, sa, sb, outside(ta, tb)))
+        best = max(best, sb)
+    start = points[0][0] if points else t0
+    wall, wall_out = t1 - start, outside(start, t1)
+    return Share(good / wall if wall > 0 else 0.0, good_out / wall_out if wall_out > 0 else 0.0, lost_outside,
+                 evaluations)
 
 
 def drains_since(db, since: float) -> list[tuple]:
@@ -767,7 +798,7 @@ def print_result(res: SoakResult) -> None:
     print(f"false drains: {len(res.false_drains)} {res.false_drains or ''}")
     print(f"lost jobs: {res.lost_jobs}")
     print(f"effective training time: {100 * res.effective:.1f} % of {res.wall_s / 60:.1f} min overall, "
-          f"{100 * res.effective_outside:.1f} % outside the fault windows")
+          f"{100 * res.effective_outside:.1f} % outside the fault windows{res.evaluated()}")
     print()
     print(res.report)
 
@@ -811,7 +842,7 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
         lost = [r.steps_lost for r in res.rows if r.steps_lost is not None]
         print(f"{name}: steps lost {sum(lost)} in {len(lost)} faults (max {max(lost, default=0)}); effective "
               f"training time {100 * res.effective:.1f} % overall, {100 * res.effective_outside:.1f} % outside the "
-              f"fault windows ({res.wall_s / 60:.1f} min)")
+              f"fault windows ({res.wall_s / 60:.1f} min){res.evaluated()}")
 
 
 def main(argv: list[str] | None = None) -> int:

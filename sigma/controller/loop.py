@@ -279,7 +279,8 @@ class Controller:
 
     def _not_responding(self, nodes: dict[str, Node], now: float) -> list[Finding]:
         """A node whose slurmd stopped answering (dead host, crashed daemon): SLURM would mark it DOWN after
-        SlurmdTimeout and requeue its jobs with a BeginTime; taking it out now restarts them sooner."""
+        SlurmdTimeout and requeue its jobs with a BeginTime; taking it out now (drain, requeue, then DOWN: decide.py)
+        restarts them sooner."""
         out = []
         for n in nodes.values():
             if ("NOT_RESPONDING" not in n.flags or {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags)

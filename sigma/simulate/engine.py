@@ -466,12 +466,18 @@ class Engine:
             return
         n = self.slurm.node_map[node]
         self.slurm.set_node(node, state="down", reason=n.reason or "Not responding")
+        self.node_down(node)
+
+    def node_down(self, node: str) -> None:
+        """A node set DOWN (SlurmdTimeout, or the controller's `scontrol update State=DOWN`): what still runs there
+        is requeued, a validation job cancelled, and its old processes are gone at once."""
         for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes:
                 if j.validation_of is None:
                     self.requeue(j)
                 else:
                     self.cancel(j)
+        self._free([node])
         self.changed()
 
     def _outcome(self, j: SimJob, run: int, f: Fault) -> None:

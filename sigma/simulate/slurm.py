@@ -6,7 +6,8 @@ clock, with the behaviour the controller depends on (observed on Slurm 22.05, DE
 - `scontrol reboot ASAP nextstate=DOWN` waits until the node is idle, reboots it, and the node comes back DOWN
   (drained, our reason kept) with a new slurmd start time;
 - a node whose slurmd stops answering is flagged NOT_RESPONDING after SLURM's ping, and set DOWN with reason
-  "Not responding" after SlurmdTimeout, its jobs requeued (BeginTime again);
+  "Not responding" after SlurmdTimeout (or at once by `scontrol update State=DOWN`), its jobs requeued (BeginTime
+  again);
 - reservations keep user jobs off a node; a validation job submitted into one runs there and ends COMPLETED or
   FAILED in accounting.
 
@@ -137,6 +138,15 @@ class SimSlurm:
                 continue  # SLURM keeps a silent node down whatever it is told
             state = "allocated" if cur.alloc_cpus else "idle"
             self.set_node(n, state=state, reason="", flags=tuple(f for f in cur.flags if f not in ("DRAIN",)))
+        self.engine.changed()
+
+    def set_down(self, nodes, reason: str) -> None:
+        """`scontrol update State=DOWN`: what SlurmdTimeout does, at once (the DRAIN flag and the reason stay)."""
+        self.calls += 1
+        for n in nodes:
+            self.node(n)
+            self.set_node(n, state="down", reason=sigma_reason(reason), reason_time=int(self.engine.now))
+            self.engine.node_down(n)
         self.engine.changed()
 
     def reboot(self, nodes, *, next_state: str = "DOWN", reason: str = "", asap: bool = True) -> None:

@@ -92,6 +92,10 @@ class Slurm:
             self._update_nodes(todo, "State=RESUME")
 
     def set_down(self, nodes: Sequence[str], reason: str) -> None:
+        """`scontrol update State=DOWN`: what slurmctld does to a silent node after SlurmdTimeout. It ends the job
+        steps still on the node at once (a requeued job left COMPLETING there can start elsewhere). A DRAIN flag
+        set before stays (checked on Slurm 22.05): when slurmd registers again the node is drained, not in service,
+        whatever ReturnToService says."""
         self._update_nodes(nodes, "State=DOWN", f"Reason={sigma_reason(reason)}")
 
     def reboot(self, nodes: Sequence[str], *, next_state: str = "DOWN", reason: str = "", asap: bool = True) -> None:

@@ -19,10 +19,12 @@ and resumes by itself.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -89,6 +91,19 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     done = complete_checkpoints(root)
     return done[-1] if done else None
+
+
+def import_dcp_in_background() -> threading.Thread | None:
+    """Import `torch.distributed.checkpoint` in a thread while training goes on. A run that resumed from replicas
+    (or started fresh) has not imported it, and the first periodic save would otherwise stop training for the
+    import (0.65 s per rank in bench/restart.py's split; 2.6-3.0 s stalls with 2 ranks on 2 busy CPUs in the chaos
+    soak). A save that comes before the import is done waits for it on Python's import lock. None if imported."""
+    if "torch.distributed.checkpoint" in sys.modules:
+        return None
+    thread = threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint",),
+                              name="sigma-dcp-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def saved_keys(path: Path) -> set[str]:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from sigma.train import data as data_mod
 from sigma.train.adamw import AdamW  # torch's, minus the seconds of importing torch._dynamo
-from sigma.train.checkpoint import CheckpointManager, checkpoint_step
+from sigma.train.checkpoint import CheckpointManager, checkpoint_step, import_dcp_in_background
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
 from sigma.train.noise import GcPressure, StepNoise
@@ -476,6 +476,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
         blocked = BlockedAnswer(jit, replicas, lambda at, sampler_state, rng: local_state(
             model, optimizer, named, rng, {"step": at, "sampler": sampler_state}), kpi)
 
+    first_step = step + 1
     try:
         while step < cfg.steps:
             step += 1
@@ -571,19 +572,24 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
                 extra["moe_param_norm"] = (layout.moe_param_norms() if layout is not None
                                            else moe_param_norms(model, ctx))
             if held_out is not None and (step % cfg.eval.every == 0 or step == cfg.steps):
+                te = time.perf_counter()
                 eval_loss = (layout.evaluate(held_out, cfg.eval.batches, ctx.device) if layout is not None
                              else evaluate(model, held_out, cfg.eval.batches, micro_batches, amp_dtype, ctx))
-                extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)))
+                # its own time, apart from the step's: a step with an evaluation is not a slow step
+                eval_s = round(time.perf_counter() - te, 4)
+                extra.update(eval_loss=eval_loss, eval_ppl=math.exp(min(eval_loss, 80.0)), eval_s=eval_s)
                 summary.eval_losses[step] = eval_loss
                 kpi.event("eval", f"held-out loss {eval_loss:.4f}, perplexity {extra['eval_ppl']:.2f} at step "
-                                  f"{step}", step=step, eval_loss=eval_loss, eval_ppl=extra["eval_ppl"],
-                          tokens=cfg.eval.batches * tokens_per_step)
+                                  f"{step} ({eval_s:.2f} s)", step=step, eval_loss=eval_loss,
+                          eval_ppl=extra["eval_ppl"], tokens=cfg.eval.batches * tokens_per_step, eval_s=eval_s)
                 if is_main and cfg.kpi.progress_every:
                     print(f"eval   {step:>6}/{cfg.steps} | loss {eval_loss:7.4f} | ppl {extra['eval_ppl']:9.2f}",
                           file=out, flush=True)
             kpi.metrics(step, loss=loss_value, aux_loss=aux_value, grad_norm=gnorm, step_time_s=dt,
                         tokens_per_s=tps, mfu=mfu, lr=lr, wait_s=collective_wait_s() - wait0, **noise.sample(),
                         **extra)
+            if step == first_step and cfg.checkpoint.every:  # after the first step: the restart does not wait
+                import_dcp_in_background()
             if is_main and cfg.kpi.progress_every and (step % cfg.kpi.progress_every == 0 or step == cfg.steps):
                 print(_progress_line(step, cfg.steps, loss_value, aux_value, gnorm, lr, tps, mfu, dt), file=out,
                       flush=True)

@@ -11,9 +11,10 @@ real sidecars pushing to `sigma controller run`, faults injected at their source
   replica it sent its peer); the requeued job resumes from it on other nodes, at most one step redone.
 - Node death without warning (`sigma chaos node-death`, the node's ranks stopped as a powered-off machine's would
   be: no error reaches the peers, which block; its memory removed), replicas on: the controller drains the silent
-  node and asks the survivor, whose blocked rank keeps its state and the dead rank's peer replica on the checkpoint
-  filesystem; the job resumes from that peer replica on whichever nodes SLURM gives it (node memory alone would
-  not do: the restart may land on other nodes than the survivor).
+  node (set DOWN once the job is requeued; still DOWN and drained when slurmd comes back) and asks the survivor,
+  whose blocked rank keeps its state and the dead rank's peer replica on the checkpoint filesystem; the job resumes
+  from that peer replica on whichever nodes SLURM gives it (node memory alone would not do: the restart may land
+  on other nodes than the survivor).
 """
 
 import contextlib
@@ -213,6 +214,13 @@ def test_node_death_resumes_from_the_peer_replica(slurm, cluster, train_data, tm
         (requeue,) = p.query("SELECT result FROM actions WHERE kind = 'requeue' AND target = ?", (str(job_id),))
         # every rank's state of the kept step, or (the stopped rank's replica of it never sent) a named fallback
         assert "while the job was blocked by a hung rank" in requeue["result"], requeue
+        # set DOWN once the job was requeued (or found DOWN already, had SlurmdTimeout come first); with slurmd
+        # back the node stays DOWN and drained with our reason, for remediation and validation
+        (down,) = p.query("SELECT state, result FROM actions WHERE kind = 'set_down' AND target = ?", (victim,))
+        assert down["state"] == "done", down
+        back = wait_for(lambda: next((n for n in [slurm.node(victim)] if "NOT_RESPONDING" not in n.flags), None),
+                        timeout=60, what=f"{victim}'s slurmd to register again")
+        assert back.state == "down" and back.drained and back.drained_by_sigma, back
         # the dead node's ranks are never continued (its slurmd is gone): the set the blocked rank kept is used
         records, resume = assert_resumed(p, job_id, rank0, submitted)
         assert resume["holder"] == str(tmp_path / "ckpt" / "replicas"), resume

@@ -120,11 +120,17 @@ def test_xid_is_drained_by_the_real_rule_rebooted_validated_and_resumed(tmp_path
 
 def test_dead_node_waits_for_the_admin_and_counts_as_manual(tmp_path):
     path = trace(tmp_path, "node0002,2026-01-01T03:00:00,2026-01-01T07:00:00,node-death")
-    out = simulate(args("--nodes", "8", "--days", "1", "--failures", path))
+    db = tmp_path / "sim.db"
+    out = simulate(args("--nodes", "8", "--days", "1", "--failures", path, "--db", str(db)))
     policy = out["arms"]["policy"]
     assert policy["incidents"] == {"slurm-node-not-responding resolved": 1}
     assert policy["automation"]["manual"] == 1  # the manual playbook: a person repaired it
     assert policy["node_recycle_s"]["repair"]["median"] >= 3.5 * 3600
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    kinds = [r[0] for r in conn.execute("SELECT kind FROM actions WHERE state = 'done' ORDER BY id")]
+    assert kinds[:4] == ["drain", "requeue", "start_now", "set_down"]  # DOWN once its job was requeued
 
 
 def test_circuit_breaker_escalates_a_wave_to_people(tmp_path):

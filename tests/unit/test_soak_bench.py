@@ -189,3 +189,19 @@ def test_a_drain_that_lets_jobs_finish_does_not_wait_for_the_job_to_restart():
     assert drain_only.node_fault and not drain_only.job_affected and drain_only.recovered
     xid = soak.FaultRow("log", "node2", 0.0, 1, signature="gpu-xid-79", expected_action="drain+reboot")
     assert xid.job_affected and not xid.recovered
+
+
+def test_an_evaluation_step_is_training_and_a_stall_of_the_same_length_is_not():
+    """Steps 0.3 s apart; step 5 carries a 1.8 s evaluation (2.1 s in all), step 9 came 2.1 s late without one."""
+    points, t = [], 0.0
+    for step in range(1, 13):
+        t += 2.1 if step in (5, 9) else 0.3
+        points.append((t, step, 1.8 if step == 5 else None))
+    share = soak.effective_share(points, [], 0.0, t)
+    assert share.evaluations == [(5, 1.8)]
+    (stall,) = share.lost_outside
+    assert stall[2:4] == (8, 9) and stall[4] == pytest.approx(2.1)
+    assert share.overall == pytest.approx((t - 0.3 - 2.1) / (t - 0.3))  # from the first step, less the stall
+    # a redone step never counts, evaluation or not; a fault window takes its span out of "outside"
+    redo = soak.effective_share([(0.0, 1, None), (0.3, 2, None), (0.6, 2, 0.1), (0.9, 3, None)], [(0.3, 0.6)], 0, 0.9)
+    assert redo.evaluations == [] and redo.outside == pytest.approx(0.6 / 0.6)

@@ -43,3 +43,21 @@ print("ok")
 def test_the_optimiser_steps_like_torchs_adamw_without_importing_dynamo():
     proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+DCP_CODE = """
+import sys
+from sigma.train.checkpoint import import_dcp_in_background
+assert "torch.distributed.checkpoint" not in sys.modules, "imported at start-up"
+thread = import_dcp_in_background()
+thread.join(60)
+assert "torch.distributed.checkpoint" in sys.modules and thread.name == "sigma-dcp-import"
+assert import_dcp_in_background() is None  # already there: no second thread
+print("ok")
+"""
+
+
+def test_the_checkpoint_library_is_imported_in_a_thread_not_at_start_up():
+    """The first periodic save after a restart from the replicas no longer stops training for the import."""
+    proc = subprocess.run([sys.executable, "-c", DCP_CODE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

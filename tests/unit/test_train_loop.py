@@ -74,6 +74,8 @@ def test_metrics_lines_carry_the_kpis(train_data, tmp_path, monkeypatch):
     assert [("moe_param_norm" in m) for m in metrics] == [False, True, False, True]
     assert [r["event"] for r in records if "event" in r] == ["start", "eval", "checkpoint", "stop"]
     assert "eval_loss" in metrics[-1] and "eval_loss" not in metrics[0]  # the last step is evaluated
+    (evaluated,) = [r for r in records if r.get("event") == "eval"]
+    assert 0 < evaluated["eval_s"] == metrics[-1]["eval_s"]  # its own time, outside step_time_s
     assert 0 < metrics[-1]["hfu"] == pytest.approx(metrics[-1]["mfu"])  # no recomputation: HFU = MFU
 
 

@@ -58,6 +58,32 @@ class SlurmActions:
         self.slurm.resume([node])
         return "resumed"
 
+    def _set_down(self, node: str, params: dict, key: str) -> str:
+        """A node SLURM reports NOT_RESPONDING, drained by us: set it DOWN once its jobs are requeued, so that SLURM
+        ends their steps there now rather than after SlurmdTimeout (the requeued job stays COMPLETING until then).
+        Waits for the requeues (a just-in-time checkpoint may still be on its way from the healthy nodes); never
+        touches a node that answers again, is being rebooted (our reboots stop slurmd) or that someone else took."""
+        n = self.slurm.node(node)
+        if (held := admin_hold(n, self.adopt_reasons)) is not None:
+            raise Skip(f"taken out by someone else ({n.state}, {held!r}); left as is")
+        if n.state == "down":
+            return "already DOWN"
+        if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags):
+            raise Skip("a reboot is under way; its slurmd is stopped on purpose")
+        if "NOT_RESPONDING" not in n.flags:
+            raise Skip("slurmd answers again; left drained")
+        if not (n.drained and n.drained_by_sigma):
+            raise Skip(f"not drained by sigma ({n.state}, {n.reason!r}); never set DOWN")
+        waiting = []
+        for job_id, before in (params.get("requeued") or {}).items():
+            job = self.slurm.job(int(job_id))
+            if job is not None and job.state in ("RUNNING", "CONFIGURING") and job.restarts <= before:
+                waiting.append(int(job_id))
+        if waiting:
+            raise NotYet(f"job(s) {waiting} not requeued yet")
+        self.slurm.set_down([node], params["reason"])
+        return "set DOWN (slurmd not responding): SLURM ends the job steps left on it now, not after SlurmdTimeout"
+
     def _reboot(self, node: str, params: dict, key: str) -> str:
         n = self.slurm.node(node)
         if (held := admin_hold(n, self.adopt_reasons)) is not None:  # the journal may replay a planned reboot

@@ -94,6 +94,9 @@ class Decider:
             for job in on_node if f.requeue_jobs else ():
                 self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                                   shadow=True, params={"restarts_before": job.restarts})
+            if self._silent(n) and on_node:
+                self.journal.plan(f"set_down:{node}:i{inc.id}", "set_down", node, incident_id=inc.id, shadow=True,
+                                  params={"reason": self._reason(f)})
             inc = self._status("shadow", "shadow mode: nothing done")
             self._say(inc, f"SHADOW {node} ({f.rule_id}): would drain ({f.summary})"
                            f"{' and requeue ' + str([j.job_id for j in on_node]) if on_node and f.requeue_jobs else ''}")
@@ -118,14 +121,31 @@ class Decider:
                     self._requeue(job, inc, avoid=[node], crash_guard=False)
                     requeued.append(job.job_id)
         self._ensure_start_now(inc, avoid=[node])
+        down = self._down_when_requeued(f, inc, n, on_node, requeued)
         if on_node:
             self.incidents.add_evidence(inc.id, jobs=[{"job_id": j.job_id, "start_time": j.start_time,
                                                        "nodes": list(j.nodes), "restarts": j.restarts}
                                                       for j in on_node])
         inc = self._status("acted")
-        self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}; "
+        self._say(inc, f"DRAIN {node} ({f.rule_id}): {f.summary}; requeued {requeued or 'no jobs'}{down}; "
                        f"playbook {playbook.name}")
         return inc
+
+    def _down_when_requeued(self, f: Finding, inc: Incident, n: Node, on_node: list[Job],
+                            requeued: list[int]) -> str:
+        """A node SLURM itself reports NOT_RESPONDING is set DOWN once its jobs are requeued (act/actions.py
+        _set_down), as slurmctld would after SlurmdTimeout (300 s by default): their steps there end now and the
+        requeued job can start elsewhere; our drain stays, so the node returns through validation. Not while a job
+        that is not requeued still runs there: whether that one is lost stays SLURM's timeout's decision."""
+        if not on_node or not self._silent(n):
+            return ""
+        left = [j.job_id for j in on_node if j.job_id not in requeued and j.state != "COMPLETING"]
+        if left:
+            return f"; not set DOWN, job(s) {left} not requeued"
+        self.journal.run(f"set_down:{n.name}:i{inc.id}", "set_down", n.name, incident_id=inc.id,
+                         params={"reason": self._reason(f), "expires_at": self.clock() + REQUEUE_FOLLOWUP_S,
+                                 "requeued": {str(j.job_id): j.restarts for j in on_node if j.job_id in requeued}})
+        return "; set DOWN once requeued (slurmd not responding)"
 
     def _guard(self, f: Finding, node: str, total: int) -> tuple[str, str, list[str]] | None:
         """(guard, note, nodes already out) when taking `node` out would break a limit: the per-rule circuit
@@ -262,6 +282,12 @@ class Decider:
                     **params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S}))
 
     # ---------- helpers ----------
+    @staticmethod
+    def _silent(n: Node) -> bool:
+        """SLURM reports the node's slurmd silent and has not set it DOWN yet; not one of our reboots."""
+        return ("NOT_RESPONDING" in n.flags and n.state != "down"
+                and not {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags))
+
     @staticmethod
     def _reason(f: Finding) -> str:
         return drain_reason(f.rule_id, f.summary)

@@ -71,6 +71,18 @@ class FakeSlurm:
                 raise SlurmError(["scontrol"], 0, "refusing to resume: their drain reason was not set by sigma")
             self.set_node(n, state="idle", flags=(), reason="")
 
+    def set_down(self, nodes, reason):
+        """As slurmctld: the node DOWN (a DRAIN flag stays), a job still running there requeued."""
+        self._call("set_down", tuple(nodes), reason)
+        for n in nodes:
+            self.set_node(n, state="down", alloc_cpus=0,
+                          reason=reason if reason.startswith("sigma:") else f"sigma: {reason}")
+            for j in list(self.job_map.values()):
+                if n in j.nodes and j.state == "RUNNING":  # SLURM's own requeue: not a call of ours
+                    self.set_job(j.job_id, state="PENDING", reason="BeginTime", restarts=j.restarts + 1, nodes=())
+                elif n in j.nodes and j.state == "COMPLETING":  # a requeued job waiting for the silent node
+                    self.set_job(j.job_id, state="PENDING", reason="BeginTime", nodes=())
+
     def reboot(self, nodes, next_state="DOWN", reason="", asap=True):
         self._call("reboot", tuple(nodes))
         for n in nodes:

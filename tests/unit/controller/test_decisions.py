@@ -423,3 +423,138 @@ def test_ticket_posts_evidence_with_idempotency_key(tmp_path):
         server.shutdown()
     assert out == "ticket posted: HTTP 201"
     assert got == [("ticket:node3:c1:f0", {"node": "node3", "rule": "gpu-xid-74"})]
+
+
+def dead_node(tmp_path, job_id=4, requeue=True):
+    """Job `job_id` on node1 and node2; node2's slurmd stopped answering (SLURM flags it NOT_RESPONDING). As on a
+    real cluster, a requeued job stays COMPLETING on the silent node until that node is DOWN."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(job_id, ["node1", "node2"], start=clock() - 100)
+    slurm.set_job(job_id, requeue=requeue)
+    slurm.set_node("node2", flags=("NOT_RESPONDING",))
+    requeue_call = slurm.requeue
+
+    def requeue_completing(job, hold=False):
+        nodes = slurm.job(job).nodes
+        requeue_call(job, hold)
+        slurm.set_job(job, state="COMPLETING", nodes=nodes)
+
+    slurm.requeue = requeue_completing
+    return ctl, slurm, clock
+
+
+def test_a_silent_node_is_set_down_after_its_job_is_requeued_and_the_job_starts_at_once(tmp_path):
+    ctl, slurm, clock = dead_node(tmp_path)
+    ctl.tick()
+    # DOWN only once the job is requeued; SLURM then ends its steps on the node and the job is pending at once
+    assert [c[0] for c in slurm.calls] == ["drain", "requeue", "set_down", "start_now"]
+    node2 = slurm.node("node2")
+    assert node2.state == "down" and node2.drained and node2.reason.startswith("sigma: slurmd-silent ")
+    assert actions(ctl.conn, "set_down") == [("set_down", "node2", "done")]
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.count("start_now") == 1 and slurm.count("set_down") == 1
+    assert "requeued [4]; set DOWN once requeued (slurmd not responding)" in (
+        tmp_path / "log" / "decisions.log").read_text()
+    assert ctl.incidents.query(node="node2")[0].status == "acted"
+    from tests.unit.controller.test_jit_checkpoint import explain
+
+    explained = explain(tmp_path, ctl, 1)  # `sigma explain` names the action and what it did
+    assert "set_down" in explained and "set DOWN (slurmd not responding)" in explained
+
+
+def test_set_down_waits_for_the_just_in_time_checkpoint_of_the_healthy_node(tmp_path):
+    from tests.unit.controller.test_jit_checkpoint import running_trainer
+
+    ctl, slurm, clock = dead_node(tmp_path)
+    slurm.job_map.clear()
+    running_trainer(ctl, slurm, clock, job_id=4, nodes=("node1", "node2"))
+    ctl.tick()
+    assert slurm.count("requeue") == 0 and slurm.count("set_down") == 0  # the checkpoint is asked of node1
+    row = ctl.journal.get("set_down:node2:i1")
+    assert row.state == "planned" and "job(s) [4] not requeued yet" in row.result
+    req = ctl.conn.execute("SELECT id FROM checkpoint_requests").fetchone()[0]
+    add_event(ctl.conn, "node1", clock(), source="kpi", kind="checkpoint", job_ids=[4],
+              fields={"step": 11, "kind": "jit", "request": req})
+    clock.advance(1)
+    ctl.tick()
+    assert [c[0] for c in slurm.calls] == ["drain", "requeue", "set_down"]
+    assert slurm.node("node2").state == "down"
+    clock.advance(1)
+    ctl.tick()
+    assert slurm.count("start_now") == 1
+
+
+def test_a_silent_node_that_answers_again_before_the_requeue_is_left_drained(tmp_path):
+    from tests.unit.controller.test_jit_checkpoint import running_trainer
+
+    ctl, slurm, clock = dead_node(tmp_path)
+    slurm.job_map.clear()
+    running_trainer(ctl, slurm, clock, job_id=4, nodes=("node1", "node2"))
+    ctl.tick()
+    slurm.set_node("node2", flags=("DRAIN",))  # slurmd registered again
+    clock.advance(31)  # no answer: the requeue goes ahead at the deadline
+    ctl.tick()
+    assert slurm.count("requeue") == 1 and slurm.count("set_down") == 0
+    row = ctl.journal.get("set_down:node2:i1")
+    assert row.state == "skipped" and row.result == "slurmd answers again; left drained"
+    assert slurm.node("node2").drained and slurm.node("node2").state != "down"
+
+
+def test_a_job_that_is_not_requeued_keeps_the_silent_node_up_to_slurm(tmp_path):
+    """--no-requeue: setting the node DOWN would end that job; whether it is lost stays SlurmdTimeout's call."""
+    ctl, slurm, clock = dead_node(tmp_path, requeue=False)
+    ctl.tick()
+    assert slurm.node("node2").drained and slurm.count("requeue") == 0 and slurm.count("set_down") == 0
+    assert actions(ctl.conn, "set_down") == []
+    assert "not set DOWN, job(s) [4] not requeued" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_shadow_mode_records_the_set_down_it_would_do(tmp_path):
+    ctl, slurm, clock = dead_node(tmp_path)
+    ctl.cfg.shadow = True
+    ctl.tick()
+    assert slurm.calls == []
+    assert actions(ctl.conn) == [("drain", "node2", "shadow"), ("requeue", "4", "shadow"),
+                                 ("set_down", "node2", "shadow")]
+
+
+def test_a_drain_of_a_responding_node_never_sets_it_down(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.run_job(7, ["node2", "node3"], start=clock() - 100)
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    assert slurm.count("requeue") == 1 and slurm.count("set_down") == 0 and actions(ctl.conn, "set_down") == []
+
+
+def test_set_down_never_touches_a_rebooting_or_admin_node(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    slurm.set_node("node2", flags=("DRAIN", "NOT_RESPONDING", "REBOOT_ISSUED"), reason="sigma: xid-79 reboot")
+    slurm.set_node("node3", flags=("DRAIN", "NOT_RESPONDING"), reason="admin: replacing a DIMM")
+    for node in ("node2", "node3"):
+        row = ctl.journal.run(f"set_down:{node}:i9", "set_down", node, params={"reason": "slurmd-silent"})
+        assert row.state == "skipped"
+    assert "reboot" in ctl.journal.get("set_down:node2:i9").result
+    assert "someone else" in ctl.journal.get("set_down:node3:i9").result
+    assert slurm.count("set_down") == 0
+
+
+def test_a_node_set_down_comes_back_only_through_validation(tmp_path):
+    """slurmd registering again leaves our DOWN node drained (SLURM keeps the DRAIN flag and our reason): the
+    remediation waits for the repair and validates it before it is resumed, never taking it for an admin's."""
+    ctl, slurm, clock = dead_node(tmp_path)
+    ctl.tick()
+    assert slurm.node("node2").state == "down"
+    slurm.set_job(4, state="RUNNING", nodes=("node1", "node3"))  # started elsewhere
+    slurm.set_node("node2", flags=("DRAIN",))  # the host is back, slurmd answers; SLURM keeps it DOWN + drained
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "remediating")
+    for _ in range(3):
+        ctl.tick()
+    assert ctl.remediator.get("node2").state == "remediating" and slurm.count("resume") == 0
+    ctl.remediator.mark_repaired("node2")
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    assert slurm.count("resume") == 1 and slurm.reservations() == ["sigma-maint-node2-c1-f0"]
+    job = next(j for j in slurm.jobs() if j.name.startswith("sigma-validate-node2"))
+    slurm.finish_job(job.job_id, rc=0)
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "resumed")
+    assert slurm.node("node2").available and slurm.count("set_down") == 1
