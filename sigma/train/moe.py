@@ -282,7 +282,9 @@ class MoELayer(nn.Module):
         order = torch.argsort(flat_ids, stable=True)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        x_sorted = _Dispatch.apply(x, order, inverse, self.top_k)
+        # Cast to the experts' compute dtype before the copy per chosen expert: k times fewer elements to cast,
+        # and under autocast the gathers (and an expert-parallel exchange) move half the bytes.
+        x_sorted = _Dispatch.apply(x.to(self.experts.compute_dtype(x)), order, inverse, self.top_k)
         finish_experts = self.start_experts(x_sorted, tokens_per_expert)
         # Independent of the routed experts: computes while an expert-parallel dispatch is in flight.
         shared = self.shared(x) if self.shared is not None else None
