@@ -2,7 +2,7 @@
 
 Usage: python bench/train.py [--threads 2] [--tokens 4096] [--rounds 5] [--device cpu|cuda] [--skip-model]
                              [--shapes sigma,coarse] [--hf-impls batched_mm,grouped_mm] [--clock wall|cpu]
-                             [--peak-flops F]
+                             [--peak-flops F] [--host-malloc kept|default]
 
 1. MoE layer forward+backward tokens/s, fp32 and bf16, in the dtype set-up training uses: fp32, and bf16 autocast
    over fp32 master weights. Interleaved rounds, best of --rounds (on a shared machine other processes only ever
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sigma.train.config import ModelConfig, load_model_config  # noqa: E402
 from sigma.train.flops import PeakUnknown, flops_per_token, hardware_flops_per_token, peak_flops  # noqa: E402
+from sigma.train.host_malloc import kept_freed_memory  # noqa: E402
 from sigma.train.model import MoETransformer  # noqa: E402
 from sigma.train.moe import MoELayer  # noqa: E402
 
@@ -235,6 +236,9 @@ def main() -> int:
     parser.add_argument("--shapes", default="sigma,coarse", help=f"layer shapes: {', '.join(LAYER_SHAPES)}")
     parser.add_argument("--peak-flops", type=float, default=0.0, help="stated peak FLOP/s of one device (default: "
                                                                        "datasheet or `sigma train calibrate`)")
+    parser.add_argument("--host-malloc", choices=("kept", "default"), default="kept",
+                        help="CPU: keep freed memory for reuse as the trainer does (keep_freed_host_memory, default), "
+                             "or glibc's default (every large buffer mapped fresh)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -245,9 +249,13 @@ def main() -> int:
         CLOCK = time.process_time
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work "
           "slows single rounds; best-of rounds filter it)")
-    bench_layers(args, device)
-    if not args.skip_model:
-        bench_models(args, device)
+    with kept_freed_memory(args.host_malloc == "kept" and device.type == "cpu") as kept:
+        if device.type == "cpu":
+            print("host memory: " + ("freed memory kept for reuse, as the trainer runs" if kept else
+                                     "glibc's default (large buffers mapped fresh every time)"))
+        bench_layers(args, device)
+        if not args.skip_model:
+            bench_models(args, device)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -173,6 +173,7 @@ class TrainConfig:
     threads: int = 2  # torch CPU threads per rank
     gc_every: int = 50  # automatic GC is disabled; collect every this many steps (and after each checkpoint)
     gc_manual: bool = True  # false: keep Python's automatic GC (unsynchronised pauses; to measure what manual GC buys)
+    keep_freed_host_memory: bool = True  # CPU device: glibc keeps freed memory for the next step instead of unmapping it
     drop_page_cache: bool = False  # before start: drop the page cache (root) or evict the data shards (others)
     peak_flops: float = 0.0  # FLOP/s of one device for MFU; 0: datasheet table (GPUs) or `sigma train calibrate` (CPUs)
     data: DataConfig = field(default_factory=DataConfig)

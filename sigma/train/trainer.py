@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from sigma.train import data as data_mod
 from sigma.train.adamw import AdamW  # torch's, minus the seconds of importing torch._dynamo
 from sigma.train.checkpoint import CheckpointManager, checkpoint_step, import_dcp_in_background
+from sigma.train.host_malloc import kept_freed_memory
 from sigma.train.jit import BlockedAnswer, JitCheckpoints, save_requested, save_rollback, saved_request
 from sigma.train.kpi import KpiWriter, throughput_stability
 from sigma.train.noise import GcPressure, StepNoise
@@ -249,7 +250,8 @@ def train(cfg: TrainConfig, out=None) -> RunSummary:
             kpi = KpiWriter(ctx.rank, cfg.kpi.dir or None)
             summary = RunSummary(world_size=ctx.world_size, kpi_path=str(kpi.path))
             try:
-                _train(cfg, ctx, kpi, summary, out, startup)
+                with kept_freed_memory(cfg.keep_freed_host_memory and ctx.device.type == "cpu") as kept:
+                    _train(cfg, ctx, kpi, summary, out, startup, host_memory_kept=kept)
             finally:
                 kpi.close()
         finally:
@@ -359,7 +361,7 @@ def load_data(cfg: TrainConfig, ctx: DistContext, vocab_size: int, dp_rank: int 
 
 
 def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSummary, out,
-           startup: dict | None = None) -> None:
+           startup: dict | None = None, host_memory_kept: bool = False) -> None:
     from sigma.train.checkpoint import saved_keys
     from sigma.train.config import load_model_config
     from sigma.train.flops import flops_per_token, hardware_flops_per_token
@@ -440,7 +442,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               hardware_flops_per_token=hw_flops_token, peak_flops=peak.flops if peak else None,
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
               data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
-              jit_poll_every=cfg.checkpoint.jit_poll_every, startup=startup,
+              jit_poll_every=cfg.checkpoint.jit_poll_every, startup=startup, host_memory_kept=host_memory_kept,
               jit_when_blocked=bool(replicas is not None and layout is None and cfg.checkpoint.jit_poll_every))
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "
