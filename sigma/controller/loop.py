@@ -283,8 +283,7 @@ class Controller:
         restarts them sooner."""
         out = []
         for n in nodes.values():
-            if ("NOT_RESPONDING" not in n.flags or {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags)
-                    or self.remediator.active(n.name)):
+            if "NOT_RESPONDING" not in n.flags or n.rebooting or self.remediator.active(n.name):
                 continue  # our own reboots stop slurmd too
             out.append(Finding(rule_id="slurm-node-not-responding", source="slurm", scope="node", severity="error",
                                action="drain", summary="slurmd not responding", first_ts=now, last_ts=now,

@@ -37,6 +37,16 @@ class Node:
         return "NOT_RESPONDING" not in self.flags and self.state != "down"
 
     @property
+    def rebooting(self) -> bool:
+        """A reboot asked for or under way: its slurmd stops on purpose."""
+        return bool({"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(self.flags))
+
+    @property
+    def silent(self) -> bool:
+        """slurmd stopped answering, not for a reboot, and SLURM has not set the node DOWN yet."""
+        return "NOT_RESPONDING" in self.flags and self.state != "down" and not self.rebooting
+
+    @property
     def available(self) -> bool:
         """Schedulable: up, responding, not drained, not waiting for a reboot."""
         return self.responding and not self.drained and "REBOOT_REQUESTED" not in self.flags

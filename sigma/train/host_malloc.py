@@ -3,8 +3,8 @@
 A CPU step frees and allocates the same large buffers every time (activations, gathered expert rows, bf16 copies of
 the weights, their gradients). glibc serves each allocation over its mmap threshold with a fresh mapping and unmaps it
 on free, so every such buffer is faulted in page by page, zero-filled by the kernel, on every step: a copy or cast
-of such a buffer then costs several times its memory traffic. With mapping turned off and the heap's top kept instead of trimmed, the next step
-reuses the memory the last one freed. GPU tensors do not come from malloc; there this changes nothing.
+of such a buffer then costs several times its memory traffic. With mapping turned off and the heap's top kept
+instead of trimmed, the next step reuses the memory the last one freed. GPU tensors do not come from malloc; there this changes nothing.
 
     with kept_freed_memory(enabled) as applied:   # applied: False where the C library is not glibc
         ...

@@ -68,7 +68,7 @@ class SlurmActions:
             raise Skip(f"taken out by someone else ({n.state}, {held!r}); left as is")
         if n.state == "down":
             return "already DOWN"
-        if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags):
+        if n.rebooting:
             raise Skip("a reboot is under way; its slurmd is stopped on purpose")
         if "NOT_RESPONDING" not in n.flags:
             raise Skip("slurmd answers again; left drained")
@@ -88,7 +88,7 @@ class SlurmActions:
         n = self.slurm.node(node)
         if (held := admin_hold(n, self.adopt_reasons)) is not None:  # the journal may replay a planned reboot
             raise Skip(f"taken out by someone else ({n.state}, {held!r}); never rebooted by sigma")
-        if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags) or n.slurmd_start_time > params["planned_at"]:
+        if n.rebooting or n.slurmd_start_time > params["planned_at"]:
             return "reboot already requested or done"
         self.slurm.reboot([node], next_state="DOWN", reason=params["reason"])
         return "reboot requested (ASAP, nextstate=DOWN)"

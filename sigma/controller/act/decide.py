@@ -94,7 +94,7 @@ class Decider:
             for job in on_node if f.requeue_jobs else ():
                 self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                                   shadow=True, params={"restarts_before": job.restarts})
-            if self._silent(n) and on_node:
+            if n.silent and on_node:
                 self.journal.plan(f"set_down:{node}:i{inc.id}", "set_down", node, incident_id=inc.id, shadow=True,
                                   params={"reason": self._reason(f)})
             inc = self._status("shadow", "shadow mode: nothing done")
@@ -137,7 +137,7 @@ class Decider:
         _set_down), as slurmctld would after SlurmdTimeout (300 s by default): their steps there end now and the
         requeued job can start elsewhere; our drain stays, so the node returns through validation. Not while a job
         that is not requeued still runs there: whether that one is lost stays SLURM's timeout's decision."""
-        if not on_node or not self._silent(n):
+        if not on_node or not n.silent:
             return ""
         left = [j.job_id for j in on_node if j.job_id not in requeued and j.state != "COMPLETING"]
         if left:
@@ -282,12 +282,6 @@ class Decider:
                     **params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S}))
 
     # ---------- helpers ----------
-    @staticmethod
-    def _silent(n: Node) -> bool:
-        """SLURM reports the node's slurmd silent and has not set it DOWN yet; not one of our reboots."""
-        return ("NOT_RESPONDING" in n.flags and n.state != "down"
-                and not {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(n.flags))
-
     @staticmethod
     def _reason(f: Finding) -> str:
         return drain_reason(f.rule_id, f.summary)
