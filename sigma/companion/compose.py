@@ -133,6 +133,12 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
     if proj and proj.startswith("list:"):
         proj = proj[5:]
     agg = q.agg or ("count" if q.qkind == "count" else "")
+    if agg == "count" and q.agg and m:
+        raise NotUnderstood(f"both a count and the {q.agg} of {m.name}")
+    if m and q.qkind == "count" and q.agg:
+        raise NotUnderstood(f"both a count and the {q.agg} of {m.name}")
+    if m and not agg and q.rank and (group or bucket is not None):
+        agg = q.rank
     if m and not agg and (group or bucket is not None or (proj and q.rank and m)):
         agg = m.agg if m.agg in AGG_SQL else ("" if (proj and q.rank) else "avg")
     if agg == "median" and m is None:
@@ -155,7 +161,8 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         if m is not None and value_agg not in ("count", "share"):
             units[name] = m.unit
         expr = agg_of(value_agg, mname)
-        return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name} FROM rows" + (
+        known = " WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in keys if " AS " not in k) if keys else ""
+        return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name} FROM rows{known}" + (
             f" GROUP BY {cols}" if keys else "")
 
     if q.qkind == "when" and (group or proj) and bucket is None:
@@ -166,6 +173,10 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         sql = head + (f"SELECT {', '.join(keys)}, {fn}({tcol}) AS {tcol} FROM rows GROUP BY {', '.join(keys)} "
                       f"ORDER BY {', '.join(keys)}")
         return Built(sql, params, units, "groups", tcol)
+    if group and q.per_item and m and not q.agg:   # "how long did each validation take, per node"
+        cols = list(dict.fromkeys(group + [mname] + ([ent.time] if ent.time else [])))
+        return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {', '.join(group)}", params, units, "rows",
+                     mname)
     if group or bucket is not None:
         keys = group + ([f"{bucket} AS period"] if bucket is not None else [])
         key_names = group + (["period"] if bucket is not None else [])
@@ -200,7 +211,7 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
             if value_agg != "count":
                 raise NotUnderstood("a count condition with another measure")
             sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
-        if q.qkind == "count" and not q.rank:   # "how many nodes were drained (more than once)"
+        if q.qkind == "count" and not q.rank and (q.count_distinct or q.having):   # "how many nodes were drained"
             inner = head + (", " + extra_cte if extra_cte else "") + sel
             sql = f"SELECT COUNT(*) AS n FROM ({inner})"
             return Built(sql, params, units, "scalar", "n")
@@ -250,7 +261,11 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
             name = sel.split(" AS ")[-1].split()[0]
             return Built(head + sel, params, units, "scalar", name)
         q.order = "latest"
-    cols = list(dict.fromkeys([c for c in ent.show if c] + ([mname] if m else [])))
+    if q.show and not q.order and not m:
+        cols = list(dict.fromkeys([ent.label] + q.show + ent.show))
+        return Built(head + f"SELECT DISTINCT {', '.join(cols)} FROM rows ORDER BY {ent.label}", params, units,
+                     "rows")
+    cols = list(dict.fromkeys([c for c in ent.show if c] + q.show + ([mname] if m else [])))
     if q.order:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to order by")

@@ -18,7 +18,7 @@ from sigma.companion.parse import Parser
 from sigma.companion.safe_sql import UnsafeQuery, run_select
 from sigma.companion.say import say
 
-VAGUE = re.compile(r"\b(my|this|that|the|our) (job|node|run|training run|machine)\b(?! ?#?\d)")
+VAGUE = re.compile(r"\b(my|this|that) (job|node|run|training run|machine)\b(?! ?#?\d)")
 
 _CACHE: dict[int, tuple[float, Model, Parser]] = {}
 MODEL_TTL_S = 60.0   # values and keys are learnt again after this long (a new node, a new rule)

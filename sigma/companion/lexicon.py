@@ -38,7 +38,7 @@ IRREGULAR = {
     "latest": "latest", "recent": "recent", "gpus": "gpu", "cpus": "cpu", "xids": "xid", "less": "less",
     "was": "was", "has": "has", "does": "does", "is": "is", "this": "this", "its": "its", "us": "us",
     "checks": "check", "checked": "check", "failure": "failure", "failures": "failure", "failed": "fail",
-    "failing": "fail", "fails": "fail",
+    "failing": "fail", "fails": "fail", "used": "use", "uses": "use", "using": "use",
 }
 
 NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
@@ -47,8 +47,7 @@ NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, 
 
 def stem(word: str) -> str:
     w = word.lower()
-    if w in IRREGULAR:
-        return IRREGULAR[w]
+    w = IRREGULAR.get(w, w)
     if not w.isalpha() or len(w) <= 3:
         return w
     w = w.replace("isation", "ization")

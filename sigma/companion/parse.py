@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import tzinfo
 
 from sigma.companion import timerange
-from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, Token, normalise, phrase_stems, tokenize
+from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
 from sigma.companion.model import Column, Cond, Entity, Model
 
 # Words of the question's shape, whatever the entity. (kind, value)
@@ -61,6 +61,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "until": ("filler", ""), "till": ("filler", ""), "across": ("filler", ""), "reach": ("filler", ""),
     "report": ("filler", ""), "send": ("filler", ""), "sent": ("filler", ""), "use": ("filler", ""),
     "hit": ("filler", ""), "affect": ("filler", ""), "experience": ("filler", ""), "record": ("filler", ""),
+    "spend": ("filler", ""), "run": ("filler", ""), "managed": ("filler", ""), "issue": ("filler", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
 }
 YESNO_START = ("is", "are", "was", "were", "did", "does", "do", "has", "have", "had", "any", "can")
@@ -83,7 +84,7 @@ HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take d
               "offline": "down"}
 HYPO_WORDS = ("affect", "affected", "hit", "impact", "impacted", "happen", "if", "suppose", "supposing", "would",
               "what if", "running", "run", "interrupted")
-WEAK_NOUNS = {"error", "failure", "fault", "problem", "issue"}  # after a rule word they only repeat it
+WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -120,6 +121,9 @@ class Query:
     group: list[str] = field(default_factory=list)
     bucket: int | None = None
     project: str | None = None            # "which nodes ..." -> one row per node
+    show: list[str] = field(default_factory=list)   # columns asked for ("what state", "what action")
+    count_distinct: bool = False          # "how many nodes ...": count them, do not list them
+    per_item: bool = False                # "how long did each validation take": no aggregate over them
     distinct: bool = False
     having: tuple[str, float] | None = None
     top: int | None = None
@@ -163,8 +167,7 @@ class Lexicon:
             for p, cond in ent.conds.items():
                 add(p, Meaning("cond", ent.name, cond))
             for col in ent.columns.values():
-                kind = {"measure": "measure", "time": "time", "category": "column", "text": "column",
-                        "ref": "column"}.get(col.role)
+                kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
                     for p in col.words:
                         add(p, Meaning(kind, ent.name, col.name))
@@ -304,7 +307,7 @@ class Parser:
         if any(m.kind == "rule" for s in spans for m in s.meanings):  # "xid errors", "prolog failures"
             for s in spans:
                 if all(tokens[k].stem in WEAK_NOUNS for k in range(s.start, s.end)):
-                    s.meanings = [Meaning("filler")]
+                    s.meanings = [Meaning("weak")] + s.meanings
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         return self._interpret(spans, leftovers, tokens, yesno, nodes, unknown_nodes, jobs)
 
@@ -319,6 +322,8 @@ class Parser:
             return m.kind in ent.refs
         if m.kind == "now":
             return ent.now
+        if m.kind == "weak":
+            return "rule" in ent.refs
         if m.kind in ("hypo", "hypo-word"):
             return ent.name == "nodes"
         return True
@@ -328,7 +333,7 @@ class Parser:
         past = any(m.kind == "past" for s in spans for m in s.meanings)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
-                   "hypo": 3}
+                   "hypo": 3, "rule": 1}
         best, best_key = None, None
         for order, ent in enumerate(model.entities.values()):
             if past and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
@@ -343,7 +348,9 @@ class Parser:
             if present and ent.now and score > 0:
                 score += 2
             misfits = sum(not f for f in fit) + (0 if tense_ok else 1)
-            key = (-misfits, score, ent.explicit, -order)
+            first = min((s.start for s in spans for m in s.meanings if m.kind == "entity" and m.entity == ent.name),
+                        default=99)
+            key = (-misfits, score, -first, ent.explicit, -order)
             if score > 0 and (best_key is None or key > best_key):
                 best, best_key = ent, key
         if best is None:
@@ -371,9 +378,8 @@ class Parser:
                 if s.meanings[0].kind not in ("unknown-node",):
                     unknown.append(s.text)
                 continue
-            m = sorted(fitting, key=lambda m: ["entity", "measure", "metric", "cond", "time", "column", "json",
-                                                "dim"].index(m.kind) if m.kind in (
-                "entity", "measure", "metric", "cond", "time", "column", "json", "dim") else 9)[0]
+            rank = ["weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json"]
+            m = sorted(fitting, key=lambda m: rank.index(m.kind) if m.kind in rank else 9)[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
             if kind == "range":
@@ -399,7 +405,9 @@ class Parser:
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
-                pending_group = True
+                if pending_group:
+                    unknown.append(pending_group)
+                pending_group = s.text
                 continue
             elif kind == "bucket":
                 q.bucket = 0 if value == "auto" else int(value)
@@ -412,11 +420,17 @@ class Parser:
             elif kind == "distinct":
                 q.distinct = True
             elif kind == "entity":
+                if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
+                    q.per_item, pending_group = True, False
+                elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
+                    pending_group = False
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
             elif kind == "cond":
                 q.conds.append(value)
+            elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
+                q.group.append(value)
             elif kind == "measure" or kind == "metric":
                 col = ent.columns[value] if kind == "measure" else None
                 if kind == "metric":
@@ -433,7 +447,7 @@ class Parser:
                 if pending_group:
                     q.group.append(value)
                 else:
-                    q.project = q.project or value
+                    q.show.append(value)
             elif kind == "json":
                 (column, key), nums = value
                 q.conds.append(Cond(ent.name, f"json_extract({column}, '$.{key}') = ?", f"{key} {nums[0]:g}",
@@ -442,13 +456,25 @@ class Parser:
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
                 if pending_group:
                     q.group.append(col)
-                elif col and (ent.label != col or ent.now):
-                    q.project = q.project or col
+                elif col and not (ent.now and ent.label == col):
+                    before = tokens[s.start - 1].text if s.start else ""
+                    if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
+                                  "every", "distinct", "different") or before.isdigit():
+                        q.project = q.project or col     # "which nodes ...": one row per node
+                        q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
+                pending_group = False
+            if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
+                unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        if pending_group:
+            unknown.append(pending_group)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
+        if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
+            q.project = q.show.pop(0)
         q.understood = [u for u in q.understood if u]
         missing = ""
         if unknown_nodes:
