@@ -64,12 +64,17 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         where.append(ent.default)
     share_conds = []       # "what share of X are Y": Y is the numerator, not a filter
     metric_col = (ent.measure_names or {}).get("column")
-    for c in q.conds:
-        if q.agg == "share" and c.column != metric_col:
-            share_conds.append((c.sql, list(c.params)))
+    by_column: dict[str, list] = {}
+    for c in q.conds:   # several values of one column ("warning or error events") are alternatives
+        by_column.setdefault(c.column or c.sql, []).append(c)
+    for column, conds in by_column.items():
+        sql = conds[0].sql if len(conds) == 1 else "(" + " OR ".join(c.sql for c in conds) + ")"
+        args = [a for c in conds for a in c.params]
+        if q.agg == "share" and column != metric_col:
+            share_conds.append((sql, args))
         else:
-            where.append(c.sql)
-            params += list(c.params)
+            where.append(sql)
+            params += args
     if q.since is not None or q.until is not None:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to filter on")
@@ -161,7 +166,8 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         if m is not None and value_agg not in ("count", "share"):
             units[name] = m.unit
         expr = agg_of(value_agg, mname)
-        known = " WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in keys if " AS " not in k) if keys else ""
+        plain = [k for k in keys if " AS " not in k]
+        known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in plain)) if plain else ""
         return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name} FROM rows{known}" + (
             f" GROUP BY {cols}" if keys else "")
 
@@ -239,11 +245,16 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         cols = list(dict.fromkeys([tcol] + [c for c in ent.show if c != tcol]))
         return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {tcol}", params, units, "rows")
 
+    if q.having:
+        raise NotUnderstood("more than N times: of what (per node, per job, ...)")
     if q.qkind == "count" and not m:
-        if q.having:
-            raise NotUnderstood("more than N of what")
         return Built(head + "SELECT COUNT(*) AS n FROM rows", params, units, "scalar", "n")
 
+    if m and q.rank and not agg and q.which and not q.order:
+        fn = "MAX" if q.rank == "max" else "MIN"
+        cols = list(dict.fromkeys([c for c in ent.show if c] + [mname]))
+        sql = head + f"SELECT {', '.join(cols)} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows)"
+        return Built(sql, params, units, "ranking", mname)
     if m and (agg or q.rank) and not q.order:
         value_agg = agg or q.rank
         extra_cte, sel = grouped([], value_agg)

@@ -65,6 +65,14 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"I know no node named {', '.join(parsed.unknown_nodes)}; ask about one the controller "
                            "has seen (see `sigma nodes` or `sinfo`).", tier="fast", status="clarify",
                       understood=understood, not_understood=parsed.unknown_nodes)
+    if parsed.command:
+        return Answer(text=f"I only read the controller's data; I do not {parsed.command} anything. Use the SLURM or "
+                           "sigma commands for that (e.g. `scontrol`, `sigma nodes`).", tier="fast",
+                      status="cannot", understood=understood, not_understood=[parsed.command])
+    if parsed.ambiguous:
+        names = " or ".join(n.replace("_", " ") for n in parsed.ambiguous)
+        return Answer(text=f"Do you mean {names}? The words ({understood}) fit each of them; name the one you mean.",
+                      tier="fast", status="clarify", understood=understood)
     if parsed.query is None:
         return Answer(text="I cannot answer that from the controller's data: I did not recognise what it asks "
                            f"about ({', '.join(parsed.unknown) or 'nothing I know'}).", tier="fast",

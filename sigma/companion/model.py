@@ -165,7 +165,8 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
             whole = (value.lower(),)
             suffix = phrase_stems(value.rsplit(".", 1)[-1].replace("_", " ")) if "." in value else ()
             cands = own + [auto, whole] + ([suffix] if suffix and not own else [])
-            col.values[value] = [w for w in dict.fromkeys(cands) if w and not (len(w) == 1 and w[0] in STOPWORDS)]
+            col.values[value] = [] if value.lower() in STOPWORDS and not own else [
+                w for w in dict.fromkeys(cands) if w and not (len(w) == 1 and w[0] in STOPWORDS)]
 
 
 def _entity(name: str, spec: dict) -> Entity:

@@ -53,6 +53,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
     "been": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
+    "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "in seconds": ("filler", ""), "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -84,6 +85,10 @@ HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take d
               "offline": "down"}
 HYPO_WORDS = ("affect", "affected", "hit", "impact", "impacted", "happen", "if", "suppose", "supposing", "would",
               "what if", "running", "run", "interrupted")
+PAST_FORMS = {"ran", "went", "came", "took", "saw", "fell", "wrote", "happened", "occurred"}
+COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cancel|scancel|kill|delete|drop|restart|stop|"
+                      r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
+                      r"ignore|forget)\b")
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
@@ -124,6 +129,8 @@ class Query:
     show: list[str] = field(default_factory=list)   # columns asked for ("what state", "what action")
     count_distinct: bool = False          # "how many nodes ...": count them, do not list them
     per_item: bool = False                # "how long did each validation take": no aggregate over them
+    which: bool = False                   # "which <entity> ...": the rows (one per label), not a number
+    compare: bool = False
     distinct: bool = False
     having: tuple[str, float] | None = None
     top: int | None = None
@@ -141,6 +148,8 @@ class Parse:
     unknown_nodes: list[str] = field(default_factory=list)
     missing: str = ""                     # a question back: what the question needs and lacks
     understood: list[str] = field(default_factory=list)
+    command: str = ""                     # the question is an order ("drain node3"): the companion only reads
+    ambiguous: list[str] = field(default_factory=list)   # entities the words fit equally well
 
 
 class Lexicon:
@@ -240,6 +249,9 @@ class Parser:
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
         q = normalise(question)
         tokens = tokenize(q)
+        command = COMMANDS.match(q)
+        if command:   # an order, not a question: nothing here acts
+            return Parse(None, [command.group(2)], [], command=command.group(2))
         spans: list[Span] = []
         free = [True] * len(tokens)
 
@@ -330,11 +342,12 @@ class Parser:
 
     def _interpret(self, spans, leftovers, tokens, yesno, nodes, unknown_nodes, jobs) -> Parse:
         model = self.model
-        past = any(m.kind == "past" for s in spans for m in s.meanings)
+        past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
+            t.text in PAST_FORMS for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
                    "hypo": 3, "rule": 1}
-        best, best_key = None, None
+        best, best_key, keys = None, None, {}
         for order, ent in enumerate(model.entities.values()):
             if past and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False
@@ -351,6 +364,8 @@ class Parser:
             first = min((s.start for s in spans for m in s.meanings if m.kind == "entity" and m.entity == ent.name),
                         default=99)
             key = (-misfits, score, -first, ent.explicit, -order)
+            if score > 0:
+                keys[ent.name] = key
             if score > 0 and (best_key is None or key > best_key):
                 best, best_key = ent, key
         if best is None:
@@ -359,6 +374,14 @@ class Parser:
             if dims and fallback.get(dims[0]) in model.entities:
                 best = model.entities[fallback[dims[0]]]
         understood = [s.text for s in spans if s.meanings[0].kind not in ("filler", "past", "present")]
+        named = {m.entity for s in spans for m in s.meanings if m.kind == "entity"}
+        measured = {m.entity for s in spans for m in s.meanings if m.kind == "measure"}
+        tied = [n for n, k in keys.items() if best is not None and n != best.name and k[:2] == best_key[:2]
+                and n in measured]
+        if tied and best.name in measured and best.name not in named and not named & set(tied):
+            # only a measure named it, and another entity has a measure of the same name: ask which
+            return Parse(None, [], unknown_nodes, understood=understood,
+                         ambiguous=[best.name] + tied)
         if best is None:
             return Parse(None, [s.text for s in spans if s.meanings[0].kind == "unknown-node"] + leftovers,
                          unknown_nodes, understood=understood)
@@ -419,6 +442,8 @@ class Parser:
                     q.cmp = value
             elif kind == "distinct":
                 q.distinct = True
+            elif kind == "compare":
+                q.compare = True
             elif kind == "entity":
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
@@ -427,6 +452,13 @@ class Parser:
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
+                q.conds += [x.value for x in fitting if x.kind == "cond"]   # "in remediation": entity and state
+                if s.start and tokens[s.start - 1].text in ("which", "what") and ent.label not in ("id", "rowid"):
+                    q.which = True
+                    if not q.project and ent.label in ent.columns and not ent.now:
+                        q.project = ent.label   # "which health checks failed": one row per check
+                elif s.start and tokens[s.start - 1].text in ("which", "what"):
+                    q.which = True
             elif kind == "cond":
                 q.conds.append(value)
             elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
@@ -473,6 +505,17 @@ class Parser:
             unknown.append(pending_group)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
+        if q.compare:   # "compare X on node1 and node2": one row per node (or job)
+            ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
+            if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
+                q.group.append(ent.refs[ref])
+            else:
+                unknown.append("compare")
+        if q.having and not q.project and not q.group:
+            dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
+            dims = [d for d in dims if d and not d.startswith("list:")]
+            if dims:
+                q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
         q.understood = [u for u in q.understood if u]
