@@ -505,6 +505,7 @@ class Parser:
             unknown.append(pending_group)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
+        q.which = q.which or any(t.text == "which" for t in tokens)
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
