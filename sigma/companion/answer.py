@@ -14,8 +14,9 @@ class Answer:
     params: list | dict = field(default_factory=list)
     tier: str = ""            # fast | llm | none
     intent: str = ""          # the fast tier's entity, or "sql" for the LLM tier
-    status: str = "fact"      # fact: every part understood and answered | partial: some words not understood (no
-    #                           table) | clarify: a question back | cannot: nothing the data can answer
+    status: str = "fact"      # fact: every part understood and answered | model: a language model's query, shown
+    #                           as such | partial: some words not understood (no table) | clarify: a question back
+    #                           | cannot: nothing the data can answer
     understood: str = ""      # how the question was read, in slots
     not_understood: list[str] = field(default_factory=list)
     units: dict[str, str] = field(default_factory=dict)   # column -> s, time, %, bytes, ...

@@ -108,7 +108,7 @@ def load_questions(path: Path) -> list[Question]:
 
 def score(conn: sqlite3.Connection, q: Question, answer: Answer) -> tuple[bool, bool, str]:
     """(right, wrong_fact, detail)."""
-    fact = answer.status == "fact"
+    fact = answer.status in ("fact", "model")   # a model's answer is scored like one given as fact
     if q.refuse:
         return (not fact), fact, ("answered as fact, expected: " + q.refuse) if fact else ""
     try:

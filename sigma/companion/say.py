@@ -3,7 +3,9 @@ with what they mean."""
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sigma.companion.compose import Built
 from sigma.companion.parse import Query
@@ -13,6 +15,17 @@ NOUNS = {"incidents": "incident", "drains": "drain", "reboots": "reboot", "resta
          "nodes": "node", "snapshots": "SLURM state change", "health": "health-check result",
          "checkpoints": "checkpoint", "events": "event", "kpis": "KPI line", "samples": "sample",
          "actions": "action"}
+
+
+def site_tz(name: str | None = None) -> tzinfo | None:
+    """The site's timezone: NAME, else $SIGMA_TIMEZONE, else None (this machine's local time)."""
+    name = name or os.environ.get("SIGMA_TIMEZONE")
+    if not name:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown timezone {name!r} (an IANA name such as Europe/Berlin)") from None
 
 
 def when(ts, tz: tzinfo | None) -> str:
@@ -50,11 +63,15 @@ def value(v, unit: str, tz: tzinfo | None) -> str:
     return str(v)
 
 
+PLURALS = {"restart (requeue)": "restarts (requeues)", "time out of service": "times out of service",
+           "node in remediation": "nodes in remediation"}
+
+
 def noun(q: Query, n: int | None = None) -> str:
     word = NOUNS.get(q.entity.name, q.entity.name.replace("_", " "))
     if n == 1:
         return word
-    return word + ("" if word.endswith("s") or "(" in word else "s") if "(" not in word else "restarts (requeues)"
+    return PLURALS.get(word) or (word if word.endswith("s") else word + "s")
 
 
 def scope(q: Query) -> str:
@@ -89,8 +106,11 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
                 f"{'it ' + verb if q.hypo == 'drain' else 'that ' + verb + ' them'}.")
     if b.shape == "scalar":
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
-        label = {"n": "count"}.get(b.value, b.value.replace("_", " "))
-        text = f"{fmt(b.value, v)}: {label} of {what}."
+        if b.value == "n":
+            text = f"{v} {noun(q, v)}{scope(q)}."
+        else:
+            label = b.value.replace("_", " ").replace(" s", "").replace("avg ", "average ")
+            text = f"{label[0].upper() + label[1:]} — {what}: {fmt(b.value, v)}."
         if q.qkind == "yesno":
             text = ("Yes. " if v else "No. ") + text
         return text
