@@ -91,13 +91,14 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
             raise NotUnderstood(f"how long: {ent.name} have no duration")
     if q.cmp:
         op, value, unit = q.cmp
-        if m is None or (unit == "s" and m.unit != "s"):
-            raise NotUnderstood("a comparison without a measure it applies to")
+        if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
+            raise NotUnderstood(f"'{op} {value:g}{' ' + unit if unit else ''}' without a measure of that kind")
         where.append(f"{m.name} {op} ?")
         params.append(value)
     rows = "rows AS (SELECT * FROM base" + (" WHERE " + " AND ".join(where) if where else "") + ")"
     head = f"WITH {base}, {rows} "
-    units: dict[str, str] = {}
+    units = {c.name: ("time" if c.role == "time" else c.unit) for c in ent.columns.values()
+             if c.role in ("time", "measure") and (c.unit or c.role == "time")}
     mname = m.name if m else None
     if m:
         units[mname] = m.unit

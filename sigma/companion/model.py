@@ -66,8 +66,7 @@ class Entity:
     default: str = ""                 # a predicate applied unless a condition on its column is asked
     now: bool = False                 # the current state (present tense), not a history
     explicit: bool = False            # described in the vocabulary document
-    measure_names: dict | None = None
-    verbs: dict[str, str] = field(default_factory=dict)
+    measure_names: dict | None = None         # {column, value}: each value of `column` names a measure in `value`
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
 
     def measures(self) -> list[Column]:
@@ -89,7 +88,8 @@ def _words_of_name(name: str) -> tuple[str, ...]:
     return phrase_stems(base.replace("_", " ").replace(".", " "))
 
 
-def _unit(name: str) -> str:
+def unit_of(name: str) -> str:
+    """The unit a column's (or metric's) name ends in: _s seconds, _per_s a rate, _bytes, _pct."""
     for suffix, unit in (("_per_s", "/s"), ("_s", "s"), ("_bytes", "bytes"), ("_pct", "%")):
         if name.endswith(suffix):
             return unit
@@ -155,7 +155,7 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
                 f"json_each(s.v) j "
                 "WHERE j.type IN ('integer', 'text') LIMIT 100")]
         if not col.unit and col.role == "measure":
-            col.unit = _unit(name)
+            col.unit = unit_of(name)
         if not col.words and col.role not in ("id", "json", "list"):
             col.words = [_words_of_name(name)]
     for col in ent.columns.values():
@@ -178,7 +178,7 @@ def _entity(name: str, spec: dict) -> Entity:
     for cname, c in (spec.get("columns") or {}).items():
         c = c or {}
         role = "measure" if "sql" in c and not cname.endswith("_at") else ""
-        columns[cname] = Column(cname, c.get("sql", f"src.{cname}"), role, _unit(cname) if role else "",
+        columns[cname] = Column(cname, c.get("sql", f"src.{cname}"), role, unit_of(cname) if role else "",
                                 [phrase_stems(w) for w in c.get("words", [])], c.get("agg", ""))
     for cname, vals in (spec.get("values") or {}).items():
         col = columns.setdefault(cname, Column(cname, f"src.{cname}", ""))
@@ -189,7 +189,7 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  spec.get("verbs") or {}, explicit_values)
+                  explicit_values)
 
 
 @lru_cache(maxsize=1)

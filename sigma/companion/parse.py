@@ -13,7 +13,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model
+from sigma.companion.model import Column, Cond, Entity, Model, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -130,8 +130,7 @@ class Query:
     count_distinct: bool = False          # "how many nodes ...": count them, do not list them
     per_item: bool = False                # "how long did each validation take": no aggregate over them
     which: bool = False                   # "which <entity> ...": the rows (one per label), not a number
-    compare: bool = False
-    distinct: bool = False
+    compare: bool = False                 # "compare ... on node1 and node2": one row each
     having: tuple[str, float] | None = None
     top: int | None = None
     hypo: str = ""
@@ -146,7 +145,6 @@ class Parse:
     query: Query | None
     unknown: list[str]                    # words or parts not understood (for this entity)
     unknown_nodes: list[str] = field(default_factory=list)
-    missing: str = ""                     # a question back: what the question needs and lacks
     understood: list[str] = field(default_factory=list)
     command: str = ""                     # the question is an order ("drain node3"): the companion only reads
     ambiguous: list[str] = field(default_factory=list)   # entities the words fit equally well
@@ -224,21 +222,17 @@ def _number(word: str) -> float | None:
 
 
 def _cmp(m: re.Match) -> tuple[str, float, str]:
-    op = CMP_OPS[m.group(1)]
-    raw = m.group(2)
-    value = float(NUMBER_WORDS.get(raw, raw) if raw in NUMBER_WORDS else raw)
-    unit = (m.group(3) or "").rstrip("s") if (m.group(3) or "") not in ("s",) else "s"
-    if raw in ("once", "twice", "thrice"):
-        unit = "time"
-    if unit in ("time",):
+    """(operator, value, unit) of "more than 3 times", "over 30 s", "at least 2 minutes" (durations in seconds)."""
+    op, raw, unit = CMP_OPS[m.group(1)], m.group(2), m.group(3) or ""
+    value = float(NUMBER_WORDS.get(raw, raw))
+    base = unit.rstrip("s") or unit
+    if raw in ("once", "twice", "thrice") or base == "time":
         return op, value, "times"
-    if unit in CMP_UNITS or unit + "s" in CMP_UNITS:
-        return op, value * CMP_UNITS.get(unit, 1), "s"
-    if unit in ("step",):
+    if base in CMP_UNITS:
+        return op, value * CMP_UNITS[base], "s"
+    if base == "step":
         return op, value, "steps"
-    if unit in ("%", "percent"):
-        return op, value, "%"
-    return op, value, ""
+    return op, value, "%" if unit in ("%", "percent") else ""
 
 
 class Parser:
@@ -279,17 +273,14 @@ class Parser:
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
         for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
             claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
-        jobs: list[int] = []
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
             ids = [int(x) for x in re.findall(r"\d+", m.group(0))]
-            jobs += ids
             claim(m.start(), m.end(), Meaning("job", None, ids))
-        nodes, unknown_nodes = [], []
+        unknown_nodes = []
         for i, t in enumerate(tokens):
             if not free[i]:
                 continue
             if t.text in self.model.nodes:
-                nodes.append(t.text)
                 claim(t.start, t.end, Meaning("node", None, t.text))
             elif t.text in self.model.rule_ids:
                 claim(t.start, t.end, Meaning("rule", None, (t.text,)))
@@ -314,18 +305,18 @@ class Parser:
             else:
                 i += 1
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
-                     and t.stem not in STOPWORDS and not (t.text.isdigit() and len(t.text) < 3 and False)]
+                     and t.stem not in STOPWORDS]
         spans.sort(key=lambda s: s.start)
         if any(m.kind == "rule" for s in spans for m in s.meanings):  # "xid errors", "prolog failures"
             for s in spans:
                 if all(tokens[k].stem in WEAK_NOUNS for k in range(s.start, s.end)):
                     s.meanings = [Meaning("weak")] + s.meanings
         yesno = bool(tokens) and tokens[0].text in YESNO_START
-        return self._interpret(spans, leftovers, tokens, yesno, nodes, unknown_nodes, jobs)
+        return self._interpret(spans, leftovers, tokens, yesno, unknown_nodes)
 
     # ---------- choosing the entity and filling the slots ----------
 
-    def _fits(self, m: Meaning, ent: Entity, tense: str) -> bool:
+    def _fits(self, m: Meaning, ent: Entity) -> bool:
         if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric"):
             return m.entity == ent.name
         if m.kind == "dim":
@@ -340,7 +331,7 @@ class Parser:
             return ent.name == "nodes"
         return True
 
-    def _interpret(self, spans, leftovers, tokens, yesno, nodes, unknown_nodes, jobs) -> Parse:
+    def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
             t.text in PAST_FORMS for t in tokens)
@@ -353,8 +344,8 @@ class Parser:
                 tense_ok = False
             else:
                 tense_ok = True
-            fit = [any(self._fits(m, ent, "") for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) for m in s.meanings if self._fits(m, ent, "")), default=0)
+            fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
+            score = sum(max((weights.get(m.kind, 0) for m in s.meanings if self._fits(m, ent)), default=0)
                         for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
@@ -396,7 +387,7 @@ class Parser:
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
                 continue
-            fitting = [m for m in s.meanings if self._fits(m, ent, "")]
+            fitting = [m for m in s.meanings if self._fits(m, ent)]
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     unknown.append(s.text)
@@ -440,8 +431,6 @@ class Parser:
                     q.having = (op, n)
                 else:
                     q.cmp = value
-            elif kind == "distinct":
-                q.distinct = True
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
@@ -467,7 +456,7 @@ class Parser:
                 col = ent.columns[value] if kind == "measure" else None
                 if kind == "metric":
                     mn = ent.measure_names
-                    col = Column(mn["value"], f"src.{mn['value']}", "measure", _metric_unit(value), [], "")
+                    col = Column(mn["value"], f"src.{mn['value']}", "measure", unit_of(value), [], "")
                     q.conds.append(Cond(ent.name, f"{mn['column']} = ?", value, mn["column"], (value,)))
                 if q.measure is not None and q.measure.name != col.name:
                     unknown.append(s.text)
@@ -520,13 +509,4 @@ class Parser:
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
         q.understood = [u for u in q.understood if u]
-        missing = ""
-        if unknown_nodes:
-            missing = f"I know no node named {', '.join(unknown_nodes)}"
-        return Parse(q, unknown, unknown_nodes, missing, q.understood)
-
-
-def _metric_unit(name: str) -> str:
-    from sigma.companion.model import _unit
-
-    return _unit(name)
+        return Parse(q, unknown, unknown_nodes, q.understood)

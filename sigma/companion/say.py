@@ -4,11 +4,13 @@ with what they mean."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sigma.companion.compose import Built
 from sigma.companion.parse import Query
+from sigma.companion.words import plain
 
 NOUNS = {"incidents": "incident", "drains": "drain", "reboots": "reboot", "restarts": "restart (requeue)",
          "out_of_service": "time out of service", "stages": "lifecycle stage", "remediation": "node in remediation",
@@ -90,6 +92,11 @@ def scope(q: Query) -> str:
     return (" (" + "; ".join(bits) + ")") if bits else ""
 
 
+def label(column: str) -> str:
+    """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery'."""
+    return re.sub(r"_(s|id|per_s)$", "", column).replace("_", " ")
+
+
 def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | None) -> str:
     units = b.units
     fmt = lambda col, v: value(v, units.get(col, ""), tz)  # noqa: E731
@@ -125,7 +132,9 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
     if not rows:
         return ("No. " if q.qkind == "yesno" else "") + f"No {what}."
     def row_words(r):
-        return ", ".join(f"{c.replace('_', ' ')} {fmt(c, v)}" for c, v in zip(columns, r) if v not in (None, ""))
+        return ", ".join(f"{label(c)} {fmt(c, v)}" + (f" ({plain(v)})" if c == "rule_id" and plain(v) != v
+                                                               else "")
+                         for c, v in zip(columns, r) if v not in (None, ""))
     if b.shape == "latest":
         lead = "The latest" if q.order == "latest" else "The first"
         return f"{lead} {noun(q, 1)}{scope(q)}: " + row_words(rows[0]) + "."
