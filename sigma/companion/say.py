@@ -92,7 +92,7 @@ def scope(q: Query) -> str:
     return (" (" + "; ".join(bits) + ")") if bits else ""
 
 
-def label(column: str) -> str:
+def column_words(column: str) -> str:
     """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery'."""
     return re.sub(r"_(s|id|per_s)$", "", column).replace("_", " ")
 
@@ -132,7 +132,7 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
     if not rows:
         return ("No. " if q.qkind == "yesno" else "") + f"No {what}."
     def row_words(r):
-        return ", ".join(f"{label(c)} {fmt(c, v)}" + (f" ({plain(v)})" if c == "rule_id" and plain(v) != v
+        return ", ".join(f"{column_words(c)} {fmt(c, v)}" + (f" ({plain(v)})" if c == "rule_id" and plain(v) != v
                                                                else "")
                          for c, v in zip(columns, r) if v not in (None, ""))
     if b.shape == "latest":
