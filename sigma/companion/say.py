@@ -87,6 +87,9 @@ def scope(q: Query) -> str:
     if q.cmp:
         op, v, unit = q.cmp
         bits.append(f"{q.measure.name if q.measure else 'value'} {op} {duration(v) if unit == 's' else f'{v:g}'}")
+    if q.having:
+        times = {1: "once", 2: "twice"}.get(int(q.having[1]), f"{q.having[1]:g} times")
+        bits.append(f"more than {times}" if q.having[0] == ">" else f"count {q.having[0]} {q.having[1]:g}")
     if q.period:
         bits.append(q.period)
     return (" (" + "; ".join(bits) + ")") if bits else ""
@@ -124,11 +127,13 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
     if b.shape == "groups" or b.shape == "ranking":
         if not rows:
             return f"No {what}."
-        head = "Top" if b.shape == "ranking" else "Per " + ", ".join(columns[:-1])
+        keys = " and ".join(column_words(c) for c in columns[:-1])
+        measure = "count" if columns[-1] == "n" else column_words(columns[-1]).replace("avg ", "average ")
+        head = f"The most, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
         parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:-1])) + f": {fmt(columns[-1], r[-1])}"
                  for r in rows[:10]]
         more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
-        return f"{head} — {what}, {columns[-1].replace('_', ' ')}: " + "; ".join(parts) + more + "."
+        return f"{head} — {what}: " + "; ".join(parts) + more + "."
     if not rows:
         return ("No. " if q.qkind == "yesno" else "") + f"No {what}."
     def row_words(r):
