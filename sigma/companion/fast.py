@@ -20,16 +20,19 @@ from sigma.companion.say import say
 
 VAGUE = re.compile(r"\b(my|this|that) (job|node|run|training run|machine)\b(?! ?#?\d)")
 
-_CACHE: dict[int, tuple[float, Model, Parser]] = {}
+_CACHE: dict[tuple, tuple[float, Model, Parser]] = {}
 MODEL_TTL_S = 60.0   # values and keys are learnt again after this long (a new node, a new rule)
 
 
 def parser_for(conn: sqlite3.Connection) -> Parser:
-    hit = _CACHE.get(id(conn))
+    """The parser for this database, learnt again when its schema changes or after MODEL_TTL_S."""
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    key = (path or id(conn), conn.execute("PRAGMA schema_version").fetchone()[0])
+    hit = _CACHE.get(key)
     if hit is None or time.monotonic() - hit[0] > MODEL_TTL_S:
         model = build(conn)
         hit = (time.monotonic(), model, Parser(model))
-        _CACHE[id(conn)] = hit
+        _CACHE[key] = hit
     return hit[2]
 
 

@@ -184,9 +184,9 @@ class Lexicon:
                         for p in phrases:
                             add(p, Meaning("metric", ent.name, value))
                         continue
-                    like = col.name == "flags" or any("," in v for v in col.values)
-                    cond = Cond(ent.name, f"{col.name} LIKE ?" if like else f"{col.name} = ?",
-                                f"{col.name} {value}", col.name, (f"%{value}%" if like else value,))
+                    # set membership: equality for one value, and right for SLURM's comma-separated flags too
+                    cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
+                                col.name, (f",{value},",))
                     for p in phrases:
                         if p not in reserved or p in explicit.get(col.name, ()):
                             add(p, Meaning("cond", ent.name, cond))
