@@ -54,7 +54,7 @@ def main() -> int:
         learn_s = time.monotonic() - started
         cfg = LLMConfig.from_env()
         tiers = {"fast": None} | ({f"LLM {cfg.model}": LLMTier(cfg)} if cfg else {})
-        print(f"vocabulary learnt from the database in {1000 * learn_s:.0f} ms (once per connection and minute)")
+        print(f"vocabulary learnt from the database in {1000 * learn_s:.0f} ms (once per database and schema version, again after a minute)")
         print(f"{'set / tier':<34} {'right':>7} {'accuracy':>8}  {'wrong':>5}  {'median':>11}  {'max':>11}   "
               "answers (status)")
         for tier, llm in tiers.items():
