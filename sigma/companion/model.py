@@ -96,7 +96,7 @@ def unit_of(name: str) -> str:
     return ""
 
 
-def _role(name: str, values: list) -> str:
+def _role(name: str, values: list, decltype: str = "") -> str:
     if name in ("ts", "fault_ts", "deadline", "bucket", "since") or name.endswith("_at"):
         return "time"
     if name in REF_COLUMNS:
@@ -107,6 +107,8 @@ def _role(name: str, values: list) -> str:
         return "id"
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, (int, float)) for v in present):
+        return "measure"
+    if not present and (decltype.upper() in ("REAL", "INTEGER") or unit_of(name)):  # no rows yet: the declaration
         return "measure"
     if present and all(isinstance(v, str) and v[:1] in "{[" and _json(v) for v in present[:50]):
         return "json"
@@ -130,13 +132,14 @@ def _sample(conn: sqlite3.Connection, source: str) -> str:
 def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     """Give every column of the entity a role, words and (for categories and JSON) its values from the data."""
     sample = _sample(conn, ent.source)
+    declared = {} if " " in ent.source else {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({ent.source})")}
     for name in names:
         col = ent.columns.get(name) or Column(name, f"src.{name}", "")
         ent.columns[name] = col
         if col.role:
             continue
         first = [r[0] for r in conn.execute(f"SELECT {name} FROM {sample} WHERE {name} IS NOT NULL LIMIT 200")]
-        col.role = _role(name, first)
+        col.role = _role(name, first, declared.get(name, ""))
         if col.role == "ref":
             ent.refs.setdefault(REF_COLUMNS[name], name)
         elif col.role == "list":

@@ -209,3 +209,13 @@ def test_a_slow_endpoint_times_out_into_a_plain_answer(conn):
         tier = LLMTier(LLMConfig(server.base_url, "m", timeout_s=0.3))
         a = q(conn, "compare the detection latency of rule-based and watchdog incidents", llm=tier)
     assert "could not answer" in a.text and "Timeout" in a.text and a.status != "fact"
+
+
+def test_an_empty_database_is_answered_not_guessed(tmp_path):
+    from sigma.controller.db import open_db
+
+    open_db(tmp_path / "controller.db").close()
+    conn = open_readonly(tmp_path / "controller.db")
+    assert ask(conn, "how many incidents were there today?").rows == [(0,)]
+    assert ask(conn, "did any job lose more than 10 steps?").text.startswith("No")
+    assert ask(conn, "how long was node2 out of service?").status == "clarify"   # no node2 seen yet
