@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from sigma.companion.parse import Query
 
+# Every node or job the controller knows, for "which nodes were never ...".
+UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
 
@@ -59,7 +61,16 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
             raise NotUnderstood(f"{ent.name} have no rule")
         where.append("(" + " OR ".join(f"{col} LIKE ?" for _ in q.rules) + ")")
         params += q.rules
-    asked = {c.column for c in q.conds}
+    for ref, values in q.exclude.items():   # "excluding xid", "except on node1": rows without a value count too
+        col = ent.refs.get(ref)
+        if col is None or col.startswith("list:"):
+            raise NotUnderstood(f"{ent.name} cannot exclude a {ref}")
+        if ref == "rule":
+            where.append("NOT COALESCE((" + " OR ".join(f"{col} LIKE ?" for _ in values) + "), 0)")
+        else:
+            where.append(f"COALESCE({col}, '') NOT IN ({','.join('?' * len(values))})")
+        params += values
+    asked = {c.column.rstrip("!") for c in q.conds}
     if ent.default and ent.default.split()[0] not in asked:
         where.append(ent.default)
     share_conds = []       # "what share of X are Y": Y is the numerator, not a filter
@@ -68,9 +79,10 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
     for c in q.conds:   # several values of one column ("warning or error events") are alternatives
         by_column.setdefault(c.column or c.sql, []).append(c)
     for column, conds in by_column.items():
-        sql = conds[0].sql if len(conds) == 1 else "(" + " OR ".join(c.sql for c in conds) + ")"
+        joiner = " AND " if column.endswith("!") else " OR "   # "not A or B": neither
+        sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"
         args = [a for c in conds for a in c.params]
-        if q.agg == "share" and column != metric_col:
+        if q.agg == "share" and column.rstrip("!") != metric_col:
             share_conds.append((sql, args))
         else:
             where.append(sql)
@@ -197,6 +209,13 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
+    if q.anti:   # "which nodes were never drained": every one known, less those with such rows
+        universe = UNIVERSES.get(proj)
+        if universe is None:
+            raise NotUnderstood(f"'never' over {proj}")
+        sql = head + (f"SELECT DISTINCT {proj} FROM ({universe}) WHERE {proj} NOT IN "
+                      f"(SELECT {proj} FROM rows WHERE {proj} IS NOT NULL) ORDER BY {proj}")
+        return Built(sql, params, units, "rows")
     if proj:
         listed = proj if not (ent.refs.get("job", "").startswith("list:") and proj == ent.refs["job"][5:]) else None
         if listed is None:  # "which jobs" over a JSON list of job ids

@@ -53,6 +53,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
     "been": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
+    "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
+    "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
@@ -131,6 +133,8 @@ class Query:
     per_item: bool = False                # "how long did each validation take": no aggregate over them
     which: bool = False                   # "which <entity> ...": the rows (one per label), not a number
     compare: bool = False                 # "compare ... on node1 and node2": one row each
+    exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
+    anti: bool = False                    # "which nodes were never drained": the projection's others
     having: tuple[str, float] | None = None
     top: int | None = None
     hypo: str = ""
@@ -233,6 +237,17 @@ def _cmp(m: re.Match) -> tuple[str, float, str]:
     if base == "step":
         return op, value, "steps"
     return op, value, "%" if unit in ("%", "percent") else ""
+
+
+def _likes(value) -> list[str]:
+    """LIKE patterns of a rule meaning, a number from the question put in for '#' ("xid 79")."""
+    likes, nums = value if isinstance(value[0], tuple) else (value, [])
+    return [like.replace("#", str(int(nums[0]))) if nums else like for like in likes]
+
+
+def _json_cond(ent: Entity, value) -> Cond:
+    (column, key), nums = value
+    return Cond(ent.name, f"json_extract({column}, '$.{key}') = ?", f"{key} {nums[0]:g}", "", (nums[0],))
 
 
 class Parser:
@@ -382,6 +397,7 @@ class Parser:
         q = Query(ent)
         unknown = list(leftovers)
         pending_group = False
+        negate = neg_column = ""
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
@@ -396,6 +412,31 @@ class Parser:
             m = sorted(fitting, key=lambda m: rank.index(m.kind) if m.kind in rank else 9)[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
+            if kind == "neg":
+                if negate:
+                    unknown.append(negate)
+                negate = s.text
+                continue
+            if neg_column and kind == "cond" and value.column == neg_column:   # "not resolved or confirmed": neither
+                negate = "not"
+            neg_column = ""
+            if negate:   # "not", "excluding", "never": the next filter is negated, or nothing is understood
+                if kind in ("node", "job", "rule"):
+                    values = value if kind != "rule" else _likes(value)
+                    q.exclude.setdefault(kind, []).extend(values if isinstance(values, list) else [values])
+                    negate = ""
+                    continue
+                if kind in ("cond", "json"):
+                    cond = value if kind == "cond" else _json_cond(ent, value)
+                    q.conds.append(Cond(cond.entity, f"NOT COALESCE(({cond.sql}), 0)", "not " + cond.label,
+                                        cond.column + "!", cond.params))
+                    negate, neg_column = "", cond.column
+                    continue
+                if kind == "entity" and q.project:   # "which nodes were never drained"
+                    q.anti, negate = True, ""
+                else:
+                    unknown.append(negate)
+                    negate = ""
             if kind == "range":
                 q.since, q.until, q.period = value.since, value.until, value.words
             elif kind == "node":
@@ -403,8 +444,7 @@ class Parser:
             elif kind == "job":
                 q.jobs += value
             elif kind == "rule":
-                likes, nums = (value if isinstance(value[0], tuple) else (value, []))
-                q.rules += [like.replace("#", str(int(nums[0]))) if nums else like for like in likes]
+                q.rules += _likes(value)
             elif kind == "q":
                 if value == "why-filter":
                     continue
@@ -470,9 +510,7 @@ class Parser:
                 else:
                     q.show.append(value)
             elif kind == "json":
-                (column, key), nums = value
-                q.conds.append(Cond(ent.name, f"json_extract({column}, '$.{key}') = ?", f"{key} {nums[0]:g}",
-                                    "", (nums[0],)))
+                q.conds.append(_json_cond(ent, value))
             elif kind == "dim":
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
                 if pending_group:
@@ -492,6 +530,8 @@ class Parser:
             pending_group = False
         if pending_group:
             unknown.append(pending_group)
+        if negate:
+            unknown.append(negate)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
         q.which = q.which or any(t.text == "which" for t in tokens)

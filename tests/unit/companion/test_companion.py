@@ -43,7 +43,7 @@ def q(conn, question, **kw):
 
 def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
     sets = {p.stem: load_questions(p) for p in sorted(SETS.glob("*.yaml"))}
-    assert set(sets) == {"built", "held_out", "held_out_2"}
+    assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3"}
     assert sum(map(len, sets.values())) >= 150
     built = {x.text for x in sets["built"]}
     for name, qs in sets.items():
@@ -56,12 +56,13 @@ def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
 
 
 def test_no_refusal_is_answered_as_fact_and_no_simple_answer_is_wrong(conn):
-    for path in sorted(SETS.glob("*.yaml")):
-        scored = evaluate(conn, load_questions(path), tz=BERLIN)
-        refusals = {x.text for x in load_questions(path) if x.refuse}
-        assert not [s.question for s in scored if s.question in refusals and s.status in ("fact", "model")], path
-        if path.stem != "held_out_2":   # the second held-apart set's figure is bench/companion.py's, not a test's
-            assert summary(scored, "simple")["wrong_facts"] == 0, [s for s in scored if s.wrong_fact]
+    # held_out_2 and held_out_3 are measured by bench/companion.py only: a test failing on them would tell
+    for name in ("built", "held_out"):
+        questions = load_questions(SETS / f"{name}.yaml")
+        scored = evaluate(conn, questions, tz=BERLIN)
+        refusals = {x.text for x in questions if x.refuse}
+        assert not [s.question for s in scored if s.question in refusals and s.status in ("fact", "model")], name
+        assert summary(scored, "simple")["wrong_facts"] == 0, [s for s in scored if s.wrong_fact]
 
 
 def test_the_fast_tier_answers_the_simple_questions_it_was_built_from(conn):
@@ -70,8 +71,8 @@ def test_the_fast_tier_answers_the_simple_questions_it_was_built_from(conn):
 
 
 @pytest.mark.parametrize("question,word", [
-    ("how many incidents on node2 excluding xid?", "excluding"),
-    ("which nodes were never drained?", "never"),
+    ("which nodes were drained by the janitor?", "janitor"),
+    ("how many incidents on node2 per moon phase?", "moon"),
     ("how many incidents did the quantum flux capacitor cause?", "quantum"),
     ("which drains happened while the moon was full?", "moon"),
 ])
@@ -104,6 +105,16 @@ def test_compositions_over_the_schema(conn):
     e = q(conn, "did any job lose more than 10 steps?")
     assert e.status == "fact" and e.text.startswith("Yes") and len(e.rows) == 1
     assert {21, 13} <= set(e.rows[0]) and "steps lost 13" in e.text
+
+
+def test_negation_excludes_and_never_is_the_others(conn):
+    a = q(conn, "how many incidents on node2 excluding xid?")
+    assert a.status == "fact" and a.rows == [(3,)] and "NOT COALESCE" in a.sql
+    b = q(conn, "list the incidents whose status is not resolved or confirmed")   # neither
+    assert sorted(r[0] for r in b.rows) == [1, 3, 5, 10, 11]
+    c = q(conn, "which jobs were never requeued?")
+    assert c.status == "fact" and [r[0] for r in c.rows] == [7, 9]
+    assert q(conn, "which incidents were not followed by any action?").status != "fact"
 
 
 def test_time_ranges_are_read_in_the_sites_timezone(conn):
