@@ -32,7 +32,7 @@ from sigma.companion.llm import LLMConfig, LLMTier  # noqa: E402
 from sigma.companion.safe_sql import open_readonly  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "companion"
-SETS = ("built", "held_out", "held_out_2")
+SETS = ("built", "held_out", "held_out_2", "held_out_3")
 
 
 def row(name: str, s: dict) -> str:

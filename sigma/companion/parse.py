@@ -31,7 +31,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in all": ("agg", "sum"), "overall": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
     "longest": ("rank", "max"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
-    "slowest": ("rank", "max"), "most": ("rank", "max"), "the most": ("rank", "max"), "top": ("rank", "max"),
+    "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
     "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "min"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
     "quickest": ("rank", "min"), "fastest": ("rank", "min"),
@@ -398,6 +398,7 @@ class Parser:
         unknown = list(leftovers)
         pending_group = False
         negate = neg_column = ""
+        most = False
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
@@ -453,7 +454,8 @@ class Parser:
             elif kind == "agg":
                 q.agg = value
             elif kind == "rank":
-                q.rank = value
+                q.rank = "max" if value == "most" else value
+                most = most or value == "most"
             elif kind == "order":
                 q.order = value
             elif kind == "top":
@@ -535,6 +537,8 @@ class Parser:
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
         q.which = q.which or any(t.text == "which" for t in tokens)
+        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+            q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
