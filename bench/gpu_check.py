@@ -58,7 +58,7 @@ class Part:
 PARTS = (
     Part("device", 30, 0, "GPU model, driver, CUDA, datasheet peak"),
     Part("trainer-tiny", 75, 1, "trainer, tiny preset, bf16: tokens/s, MFU"),
-    Part("trainer-moe-1b", 110, 1, "trainer, moe-1b preset, bf16: tokens/s, MFU"),
+    Part("trainer-moe-1b", 150, 1, "trainer, moe-1b preset, bf16: tokens/s, MFU"),
     Part("moe-layer", 75, 1, "MoE layer fwd+bwd vs HF experts and torchtitan-style, fp32/bf16"),
     Part("expert-parallel", 90, 2, "trainer with expert parallelism over NCCL"),
     Part("jit-checkpoint", 75, 1, "just-in-time checkpoint on the GPU, stop, resume"),
@@ -112,7 +112,7 @@ def _nvidia_smi(field: str) -> str | None:
 
 TRAIN_RUNS = {  # preset: (steps, global batch, sequence length, corpus MB for the BPE data)
     "tiny": (300, 64, 512, 2.0),
-    "moe-1b": (120, 16, 2048, 4.0),
+    "moe-1b": (200, 16, 2048, 4.0),
 }
 SKIP_STEPS = 5  # warm-up steps left out of the means (CUDA start-up, allocator growth)
 
