@@ -29,6 +29,7 @@ class Built:
     units: dict[str, str] = field(default_factory=dict)   # result column -> unit (s, time, %, bytes, ...)
     shape: str = "rows"                                   # rows scalar groups ranking latest hypo
     value: str = ""                                       # the column holding the answer's number
+    showed: bool = False                                  # the columns the question asked for are in the result
 
 
 def _bucket_size(q: Query, now: float) -> int:
@@ -39,6 +40,13 @@ def _bucket_size(q: Query, now: float) -> int:
 
 
 def compose(q: Query, now: float, tz_offset: float) -> Built:
+    built = _compose(q, now, tz_offset)
+    if q.show and not built.showed:   # a column asked for that this shape of answer would leave out
+        raise NotUnderstood(f"{', '.join(q.show)} together with a count, an aggregate or a grouping")
+    return built
+
+
+def _compose(q: Query, now: float, tz_offset: float) -> Built:
     ent = q.entity
     measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
@@ -230,6 +238,10 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
             cols = list(dict.fromkeys([proj, mname] + ([ent.time] if ent.time else [])))
             order = f" ORDER BY {ent.time}" if ent.time else ""
             return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname)
+        if q.show and not (m or agg or q.rank or q.having):   # "which rules ..., and what would they have done"
+            keys = list(dict.fromkeys([proj] + q.show))
+            _, sel = grouped(keys, "count")
+            return Built(head + sel + f" ORDER BY {', '.join(keys)}", params, units, "groups", "n", showed=True)
         value_agg = agg or "count"
         extra_cte, sel = grouped([proj], value_agg)
         name = sel.split(" AS ")[-1].split()[0] if value_agg != "median" else f"median_{mname}"
@@ -295,15 +307,15 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
     if q.show and not q.order and not m:
         cols = list(dict.fromkeys([ent.label] + q.show + ent.show))
         return Built(head + f"SELECT DISTINCT {', '.join(cols)} FROM rows ORDER BY {ent.label}", params, units,
-                     "rows")
+                     "rows", showed=True)
     cols = list(dict.fromkeys([c for c in ent.show if c] + q.show + ([mname] if m else [])))
     if q.order:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to order by")
         direction = "DESC" if q.order == "latest" else "ASC"
         sql = head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {ent.time} {direction} LIMIT {q.top or 1}"
-        return Built(sql, params, units, "latest", mname or "")
+        return Built(sql, params, units, "latest", mname or "", showed=True)
     if q.rank and not m:
         raise NotUnderstood("the most or least of what")
     order = f" ORDER BY {ent.time}" if ent.time else ""
-    return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname or "")
+    return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname or "", showed=True)

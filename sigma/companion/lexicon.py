@@ -41,6 +41,8 @@ IRREGULAR = {
     "failing": "fail", "fails": "fail", "used": "use", "uses": "use", "using": "use",
 }
 
+KEEP = {"note", "notes"}  # stems that would collide with a function word ("note" -> "not")
+
 NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
                 "ten": 10, "twenty": 20, "thirty": 30, "once": 1, "twice": 2, "thrice": 3, "a": 1, "an": 1}
 
@@ -48,7 +50,7 @@ NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, 
 def stem(word: str) -> str:
     w = word.lower()
     w = IRREGULAR.get(w, w)
-    if not w.isalpha() or len(w) <= 3:
+    if not w.isalpha() or len(w) <= 3 or w in KEEP:
         return w
     w = w.replace("isation", "ization")
     for suffix, repl in (("ies", "y"), ("sses", "ss"), ("xes", "x"), ("ches", "ch"), ("shes", "sh")):

@@ -409,7 +409,7 @@ class Parser:
                 if s.meanings[0].kind not in ("unknown-node",):
                     unknown.append(s.text)
                 continue
-            rank = ["weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json"]
+            rank = ["neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json"]
             m = sorted(fitting, key=lambda m: rank.index(m.kind) if m.kind in rank else 9)[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
