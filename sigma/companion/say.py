@@ -95,9 +95,16 @@ def scope(q: Query) -> str:
     return (" (" + "; ".join(bits) + ")") if bits else ""
 
 
+def reading(q: Query) -> str:
+    """One reading of a question in words: what it counts or lists, filtered how, and its measure."""
+    measure = f", {column_words(q.measure.name)}" if q.measure else ""
+    return f"{noun(q)}{scope(q)}{measure}"
+
+
 def column_words(column: str) -> str:
-    """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery'."""
-    return re.sub(r"_(s|id|per_s)$", "", column).replace("_", " ")
+    """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery', n_with_drains -> 'of them
+    with drains' (a count of some of the rows)."""
+    return re.sub(r"^n ", "of them ", re.sub(r"_(s|id|per_s)$", "", column).replace("_", " "))
 
 
 def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | None) -> str:
@@ -118,6 +125,8 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
         if b.value == "n":
             text = f"{v} {noun(q, v)}{scope(q)}."
+            text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
+                            for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:
             label = b.value.replace("_", " ").replace(" s", "").replace("avg ", "average ")
             text = f"{label[0].upper() + label[1:]} — {what}: {fmt(b.value, v)}."
@@ -127,10 +136,13 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
     if b.shape == "groups" or b.shape == "ranking":
         if not rows:
             return f"No {what}."
-        keys = " and ".join(column_words(c) for c in columns[:-1])
-        measure = "count" if columns[-1] == "n" else column_words(columns[-1]).replace("avg ", "average ")
+        width = len(columns) - len(b.extras)   # the second part's columns come last, beside the value
+        keys = " and ".join(column_words(c) for c in columns[:width - 1])
+        measure = "count" if columns[width - 1] == "n" else column_words(columns[width - 1]).replace("avg ", "average ")
         head = f"The most, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
-        parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:-1])) + f": {fmt(columns[-1], r[-1])}"
+        parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:width - 1]))
+                 + (": " if width > 1 else "") + fmt(columns[width - 1], r[width - 1])
+                 + "".join(f", {column_words(c)} {fmt(c, v)}" for c, v in zip(columns[width:], r[width:]))
                  for r in rows[:10]]
         more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
         return f"{head} — {what}: " + "; ".join(parts) + more + "."
