@@ -102,6 +102,7 @@ CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones", "them", "those", "it", "they"}   # in a second part: the first part's rows
 RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
+HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
@@ -423,9 +424,8 @@ class Parser:
                 best, best_key = ent, key
         if best is None:
             dims = [m.value for s in spans for m in s.meanings if m.kind == "dim"]
-            fallback = {"node": "nodes", "job": "kpis", "rule": "incidents"}
-            if dims and fallback.get(dims[0]) in model.entities:
-                best = model.entities[fallback[dims[0]]]
+            if dims and HOMES.get(dims[0]) in model.entities:
+                best = model.entities[HOMES[dims[0]]]
         understood = [s.text for s in spans if s.meanings[0].kind not in ("filler", "past", "present")]
         if best is None:
             return Parse(None, [s.text for s in spans if s.meanings[0].kind == "unknown-node"] + leftovers,
@@ -455,6 +455,11 @@ class Parser:
             if named & (set(fitting) | {best.name}):
                 fitting = [n for n in fitting if n in named]
                 break
+        else:   # an entity a word means (a value, a condition of its own; a fault's incidents), not one a fault,
+            #     node or job merely filters ("went down": not every drain or reboot of that fault)
+            own = {m.entity for s in spans for m in s.meanings if m.kind in CONTENT and m.entity}
+            own |= {HOMES[m.kind] for s in spans for m in s.meanings if m.kind in HOMES}
+            fitting = [n for n in fitting if n in own]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
 
     def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
