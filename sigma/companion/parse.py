@@ -52,7 +52,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
-    "been": ("past", ""),
+    "been": ("past", ""), "ended": ("past", ""), "ended up": ("past", ""), "end up": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
@@ -263,6 +263,12 @@ def _likes(value) -> list[str]:
     return [like.replace("#", str(int(nums[0]))) if nums else like for like in likes]
 
 
+def _bare_count(q: Query) -> bool:
+    """'how often', 'how many times': a count with nothing of its own."""
+    return q.qkind == "count" and not (q.conds or q.measure or q.agg or q.rules or q.nodes or q.jobs or q.exclude
+                                       or q.since is not None or q.until is not None)
+
+
 def _from(ent: Entity) -> str:
     return f"({ent.source})" if ent.source.upper().startswith("SELECT") else ent.source
 
@@ -288,10 +294,16 @@ class Parser:
             follow = self._parse(rest[0], now, tz, parsed.query.entity)
             parsed.unknown += follow.unknown
             parsed.understood += ["and"] + follow.understood
-            parsed.query.extras.append(follow.query)
-            for alt in parsed.alternatives:
-                other = self._parse(rest[0], now, tz, alt.entity)
-                alt.extras.append(None if other.unknown else other.query)
+            for query in [parsed.query] + parsed.alternatives:
+                other = follow if query is parsed.query else self._parse(rest[0], now, tz, query.entity)
+                if other.unknown:
+                    query.extras.append(None)
+                elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
+                    query.qkind = "count"
+                    if query.show and not query.project:
+                        query.project = query.show.pop(0)
+                else:
+                    query.extras.append(other.query)
         elif rest:
             parsed.unknown.append(rest[0])
         return parsed
