@@ -12,10 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sigma.companion.model import Column
 from sigma.companion.parse import Query
 
 # Every node or job the controller knows, for "which nodes were never ...".
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
+UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
+         ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1}   # (the measure's unit, the one asked for): divide by
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
 
@@ -151,10 +154,25 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     return where, params, share_conds
 
 
+def _in_unit(q: Query) -> Column | None:
+    """The question's measure in the unit it asks for ("in GiB", "in minutes"); None when it names none."""
+    m = q.measure
+    if not q.unit:
+        return m
+    factor = UNITS.get((m.unit if m else "", q.unit))
+    if factor is None:
+        raise NotUnderstood(f"'in {q.unit}' for {m.name if m else 'no measure'}")
+    name = re.sub(r"_(s|bytes)$", "", m.name) + "_" + q.unit.lower()   # out_of_service_s -> out_of_service_min
+    return Column(name, f"({m.sql}) / {factor}", "measure", q.unit)
+
+
 def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built:
     """The SELECT; `used` gets the second parts of the question it answers."""
     ent = q.entity
+    q.measure = _in_unit(q)
     measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    if q.measure and q.measure.name not in ent.columns and q.measure.sql != f"src.{q.measure.name}":
+        measures.append(q.measure)
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
     src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
     base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"

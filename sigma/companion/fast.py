@@ -50,7 +50,7 @@ def describe_query(q) -> str:
     for name, v in (("time", q.period), ("measure", q.measure.name if q.measure else ""), ("aggregate", q.agg),
                     ("superlative", q.rank), ("order", q.order), ("per", ", ".join(q.group)),
                     ("one row per", q.project), ("question", q.qkind if q.qkind != "list" else ""),
-                    ("what if", q.hypo)):
+                    ("what if", q.hypo), ("in", q.unit)):
         if v:
             bits.append(f"{name}: {v}")
     if q.cmp:

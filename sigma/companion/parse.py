@@ -56,10 +56,13 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
+    "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
+    "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
-    "in seconds": ("filler", ""), "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
+    "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
     "controller": ("filler", ""), "the controller": ("filler", ""), "sigma": ("filler", ""), "go": ("filler", ""),
     "there": ("filler", ""), "have we": ("filler", ""), "we have": ("filler", ""), "been": ("past", ""),
     "until": ("filler", ""), "till": ("filler", ""), "across": ("filler", ""), "reach": ("filler", ""),
@@ -104,6 +107,9 @@ REFERENTS = {"each", "one", "ones", "them", "those", "it", "they"}   # in a seco
 RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
 HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
+WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was active|trained|run)"
+                       r"(?: on (?:it|there|that node))?\b")
+QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -151,6 +157,8 @@ class Query:
     having: tuple[str, float] | None = None
     top: int | None = None
     hypo: str = ""
+    unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
+    search: list[str] = field(default_factory=list)   # quoted text the rows mention
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -323,6 +331,8 @@ class Parser:
                     free[i] = False
                 spans.append(Span(idx[0], idx[-1] + 1, q[start:end].strip(), [meaning]))
 
+        for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
+            claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
@@ -340,6 +350,8 @@ class Parser:
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
         for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
             claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
+        for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
+            claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
             ids = [int(x) for x in re.findall(r"\d+", m.group(0))]
             claim(m.start(), m.end(), Meaning("job", None, ids))
@@ -505,7 +517,7 @@ class Parser:
         q = Query(ent)
         unknown = list(leftovers)
         pending_group = False
-        negate = neg_column = relation = ""
+        negate = neg_column = relation = searched = ""
         most = False
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
@@ -581,6 +593,12 @@ class Parser:
                 most = most or value == "most"
             elif kind == "order":
                 q.order = value
+            elif kind == "unit":
+                q.unit = value
+            elif kind == "text":
+                q.search.append(value)
+            elif kind == "search":
+                searched = s.text
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
@@ -668,6 +686,16 @@ class Parser:
                 q.group.append(ent.refs[ref])
             else:
                 unknown.append("compare")
+        if q.search:   # text searched in the columns named ("in their summary"), else in every text column
+            named = [c for c in q.show if ent.columns[c].role in ("text", "category")]
+            cols = named or [c.name for c in ent.columns.values() if c.role == "text"]
+            q.show = [c for c in q.show if c not in named]
+            for text in q.search:
+                like = "%" + re.sub(r"([%_\\])", r"\\\1", text) + "%"
+                q.conds.append(Cond(ent.name, "(" + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols) + ")",
+                                    f"mentions '{text}'", "search:" + text, (like,) * len(cols)))
+        elif searched:
+            unknown.append(searched)
         if q.having and not q.project and not q.group:
             dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
             dims = [d for d in dims if d and not d.startswith("list:")]

@@ -61,8 +61,8 @@ def value(v, unit: str, tz: tzinfo | None) -> str:
     if unit == "/s":
         return f"{float(v):,.1f}/s"
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
+        v = f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return f"{v} {unit}" if unit in ("GiB", "MiB", "GB", "MB", "min", "h") else str(v)
 
 
 PLURALS = {"restart (requeue)": "restarts (requeues)", "time out of service": "times out of service",
