@@ -19,6 +19,7 @@ from sigma.companion.parse import Query
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
 UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
          ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1}   # (the measure's unit, the one asked for): divide by
+RATE_UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
 
@@ -229,6 +230,14 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         sql = head + ("SELECT rows.node, jl.value AS job_id FROM rows, json_each(rows.jobs) jl "
                       "ORDER BY rows.node, jl.value")
         return Built(sql, params, units, "hypo")
+    # ---- a counter's rate: "how many steps per minute" (its rise over the time it took) ----
+    if m and m.agg == "max" and q.bucket and q.qkind == "count" and q.agg in ("", "avg") and not q.group:
+        if ent.refs.get("job") and not q.jobs:
+            raise NotUnderstood(f"a rate of {mname} over several jobs' counters")
+        name = f"{mname}_per_{RATE_UNITS.get(q.bucket, f'{q.bucket}_s')}"
+        sql = head + (f"SELECT {q.bucket} * (MAX({mname}) - MIN({mname})) / NULLIF(MAX({ent.time}) - "
+                      f"MIN({ent.time}), 0) AS {name} FROM rows")
+        return Built(sql, params, units, "scalar", name)
     # ---- one row per group or time bucket ----
     group = list(q.group)
     bucket = None

@@ -109,6 +109,8 @@ HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a n
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
 WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was active|trained|run)"
                        r"(?: on (?:it|there|that node))?\b")
+SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
+                     r"(?:between|from)|between)\b")
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
@@ -346,6 +348,8 @@ class Parser:
             for w in HYPO_WORDS:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
+        for m in SPAN_OF.finditer(q):   # "the time between the fault and the requeue": two times of one row
+            claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
         for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
@@ -416,6 +420,8 @@ class Parser:
             return ent.name == "nodes"
         if m.kind == "related":
             return any(n != ent.name and link(ent, self.model.entities[n]) for n in m.value)
+        if m.kind == "between":
+            return bool(ent.time)
         return True
 
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
@@ -518,6 +524,7 @@ class Parser:
         unknown = list(leftovers)
         pending_group = False
         negate = neg_column = relation = searched = ""
+        timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
@@ -532,6 +539,19 @@ class Parser:
             m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
+            if kind == "between":   # the next two words name two times of the row: the measure is the second less
+                ends = [x for x in spans[n + 1:n + 3] for x in [next((t for t in x.meanings if t.kind == "time"
+                                                                      and self._fits(t, ent)), None)] if x]
+                if len(ends) < 2 or q.measure is not None:
+                    unknown.append(s.text)
+                    continue
+                a, b = (ent.columns[t.value] for t in ends)
+                words = lambda c: re.sub(r"_(at|ts)$", "", c.name)   # noqa: E731
+                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"{b.sql} - {a.sql}", "measure", "s")
+                timed = {n + 1, n + 2}
+                continue
+            if n in timed:
+                continue
             if kind == "rel":   # the next word names the related rows; "not followed by" and "without" negate
                 relation = "not" if value == "not" or negate else "with"
                 negate = ""
