@@ -193,6 +193,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         m = next((c for c in ent.measures() if c.unit == "s"), None)
         if m is None:
             raise NotUnderstood(f"how long: {ent.name} have no duration")
+    if q.qkind == "duration" and m.unit not in ("s", "min", "h"):
+        raise NotUnderstood(f"how long: {m.name} is not a duration")
     if q.cmp:
         op, value, unit = q.cmp
         if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
@@ -397,7 +399,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     if agg and not m:
         raise NotUnderstood(f"the {agg} of what")
 
-    if m and m.agg and not q.order and q.qkind not in ("duration",):
+    if m and m.agg and not q.order and q.qkind not in ("duration",) and not q.cmp:   # "lost more than 10": the rows
         extra_cte, sel = grouped([], m.agg if m.agg in AGG_SQL else "avg") if m.agg != "latest" else ("", "")
         if sel:
             name = sel.split(" AS ")[-1].split()[0]

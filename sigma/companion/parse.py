@@ -103,7 +103,7 @@ WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
-REFERENTS = {"each", "one", "ones", "them", "those", "it", "they"}   # in a second part: the first part's rows
+REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
 RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
 HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
@@ -112,6 +112,7 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -233,11 +234,19 @@ class Lexicon:
                 bucket.append(meaning)
 
     def match(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, list[Meaning], list[float]]:
-        """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it)."""
-        for n in range(min(self.longest, len(stems) - i), 0, -1):
-            if not all(free[i:i + n]):
+        """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it). Auxiliaries
+        inside it do not count ("steps were lost" is "steps lost")."""
+        for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
+            if not all(free[i:i + n]) or (n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX)):
                 continue
-            window = stems[i:i + n]
+            window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
+            if len(window) > self.longest:
+                continue
+            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost")
+                found = [m for m in self.phrases.get(tuple(window), []) if m.kind == "measure"]
+                if found:
+                    return n, found, []
+                continue
             nums = [_number(w) for w in window]
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
@@ -427,7 +436,7 @@ class Parser:
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
-            t.text in PAST_FORMS for t in tokens)
+            t.text in PAST_FORMS or t.text in ("was", "were", "did", "had") for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
                    "hypo": 3, "rule": 1}
@@ -665,6 +674,10 @@ class Parser:
                     unknown.append(s.text)
                     continue
                 q.measure = col
+                before = spans[n - 1].meanings[0] if n else None
+                if col.agg == "sum" and before and before.kind == "q" and before.value == "count" \
+                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed
+                    q.qkind, q.agg = "list", "sum"
             elif kind == "time":
                 q.time_col = value
             elif kind == "column":

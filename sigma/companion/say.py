@@ -16,7 +16,8 @@ NOUNS = {"incidents": "incident", "drains": "drain", "reboots": "reboot", "resta
          "out_of_service": "time out of service", "stages": "lifecycle stage", "remediation": "node in remediation",
          "nodes": "node", "snapshots": "SLURM state change", "health": "health-check result",
          "checkpoints": "checkpoint", "events": "event", "kpis": "KPI line", "samples": "sample",
-         "actions": "action"}
+         "actions": "action", "losses": "job loss as the controller recorded it",
+         "checkpoint_requests": "checkpoint request"}
 
 
 def site_tz(name: str | None = None) -> tzinfo | None:
@@ -66,7 +67,8 @@ def value(v, unit: str, tz: tzinfo | None) -> str:
 
 
 PLURALS = {"restart (requeue)": "restarts (requeues)", "time out of service": "times out of service",
-           "node in remediation": "nodes in remediation"}
+           "node in remediation": "nodes in remediation",
+           "job loss as the controller recorded it": "job losses as the controller recorded them"}
 
 
 def noun(q: Query, n: int | None = None) -> str:
@@ -129,7 +131,7 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
                             for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:
-            label = b.value.replace("_", " ").replace(" s", "").replace("avg ", "average ")
+            label = column_words(b.value).replace("avg ", "average ")
             text = f"{label[0].upper() + label[1:]} — {what}: {fmt(b.value, v)}."
         if q.qkind == "yesno":
             text = ("Yes. " if v else "No. ") + text

@@ -102,7 +102,7 @@ def test_compositions_over_the_schema(conn):
     assert sorted(r[0] for r in c.rows) == ["node1", "node2"]   # both tied at the top, values as alternatives
     d = q(conn, "how many Xid 79 events have we seen?")
     assert d.rows == [(1,)] and "events" in d.sql
-    e = q(conn, "did any job lose more than 10 steps?")
+    e = q(conn, "did any restart lose more than 10 steps?")
     assert e.status == "fact" and e.text.startswith("Yes") and len(e.rows) == 1
     assert {21, 13} <= set(e.rows[0]) and "steps lost 13" in e.text
 
