@@ -142,6 +142,47 @@ def test_what_a_drain_would_hit(conn):
     assert b.status == "fact" and not b.rows and "no job" in b.text
 
 
+def values(conn, sql):
+    return sorted(tuple(round(v, 3) if isinstance(v, float) else v for v in r) for r in conn.execute(sql))
+
+
+def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answered(conn):
+    a = q(conn, "which node went down?")   # a SLURM state (reboots too) or a node that stopped responding
+    assert a.status == "clarify" and not a.rows and not a.sql
+    assert "SLURM state" in a.text and "slurm-node-not-responding" in a.text
+    b = q(conn, "how long was node2 down?")   # the SLURM-state reading has no duration: said, not dropped
+    assert b.status == "clarify" and "not one I can answer" in b.text
+    c = q(conn, "which jobs reported a NaN loss?")   # incidents, restarts and actions of that rule agree
+    assert c.status == "fact"
+    d = q(conn, "what state is node3 in?")   # the schema document's "state" (SLURM's), not a learnt column name
+    assert d.status == "fact" and "node_snapshots" in d.sql
+
+
+def test_relations_second_parts_and_derived_measures_match_independent_sql(conn):
+    a = q(conn, "which incidents were not followed by any action?")
+    assert a.status == "fact" and sorted(r[0] for r in a.rows) == [r[0] for r in values(
+        conn, "SELECT id FROM incidents i WHERE NOT EXISTS (SELECT 1 FROM actions a WHERE a.incident_id = i.id "
+              "AND a.state = 'done')")]
+    b = q(conn, "how many incidents per rule, and how many of them led to a drain?")
+    assert b.status == "fact" and sorted(b.rows) == values(
+        conn, "SELECT rule_id, COUNT(*), SUM(EXISTS (SELECT 1 FROM actions a WHERE a.incident_id = i.id AND "
+              "a.kind = 'drain' AND a.state = 'done')) FROM incidents i GROUP BY rule_id")
+    c = q(conn, "what was the average time between the fault and the requeue?")
+    want = values(conn, "SELECT AVG(a.done_at - i.fault_ts) FROM actions a JOIN incidents i ON i.id = a.incident_id "
+                        "WHERE a.kind = 'requeue' AND a.state = 'done'")
+    assert c.status == "fact" and [tuple(round(v, 3) for v in c.rows[0])] == want
+    d = q(conn, "what is the minimum available memory on node3, in GiB?")
+    assert d.status == "fact" and "GiB" in d.text and round(d.rows[0][0], 3) == values(
+        conn, "SELECT MIN(value) / 1073741824.0 FROM samples WHERE node = 'node3' AND "
+              "metric = 'host.mem.available_bytes'")[0][0]
+    e = q(conn, "which incidents mention 'culprit' in their summary?")
+    assert e.status == "fact" and sorted(r[0] for r in e.rows) == [r[0] for r in values(
+        conn, "SELECT id FROM incidents WHERE summary LIKE '%culprit%'")]
+    for question in ("how many incidents per rule, and how many of them made coffee?",   # a part not understood
+                     "which incidents were followed by a moon landing?"):
+        assert q(conn, question).status != "fact", question
+
+
 def test_a_new_column_is_understood_without_new_code(soak_db, tmp_path):
     db = tmp_path / "controller.db"
     shutil.copy(soak_db, db)
