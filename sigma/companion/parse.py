@@ -482,8 +482,8 @@ class Parser:
     def _readings(self, best: Entity, spans: list[Span], keys: dict[str, tuple], present: bool) -> list[Entity]:
         """The other entities every word of the question fits, in order of fit: each is another reading of the
         question. A question that names its subject ("incidents", "drains") is read only as the entities it names;
-        one that names none but a measure ("steps lost"), as those the measure belongs to; otherwise every entity
-        that fits each word ("which node went down": SLURM states, incidents, outages) is a reading. As past tense
+        one that names none but a measure ("steps lost"), as those the measure belongs to; otherwise each entity a
+        word means ("which node went down": SLURM states, a fault's incidents) is a reading. As past tense
         rules out the current-state views, present tense read by one rules out the histories ("which nodes are
         drained")."""
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
@@ -549,9 +549,9 @@ class Parser:
             kind, value = m.kind, m.value
             q.understood.append(s.text)
             if kind == "between":   # the next two words name two times of the row: the measure is the second less
-                ends = [x for x in spans[n + 1:n + 3] for x in [next((t for t in x.meanings if t.kind == "time"
-                                                                      and self._fits(t, ent)), None)] if x]
-                if len(ends) < 2 or q.measure is not None:
+                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
+                        for x in spans[n + 1:n + 3]]
+                if len(ends) < 2 or None in ends or q.measure is not None:
                     unknown.append(s.text)
                     continue
                 a, b = (ent.columns[t.value] for t in ends)
