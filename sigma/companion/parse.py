@@ -662,6 +662,8 @@ class Parser:
                     q.which = True
             elif kind == "cond":
                 q.conds.append(value)
+                if pending_group in ("each", "every", "for each", "for every") and value.column == ent.label:
+                    q.per_item, pending_group = True, False   # "each validation": one row per such stage
             elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
                 q.group.append(value)
             elif kind == "measure" or kind == "metric":
