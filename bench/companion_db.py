@@ -9,14 +9,16 @@ acted on, as a site runs a rule that is still proving itself), so that the data 
 requests and shadow-mode incidents as a site's controller would. That takes over an hour on a loaded machine.
 
 The export keeps every table the companion reads (sigma/companion/safe_sql.py) whole — incidents, actions, node
-lifecycle, node snapshots, events, KPIs, checkpoint requests, job losses — and thins the telemetry samples to a
-few host metrics every 10 s per node, so the fixture stays small and readable (a SQL text dump, loaded into a fresh
-database by the tests and benches).
+lifecycle, node snapshots, events, KPIs, checkpoint requests, job losses — less the KPI lines' free-form payload
+(the companion reads none of it), and thins the telemetry samples to a few host metrics once a minute per node, so
+the fixture stays small and readable: a SQL text dump, numbers written as Python writes them (exact, and shorter
+than SQLite's own dump), loaded into a fresh database by the tests and benches.
 """
 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -24,27 +26,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "fixtures" / "companion" / "soak.sql"
 KEEP_METRICS = ("host.cpu.util_pct", "host.load1", "host.mem.available_bytes")
+SAMPLE_EVERY_S = 60
 TABLES = ("incidents", "actions", "node_lifecycle", "lifecycle_transitions", "node_snapshots", "events", "kpis",
           "checkpoint_requests", "job_losses")
 # A drain rule and a job-restart rule: what "which rules are in shadow mode, and what would they have done" asks.
 SHADOW = ("ib-port-flapping", "nccl-watchdog-timeout")
 
 
-def export(src: Path, out: Path) -> None:
-    from sigma.controller.db import open_db
+def sql_value(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, bytes):
+        return "X'" + v.hex() + "'"
+    return repr(v)   # int, or the shortest text that reads back as the same float
 
-    with tempfile.TemporaryDirectory() as tmp:
-        dst = open_db(Path(tmp) / "eval.db")
-        dst.execute("ATTACH DATABASE ? AS src", (f"file:{src}?mode=ro",))
-        with dst:
-            for t in TABLES:
-                dst.execute(f"INSERT INTO main.{t} SELECT * FROM src.{t}")
-            marks = ",".join("?" * len(KEEP_METRICS))
-            dst.execute(f"INSERT INTO main.samples SELECT * FROM src.samples WHERE metric IN ({marks}) "
-                        "AND CAST(ts AS INTEGER) % 10 = 0", KEEP_METRICS)
-        dst.execute("DETACH DATABASE src")
-        lines = [line for line in dst.iterdump()
-                 if line.startswith("INSERT INTO") and not line.startswith('INSERT INTO "migrations"')]
+
+def export(src: Path, out: Path) -> None:
+    conn = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
+    marks = ",".join("?" * len(KEEP_METRICS))
+    reads = [(t, f"SELECT * FROM {t} ORDER BY rowid", ()) for t in TABLES if t != "kpis"]
+    kpis = ", ".join("'{}' AS payload" if r[1] == "payload" else r[1] for r in conn.execute("PRAGMA table_info(kpis)"))
+    reads.append(("kpis", f"SELECT {kpis} FROM kpis ORDER BY rowid", ()))
+    reads.append(("samples", f"SELECT * FROM samples WHERE metric IN ({marks}) AND CAST(ts AS INTEGER) % "
+                             f"{SAMPLE_EVERY_S} = 0 ORDER BY rowid", KEEP_METRICS))
+    lines = [f'INSERT INTO "{t}" VALUES({",".join(map(sql_value, row))});'
+             for t, sql, args in reads for row in conn.execute(sql, args)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("-- The companion's evaluation data: a chaos soak's controller database (bench/companion_db.py).\n"
                    + "\n".join(lines) + "\n")
