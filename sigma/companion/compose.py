@@ -219,6 +219,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             for _, p in share_conds:
                 params.extend(p)
             return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
+        if agg == "distinct":
+            return f"COUNT(DISTINCT {proj})"
         if agg == "count" or col is None:
             if agg not in ("count", "") and col is None:
                 raise NotUnderstood(f"{agg} of what")
@@ -275,7 +277,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                    f"(n + 2) / 2)" + (f" GROUP BY {cols}" if keys else ""))
             units[f"median_{mname}"] = m.unit
             return body, sel
-        name = "n" if value_agg == "count" or m is None else f"{value_agg}_{mname}"
+        name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
         if m is not None and value_agg not in ("count", "share"):
@@ -299,6 +301,11 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         cols = list(dict.fromkeys(group + [mname] + ([ent.time] if ent.time else [])))
         return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {', '.join(group)}", params, units, "rows",
                      mname)
+    if (group or bucket is not None) and proj and proj not in group:
+        if q.count_distinct and agg == "count":   # "how many different rules fired on node2 versus node1"
+            agg = "distinct"
+        else:   # "which rules fired, per node": one row per node and rule
+            group.append(proj)
     if group or bucket is not None:
         keys = group + ([f"{bucket} AS period"] if bucket is not None else [])
         key_names = group + (["period"] if bucket is not None else [])

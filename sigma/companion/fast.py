@@ -17,7 +17,7 @@ from sigma.companion.compose import NotUnderstood, compose
 from sigma.companion.model import Model, build
 from sigma.companion.parse import Parser
 from sigma.companion.safe_sql import UnsafeQuery, run_select
-from sigma.companion.say import reading, say
+from sigma.companion.say import noun, reading, say, scope
 
 VAGUE = re.compile(r"\b(my|this|that) (job|node|run|training run|machine)\b(?! ?#?\d)")
 
@@ -85,24 +85,39 @@ def _norm(v) -> str:
 
 
 def _answer_columns(q, built, columns: list[str]) -> list[str]:
-    """The columns that are the answer: for "which nodes ..." the nodes (a count beside each is extra)."""
-    if q.which and built.shape == "groups" and len(columns) > 1:
-        return columns[:-1]
-    return columns
+    """The columns that are the answer: the value of a scalar; the keys and value of groups (for "which nodes ..."
+    the nodes: a count beside each is extra); the rows' node/job/rule or label, and their measure."""
+    if built.shape == "scalar":
+        cols = [built.value] if built.value in columns else columns
+    elif built.shape in ("groups", "ranking"):
+        cols = columns[:-1] if q.which and built.shape == "groups" and len(columns) > 1 else columns
+    else:
+        label = q.project if q.project in columns else q.entity.label
+        cols = [c for c in (label, built.value) if c in columns] or columns
+    return [f"{q.entity.name}.id" if c == "id" else c for c in cols]   # ids of two tables are different things
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    """Two readings give the same answer: both nothing, or the same values in the answer columns they share."""
+    """Two readings give the same answer: both nothing, or the same answer columns with the same values."""
     (qa, ba, ca, ra), (qb, bb, cb, rb) = a, b
     if ra is None or rb is None:
         return False
     if not ra and not rb:
         return True
-    shared = [c for c in _answer_columns(qa, ba, ca) if c in _answer_columns(qb, bb, cb)]
-    if not shared:
+    wanted = _answer_columns(qa, ba, ca)
+    if sorted(wanted) != sorted(_answer_columns(qb, bb, cb)):
         return False
-    values = lambda cols, rows: Counter(tuple(_norm(r[cols.index(c)]) for c in shared) for r in rows)  # noqa: E731
-    return values(ca, ra) == values(cb, rb)
+    values = lambda q, cols, rows: Counter(tuple(_norm(r[cols.index(c.split(".")[-1])]) for c in wanted)  # noqa: E731
+                                          for r in rows)
+    return values(qa, ca, ra) == values(qb, cb, rb)
+
+
+def _one_of_many(q, built, rows: list) -> bool:
+    """A question for one time or duration ("when did node1 come back", "how long did detection take") that several
+    rows answer, with no word saying which (each, first, last, average, total): a question back, not a pick."""
+    return (q.qkind in ("when", "duration") and built.shape == "rows" and len(rows) > 1
+            and not (q.agg or q.rank or q.order or q.per_item or q.group or q.project or q.extras or q.compare
+                     or q.bucket is not None))
 
 
 def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None, tz: tzinfo | None = None) -> Answer:
@@ -156,6 +171,12 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"Your words fit {len(distinct)} readings with different answers: {names}. Which do you "
                            "mean? Ask again with the words of that one.", tier="fast", intent=q.entity.name,
                       status="clarify", understood=" | ".join(describe_query(r[0]) for r in distinct))
+    if _one_of_many(q, built, result.rows):   # "how long was node2 out of service?" over five outages
+        one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
+                               else ("duration", "each one's, their average or their total", "each, average, total"))
+        return Answer(text=f"{len(result.rows)} {noun(q, len(result.rows))}{scope(q)} match; you asked for one {one}: "
+                           f"do you mean {options}? Ask again with that word ({words}).", tier="fast",
+                      intent=q.entity.name, status="clarify", understood=understood)
     text = say(q, built, result.columns, result.rows, tz)
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,

@@ -451,12 +451,11 @@ class Parser:
                         for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
-            if present and ent.now and score > 0:
-                score += 2
             misfits = sum(not f for f in fit) + (0 if tense_ok else 1)
             first = min((s.start for s in spans for m in s.meanings if m.kind == "entity" and m.entity == ent.name),
                         default=99)
-            key = (-misfits, score, -first, ent.explicit, -order)
+            # present tense or "now": the current state before a history that names the word ("is node3 drained")
+            key = (-misfits, int(present and ent.now), score, -first, ent.explicit, -order)
             if score > 0:
                 keys[ent.name] = key
             if score > 0 and (best_key is None or key > best_key):
@@ -489,8 +488,9 @@ class Parser:
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
                    and not self._outworded(self.model.entities[n], best, spans)]
-        for kind in ("entity", "measure"):
-            named = {m.entity for s in spans for m in s.meanings if m.kind == kind}
+        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service")
+            named = {m.entity for s in spans if any(m.kind == kind for m in s.meanings) for m in s.meanings
+                     if m.kind == kind or (kind == "measure" and m.kind == "time")}
             if named & (set(fitting) | {best.name}):
                 fitting = [n for n in fitting if n in named]
                 break
@@ -571,7 +571,8 @@ class Parser:
                 other = next(self.model.entities[x] for x in value
                              if x != ent.name and link(ent, self.model.entities[x]))
                 sql = f"EXISTS (SELECT 1 FROM {_from(other)} AS o WHERE {link(ent, other)}"
-                sql += f" AND ({other.default}))" if other.default else ")"
+                anything = s.start and tokens[s.start - 1].text == "any"   # "any action": planned, skipped, shadow too
+                sql += f" AND ({other.default}))" if other.default and not anything else ")"
                 label = f"{'without' if relation == 'not' else 'with'} {other.name.replace('_', ' ')}"
                 q.conds.append(Cond(ent.name, f"NOT {sql}" if relation == "not" else sql, label, "rel:" + other.name))
                 continue
