@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from sigma.slurm import formats
 from sigma.slurm.command import DEFAULT_TIMEOUT_S, SlurmError, run
 from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
 
@@ -23,34 +24,60 @@ class Slurm:
         self.env = {"SLURM_CONF": str(conf)} if conf else {}
         self.timeout = timeout
         self._requeued_at: dict[int, float] = {}
+        self._family = None
+
+    @property
+    def family(self) -> formats.FamilyBase:
+        """The JSON format family of this cluster's Slurm, from `scontrol --version` on first use."""
+        if self._family is None:
+            argv = ("scontrol", "--version")
+            out = self._run(*argv)
+            try:
+                release = formats.parse_release(out)
+            except ValueError as exc:
+                raise SlurmError(argv, 0, str(exc)) from None
+            self._family = formats.family_for(release, argv)
+        return self._family
+
+    @property
+    def version(self) -> str:
+        """This cluster's Slurm release as its clients report it, e.g. 24.11.5."""
+        return self.family.release
 
     def _run(self, *argv: str, timeout: float | None = None, input: str | None = None) -> str:
         return run(argv, env=self.env, timeout=timeout or self.timeout, input=input).stdout
 
-    def _json(self, *argv: str) -> dict:
-        out = self._run(*argv, "--json")
+    def _json(self, argv: Sequence[str], key: str):
+        """Run a --json query; return its records under key, each with where it came from."""
+        out = self._run(*argv)
         try:
             data = json.loads(out)
         except json.JSONDecodeError as exc:
             raise SlurmError(argv, 0, f"unparsable JSON ({exc}): {out[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise SlurmError(argv, 0, f"JSON that is not an object: {out[:200]!r}")
         errors = [e for e in data.get("errors") or () if e.get("error_number") != NOTHING_FOUND]
         if errors:
             raise SlurmError(argv, 0, f"SLURM reported errors: {errors}")
-        return data
+        family = self.family
+        return family.top(data, family.source(argv, data), key)
 
     # ---------- queries ----------
     def nodes(self) -> list[Node]:
-        return [Node.from_json(n) for n in self._json("sinfo")["nodes"]]
+        family = self.family
+        return [family.node(r) for r in self._json(family.nodes_argv, "nodes")]
 
     def node(self, name: str) -> Node:
         for n in self.nodes():
             if n.name == name:
                 return n
-        raise SlurmError(["sinfo"], 0, f"no node named {name!r}")
+        raise SlurmError(self.family.nodes_argv, 0, f"no node named {name!r}")
 
     def jobs(self, job_ids: Iterable[int] = ()) -> list[Job]:
+        """Jobs slurmctld still knows, finished ones included (until MinJobAge), optionally only job_ids."""
         wanted = {int(j) for j in job_ids}
-        jobs = [Job.from_json(j) for j in self._json("squeue")["jobs"]]
+        family = self.family
+        jobs = [family.job(r) for r in self._json(family.jobs_argv, "jobs")]
         return [j for j in jobs if not wanted or j.job_id in wanted]
 
     def job(self, job_id: int) -> Job | None:
@@ -59,7 +86,7 @@ class Slurm:
 
     def accounting(self, job_ids: Iterable[int] = (), since: str | None = None,
                    duplicates: bool = False) -> list[AccountingRecord]:
-        argv = ["sacct"]
+        argv = list(self.family.accounting_argv)
         ids = ",".join(str(j) for j in job_ids)
         if ids:
             argv += ["-j", ids]
@@ -67,7 +94,7 @@ class Slurm:
             argv += ["--starttime", since]
         if duplicates:
             argv.append("--duplicates")
-        return [AccountingRecord.from_json(j) for j in self._json(*argv)["jobs"]]
+        return [self.family.run(r) for r in self._json(argv, "jobs")]
 
     # ---------- node actions ----------
     def drain(self, nodes: Sequence[str], reason: str) -> None:

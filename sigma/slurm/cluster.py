@@ -18,8 +18,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sigma.paths import configs_dir, default_cluster_dir, default_port_base, project_root
+from sigma.paths import PACKAGE_DIR, configs_dir, default_cluster_dir, default_port_base, project_root
 from sigma.slurm.command import SlurmError, run
+from sigma.slurm.formats import parse_release
 
 DEBIAN_PACKAGES = "slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server"
 REQUIRED_PROGRAMS = {
@@ -171,6 +172,8 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         last = "no answer from slurmctld"
         while time.monotonic() < deadline:
+            self._check_alive(["slurmctld"] + [f"slurmd-{n}" for n in self.node_names(spec)],
+                              missing_pid_file_too=time.monotonic() > deadline - timeout + 5)
             try:
                 nodes = slurm.nodes()
             except SlurmError as exc:
@@ -183,6 +186,14 @@ class LocalCluster:
         raise ClusterError(f"nodes not ready after {timeout:.0f}s ({last}); see {self.state_dir}/log/")
 
     # ---------- internals ----------
+    def _check_alive(self, daemons: list[str], missing_pid_file_too: bool) -> None:
+        """A daemon that exited during start-up fails `up` at once, with the end of its log."""
+        for daemon in daemons:
+            if (self._pid_file(daemon).exists() or missing_pid_file_too) and not self._alive(daemon):
+                log = self.state_dir / "log" / f"{daemon}.log"
+                tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:]) if log.exists() else ""
+                raise ClusterError(f"{daemon} exited while starting; the end of {log}:\n{tail}")
+
     def _all_nodes_responding(self, spec: ClusterSpec) -> bool:
         from sigma.slurm.client import Slurm
 
@@ -220,13 +231,21 @@ class LocalCluster:
         )
         template_dir = configs_dir() / "slurm"
         self.conf.write_text((template_dir / "slurm.conf.in").read_text().format(**values))
+        cgroup = cgroup_conf(slurm_release(), os.path.ismount("/sys/fs/cgroup"))
+        if cgroup:
+            (self.conf.parent / "cgroup.conf").write_text(cgroup)
+        else:
+            (self.conf.parent / "cgroup.conf").unlink(missing_ok=True)
         dbd = self.conf.parent / "slurmdbd.conf"
         dbd.write_text((template_dir / "slurmdbd.conf.in").read_text().format(**values))
         dbd.chmod(0o600)
 
     def _write_reboot_program(self) -> Path:
         script = self.state_dir / "bin" / "reboot-node"
+        # slurmd may run it with no PATH (Slurm 26.05): every path is absolute, and sigma importable as it is here
         script.write_text(f"#!/bin/sh\n# RebootProgram of the local cluster: restarts this node's slurmd with -b.\n"
+                          f"PATH=${{PATH:-{SBIN_PATH}:/usr/local/bin:/usr/bin:/bin}}; export PATH\n"
+                          f"PYTHONPATH={PACKAGE_DIR.parent}; export PYTHONPATH\n"
                           f"exec {sys.executable} -m sigma.slurm.reboot --state-dir {self.state_dir} \"$@\"\n")
         script.chmod(0o755)
         return script
@@ -274,6 +293,7 @@ class LocalCluster:
             f"CREATE USER IF NOT EXISTS 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
             f"ALTER USER 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
             f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{host}';" for host in ("localhost", "127.0.0.1"))
+        sql = "CREATE DATABASE IF NOT EXISTS slurm_acct_db;" + sql
         self._retry(lambda: run(["mariadb", f"--socket={sock}", "-uroot", "-e", sql], timeout=10),
                     30, "MariaDB to accept connections", "mariadb.log")
 
@@ -349,6 +369,31 @@ def check_packages() -> None:
     if missing:
         raise ClusterError(f"missing system packages: {' '.join(missing)}. Install them with:\n"
                            f"  apt-get install -y {DEBIAN_PACKAGES}\n(`make install` does this for you)")
+
+
+def slurm_release() -> tuple[int, int, int]:
+    """The release of the slurmd here (`slurmd -V` needs no configuration, unlike the clients from 24.11 on)."""
+    out = run([_which("slurmd"), "-V"], timeout=10).stdout
+    try:
+        return parse_release(out)
+    except ValueError as exc:
+        raise ClusterError(f"cannot tell which Slurm this is: {exc}") from None
+
+
+def cgroup_conf(release: tuple[int, int, int], cgroup_fs: bool) -> str:
+    """cgroup.conf for the local cluster ("" for none).
+
+    From 23.02 on slurmd initialises a cgroup plugin whatever ProctrackType and TaskPlugin say, and exits ("No
+    filesystem mounted on /sys/fs/cgroup") where there is none: there, CgroupPlugin=disabled. Where one is mounted,
+    the plugin sites use (autodetect: cgroup/v1 or cgroup/v2), with IgnoreSystemd since `sigma cluster up` starts
+    slurmd itself, not as a systemd unit with its own scope. 22.05 starts without any.
+    """
+    if release[:2] <= (22, 5):
+        return ""
+    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {'.'.join(map(str, release))}\n"
+    if not cgroup_fs:
+        return head + "# no cgroup file system is mounted on /sys/fs/cgroup here\nCgroupPlugin=disabled\n"
+    return head + "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
 
 
 def munge_works() -> bool:

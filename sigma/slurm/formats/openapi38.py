@@ -1,0 +1,47 @@
+"""Slurm 22.05's JSON (openapi/v0.0.38): `sinfo --json` has one record per node, numbers are plain integers, a
+node's state is a lower-case string plus `state_flags`, a job's state one string, a step id `batch`."""
+
+from __future__ import annotations
+
+from sigma.slurm.formats import FamilyBase
+from sigma.slurm.formats.fields import Record
+from sigma.slurm.types import AccountingRecord, Job, Node, expand_hostlist
+
+
+class Family(FamilyBase):
+    name = "openapi/v0.0.38"
+    parsers = ("openapi/v0.0.38", "openapi/dbv0.0.38")  # sacct says dbv
+    nodes_argv = ("sinfo", "--json")
+    jobs_argv = ("squeue", "--json")  # lists finished jobs until MinJobAge, as every version does with --states=all
+
+    def meta_parser(self, doc: Record) -> str:
+        return doc.record("meta").record("plugin").str("type", default="")
+
+    def node(self, r: Record) -> Node:
+        return Node(
+            name=r.str("name", default=...), state=r.str("state", default=...).lower(), flags=r.strs("state_flags"),
+            reason=r.str("reason"), reason_user=r.str("reason_set_by_user"), reason_time=r.int("reason_changed_at"),
+            cpus=r.int("cpus"), alloc_cpus=r.int("alloc_cpus"), partitions=r.strs("partitions"),
+            boot_time=r.int("boot_time"), slurmd_start_time=r.int("slurmd_start_time"),
+        )
+
+    def job(self, r: Record) -> Job:
+        return Job(
+            job_id=r.int("job_id", default=...), name=r.str("name"), state=r.str("job_state", default=...),
+            reason=r.str("state_reason"), nodes=tuple(expand_hostlist(r.str("nodes"))),
+            restarts=r.int("restart_cnt"), user=r.str("user_name"), user_id=r.int("user_id", default=-1),
+            partition=r.str("partition"), submit_time=r.int("submit_time"), start_time=r.int("start_time"),
+            end_time=r.int("end_time"), requeue=r.bool("requeue", default=True), batch_host=r.str("batch_host"),
+            command=r.str("command"), work_dir=r.str("current_working_directory"), stdout=r.str("standard_output"),
+        )
+
+    def run(self, r: Record) -> AccountingRecord:
+        t, ec = r.record("time", default={}), r.record("exit_code", default={})
+        return AccountingRecord(
+            job_id=r.int("job_id", default=...), name=r.str("name"),
+            state=r.record("state", default=...).str("current", default=...),
+            nodes=tuple(expand_hostlist(r.str("nodes"))), submit_time=t.int("submission"), start_time=t.int("start"),
+            end_time=t.int("end"), elapsed_s=t.int("elapsed"), return_code=ec.int("return_code", default=None),
+            exit_status=ec.str("status"), signal=ec.record("signal", default={}).int("signal_id", default=None),
+            steps=tuple(s.record("step", default=...).str("id", default=...) for s in r.records("steps", default=[])),
+        )
