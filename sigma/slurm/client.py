@@ -14,6 +14,7 @@ from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
 
 NEXT_STATES = ("RESUME", "DOWN", "DRAIN")
 REQUEUE_SETTLE_S = 1.1  # see start_now: one second of slurmctld's clock, and a margin
+REQUEUE_COMPLETING_TIMEOUT_S = 60.0  # start_now waits this long for a requeue to complete (KillWait is 30 s)
 NOTHING_FOUND = 9003  # sacct's "Nothing found with query" is an empty answer, not a failure
 
 
@@ -158,8 +159,14 @@ class Slurm:
     def release(self, job_id: int) -> None:
         self._run("scontrol", "release", str(job_id))
 
-    def start_now(self, job_id: int, requeued_at: float | None = None) -> None:
+    def start_now(self, job_id: int, requeued_at: float | None = None,
+                  completing_timeout: float = REQUEUE_COMPLETING_TIMEOUT_S) -> None:
         """Clear the ~2-minute BeginTime SLURM puts on a requeued job so it can start at once.
+
+        Only once the requeue has completed: while the old run's processes end, the job is pending and COMPLETING
+        (["PENDING", "COMPLETING"] from 23.02 on, COMPLETING in 22.05), and when they have ended slurmctld sets the
+        BeginTime anew, undoing a StartTime=now given before (seen on 24.11 and 26.05: 161 s to the first step
+        instead of 12 s). So wait, up to completing_timeout, until the job is no longer COMPLETING.
 
         slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
         created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.
@@ -171,6 +178,13 @@ class Slurm:
         its caller saw it pending, so waiting REQUEUE_SETTLE_S from now is enough.
         """
         requeued_at = requeued_at or self._requeued_at.get(int(job_id)) or time.time()
+        deadline = time.monotonic() + completing_timeout
+        while (job := self.job(job_id)) is not None and job.state == "COMPLETING":
+            if time.monotonic() > deadline:
+                raise SlurmError(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], 0,
+                                 f"job {job_id} still COMPLETING after {completing_timeout:.0f} s: its requeue has not "
+                                 f"finished, and a BeginTime cleared now would be set again when it does")
+            time.sleep(0.2)
         time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 

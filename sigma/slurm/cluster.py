@@ -286,7 +286,9 @@ class LocalCluster:
                 [_which("mariadbd"), "--no-defaults", "--user=root", f"--datadir={datadir}", f"--socket={sock}",
                  f"--tmpdir={tmpdir}", f"--port={spec.port_base + 2}", "--bind-address=127.0.0.1",
                  f"--pid-file={self._pid_file('mariadb')}",
-                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2"],
+                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2",
+                 # Slurm 26.05 refuses snapshot isolation (MariaDB 11.6+ default); `loose-`: older servers lack it
+                 "--loose-innodb-snapshot-isolation=OFF", "--innodb-lock-wait-timeout=900"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
         sql = "".join(
@@ -390,7 +392,7 @@ def cgroup_conf(release: tuple[int, int, int], cgroup_fs: bool) -> str:
     """
     if release[:2] <= (22, 5):
         return ""
-    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {'.'.join(map(str, release))}\n"
+    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {release[0]}.{release[1]:02d}.{release[2]}\n"
     if not cgroup_fs:
         return head + "# no cgroup file system is mounted on /sys/fs/cgroup here\nCgroupPlugin=disabled\n"
     return head + "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"

@@ -1,7 +1,7 @@
 """RebootProgram of the local cluster: emulate rebooting one emulated node.
 
 slurmd runs this with no node name in the environment (and Slurm 26.05 with no PATH either), so the node is found
-from the ancestor slurmd's `-N NAME`, and the slurmd to start again is that process's own executable. A real reboot
+from the ancestor slurmd's `-N NAME`, and the slurmd to start again is the program that process was started as. A real reboot
 kills slurmd; here a detached child stops that slurmd and starts `slurmd -b -N NAME` ("rebooted now"), after which
 slurmctld logs "node NAME returned to service" and applies nextstate.
 
@@ -39,13 +39,16 @@ def find_slurmd(pid: int) -> tuple[int, str] | None:
 
 
 def slurmd_program(pid: int) -> str:
-    """The executable the running slurmd was started from, else slurmd on a PATH that includes the sbin dirs."""
+    """How the running slurmd was started (its absolute argv[0]), else slurmd on a PATH with the sbin dirs.
+
+    Not /proc/PID/exe: Debian's /usr/sbin/slurmd is an alternatives link to slurmd-wlm, and 24.11's slurmd started
+    by that name daemonises and exits at once, silently."""
     try:
-        exe = os.readlink(f"/proc/{pid}/exe")
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
     except OSError:
-        exe = ""
-    if exe and os.access(exe, os.X_OK):
-        return exe
+        argv0 = ""
+    if os.path.isabs(argv0) and os.access(argv0, os.X_OK):
+        return argv0
     found = shutil.which("slurmd", path=os.environ.get("PATH", "") + ":" + SBIN_PATH)
     if found is None:
         raise FileNotFoundError(f"slurmd (pid {pid}) has no readable /proc/{pid}/exe and no slurmd is on "
@@ -71,10 +74,26 @@ def reboot(state_dir: Path, slurmd_pid: int, node: str, log) -> None:
     env = {**os.environ, "PATH": os.environ.get("PATH") or SBIN_PATH,
            "SLURM_CONF": str(state_dir / "etc" / "slurm.conf")}
     proc = subprocess.run([program, "-b", "-N", node], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{program} -b -N {node} exited {proc.returncode}: the node stays down until its slurmd "
-                           f"is started by hand")
+    if proc.returncode != 0 or not slurmd_running(state_dir, node, old_pid=slurmd_pid):
+        raise RuntimeError(f"{program} -b -N {node} exited {proc.returncode} and no slurmd runs for {node}: the node "
+                           f"stays down until its slurmd is started by hand (see {state_dir}/log/slurmd-{node}.log)")
     log_line(log, f"{node} back: started slurmd -b")
+
+
+def slurmd_running(state_dir: Path, node: str, old_pid: int, timeout: float = 5.0) -> bool:
+    """The daemonised slurmd wrote its pid file and still runs (a daemon can exit after its parent said 0)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = int((state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
+        if pid and pid != old_pid and Path(f"/proc/{pid}").exists():
+            time.sleep(0.5)
+            if Path(f"/proc/{pid}").exists():
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
