@@ -59,12 +59,16 @@ class FamilyBase:
         parser = self.meta_parser(Record(data, Source(self.release, self.name, tuple(argv)), "$"))
         source = Source(self.release, parser, tuple(argv))
         if parser not in self.parsers:
-            raise SlurmFormatError(source, "$.meta", f"naming data parser {parser!r}, which Slurm {self.release} "
-                                                     f"does not print in sigma's knowledge ({', '.join(self.parsers)})")
+            raise SlurmFormatError(source, "$.meta.plugin", f"naming data parser {parser or 'none'}, not one that "
+                                                            f"sigma reads Slurm {self.release}'s answers with "
+                                                            f"({', '.join(self.parsers)})")
         return source
 
-    def meta_parser(self, doc: Record) -> str:
-        raise NotImplementedError
+    @staticmethod
+    def meta_parser(doc: Record) -> str:
+        """meta.plugin.data_parser (23.02+), else meta.plugin.type (22.05: openapi/v0.0.38, sacct's dbv0.0.38)."""
+        plugin = doc.record("meta", default={}).record("plugin", default={})
+        return plugin.str("data_parser") or plugin.str("type")
 
     def top(self, data: dict, source: Source, key: str) -> list[Record]:
         return Record(data, source, "$").records(key)

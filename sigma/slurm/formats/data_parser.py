@@ -17,11 +17,6 @@ class Family(FamilyBase):
     nodes_argv = ("scontrol", "show", "nodes", "--json")
     jobs_argv = ("squeue", "--json", "--states=all")  # without --states finished jobs are left out
 
-    def meta_parser(self, doc: Record) -> str:
-        plugin = doc.record("meta").record("plugin")
-        parser = plugin.str("data_parser", default="")
-        return parser if parser.startswith("data_parser/") or not parser else f"data_parser/{parser}"
-
     def node(self, r: Record) -> Node:
         states = r.strs("state", default=...)
         base = [s for s in states if s in NODE_BASE_STATES]

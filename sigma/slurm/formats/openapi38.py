@@ -14,9 +14,6 @@ class Family(FamilyBase):
     nodes_argv = ("sinfo", "--json")
     jobs_argv = ("squeue", "--json")  # lists finished jobs until MinJobAge, as every version does with --states=all
 
-    def meta_parser(self, doc: Record) -> str:
-        return doc.record("meta").record("plugin").str("type", default="")
-
     def node(self, r: Record) -> Node:
         return Node(
             name=r.str("name", default=...), state=r.str("state", default=...).lower(), flags=r.strs("state_flags"),
