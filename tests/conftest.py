@@ -41,7 +41,9 @@ def _test_cluster_location() -> tuple[Path, int]:
     """One cluster per checkout, on its own ports, so several checkouts can test side by side."""
     digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
     state = Path(os.environ.get("SIGMA_TEST_CLUSTER_DIR", f"/tmp/sigma-test-cluster-{digest:08x}"))
-    return state, int(os.environ.get("SIGMA_TEST_PORT_BASE") or 20000 + (digest % 400) * 25)
+    # the same checkout's tests on another Slurm (make test-slurm-versions) run beside it on ports of their own
+    offset = int(os.environ.get("SIGMA_TEST_PORT_OFFSET") or 0)
+    return state, 20000 + (digest % 400) * 25 + offset
 
 
 @pytest.fixture(scope="session")

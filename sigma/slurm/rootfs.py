@@ -34,7 +34,7 @@ VENV = "/opt/sigma-venv"
 LEAVE_OUT = {"torch"}  # the SLURM-level tests and benches never import it; PyPI's is a multi-GB CUDA build
 DEFAULT_DIR = Path(os.environ.get("SIGMA_ROOTFS_DIR", "/var/cache/sigma/rootfs"))
 STAMP = ".sigma-rootfs.json"
-PASS_ENV = ("CI", "TERM", "SIGMA_TEST_CLUSTER_DIR", "SIGMA_TEST_PORT_BASE")
+PASS_ENV = ("CI", "TERM", "SIGMA_TEST_CLUSTER_DIR", "SIGMA_TEST_PORT_OFFSET")
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # what pip uses here (a registry mirror may need its CA)
 
 

@@ -52,7 +52,7 @@ class Family(FamilyBase):
             end_time=t.int("end"), elapsed_s=t.int("elapsed"), return_code=ec.int("return_code", default=None),
             exit_status=status[0] if status else "",
             signal=ec.record("signal", default={}).int("id", default=None),
-            steps=tuple(_step_id(s.record("step", default=...).str("id", default=...), job_id)
+            steps=tuple(_step_id(s.record("step", default=...).ident("id", default=...), job_id)
                         for s in r.records("steps", default=[])),
         )
 

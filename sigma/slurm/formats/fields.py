@@ -96,12 +96,12 @@ class Record:
             raise self._wrong(key, value, "a list of strings")
         return tuple(value)
 
-    def str_or_strs(self, key: str, default: Any = MISSING) -> tuple[str, ...]:
-        """A state: one string (v0.0.38) or a list of flags (data_parser)."""
+    def ident(self, key: str, default: Any = MISSING) -> str:
+        """An id SLURM prints as a string or a number (22.05: step id "batch" or 0)."""
         value = self._get(key, default)
-        if isinstance(value, str):
-            return (value,)
-        return self.strs(key, default)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return self.str(key, default)
 
     def record(self, key: str, default: Any = MISSING) -> "Record":
         value = self._get(key, default)

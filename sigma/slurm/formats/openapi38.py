@@ -40,5 +40,5 @@ class Family(FamilyBase):
             nodes=tuple(expand_hostlist(r.str("nodes"))), submit_time=t.int("submission"), start_time=t.int("start"),
             end_time=t.int("end"), elapsed_s=t.int("elapsed"), return_code=ec.int("return_code", default=None),
             exit_status=ec.str("status"), signal=ec.record("signal", default={}).int("signal_id", default=None),
-            steps=tuple(s.record("step", default=...).str("id", default=...) for s in r.records("steps", default=[])),
+            steps=tuple(s.record("step", default=...).ident("id", default=...) for s in r.records("steps", default=[])),
         )
