@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sigma.slurm.client import Slurm  # noqa: E402
+from sigma.slurm.formats import release_text  # noqa: E402
 from sigma.slurm.cluster import ClusterSpec, LocalCluster, slurm_release  # noqa: E402
 
 RESULT = "RESULT "  # the line a measuring run prints its figures on
@@ -81,7 +82,7 @@ def measure(port_base: int, runs: int, recovery: bool) -> dict:
 
     state = Path(tempfile.mkdtemp(prefix="sigma-bench-cluster-"))
     cluster = LocalCluster(state)
-    release = ".".join(str(p) if i != 1 else f"{p:02d}" for i, p in enumerate(slurm_release()))
+    release = release_text(slurm_release())
     t0 = time.perf_counter()
     cluster.up(ClusterSpec(nodes=4, port_base=port_base))
     first = time.perf_counter() - t0

@@ -165,8 +165,8 @@ class Slurm:
 
         Only once the requeue has completed: while the old run's processes end, the job is pending and COMPLETING
         (["PENDING", "COMPLETING"] from 23.02 on, COMPLETING in 22.05), and when they have ended slurmctld sets the
-        BeginTime anew, undoing a StartTime=now given before (seen on 24.11 and 26.05: 161 s to the first step
-        instead of 12 s). So wait, up to completing_timeout, until the job is no longer COMPLETING.
+        BeginTime anew, undoing a StartTime=now given before (reported on 24.11 and 26.05: 161 s to the first
+        step instead of 12 s). So wait, up to completing_timeout, until the job is no longer COMPLETING.
 
         slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
         created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.

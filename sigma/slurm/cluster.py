@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sigma.paths import PACKAGE_DIR, configs_dir, default_cluster_dir, default_port_base, project_root
 from sigma.slurm.command import SlurmError, run
-from sigma.slurm.formats import parse_release
+from sigma.slurm.formats import parse_release, release_text
 
 DEBIAN_PACKAGES = "slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server"
 REQUIRED_PROGRAMS = {
@@ -385,14 +385,15 @@ def slurm_release() -> tuple[int, int, int]:
 def cgroup_conf(release: tuple[int, int, int], cgroup_fs: bool) -> str:
     """cgroup.conf for the local cluster ("" for none).
 
-    From 23.02 on slurmd initialises a cgroup plugin whatever ProctrackType and TaskPlugin say, and exits ("No
-    filesystem mounted on /sys/fs/cgroup") where there is none: there, CgroupPlugin=disabled. Where one is mounted,
+    slurmd of 24.11 and 26.05 (and, untested, 23.02 to 25.11) initialises a cgroup plugin whatever ProctrackType
+    and TaskPlugin say, and exits ("No filesystem mounted on /sys/fs/cgroup") where there is none: there,
+    CgroupPlugin=disabled. Where one is mounted,
     the plugin sites use (autodetect: cgroup/v1 or cgroup/v2), with IgnoreSystemd since `sigma cluster up` starts
     slurmd itself, not as a systemd unit with its own scope. 22.05 starts without any.
     """
     if release[:2] <= (22, 5):
         return ""
-    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {release[0]}.{release[1]:02d}.{release[2]}\n"
+    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {release_text(release)}\n"
     if not cgroup_fs:
         return head + "# no cgroup file system is mounted on /sys/fs/cgroup here\nCgroupPlugin=disabled\n"
     return head + "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"

@@ -29,11 +29,16 @@ def parse_release(text: str) -> tuple[int, int, int]:
     return tuple(int(g) for g in match.groups())
 
 
+def release_text(release: tuple[int, int, int]) -> str:
+    """(24, 5, 3) -> 24.05.3, as Slurm writes its releases."""
+    return f"{release[0]}.{release[1]:02d}.{release[2]}"
+
+
 def family_for(release: tuple[int, int, int], argv: tuple[str, ...] = ("scontrol", "--version")):
     """The format family that reads this release's JSON; a release sigma does not know is an error."""
     from sigma.slurm.formats import data_parser, openapi38
 
-    text = ".".join(f"{p:02d}" if i == 1 else str(p) for i, p in enumerate(release))
+    text = release_text(release)
     if release[:2] not in KNOWN_RELEASES:
         known = ", ".join(f"{a}.{b:02d}" for a, b in KNOWN_RELEASES)
         raise SlurmFormatError(Source(text, "unknown", argv), "version",
