@@ -65,6 +65,9 @@ def xid_recovery(cluster: LocalCluster, slurm: Slurm, workdir: Path) -> dict:
         fault = p.inject_xid79(job.nodes[-1])
 
         def recovered():
+            # the new run's first step, not a last one of the old run's ranks while SLURM kills them
+            if not p.query("SELECT 1 FROM events WHERE source = 'kpi' AND kind = 'resume' AND ts > ?", (fault,)):
+                return None
             conn = open_db(p.db, readonly=True)
             try:
                 recs, _ = job_recovery(conn, 0, time.time())

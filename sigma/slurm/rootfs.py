@@ -25,6 +25,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from sigma.paths import PACKAGE_DIR
 
 SUITES = {"trixie": "Debian 13", "sid": "Debian unstable"}
@@ -35,7 +37,8 @@ LEAVE_OUT = {"torch"}  # the SLURM-level tests and benches never import it; PyPI
 DEFAULT_DIR = Path(os.environ.get("SIGMA_ROOTFS_DIR", "/var/cache/sigma/rootfs"))
 STAMP = ".sigma-rootfs.json"
 PASS_ENV = ("CI", "TERM", "SIGMA_TEST_CLUSTER_DIR", "SIGMA_TEST_PORT_OFFSET")
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # what pip uses here (a registry mirror may need its CA)
+# what pip uses here (a registry mirror may need its CA); else the file system's own bundle
+CA_BUNDLE = Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt")
 
 
 # The venv is mounted over the checkout's .venv in each run, so the prolog, epilog and job scripts find
@@ -56,8 +59,7 @@ def python_requirements() -> list[str]:
         reqs = metadata.requires("sigma-slurm") or []
     except metadata.PackageNotFoundError:
         raise RootfsError("sigma-slurm is not installed in this Python (run `make install`)") from None
-    kept = [r for r in reqs if "extra ==" not in r and r.split("=")[0].split("<")[0].split(">")[0].strip()
-            not in LEAVE_OUT]
+    kept = [str(r) for r in map(Requirement, reqs) if r.marker is None and r.name not in LEAVE_OUT]
     return sorted(kept) + ["pytest>=8"]
 
 
@@ -85,7 +87,8 @@ def build(suite: str, root_dir: Path = DEFAULT_DIR, log=sys.stderr) -> Path:
                 if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
                     raise RootfsError(f"{suite}: {what} failed; see {logfile}")
 
-            if not (root / "usr" / "bin" / "apt-get").exists():
+            # debootstrap removes its /debootstrap when it has finished: a file system with one was interrupted
+            if not (root / "usr" / "bin" / "apt-get").exists() or (root / "debootstrap").exists():
                 if not shutil.which("debootstrap"):
                     raise RootfsError("debootstrap is not installed (apt-get install debootstrap)")
                 shutil.rmtree(root, ignore_errors=True)
@@ -93,10 +96,11 @@ def build(suite: str, root_dir: Path = DEFAULT_DIR, log=sys.stderr) -> Path:
             # no daemon may start while packages install; the cluster starts its own
             (root / "usr" / "sbin" / "policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
             (root / "usr" / "sbin" / "policy-rc.d").chmod(0o755)
-            shutil.copy(CA_BUNDLE, root / "etc" / "host-ca.crt")
             apt = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-q"]  # sid's Release can be past it
             step("apt-get update", _chroot(root, [*apt, "update"]))
             step("apt-get install", _chroot(root, [*apt, "install", "-y", "--no-install-recommends", *PACKAGES]))
+            shutil.copy(CA_BUNDLE if CA_BUNDLE.exists() else root / "etc/ssl/certs/ca-certificates.crt",
+                        root / "etc" / "host-ca.crt")
             step("venv", _chroot(root, ["python3", "-m", "venv", VENV]))
             pip = [f"{VENV}/bin/pip", "install", "-q", "--cert", "/etc/host-ca.crt"]
             step("pip install", _chroot(root, [*pip, *want["pip"]]))
