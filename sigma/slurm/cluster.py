@@ -161,7 +161,13 @@ class LocalCluster:
         daemons = {d: self._alive(d) for d in self._daemons(spec)}
         daemons["munged"] = munge_works()
         return {"state_dir": str(self.state_dir), "configured": True, "name": spec.name,
-                "conf": str(self.conf), "daemons": daemons}
+                "conf": str(self.conf), "daemons": daemons, "metrics": self.metrics_url(spec)}
+
+    def metrics_url(self, spec: ClusterSpec | None = None) -> str | None:
+        """Where slurmctld serves OpenMetrics (Slurm 25.11 on, see release_lines), else None."""
+        spec = spec or self.load_spec()
+        metrics = self.conf.exists() and "MetricsType=metrics/openmetrics" in self.conf.read_text()
+        return f"http://127.0.0.1:{spec.port_base}/metrics/" if spec and metrics else None
 
     def wait_idle(self, spec: ClusterSpec | None = None, timeout: float = 90.0, registered_since: float = 0) -> None:
         """Wait until every node's slurmd has registered (after registered_since) and the node is settled."""
@@ -229,9 +235,11 @@ class LocalCluster:
                 line for line in (spec.prolog and f"Prolog={spec.prolog}",
                                   spec.epilog and f"Epilog={spec.epilog}") if line),
         )
+        release = slurm_release()
+        values.update(release_lines(release))
         template_dir = configs_dir() / "slurm"
         self.conf.write_text((template_dir / "slurm.conf.in").read_text().format(**values))
-        cgroup = cgroup_conf(slurm_release(), os.path.ismount("/sys/fs/cgroup"))
+        cgroup = cgroup_conf(release, os.path.ismount("/sys/fs/cgroup"))
         if cgroup:
             (self.conf.parent / "cgroup.conf").write_text(cgroup)
         else:
@@ -380,6 +388,21 @@ def slurm_release() -> tuple[int, int, int]:
         return parse_release(out)
     except ValueError as exc:
         raise ClusterError(f"cannot tell which Slurm this is: {exc}") from None
+
+
+def release_lines(release: tuple[int, int, int]) -> dict[str, str]:
+    """slurm.conf settings that exist from Slurm 25.11 on (empty before).
+
+    requeue_delay: a job SLURM requeues itself (node failure, failed prolog) may start again after 2 s instead of
+    the ~121 s BeginTime every earlier release sets (2 s keeps a relaunch out of the second its old credential was
+    revoked in; sigma's start_now still clears the BeginTime of the requeues it makes). MetricsType: slurmctld
+    serves OpenMetrics (jobs, nodes, partitions, scheduler) on SlurmctldPort under /metrics/.
+    """
+    if release[:2] < (25, 11):
+        return {"scheduler_since_25_11": "", "metrics_since_25_11": ""}
+    return {"scheduler_since_25_11": ",requeue_delay=2",
+            "metrics_since_25_11": "# OpenMetrics on http://SlurmctldHost:SlurmctldPort/metrics/ (Slurm 25.11+)\n"
+                                   "MetricsType=metrics/openmetrics\n"}
 
 
 def cgroup_conf(release: tuple[int, int, int], cgroup_fs: bool) -> str:

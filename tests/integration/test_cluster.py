@@ -20,6 +20,20 @@ def test_four_idle_nodes_after_up(slurm):
     assert all(n.state == "idle" and n.available for n in nodes)
 
 
+def test_slurmctld_openmetrics_where_slurm_has_them(slurm, cluster):
+    """Slurm 25.11 and later serve OpenMetrics from slurmctld; the local cluster turns them on there."""
+    import urllib.request
+
+    from sigma.slurm.formats import parse_release
+
+    url = cluster.metrics_url()
+    if parse_release(slurm.version) < (25, 11, 0):
+        assert url is None
+        return
+    text = urllib.request.urlopen(url + "nodes", timeout=10).read().decode()
+    assert all(f'slurm_node_cpus{{node="node{k}"}} 2' in text for k in range(1, 5))
+
+
 def test_up_again_reports_running(cluster):
     spec, already = cluster.up()
     assert already and spec.nodes == 4
