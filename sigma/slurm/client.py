@@ -95,7 +95,9 @@ class Slurm:
             argv += ["--starttime", since]
         if duplicates:
             argv.append("--duplicates")
-        return [self.family.run(r) for r in self._json(argv, "jobs")]
+        records = self._json(argv, "jobs")
+        text_argv = self.family.exit_codes_argv(argv)
+        return self.family.runs(records, self._run(*text_argv) if text_argv else None)
 
     # ---------- node actions ----------
     def drain(self, nodes: Sequence[str], reason: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from sigma.slurm.formats.fields import Record, SlurmFormatError, Source
+from sigma.slurm.types import AccountingRecord
 
 # Slurm's releases from the first with --json on every command sigma runs to the newest checked
 KNOWN_RELEASES = ((22, 5), (23, 2), (23, 11), (24, 5), (24, 11), (25, 5), (25, 11), (26, 5))
@@ -77,3 +78,10 @@ class FamilyBase:
 
     def top(self, data: dict, source: Source, key: str) -> list[Record]:
         return Record(data, source, "$").records(key)
+
+    def exit_codes_argv(self, json_argv) -> list[str] | None:
+        """A second accounting query whose exit codes correct the JSON's, for releases whose JSON has them wrong."""
+        return None
+
+    def runs(self, records: list[Record], exit_codes_text: str | None = None) -> list[AccountingRecord]:
+        return [self.run(r) for r in records]

@@ -3,8 +3,10 @@ node's state is a lower-case string plus `state_flags`, a job's state one string
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sigma.slurm.formats import FamilyBase
-from sigma.slurm.formats.fields import Record
+from sigma.slurm.formats.fields import Record, SlurmFormatError
 from sigma.slurm.types import AccountingRecord, Job, Node, expand_hostlist
 
 
@@ -31,6 +33,34 @@ class Family(FamilyBase):
             end_time=r.int("end_time"), requeue=r.bool("requeue", default=True), batch_host=r.str("batch_host"),
             command=r.str("command"), work_dir=r.str("current_working_directory"), stdout=r.str("standard_output"),
         )
+
+    def exit_codes_argv(self, json_argv) -> list[str]:
+        """22.05's `sacct --json` says return_code 0, status SUCCESS for a script that exited 3, where its text
+        output says ExitCode 3:0: the same query as text, one line per job run (-X), in the JSON's order."""
+        return [a for a in json_argv if a != "--json"] + ["-n", "-P", "-X", "-o", "JobIDRaw,ExitCode"]
+
+    def runs(self, records: list[Record], exit_codes_text: str | None = None) -> list[AccountingRecord]:
+        runs = [self.run(r) for r in records]
+        if exit_codes_text is None or not records:
+            return runs
+        # the k-th run of a job in one answer is its k-th in the other (a run added between the two queries, at
+        # the end of its job's runs, keeps the JSON's code)
+        codes: dict[str, list[int]] = {}
+        for line in exit_codes_text.splitlines():
+            fields = line.split("|")
+            rc, _, sig = fields[-1].partition(":")
+            if len(fields) != 2 or not (rc.isdigit() and sig.isdigit()):
+                raise SlurmFormatError(records[0].source if records else None, "JobIDRaw|ExitCode",
+                                       f"as {line!r}, not JOBID|RC:SIGNAL")
+            codes.setdefault(fields[0], []).append(int(rc))
+        fixed, seen = [], {}
+        for run in runs:
+            k = seen[run.job_id] = seen.get(run.job_id, -1) + 1
+            rc = (codes.get(str(run.job_id)) or [])[k:k + 1]
+            if rc and rc[0] != 0 and run.exit_status == "SUCCESS":  # as later releases report it
+                run = replace(run, return_code=rc[0], exit_status="ERROR")
+            fixed.append(run)
+        return fixed
 
     def run(self, r: Record) -> AccountingRecord:
         t, ec = r.record("time", default={}), r.record("exit_code", default={})
