@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from sigma.slurm.formats import FamilyBase
 from sigma.slurm.formats.fields import Record, SlurmFormatError
-from sigma.slurm.types import AccountingRecord, Job, Node, expand_hostlist
+from sigma.slurm.types import AccountingRecord
 
 
 class Family(FamilyBase):
@@ -16,23 +16,20 @@ class Family(FamilyBase):
     nodes_argv = ("sinfo", "--json")
     jobs_argv = ("squeue", "--json")  # lists finished jobs until MinJobAge, as every version does with --states=all
 
-    def node(self, r: Record) -> Node:
-        return Node(
-            name=r.str("name", default=...), state=r.str("state", default=...).lower(), flags=r.strs("state_flags"),
-            reason=r.str("reason"), reason_user=r.str("reason_set_by_user"), reason_time=r.int("reason_changed_at"),
-            cpus=r.int("cpus"), alloc_cpus=r.int("alloc_cpus"), partitions=r.strs("partitions"),
-            boot_time=r.int("boot_time"), slurmd_start_time=r.int("slurmd_start_time"),
-        )
+    def node_state(self, r: Record) -> tuple[str, tuple[str, ...]]:
+        return r.str("state", default=...).lower(), r.strs("state_flags")
 
-    def job(self, r: Record) -> Job:
-        return Job(
-            job_id=r.int("job_id", default=...), name=r.str("name"), state=r.str("job_state", default=...),
-            reason=r.str("state_reason"), nodes=tuple(expand_hostlist(r.str("nodes"))),
-            restarts=r.int("restart_cnt"), user=r.str("user_name"), user_id=r.int("user_id", default=-1),
-            partition=r.str("partition"), submit_time=r.int("submit_time"), start_time=r.int("start_time"),
-            end_time=r.int("end_time"), requeue=r.bool("requeue", default=True), batch_host=r.str("batch_host"),
-            command=r.str("command"), work_dir=r.str("current_working_directory"), stdout=r.str("standard_output"),
-        )
+    def job_state(self, r: Record) -> str:
+        return r.str("job_state", default=...)
+
+    def run_state(self, state: Record) -> str:
+        return state.str("current", default=...)
+
+    def exit_code(self, ec: Record) -> tuple[str, int | None]:
+        return ec.str("status"), ec.record("signal", default={}).int("signal_id", default=None)
+
+    def step_id(self, step: Record, job_id: int) -> str:
+        return step.ident("id", default=...)  # "batch", or a number for an srun step
 
     def exit_codes_argv(self, json_argv) -> list[str]:
         """22.05's `sacct --json` says return_code 0, status SUCCESS for a script that exited 3, where its text
@@ -61,14 +58,3 @@ class Family(FamilyBase):
                 run = replace(run, return_code=rc[0], exit_status="ERROR")
             fixed.append(run)
         return fixed
-
-    def run(self, r: Record) -> AccountingRecord:
-        t, ec = r.record("time", default={}), r.record("exit_code", default={})
-        return AccountingRecord(
-            job_id=r.int("job_id", default=...), name=r.str("name"),
-            state=r.record("state", default=...).str("current", default=...),
-            nodes=tuple(expand_hostlist(r.str("nodes"))), submit_time=t.int("submission"), start_time=t.int("start"),
-            end_time=t.int("end"), elapsed_s=t.int("elapsed"), return_code=ec.int("return_code", default=None),
-            exit_status=ec.str("status"), signal=ec.record("signal", default={}).int("signal_id", default=None),
-            steps=tuple(s.record("step", default=...).ident("id", default=...) for s in r.records("steps", default=[])),
-        )
