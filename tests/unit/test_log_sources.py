@@ -202,7 +202,9 @@ def test_lines_from_other_programs_are_not_the_kernels(tmp_path):
                    "Nov 23 19:49:21 node1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, real\n")
     out = run(c)
     assert xids(out) == [48]
-    assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", str(log))))] == 1
+    assert samples(out)[("log.unattributed_lines", (("reason", "program mallory"), ("source", str(log))))] == 1
+    [shown] = [json.loads(e[5]) for e in out.events if e[2] == "log_unattributed"]
+    assert (shown["reason"], shown["pattern"]) == ("program mallory", "xid")
 
 
 def test_kmsg_sequence_from_an_earlier_boot_is_void(tmp_path):
