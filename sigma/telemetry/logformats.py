@@ -17,6 +17,8 @@ The same kernel message reaches the sidecar wrapped in different envelopes, depe
     Mon Nov 23 19:49:20 2026 kern.err kernel: [ 5843.291473] NVRM: Xid ...                            logread (OpenWrt, busybox)
     10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: NVRM: Xid ...                                 talosctl dmesg
     2026 Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...                        SONiC syslog
+    - 1118536327 2005.06.11 R04-M1-N4 2005-06-11-17.32.07.581048 R04-M1-N4 RAS KERNEL FATAL ...        loghub (BGL RAS,
+                                                                                                       Thunderbird syslog)
 
 One parser per format: `parse()` tries each and returns the first that matches the whole envelope, or the line as a
 "plain" message when none does. Nothing is guessed: a line whose envelope no parser knows has no known writer, and
@@ -34,7 +36,7 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sigma.telemetry.months import is_weekday, months
@@ -71,6 +73,9 @@ _DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*) {1,
 _DMESG_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+(?:[+-]\d\d:?\d\d)?) ")  # util-linux: comma
 _AFTER_STAMP = re.compile(_HOST_IDENT)  # journalctl -o short-monotonic, or a program's text in the ring buffer
 _KMSG = re.compile(r"(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+# loghub's labelled system logs: "LABEL EPOCH YYYY.MM.DD NODE " before a Blue Gene/L RAS record or a syslog line
+_LOGHUB = re.compile(r"(?P<label>\S+) (?P<epoch>\d{9,10}) \d{4}\.\d\d\.\d\d \S+ ")
+_BGL_RAS = re.compile(r"\d{4}-\d\d-\d\d-\d\d\.\d\d\.\d\d\.\d+ \S+ RAS (?P<component>[A-Z_]+) (?P<level>[A-Z]+) ")
 _ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 # Formats only the kernel writes: their lines need no program name to be the kernel's (kmsg and talos name their
@@ -117,7 +122,7 @@ def unattributed(line: LogLine, idents) -> str:
         return "" if line.transport == "kernel" else f"journal _TRANSPORT={line.transport}"
     if line.ident:
         return "" if line.ident in idents else f"program {line.ident}"
-    return "" if line.format in KERNEL_FORMATS else "program not named"
+    return "" if line.format in KERNEL_FORMATS or line.facility else "program not named"
 
 
 def parse(line: str, *, now: float | None = None, booted: float | None = None) -> LogLine:
@@ -274,7 +279,20 @@ def _dmesg(line, now, booted):
     return LogLine(rest, ts, format=fmt)
 
 
-_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _unix, _logread, _talos, _sonic, _dmesg)
+def _loghub(line, now, booted):
+    m = _LOGHUB.match(line)
+    if not m:
+        return None
+    rest, ts = line[m.end():], float(m["epoch"])
+    ras = _BGL_RAS.match(rest)
+    if ras:
+        return LogLine(rest[ras.end():], ts, format="bgl-ras", facility=ras["component"].lower())
+    inner = parse(rest, now=now, booted=booted)
+    return None if inner.format == "plain" else replace(inner, ts=ts, format=f"loghub-{inner.format}")
+
+
+_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _unix, _logread, _talos, _sonic, _loghub,
+            _dmesg)
 
 
 def _inner(parsed: LogLine, booted: float | None) -> LogLine:
