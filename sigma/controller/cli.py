@@ -57,9 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     explain = common(sub.add_parser(
         "explain", help="why an incident happened and every action it caused",
-        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores), the full "
-                    "drain reason, every journaled action and the node's remediation steps, with times."))
-    explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
+        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores, the culprit "
+                    "rank or host a job's line names), the full drain reason, every journaled action and the node's "
+                    "remediation steps, with times, and the lines on that node that read like faults but were not "
+                    "acted on because their writer was not established. --node NODE shows those lines for a node "
+                    "without an incident (why was this line not acted on?)."))
+    explain.add_argument("incident", type=int, nargs="?", help="incident id (see sigma incidents)")
+    explain.add_argument("--node", help="without an incident: the node's log lines that were not acted on")
+    explain.add_argument("--since", help="with --node: since (default 24h)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
@@ -296,7 +301,11 @@ def _explain(args) -> int:
     from sigma.controller.act.incidents import Incidents
     from sigma.slurm.client import sigma_reason
 
+    if (args.incident is None) == (args.node is None):
+        raise CommandError("give an incident id, or --node NODE for the lines a node did not act on")
     conn = _conn(args)
+    if args.incident is None:
+        return _explain_node(conn, args)
     inc = Incidents(conn).get(args.incident)
     if inc is None:
         raise CommandError(f"no incident {args.incident}")
@@ -304,9 +313,11 @@ def _explain(args) -> int:
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
     costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
+    unattributed = _unattributed(conn, inc.node, inc.fault_ts - 3600.0, max(inc.updated_at, inc.opened_at) + 600.0) \
+        if inc.node else []
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
-                         indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs,
+                          "unattributed": unattributed}, indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -319,7 +330,11 @@ def _explain(args) -> int:
     if ev.get("events"):
         c.print("  evidence (events):")
         for e in ev["events"][-5:]:
-            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}")
+            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}",
+                    markup=False, highlight=False)  # log text: its brackets are not rich markup
+            culprit = _culprit(e.get("fields") or {})
+            if culprit:
+                c.print(f"      named in the line: {culprit}", markup=False, highlight=False)
     if ev.get("isolation"):
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
@@ -337,6 +352,8 @@ def _explain(args) -> int:
                 f"{cost['time_lost_s']:.1f}s", highlight=False)
     if inc.job_id and inc.category in ("performance", "isolation", "noise"):
         _explain_noise(conn, inc, c)
+    if unattributed:
+        _print_unattributed(c, unattributed, f"on {inc.node} around the incident")
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -351,6 +368,55 @@ def _explain(args) -> int:
         for m in moves:
             table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
+    return 0
+
+
+CULPRIT_FIELDS = (("rank", "rank"), ("host", "host"), ("device", "device"), ("peer", "peer"),
+                  ("peer_rank", "peer rank"), ("process", "process"), ("pid", "pid"), ("gpu_instance", "MIG instance"))
+
+
+def _culprit(fields: dict) -> str:
+    """Who a log line names: the rank, host and peer of a job's line, the process or MIG instance of an Xid."""
+    return ", ".join(f"{label} {fields[key]}" for key, label in CULPRIT_FIELDS if key in fields)
+
+
+def _unattributed(conn, node: str, since: float, until: float, limit: int = 20) -> list[dict]:
+    """Lines on the node that a pattern matched but that were not acted on: their writer was not established."""
+    rows = conn.execute("SELECT ts, message, fields FROM events WHERE node = ? AND source = 'sidecar' AND "
+                        "kind = 'log_unattributed' AND ts >= ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
+                        (node, since, until, limit)).fetchall()
+    return [{"ts": r[0], "line": r[1], **{k: v for k, v in json.loads(r[2] or "{}").items()
+                                         if k in ("reason", "pattern", "source", "suppressed")}}
+            for r in reversed(rows)]
+
+
+def _print_unattributed(c, rows: list[dict], where: str = "") -> None:
+    c.print(f"  not acted on{' ' + where if where else ''} (the writer of each line was not established):")
+    for r in rows:
+        if "suppressed" in r:
+            c.print(f"    {_ts(r['ts'])} {r['suppressed']} more such lines, counted only", highlight=False)
+        else:
+            c.print(f"    {_ts(r['ts'])} [{r.get('reason')}; would be {r.get('pattern')}] {r['line']}", markup=False,
+                    highlight=False, soft_wrap=True)
+
+
+def _explain_node(conn, args) -> int:
+    since = parse_since(args.since or "24h")
+    rows = _unattributed(conn, args.node, since, time.time() + 60.0, limit=200)
+    if args.json:
+        print(json.dumps({"node": args.node, "since": since, "unattributed": rows}, indent=2, default=str))
+        return 0
+    c = _console()
+    if not rows:
+        _check_known_node(conn, args.node)
+        c.print(f"{args.node}: every log line that read like a fault since {_ts(since)} came from a known writer")
+        return 0
+    by_reason: dict[str, int] = {}
+    for r in rows:
+        by_reason[r.get("reason", "?")] = by_reason.get(r.get("reason", "?"), 0) + 1
+    c.print(f"[bold]{args.node}[/bold]: {len(rows)} line(s) since {_ts(since)} read like faults but were not acted on "
+            f"({', '.join(f'{n} {reason}' for reason, n in sorted(by_reason.items()))})")
+    _print_unattributed(c, rows)
     return 0
 
 
