@@ -28,8 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = common(csub.add_parser("run", help="run the controller (ingest + detection + remediation + /metrics)"))
     run.add_argument("--once", action="store_true", help="one tick, then exit (no HTTP server)")
     run.set_defaults(func=_run)
-    rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
+    rules = common(csub.add_parser(
+        "rules", help="load and list the failure-signature rules (validates them)",
+        description="Every rule with its effective action and where that action comes from: the shipped rule file "
+                    "or the site's override (rule_overrides, default /etc/sigma/rules.d)."))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
+    rules.add_argument("--overrides", default=None, help="site overrides directory or file (default: the config's "
+                                                         "rule_overrides)")
     rules.add_argument("--check", action="store_true",
                        help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
                             "report every problem, exit 1 on any (or on an empty knowledge base)")
@@ -161,10 +166,12 @@ def _rules(args) -> int:
 
     cfg = _config(args)
     location = resolve(args.rules or cfg.rules)
+    overrides = args.overrides if args.overrides is not None else cfg.rule_overrides
+    overrides = resolve(overrides) if overrides else None
     if args.check:
         errors: list[ConfigError] = []
         try:
-            rules = load_rules(location, errors)
+            rules = load_rules(location, errors, overrides=overrides)
         except ConfigError as exc:  # no files at all: nothing else to report
             rules, errors = [], [exc]
         if rules:  # the policy's and the playbooks' references to rule ids
@@ -181,7 +188,7 @@ def _rules(args) -> int:
             print(f"error: {exc}")
         print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")
         return 1 if errors else 0
-    rules = load_rules(location)
+    rules = load_rules(location, overrides=overrides)
     disabled = _disabled_rules(cfg.db)
     rows = []
     for r in rules:
@@ -190,16 +197,21 @@ def _rules(args) -> int:
                   else "disabled" if not r.enabled else "ok")
         rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
                      "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
-                     "description": r.description, "status": status})
+                     "action_from": f"override {r.overridden}" if r.overridden else r.origin.split(" [")[0],
+                     "shipped_action": r.shipped_action or r.action, "description": r.description, "status": status})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
+    n_over = sum(1 for r in rules if r.overridden)
+    table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else ""))
+    for col in ("id", "v", "scope", "match", "severity", "action", "action from", "description", "status"):
         table.add_column(col)
     for row in rows:
-        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"],
-                      row["action"] + (" (shadow)" if row["shadow"] else ""), row["description"], row["status"])
+        action = row["action"] + (" (shadow)" if row["shadow"] else "")
+        if row["shipped_action"] != row["action"]:
+            action += f" (shipped: {row['shipped_action']})"
+        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"], action,
+                      row["action_from"], row["description"], row["status"])
     _console().print(table)
     return 0
 
