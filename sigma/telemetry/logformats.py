@@ -45,7 +45,9 @@ _FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news"
                "ntp", "security", "console", "solaris-cron", "local0", "local1", "local2", "local3", "local4",
                "local5", "local6", "local7")
 _PRI = r"(?:<(?P<pri>\d{1,3})>)?"
-_HOST_IDENT = r"(?:(?P<host>[^\s:\[]+) )?(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?"
+# host, then (rsyslog templates with %syslogfacility-text%.%syslogpriority-text%) "kern.warning", then the tag
+_HOST_IDENT = (r"(?:(?P<host>[^\s:\[]+) )?(?:(?P<hfac>[a-z0-9]+)\.(?P<hlvl>emerg|alert|crit|err|warning|notice|info|debug) )?"
+               r"(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?")
 _MON_DAY = r"(?P<mon>[^\s\d\[\]][^\s\[\]]*|\d{1,2}\S+) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)"
 # RFC 3164 (and journalctl short / short-precise, in any locale): "Nov 23 19:49:20[.123456] host ident[pid]: message"
 _RFC3164 = re.compile(_PRI + _MON_DAY + r"(?P<frac>\.\d+)? " + _HOST_IDENT)
@@ -71,6 +73,8 @@ _RELATIVE = re.compile(r"\[(?: *\+\d+\.\d+| *< *\d+\.\d+>|[A-Z][a-z]{2}\d{1,2} \
 _DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*) {1,2}(?P<day>\d{1,2}) "
                       r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?")
 _DMESG_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+(?:[+-]\d\d:?\d\d)?) ")  # util-linux: comma
+# dmesg -x / --decode: "kern  :warn  : " before the stamps (the facility is the ring buffer's own)
+_DECODE = re.compile(r"(?P<facility>[a-z0-9-]+) *:(?P<level>emerg|alert|crit|err|warn|notice|info|debug|) *: ")
 _AFTER_STAMP = re.compile(_HOST_IDENT)  # journalctl -o short-monotonic, or a program's text in the ring buffer
 _KMSG = re.compile(r"(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
 # loghub's labelled system logs: "LABEL EPOCH YYYY.MM.DD NODE " before a Blue Gene/L RAS record or a syslog line
@@ -214,7 +218,8 @@ def _unix(line, now, booted):
     m = _UNIX.match(line)
     if not m:
         return None
-    return _inner(LogLine(line[m.end():], float(m["unix"]), m["host"] or "", m["ident"], format="unix"), booted)
+    return _inner(LogLine(line[m.end():], float(m["unix"]), m["host"] or "", m["ident"], format="unix",
+                          facility=_pri(m)), booted)
 
 
 def _logread(line, now, booted):
@@ -246,7 +251,10 @@ def _sonic(line, now, booted):
 def _dmesg(line, now, booted):
     """dmesg with any of its stamps, several in a row; after them, journalctl short-monotonic's host and program,
     or a program's own tag (text user space wrote into the ring buffer)."""
-    rest, ts, fmt = line, None, None
+    rest, ts, fmt, facility = line, None, None, ""
+    m = _DECODE.match(line)
+    if m and m["facility"] in _FACILITIES:
+        rest, fmt, facility = line[m.end():], "dmesg", m["facility"]
     while True:
         m = _UPTIME.match(rest)
         if m:
@@ -275,8 +283,8 @@ def _dmesg(line, now, booted):
         return None
     m = _AFTER_STAMP.match(rest)
     if m and (m["ident"] == "kernel" or m["pid"]):
-        return LogLine(rest[m.end():], ts, m["host"] or "", m["ident"], format=fmt)
-    return LogLine(rest, ts, format=fmt)
+        return LogLine(rest[m.end():], ts, m["host"] or "", m["ident"], format=fmt, facility=facility)
+    return LogLine(rest, ts, format=fmt, facility=facility)
 
 
 def _loghub(line, now, booted):
@@ -318,7 +326,11 @@ def _facility(code) -> str:
 
 
 def _pri(m) -> str:
-    return _facility(int(m["pri"]) >> 3) if m["pri"] else ""
+    """The facility the envelope names: its <pri>, or a "kern.warning" field before the tag."""
+    g = m.groupdict()
+    if g.get("pri"):
+        return _facility(int(g["pri"]) >> 3)
+    return g.get("hfac") if g.get("hfac") in _FACILITIES else ""
 
 
 def _iso(text: str) -> float | None:

@@ -48,6 +48,13 @@ XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen 
      "ata_piix 0000:00:01.1: version 2.13"),  # journalctl -o short-monotonic
     ("<13>Nov 27 10:00:00 gpu01 kernel: text", "rfc3164", "kernel", "user", "text"),  # logger -t kernel, facility user
     ("14,1235,5843291473,-;systemd-journald[373]: text", "kmsg", "", "user", "systemd-journald[373]: text"),
+    ("kern  :warn  : 2025-01-21T02:21:33,502278+00:00 NVRM: Xid (PCI:0000:38:00): 43, pid=2815167, "
+     "name=pt_main_thread, Ch 00000008", "dmesg", "", "kern",  # dmesg --decode --time-format iso
+     "NVRM: Xid (PCI:0000:38:00): 43, pid=2815167, name=pt_main_thread, Ch 00000008"),
+    ("2025-01-17T17:39:30+0000 exp03-ft-896z-1-lan.exp03-ft-896z-job-svc kernel: nvidia-peermem "
+     "nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing",  # -o short-iso
+     "rfc3339", "kernel", "", "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, "
+     "skipping further processing"),
 ])
 def test_each_envelope_has_its_parser(line, fmt, ident, facility, message):
     parsed = logformats.parse(line, booted=time.time() - 86400)
@@ -63,6 +70,8 @@ def test_each_envelope_has_its_parser(line, fmt, ident, facility, message):
     ("Tue Apr  8 16:00:53 2025 user.info kernel: [   17.500800] " + XID_79, "facility user"),
     ("user: warning: [2026-01-12T20:27:31.913975631Z]: " + XID_79, "facility user"),
     ("14,1235,5843291473,-;" + XID_79, "facility user"),
+    ("user  :notice: [ 5843.291473] " + XID_79, "facility user"),  # dmesg --decode: written into /dev/kmsg
+    ("2023-10-29T17:22:27.664127+00:00 wizylap user.warning kernel: " + XID_79, "facility user"),  # rsyslog fac.pri
     ("[32116.493054] systemd-journald[373]: " + XID_79, "program systemd-journald"),
     (json.dumps({"MESSAGE": XID_79, "SYSLOG_IDENTIFIER": "kernel"}), "journal entry without _TRANSPORT"),
     (json.dumps({"MESSAGE": XID_79, "_TRANSPORT": "syslog", "SYSLOG_IDENTIFIER": "kernel"}),
@@ -76,7 +85,9 @@ def test_a_line_whose_writer_is_not_established_is_not_the_kernels(line, reason)
 def test_the_same_messages_from_the_kernel_are(tmp_path):
     for line in ("lis 27 10:15:32 gpu01 kernel: " + XID_79, "[ 5843.291473] " + XID_79, "3,12,5843291473,-;" + XID_79,
                  json.dumps({"MESSAGE": XID_79, "_TRANSPORT": "kernel"}),
-                 "10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: " + XID_79):
+                 "10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: " + XID_79,
+                 "kern  :warn  : [ 5843.291473] " + XID_79,
+                 "2023-10-29T17:22:27.664127+00:00 wizylap kern.warning kernel: " + XID_79):
         assert logformats.unattributed(logformats.parse(line), ["kernel"]) == "", line
 
 

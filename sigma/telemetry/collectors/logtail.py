@@ -37,6 +37,7 @@ from sigma.telemetry.base import Collector, CollectorParams, Output, register
 from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
+RECORD_MAX = 2048  # the longest record the kernel's ring buffer keeps (PRINTK_MESSAGE_MAX): continuations stop there
 UNATTRIBUTED_EVENTS_PER_RUN = 20  # lines a pattern matched but no writer vouches for, reported one by one per run
 FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
 REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
@@ -219,14 +220,17 @@ class LogTailCollector(Collector):
         return paths
 
     def _records(self, source: str, lines: list[tuple[bytes, bool]], now: float):
-        """(parsed record, its raw lines, maybe seen) per record: an indented line no parser reads (dmesg's and
-        journalctl's continuation of a multi-line record) extends the record before it, and takes its writer."""
+        """(parsed record, its raw lines, maybe seen) per record: a line no parser reads extends the record before
+        it, and takes its writer, when it is indented (dmesg's and journalctl's continuation of a multi-line record)
+        or follows a record of the kernel's own ring buffer (older dmesg printed the record's newlines as they are),
+        up to the longest record the kernel keeps."""
         record = None
         for raw, maybe_seen in lines:
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
             parsed = logformats.parse(text, now=now, booted=self.booted)
-            if parsed.format == "plain" and text[:1] in (" ", "\t") and source in self.last_record:
-                head = self.last_record[source]
+            head = self.last_record.get(source)
+            if (parsed.format == "plain" and head is not None and len(head.message) + len(text) < RECORD_MAX
+                    and (text[:1] in (" ", "\t") or head.format in logformats.KERNEL_FORMATS and not head.ident)):
                 if record is not None:
                     record[0].message += " " + text.strip()
                     record[1].append(raw)
