@@ -1,24 +1,25 @@
-"""One log line in any of the formats nodes write, split into its own time, host, program and message, and who wrote it.
+"""One log line in any of the formats nodes write: its own time, host, program and message, and who wrote it.
 
 The same kernel message reaches the sidecar wrapped in different envelopes, depending on how a site collects logs:
 
-    [ 5843.291473] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.                      dmesg
-    [ 5843.291473][  T812] NVRM: Xid ...   /   [  +0.000041] NVRM: Xid ...                            dmesg (caller id, -H)
-    [Mon Nov 23 19:49:20 2026] NVRM: Xid ...   /   [wo jul 28 05:19:43 2021] ...                     dmesg -T (any locale)
-    2026-11-23T19:49:20,123456+01:00 NVRM: Xid ...                                                    dmesg --time-format iso
-    Nov 23 19:49:20 gpu01 kernel: [ 5843.291473] NVRM: Xid ...                                        syslog (RFC 3164)
-    <4>Nov 23 19:49:20 gpu01 kernel: NVRM: Xid ...   /   lis 27 19:49:20 gpu01 kernel: ...            as sent / any locale
-    2026-11-23T19:49:20.123456+00:00 gpu01 kernel: NVRM: Xid ...                                      rsyslog RFC 3339 files
-    <4>1 2026-11-23T19:49:20.123456Z gpu01 kernel - - - NVRM: Xid ...                                 syslog (RFC 5424)
-    Nov 23 19:49:20.123456 gpu01 kernel: ...  /  1795974560.123456 gpu01 kernel: ...                  journalctl -o short-precise / short-unix
-    [ 5843.291473] gpu01 kernel: NVRM: Xid ...                                                         journalctl -o short-monotonic
-    {"__REALTIME_TIMESTAMP": "1795974560123456", "_TRANSPORT": "kernel", "MESSAGE": "NVRM: Xid ..."}  journalctl -o json
-    4,1234,5843291473,-;NVRM: Xid ...                                                                 /dev/kmsg record
-    Mon Nov 23 19:49:20 2026 kern.err kernel: [ 5843.291473] NVRM: Xid ...                            logread (OpenWrt, busybox)
-    10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: NVRM: Xid ...                                 talosctl dmesg
-    2026 Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...                        SONiC syslog
-    - 1118536327 2005.06.11 R04-M1-N4 2005-06-11-17.32.07.581048 R04-M1-N4 RAS KERNEL FATAL ...        loghub (BGL RAS,
-                                                                                                       Thunderbird syslog)
+    dmesg                    [ 5843.291473] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.
+    dmesg (caller id, -H)    [ 5843.291473][  T812] NVRM: Xid ...   /   [  +0.000041] NVRM: Xid ...
+    dmesg -T (any locale)    [Mon Nov 23 19:49:20 2026] NVRM: Xid ...   /   [wo jul 28 05:19:43 2021] ...
+    dmesg --time-format iso  2026-11-23T19:49:20,123456+01:00 NVRM: Xid ...
+    dmesg -x (--decode)      kern  :warn  : [ 5843.291473] NVRM: Xid ...
+    syslog (RFC 3164)        Nov 23 19:49:20 gpu01 kernel: [ 5843.291473] NVRM: Xid ...
+      as sent, any locale    <4>Nov 23 19:49:20 gpu01 kernel: NVRM: Xid ...   /   lis 27 19:49:20 gpu01 kernel: ...
+    rsyslog RFC 3339 files   2026-11-23T19:49:20.123456+00:00 gpu01 kernel: ...   /   ... gpu01 kern.warning kernel: ...
+    syslog (RFC 5424)        <4>1 2026-11-23T19:49:20.123456Z gpu01 kernel - - - NVRM: Xid ...
+    journalctl short-precise Nov 23 19:49:20.123456 gpu01 kernel: ...
+    journalctl short-unix    1795974560.123456 gpu01 kernel: ...
+    journalctl short-monotonic  [ 5843.291473] gpu01 kernel: NVRM: Xid ...
+    journalctl -o json       {"__REALTIME_TIMESTAMP": "1795974560123456", "_TRANSPORT": "kernel", "MESSAGE": "..."}
+    /dev/kmsg record         4,1234,5843291473,-;NVRM: Xid ...
+    logread (OpenWrt)        Mon Nov 23 19:49:20 2026 kern.err kernel: [ 5843.291473] NVRM: Xid ...
+    talosctl dmesg           10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: NVRM: Xid ...
+    SONiC syslog             2026 Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...
+    loghub (BGL RAS, ...)    - 1118536327 2005.06.11 R04-M1-N4 2005-06-11-17.32.07.581048 R04-M1-N4 RAS KERNEL FATAL ...
 
 One parser per format: `parse()` tries each and returns the first that matches the whole envelope, or the line as a
 "plain" message when none does. Nothing is guessed: a line whose envelope no parser knows has no known writer, and
@@ -46,7 +47,8 @@ _FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news"
                "local5", "local6", "local7")
 _PRI = r"(?:<(?P<pri>\d{1,3})>)?"
 # host, then (rsyslog templates with %syslogfacility-text%.%syslogpriority-text%) "kern.warning", then the tag
-_HOST_IDENT = (r"(?:(?P<host>[^\s:\[]+) )?(?:(?P<hfac>[a-z0-9]+)\.(?P<hlvl>emerg|alert|crit|err|warning|notice|info|debug) )?"
+_HOST_IDENT = (r"(?:(?P<host>[^\s:\[]+) )?"
+               r"(?:(?P<hfac>[a-z0-9]+)\.(?P<hlvl>emerg|alert|crit|err|warning|notice|info|debug) )?"
                r"(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?")
 _MON_DAY = r"(?P<mon>[^\s\d\[\]][^\s\[\]]*|\d{1,2}\S+) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)"
 # RFC 3164 (and journalctl short / short-precise, in any locale): "Nov 23 19:49:20[.123456] host ident[pid]: message"
@@ -69,7 +71,8 @@ _SONIC = re.compile(r"(?P<year>\d{4}) " + _MON_DAY + r"(?P<frac>\.\d+)? (?P<host
 # dmesg's stamps, any number of them in a row (dmesg prints several with repeated --time-format)
 _UPTIME = re.compile(r"\[ *(?P<up>\d+\.\d+)(?: <[ \d.]+>)?\] ?")
 _CALLER = re.compile(r"\[ *[TC]\d+\] ?")  # CONFIG_PRINTK_CALLER
-_RELATIVE = re.compile(r"\[(?: *\+\d+\.\d+| *< *\d+\.\d+>|[A-Z][a-z]{2}\d{1,2} \d\d:\d\d)\] ?")  # dmesg -H, reltime, delta
+# dmesg -H, reltime, delta
+_RELATIVE = re.compile(r"\[(?: *\+\d+\.\d+| *< *\d+\.\d+>|[A-Z][a-z]{2}\d{1,2} \d\d:\d\d)\] ?")
 _DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*) {1,2}(?P<day>\d{1,2}) "
                       r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?")
 _DMESG_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+(?:[+-]\d\d:?\d\d)?) ")  # util-linux: comma

@@ -7,7 +7,8 @@ time. Each pattern is a regex searched in the message; a matching line becomes a
 gives {"xid": 79}). Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
 persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
 
-A record dmesg or journalctl prints on several lines (its continuation lines indented) is matched as one line.
+A record dmesg or journalctl prints on several lines (its continuation lines indented, or after a ring-buffer record
+as older dmesg printed them) is matched as one line.
 
 Who may speak: with `idents` set (the kernel section), a line counts only when its writer is established: an envelope
 a parser reads whole that names one of `idents` (and the kern facility where the envelope carries one), a format
