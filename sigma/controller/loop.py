@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.report.detection import kernel_logs
 from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
@@ -50,6 +51,7 @@ HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
+KERNEL_LOG_CHECK_S = 30.0  # how often the nodes' kernel-log reports are looked at
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -104,6 +106,8 @@ class Controller:
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+        self._kernel_logs: dict[str, tuple] = {}  # node -> (reads its kernel log, source), as last said
+        self._kernel_logs_at = float("-inf")
 
     def _observed(self, incident_id: int | None) -> bool:
         """In observe mode, whether an incident's actions are only recorded: all but those of act_rules."""
@@ -229,10 +233,27 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        self._watch_kernel_logs(now)
         record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings
+
+    def _watch_kernel_logs(self, now: float) -> None:
+        """Say in the controller's own log when a node's detection loses (or regains) its kernel log."""
+        if now - self._kernel_logs_at < KERNEL_LOG_CHECK_S:
+            return
+        self._kernel_logs_at = now
+        for node, state in sorted(kernel_logs(self.conn).items()):
+            if self._kernel_logs.get(node, (None,))[0] == state["ok"]:
+                continue
+            if not state["ok"]:
+                self.log.event("detection_degraded", f"DEGRADED {node}: kernel-log fault detection is OFF, its "
+                               f"sidecar reads no kernel log ({state['detail']})", node=node, detail=state["detail"])
+            elif node in self._kernel_logs:
+                self.log.event("detection_restored", f"RESTORED {node}: kernel log from {state['source']}",
+                               node=node, source=state["source"])
+            self._kernel_logs[node] = (state["ok"], state["source"])
 
     # ---------- detection ----------
     def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job],

@@ -35,6 +35,7 @@ from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
 FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
+REPORT_AGAIN_S = 86400.0  # the kernel log status is said again daily: the controller's events outlive no retention
 REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
 log = logging.getLogger("sigma.sidecar.logtail")
 
@@ -112,7 +113,8 @@ class LogTailCollector(Collector):
         self.kmsg: logsources.KmsgReader | None = None
         self.journal = None
         self.choice: logsources.Choice | None = None  # the kernel log read (source != files)
-        self.reported: tuple | None = None  # the kernel log status last reported
+        self.reported: tuple | None = None  # the kernel log status last reported, and when
+        self.reported_at = 0.0
         self.choose_at = 0.0  # when to look for the kernel log again while none is found
         self.first_run = True
         self.untrusted: dict[str, str] = {}  # source -> why, while it is untrusted (reported once per change)
@@ -193,9 +195,9 @@ class LogTailCollector(Collector):
         ok = bool(choice and choice.kind)
         out.sample("log.kernel_source_ok", 1 if ok else 0, {"source": choice.kind if ok else "none"})
         state = (choice.kind, choice.path) if ok else ("", choice.why_none() if choice else "")
-        if state == self.reported:
+        if state == self.reported and out.ts - self.reported_at < REPORT_AGAIN_S:
             return
-        self.reported = state
+        self.reported, self.reported_at = state, out.ts
         fields = {"collector": self.section, "source": choice.kind if ok else "none"}
         if ok:
             msg = f"kernel log: reading {choice.describe()}"

@@ -112,6 +112,21 @@ def test_observe_mode_changes_nothing_in_slurm_but_act_rules_act(tmp_path):
     assert slurm.node("node2").drained and slurm.count("release") == 0
 
 
+def test_a_node_without_kernel_log_is_said_in_the_controllers_log(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, source="sidecar", kind="kernel_log_unavailable", severity="error",
+              fields={"source": "none", "reasons": {"journal": "permission denied", "/dev/kmsg": "not there"}})
+    add_event(ctl.conn, "node3", clock() - 1, source="sidecar", kind="kernel_log_source", fields={"source": "journal"})
+    ctl.tick()
+    log = (tmp_path / "log" / "decisions.log").read_text()
+    assert ("DEGRADED node2: kernel-log fault detection is OFF, its sidecar reads no kernel log (journal: permission "
+            "denied; /dev/kmsg: not there)") in log and "node3" not in log
+    clock.advance(60)
+    add_event(ctl.conn, "node2", clock() - 1, source="sidecar", kind="kernel_log_source", fields={"source": "kmsg"})
+    ctl.tick()
+    assert "RESTORED node2: kernel log from kmsg" in (tmp_path / "log" / "decisions.log").read_text()
+
+
 def test_the_start_line_says_the_mode(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     ctl.cfg.mode, ctl.cfg.act_rules = "observe", ["gpu-xid-79"]
