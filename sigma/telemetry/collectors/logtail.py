@@ -176,16 +176,23 @@ class LogTailCollector(Collector):
     def _choose(self) -> None:
         p = self.params
         refuse = p.untrusted_source == "refuse"
+        # a journal first seen after the start (it became readable) starts at its end all the same: its history may
+        # be weeks of lines; the ring buffer holds this boot's only, read whole
         self.choice = logsources.choose(
             p.order, files=self._paths(), kmsg_path=p.kmsg_path, journal_dir=p.journal_dir,
             journal_reader=p.journal_reader, transports=tuple(p.journal_transports),
-            cursor=self.ctx.positions.get(self._key("journal")), from_end=self._from_end(),
+            cursor=self._saved_position("journal"), from_end=p.start_at == "end",
             host_root=self.ctx.host_root, untrusted=(lambda path: _untrusted_file(path)) if refuse else (lambda _: ""))
         if self.choice.kind == "journal":
             self.journal = self.choice.journal
         elif self.choice.kind == "kmsg":
-            self.kmsg = logsources.KmsgReader(p.kmsg_path, self.ctx.positions.get(self._key("kmsg")),
-                                              self._from_end(), self.boot_id)
+            self.kmsg = logsources.KmsgReader(p.kmsg_path, self._saved_position("kmsg"), self._from_end(),
+                                              self.boot_id)
+
+    def _saved_position(self, what: str):
+        """Where this source was left: as last handed to the store in this process, else as the store had it."""
+        key = self._key(what)
+        return json.loads(self.saved[key]) if key in self.saved else self.ctx.positions.get(key)
 
     def _from_end(self) -> bool:
         return self.first_run and self.params.start_at == "end"
