@@ -212,3 +212,19 @@ collectors:
                            capture_output=True, text=True, env=env)
     assert blind.returncode == 1
     assert "NO KERNEL LOG: kernel-log fault detection would be OFF (journal: no journal files" in blind.stdout
+
+
+def test_another_transport_a_site_chose_counts_by_the_program_it_names(jd):
+    """journal_transports [kernel, journal]: a native entry counts when its program is one of `idents` (a claim
+    the site chose to believe), never as the kernel's."""
+    c = journal_tail(jd, "native", journal_transports=["kernel", "journal"], idents=["nvidia-persistenced"])
+    try:
+        run(c)
+        jd.logger("NVRM: Xid (PCI:0000:3b:00): 79, via the daemon", ident="nvidia-persistenced")
+        jd.logger("NVRM: Xid (PCI:0000:3b:00): 48, from someone else", ident="mallory")
+        jd.sync()
+        out = run(c)
+        assert [e["xid"] for e in events(out)] == [79]
+        assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", "journal")))] == 1
+    finally:
+        c.close()

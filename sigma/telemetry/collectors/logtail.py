@@ -236,14 +236,18 @@ class LogTailCollector(Collector):
         lines = self.journal.read()
         transports = self.params.journal_transports
         for line in lines:
-            if not line.established:
-                if line.writer.startswith("transport:") and transports:
-                    # the reader matched _TRANSPORT: an entry of another transport means a journal we cannot trust
-                    self._trust(out, "journal", f"entry with _TRANSPORT={line.writer.split(':', 1)[1]}, not one "
-                                                f"of {', '.join(transports)}")
+            transport = line.writer.split(":", 1)[1] if line.writer.startswith("transport:") else "kernel"
+            if transports and transport not in transports:
+                # the reader matched _TRANSPORT: an entry of another transport means a journal we cannot trust
+                self._trust(out, "journal", f"entry with _TRANSPORT={transport}, not one of {', '.join(transports)}")
+                self._reject("journal", line.writer)
+                continue
+            if not line.established and transport == "kernel":
                 self._reject("journal", line.writer)  # facility:N: a kernel-transport line user space wrote
                 continue
-            parsed = logformats.LogLine(line.text, line.ts, ident="kernel", transport="kernel", format="journal")
+            # another transport a site chose to read: the program it names, which `idents` may refuse
+            ident = "kernel" if line.established else line.ident
+            parsed = logformats.LogLine(line.text, line.ts, ident=ident, transport=transport, format="journal")
             self._match(out, parsed, {"stream": "journal", **line.fields}, budget, "journal")
         if self.journal.cursor:
             self._position(out, self._key("journal"), self.journal.cursor)
