@@ -213,7 +213,7 @@ class NativeJournal:
         if self.directory:
             reader.open_directory(self.directory)
         else:
-            reader.open(JournalOpenMode.SYSTEM | JournalOpenMode.LOCAL_ONLY)
+            reader.open(JournalOpenMode.SYSTEM)  # system services and the kernel, not users' journals
         rule = None
         for t in self.transports:
             rule = Rule("_TRANSPORT", t) if rule is None else rule | Rule("_TRANSPORT", t)

@@ -228,3 +228,29 @@ def test_another_transport_a_site_chose_counts_by_the_program_it_names(jd):
         assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", "journal")))] == 1
     finally:
         c.close()
+
+
+def test_the_system_journal_opens_natively():
+    """The node's own journal (no journal_dir): opened through libsystemd whether or not journald runs here."""
+    if native_available():
+        pytest.skip(native_available())
+    from sigma.telemetry.logsources import NativeJournal
+
+    journal = NativeJournal("", ("kernel",), None, from_end=True)
+    assert isinstance(journal.read(), list)
+    journal.close()
+
+
+def test_shipped_config_on_a_journald_node_reads_the_system_journal(jd, tmp_path):
+    """A journald-only node as it is (no kern.log): the shipped telemetry config, `sigma sidecar --check`, seen from
+    a mount namespace where journald's files are the system journal (/run/log/journal) and there is no
+    /var/log/kern.log; it takes the journal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SIGMA_CLUSTER_DIR", "SIGMA_NODE_DIR")}
+    script = (f'mount -t tmpfs tmpfs /run && mkdir -p /run/log/journal && mount --bind "{jd.directory}" '
+              f'/run/log/journal && mount -t tmpfs tmpfs /var/log && '
+              f'exec "{sys.executable}" -m sigma.cli sidecar --check --node gpu001')
+    check = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    reader = "libsystemd" if not native_available() else "journalctl"
+    assert f"kernel log: the systemd journal (kernel transport, read through {reader})" in check.stdout
