@@ -328,11 +328,13 @@ class JournalctlJournal:
                 if isinstance(entry, dict):
                     self.cursor = entry.get("__CURSOR", self.cursor)
                     lines.append(_entry_line(entry))
-        if exited or self.proc.poll() is not None:
+        if lines:
+            self.restarts = 0
+        if exited or self.proc.poll() is not None:  # restarted after the last cursor read: nothing lost
             code = self.proc.wait()
             self.close()
             self.restarts += 1
-            if self.restarts > 3 and not lines:
+            if self.restarts > 3:
                 raise JournalUnavailable(f"journalctl --follow exits at once (exit status {code})")
         return lines
 
