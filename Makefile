@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
-TEST_PACKAGES := chromium postgresql debootstrap  # headless browser the HTML report test renders the page in; the
-# server the PostgreSQL store tests start; the root file systems of test-slurm-versions
+TEST_PACKAGES := chromium postgresql systemd debootstrap  # headless browser the HTML report test renders the page
+# in; the server the PostgreSQL store tests start; the journald the kernel-log tests run privately
+# (tests/journald.py); the root file systems of test-slurm-versions
 BENCH_PACKAGES := prometheus-node-exporter debootstrap  # bench/telemetry.py's baseline; bench/cluster.py's root
 # file systems for the other Slurm releases
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
