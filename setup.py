@@ -10,6 +10,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["sigma", "sigma.*"]),
     include_package_data=True,
+    package_data={"sigma.telemetry": ["months.json"]},  # month names of every locale (logformats)
     install_requires=[
         "PyYAML>=6.0,<7",
         "numpy>=1.26,<3",
@@ -28,7 +29,9 @@ setup(
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40", "psycopg[binary]>=3.1,<4"],
+        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40", "psycopg[binary]>=3.1,<4", "cysystemd>=2.0.5,<3"],
+        # the sidecar reads the systemd journal through libsystemd (else through journalctl); a manylinux_2_34 wheel
+        "journal": ["cysystemd>=2.0.5,<3"],
         "llm": ["openai>=1.40"],
         "postgres": ["psycopg[binary]>=3.1,<4"],  # the controller database on PostgreSQL (db: postgresql://...)
     },
