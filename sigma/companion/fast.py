@@ -46,7 +46,7 @@ def describe(parsed) -> str:
 def describe_query(q) -> str:
     bits = [q.entity.name.replace("_", " ")]
     bits += [f"{k} {', '.join(map(str, v))}" for k, v in (("node", q.nodes), ("job", q.jobs), ("rule", q.rules)) if v]
-    bits += [c.label for c in q.conds]
+    bits += [c.label for c in q.conds] + [f"not {k} {', '.join(map(str, v))}" for k, v in q.exclude.items()]
     for name, v in (("time", q.period), ("measure", q.measure.name if q.measure else ""), ("aggregate", q.agg),
                     ("superlative", q.rank), ("order", q.order), ("per", ", ".join(q.group)),
                     ("one row per", q.project), ("question", q.qkind if q.qkind != "list" else ""),
