@@ -156,7 +156,7 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
 
 
 def _in_unit(q: Query) -> Column | None:
-    """The question's measure in the unit it asks for ("in GiB", "in minutes"); None when it names none."""
+    """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
     if not q.unit:
         return m
@@ -170,10 +170,10 @@ def _in_unit(q: Query) -> Column | None:
 def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built:
     """The SELECT; `used` gets the second parts of the question it answers."""
     ent = q.entity
-    q.measure = _in_unit(q)
+    m = _in_unit(q)
     measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
-    if q.measure and q.measure.name not in ent.columns and q.measure.sql != f"src.{q.measure.name}":
-        measures.append(q.measure)
+    if m and m.name not in ent.columns and m.sql != f"src.{m.name}":
+        measures.append(m)   # a measure of the question's own: the time between two times, one in another unit
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
     src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
     base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
@@ -188,7 +188,6 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             units[x.name] = x.unit
             used.append(x)
         return "".join(f", {x.sql} AS {x.name}" for x in more)
-    m = q.measure
     if q.qkind == "duration" and m is None:
         m = next((c for c in ent.measures() if c.unit == "s"), None)
         if m is None:
