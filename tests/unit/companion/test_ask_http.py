@@ -35,7 +35,8 @@ def controller(tmp_path):
 def test_a_signed_question_gets_the_answer(controller, monkeypatch):
     srv, key_file, _ = controller
     monkeypatch.delenv("SIGMA_LLM_BASE_URL", raising=False)
-    reply = ask_remote(f"http://127.0.0.1:{srv.port}", str(key_file), "which nodes were drained for xid errors?")
+    reply = ask_remote(f"http://127.0.0.1:{srv.port}", str(key_file),
+                       "which nodes were drained for xid errors?")
     assert reply["ok"] and reply["asked_by"] == "companion" and reply["intent"] == "drains" and reply["status"] == "fact"
     drained = load_dump(FIXTURES / "companion" / "soak.sql").execute(
         "SELECT DISTINCT a.target FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind = 'drain' "

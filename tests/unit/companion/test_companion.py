@@ -109,11 +109,11 @@ def test_compositions_over_the_schema(conn):
     assert "events" in d.sql and d.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND json_extract(fields, '$.xid') = 79")
     e = q(conn, "did any restart lose more than 10 steps?")
-    lost = values(conn, "SELECT a.id FROM actions a WHERE a.kind = 'requeue' AND a.state = 'done' AND (SELECT MAX(step) "
-                        "FROM kpis k WHERE k.job_id = CAST(a.target AS INTEGER) AND k.ts <= a.done_at) - (SELECT "
-                        "json_extract(e.fields, '$.step') FROM events e WHERE e.source = 'kpi' AND e.kind IN ('start', "
-                        "'resume') AND e.ts > a.done_at AND EXISTS (SELECT 1 FROM json_each(e.job_ids) j WHERE "
-                        "j.value = CAST(a.target AS INTEGER)) ORDER BY e.ts LIMIT 1) > 10")
+    lost = values(conn, "SELECT a.id FROM actions a WHERE a.kind = 'requeue' AND a.state = 'done' AND (SELECT "
+                        "MAX(step) FROM kpis k WHERE k.job_id = CAST(a.target AS INTEGER) AND k.ts <= a.done_at) "
+                        "- (SELECT json_extract(e.fields, '$.step') FROM events e WHERE e.source = 'kpi' AND e.kind "
+                        "IN ('start', 'resume') AND e.ts > a.done_at AND EXISTS (SELECT 1 FROM json_each(e.job_ids) j "
+                        "WHERE j.value = CAST(a.target AS INTEGER)) ORDER BY e.ts LIMIT 1) > 10")
     assert e.status == "fact" and len(e.rows) == len(lost) and e.text.startswith("Yes" if lost else "No")
 
 
@@ -158,7 +158,8 @@ def test_time_ranges_are_read_in_the_sites_timezone(conn):
 
 def test_what_a_drain_would_hit(conn):
     jobs = {node: json.loads(js) for node, js in conn.execute(
-        "SELECT node, jobs FROM node_snapshots n WHERE ts = (SELECT MAX(ts) FROM node_snapshots m WHERE m.node = n.node)")}
+        "SELECT node, jobs FROM node_snapshots n WHERE ts = (SELECT MAX(ts) FROM node_snapshots m "
+        "WHERE m.node = n.node)")}
     for node, running in sorted(jobs.items()):
         a = q(conn, f"if I drain {node} now, which jobs are affected?")
         assert a.status == "fact" and f"Draining {node} now" in a.text
