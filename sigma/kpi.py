@@ -38,6 +38,7 @@ REQUIRED_FIELDS = ("ts", "job_id", "rank")
 METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "mfu")
 MANIFEST = "sigma-checkpoint.json"  # beside a job's checkpoints: the newest one saved whole (resume_checkpoint)
 MAX_HOLD_S = 300.0  # hold after an answer no longer than this, whatever the deadline says (a clock far off)
+NAN_HOLD_S = 120.0  # after a NaN stop, wait this long for the controller's requeue before ending the run
 HEARTBEAT_S = 5.0  # the controller calls a node silent after 15 s without one (detect/laggard.py)
 
 
@@ -131,7 +132,7 @@ class KpiWriter:
     def metrics(self, step: int, **values) -> dict:
         return self._write({"step": int(step), **values})
 
-    def event(self, event: str, message: str, **fields) -> dict:
+    def event(self, event: str, message: str, /, **fields) -> dict:
         return self._write({"event": event, "message": message, **fields})
 
     def close(self) -> None:
@@ -292,9 +293,9 @@ class Run:
                 record["wait_s"], self._wait_s = round(self._wait_s, 6), 0.0
         self._write({**record, **extra}, raw)
 
-    def event(self, kind: str, message: str = "", **fields) -> None:
+    def event(self, name: str, message: str = "", /, **fields) -> None:
         """Any event (`eval`, `checkpoint`, ...): stored with the job, shown by `sigma jobs` and `sigma explain`."""
-        self._write({"event": kind, "message": message, **fields})
+        self._write({"event": name, "message": message, **fields})
 
     def evaluation(self, step: int, **metrics) -> None:
         self.event("eval", f"evaluation at step {step}: " + ", ".join(f"{k} {v}" for k, v in metrics.items()),
@@ -377,13 +378,15 @@ class Run:
         except OSError as exc:
             _warn(f"cannot record the checkpoint in {target} ({exc}): a requeued run will not find it there")
 
-    def hold(self, request: Request, tick_s: float = 0.25) -> None:
-        """After answering `request`: wait for the requeue (SLURM's SIGTERM ends the process) until its deadline,
-        so that no step is trained that the requeue would throw away. Returns at the deadline (the controller went
-        away: training goes on)."""
+    def hold(self, request: Request | None = None, max_s: float = MAX_HOLD_S, tick_s: float = 0.25) -> None:
+        """After answering `request` (or reporting a NaN stop, request None): wait for the requeue (SLURM's
+        SIGTERM ends the process) until the request's deadline, at most max_s, so that no step is trained that the
+        requeue would throw away. Returns then (the controller went away: training goes on, or ends)."""
         if self._writer is None:
             return
-        until = min(request.deadline or time.time(), time.time() + MAX_HOLD_S)
+        until = time.time() + max_s
+        if request is not None and request.deadline:
+            until = min(until, request.deadline)
         while (left := until - time.time()) > 0:
             time.sleep(min(tick_s, left))
 
