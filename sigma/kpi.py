@@ -216,6 +216,7 @@ class Run:
         self.since = _process_start()
         self.answered = 0  # the newest request id answered (by this run, or by the checkpoint it resumed from)
         self._writer: KpiWriter | None = None
+        self.path: Path | None = None  # this rank's KPI file (None when reporting is off)
         self._last_step_t: float | None = None
         self._wait_s = 0.0
         self._wait_lock = threading.Lock()
@@ -228,17 +229,13 @@ class Run:
         else:
             try:
                 self._writer = KpiWriter(self.rank, directory or DEFAULT_KPI_DIR, self.job_id, self.node)
+                self.path = self._writer.path
             except OSError as exc:
                 _warn(f"cannot write KPIs under {directory or DEFAULT_KPI_DIR} ({exc}): KPI reporting is off")
 
     @property
     def enabled(self) -> bool:
         return self._writer is not None
-
-    @property
-    def path(self) -> Path | None:
-        """This rank's KPI file (None when reporting is off)."""
-        return self._writer.path if self._writer else None
 
     def _write(self, record: dict, raw: dict | None = None) -> None:
         if self._writer is None:
