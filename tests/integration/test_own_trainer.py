@@ -1,0 +1,134 @@
+"""Trainers that are not ours, through the real pipeline: a Hugging Face Trainer (transformers from the registry) and
+a plain PyTorch loop, each a 2-node job submitted with their sbatch scripts, real sidecars pushing to
+`sigma controller run`, faults injected at their source.
+
+- HF Trainer: an Xid 79 in one node's kernel log drains it; the controller asks the other node for a just-in-time
+  checkpoint, the Trainer saves it through its own checkpointing, the job is requeued and resumes from it with at
+  most one step lost. Then, on the resumed run, `sigma chaos nan`: the NaN is caught (its update is not applied,
+  the Trainer saves the model before it), the job is requeued and resumes from that checkpoint.
+- plain loop: one node's ranks are held off the CPU 70 % of each second (`sigma chaos straggler`): the controller
+  names that node from the ranks' own all-reduce waits; then the node's ranks are stopped (`sigma chaos hang`):
+  the job is requeued and resumes from its newest checkpoint.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sigma.chaos.inject import Chaos
+from sigma.kpi import read_kpis
+from tests.conftest import wait_for
+from tests.integration.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def submit(slurm, cluster, script: str, out: Path, *args: str) -> int:
+    env = f"ALL,SIGMA_KPI_DIR={cluster.env['SIGMA_KPI_DIR']},SIGMA_PYTHON={sys.executable},SIGMA_SBATCH_DIR={REPO / 'sbatch'}"
+    return slurm.submit(REPO / "sbatch" / script, "-N2", "--ntasks-per-node=1", f"--output={out}/job-%j.out",
+                        f"--export={env}", script_args=[str(out / "run"), *args])
+
+
+def records(cluster, job_id: int, rank: int = 0) -> list[dict]:
+    """Rank `rank`'s lines, on whichever node each run put it, oldest first."""
+    job_dir = Path(cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}"
+    return sorted((r for p in job_dir.glob(f"rank-{rank}.*.jsonl") for r in read_kpis(p)), key=lambda r: r["ts"])
+
+
+def last_step(cluster, job_id: int) -> int:
+    return max((r["step"] for r in records(cluster, job_id) if "event" not in r), default=0)
+
+
+def events(cluster, job_id: int, kind: str) -> list[dict]:
+    return [r for r in records(cluster, job_id) if r.get("event") == kind]
+
+
+def wait_resumed(cluster, job_id: int, count: int, timeout: float = 300) -> dict:
+    return wait_for(lambda: len(events(cluster, job_id, "resume")) >= count
+                    and events(cluster, job_id, "resume")[count - 1], timeout=timeout, interval=1.0,
+                    what=f"resume #{count} of job {job_id}")
+
+
+def steps_lost(cluster, job_id: int, resume: dict) -> int:
+    before = max(r["step"] for r in records(cluster, job_id) if "event" not in r and r["ts"] < resume["ts"])
+    return before - resume["step"]
+
+
+def test_hf_trainer_xid_answers_through_its_own_checkpoint_and_nan_is_caught(slurm, cluster, tmp_path):
+    with Pipeline(cluster, tmp_path / "pipeline") as p:
+        job_id = submit(slurm, cluster, "hf-trainer.sbatch", tmp_path, "--steps", "100000", "--save-steps", "1000",
+                        "--step-delay", "0.1", "--fault-hooks")
+        wait_for(lambda: last_step(cluster, job_id) >= 10, timeout=240, interval=1.0, what="step 10")
+        victim = slurm.job(job_id).nodes[-1]
+        p.inject_xid79(victim)
+
+        resume = wait_resumed(cluster, job_id, 1)
+        (req,) = p.query("SELECT node, ack_step FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        assert req["node"] != victim and req["ack_step"] >= 10
+        answer = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "jit")
+        assert answer["path"] == str(tmp_path / "run" / f"checkpoint-{req['ack_step']}")  # the Trainer's own save
+        assert resume["step"] == req["ack_step"] and resume["checkpoint_kind"] == "jit"
+        assert steps_lost(cluster, job_id, resume) <= 1
+        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=120,
+                           what="steps lost recorded")
+        assert lost["steps_lost"] <= 1 and lost["source"] == "jit"
+        assert victim not in slurm.job(job_id).nodes
+
+        wait_for(lambda: last_step(cluster, job_id) >= resume["step"] + 5, timeout=240, interval=1.0,
+                 what="steps after the resume")
+        Chaos(cluster).inject("nan", slurm.job(job_id).nodes[0], job_id=job_id)
+        again = wait_resumed(cluster, job_id, 2)
+        (nan,) = events(cluster, job_id, "nan_loss")
+        rollback = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "rollback")
+        assert again["step"] == rollback["step"] == nan["step"] and again["checkpoint_kind"] == "rollback"
+        assert p.query("SELECT 1 FROM incidents WHERE job_id = ? AND rule_id = 'kpi-nan-loss-event'", (job_id,))
+        watch = json.loads(_sigma_jobs(p, job_id))[0]
+        assert watch["watched"] and watch["answers_requests"] and watch["fault_hooks"] == ["nan"]
+        assert {r["rank"] for r in watch["ranks"]} == {0, 1} and not watch["refused"]
+        slurm.cancel(job_id)
+
+
+def test_plain_loop_straggler_is_named_and_a_hang_resumes_from_the_newest_checkpoint(slurm, cluster, tmp_path):
+    with Pipeline(cluster, tmp_path / "pipeline", controller={"watchdog": {"hang_timeout_s": 20}}) as p:
+        job_id = submit(slurm, cluster, "plain-torch.sbatch", tmp_path, "--steps", "100000", "--save-every", "10",
+                        "--step-delay", "0.05")
+        wait_for(lambda: last_step(cluster, job_id) >= 20, timeout=240, interval=1.0, what="step 20")
+        victim = slurm.job(job_id).nodes[-1]
+        chaos = Chaos(cluster)
+        time.sleep(60)  # the straggler rule judges a steady run (laggard.STEADY_S)
+        slow = chaos.inject("straggler", victim, job_id=job_id, percent=70)
+        try:
+            named = wait_for(lambda: p.query("SELECT node, rule_id, evidence FROM incidents WHERE job_id = ? AND"
+                                             " node IS NOT NULL", (job_id,)), timeout=240, interval=2.0,
+                             what="the straggler named")
+        finally:
+            chaos.undo(slow.id)
+        assert named[0]["node"] == victim, named
+        wait_resumed_or_running = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j,
+                                           timeout=300, interval=1.0, what="the job running again")
+        resumes = len(events(cluster, job_id, "resume"))
+        before = last_step(cluster, job_id)
+        wait_for(lambda: last_step(cluster, job_id) >= before + 15, timeout=240, interval=1.0, what="more steps")
+        node = slurm.job(job_id).nodes[-1]
+        hang = chaos.inject("hang", node, job_id=job_id)
+        try:
+            resume = wait_resumed(cluster, job_id, resumes + 1, timeout=400)
+        finally:
+            chaos.undo(hang.id)
+        saved = [r["step"] for r in events(cluster, job_id, "checkpoint") if r["ts"] < resume["ts"]]
+        assert resume["step"] == max(saved) and resume["checkpoint"].endswith(f"step-{resume['step']}.pt")
+        assert p.query("SELECT 1 FROM incidents WHERE job_id = ? AND rule_id = 'watchdog-hang'", (job_id,))
+        assert wait_resumed_or_running
+        slurm.cancel(job_id)
+
+
+def _sigma_jobs(p: Pipeline, job_id: int) -> str:
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "sigma.cli", "jobs", "--job", str(job_id), "--json", "--config",
+                           str(p.config)], env=p.env, capture_output=True, text=True, check=True).stdout
