@@ -421,7 +421,8 @@ class Controller:
             " AND a.target=? AND a.state='done' AND i.scope='node'", (str(job.job_id),))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = judge(info, view, now, w, ever_reported=ever, history_median=self._history(job, view.last(5), now),
-                      start_times=own_restarts(distinct_starts(starts), node_requeues))
+                      start_times=own_restarts(distinct_starts(starts), node_requeues),
+                      pause=self._pause(job.job_id, start))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
@@ -430,6 +431,21 @@ class Controller:
             if f is not None:
                 out.append(f)
         return out
+
+    def _pause(self, job_id: int, since: float) -> tuple[float, float] | None:
+        """(when, until when) of the job's newest `pause` / `pause_end` KPI event of this run (sigma.kpi's paused()):
+        an open pause holds off the hang verdict for its max_s."""
+        row = self.conn.execute(
+            "SELECT ts, kind, fields FROM events WHERE source='kpi' AND kind IN ('pause','pause_end') AND ts >= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) ORDER BY ts DESC LIMIT 1",
+            (since, job_id)).fetchone()
+        if row is None:
+            return None
+        try:
+            max_s = float(json.loads(row[2] or "{}").get("max_s") or 0.0) if row[1] == "pause" else 0.0
+        except (TypeError, ValueError):
+            max_s = 0.0
+        return float(row[0]), float(row[0]) + max_s
 
     def _isolate(self, f: Finding, job: Job, rows: list[dict], now: float,
                  rule_findings: list[Finding]) -> Finding | None:
