@@ -76,7 +76,7 @@ def main() -> int:
             loss = loss * float("nan")
         loss.backward()
         time.sleep(a.step_delay)
-        request, bad = agree(run.checkpoint_request(), not math.isfinite(loss.item()))  # sigma
+        request, bad = agree(run.checkpoint_request(), not math.isfinite(loss.item()), run)  # sigma
         if bad:  # sigma: the update is not applied, so the model still holds the last healthy step
             path = save(model, opt, step - 1, ckpt_dir, rank)
             run.checkpoint_saved(step - 1, path, kind="rollback")  # sigma

@@ -116,7 +116,7 @@ class SigmaCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         bad = self._finite is not None and not bool(self._finite)
-        request, bad = agree(self.run.checkpoint_request(), bad)
+        request, bad = agree(self.run.checkpoint_request(), bad, self.run)
         if bad:  # drop the gradients: the optimiser leaves the weights as the last healthy step had them
             for p in (model.parameters() if model is not None else ()):
                 p.grad = None

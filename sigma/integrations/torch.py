@@ -23,16 +23,20 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def agree(request: Request | None, nonfinite: bool = False) -> tuple[Request | None, bool]:
+def agree(request: Request | None, nonfinite: bool = False, run: Run | None = None) -> tuple[Request | None, bool]:
     """Every rank together (a collective when torch.distributed is up): the newest request any rank's node got,
-    and whether any rank saw a non-finite loss."""
+    and whether any rank saw a non-finite loss. With `run`, the time it waited for the others is added to the
+    step's wait_s: a rank held up anywhere before this point (a stopped or slow node) makes the others wait here."""
     if not distributed():
         return request, nonfinite
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([request.id if request else 0, request.deadline if request else 0, float(nonfinite)],
                      dtype=torch.float64, device=device)
+    started = time.perf_counter()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     rid, deadline, bad = t.tolist()
+    if run is not None:
+        run.add_wait(time.perf_counter() - started)
     return (Request(int(rid), deadline) if rid else None), bool(bad)
 
 
