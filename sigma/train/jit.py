@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import threading
 import time
 from pathlib import Path
