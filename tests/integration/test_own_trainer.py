@@ -7,8 +7,9 @@ a plain PyTorch loop, each a 2-node job submitted with their sbatch scripts, rea
   most one step lost. Then, on the resumed run, `sigma chaos nan`: the NaN is caught (its update is not applied,
   the Trainer saves the model before it), the job is requeued and resumes from that checkpoint.
 - plain loop: one node's ranks are held off the CPU 70 % of each second (`sigma chaos straggler`): the controller
-  names that node from the ranks' own all-reduce waits; then the node's ranks are stopped (`sigma chaos hang`):
-  the job is requeued and resumes from its newest checkpoint.
+  names that node from the ranks' own all-reduce waits and the job moves; then one node's ranks of the moved run are
+  stopped (`sigma chaos hang`): the watchdog's hang names that node (its heartbeats fell silent while the other
+  node's beat on), drains it, and the job is requeued and resumes from its newest checkpoint.
 """
 
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sigma.chaos.inject import Chaos
+from sigma.controller.detect.laggard import STEADY_S
 from sigma.kpi import read_kpis
 from tests.conftest import wait_for
 from tests.integration.pipeline import Pipeline
@@ -100,7 +102,9 @@ def test_plain_loop_straggler_is_named_and_a_hang_resumes_from_the_newest_checkp
         wait_for(lambda: last_step(cluster, job_id) >= 20, timeout=240, interval=1.0, what="step 20")
         victim = slurm.job(job_id).nodes[-1]
         chaos = Chaos(cluster)
-        time.sleep(60)  # the straggler rule judges a steady run (laggard.STEADY_S)
+        first = min(r["ts"] for r in records(cluster, job_id) if "event" not in r)
+        wait_for(lambda: time.time() - first >= STEADY_S, timeout=STEADY_S + 5, interval=1.0,
+                 what="a steady run (the straggler rule judges none younger)")
         slow = chaos.inject("straggler", victim, job_id=job_id, percent=70)
         try:
             named = wait_for(lambda: p.query("SELECT node, rule_id, evidence FROM incidents WHERE job_id = ? AND"
@@ -109,22 +113,25 @@ def test_plain_loop_straggler_is_named_and_a_hang_resumes_from_the_newest_checkp
         finally:
             chaos.undo(slow.id)
         assert named[0]["node"] == victim, named
-        wait_resumed_or_running = wait_for(lambda: (j := slurm.job(job_id)) and j.state == "RUNNING" and j,
-                                           timeout=300, interval=1.0, what="the job running again")
-        resumes = len(events(cluster, job_id, "resume"))
-        before = last_step(cluster, job_id)
-        wait_for(lambda: last_step(cluster, job_id) >= before + 15, timeout=240, interval=1.0, what="more steps")
-        node = slurm.job(job_id).nodes[-1]
-        hang = chaos.inject("hang", node, job_id=job_id)
+        moved = wait_resumed(cluster, job_id, 1)
+        wait_for(lambda: last_step(cluster, job_id) >= moved["step"] + 15, timeout=240, interval=1.0,
+                 what="steps after the move")
+        hung = slurm.job(job_id).nodes[-1]
+        hang = chaos.inject("hang", hung, job_id=job_id)
         try:
-            resume = wait_resumed(cluster, job_id, resumes + 1, timeout=400)
+            resume = wait_resumed(cluster, job_id, 2, timeout=400)
         finally:
             chaos.undo(hang.id)
+        assert resume["ts"] > hang.ts
         saved = [r["step"] for r in events(cluster, job_id, "checkpoint") if r["ts"] < resume["ts"]]
         assert resume["step"] == max(saved) and resume["checkpoint"].endswith(f"step-{resume['step']}.pt")
-        # the watchdog's hang, or isolation naming the silent node first: an incident of this job after the hang
-        assert p.query("SELECT 1 FROM incidents WHERE job_id = ? AND opened_at >= ?", (job_id, hang.ts))
-        assert wait_resumed_or_running
+        # the hang is the watchdog's, and its culprit is the node whose ranks fell silent while the other's beat on
+        (inc,) = p.query("SELECT id, node, source FROM incidents WHERE job_id = ? AND rule_id = 'watchdog-hang'",
+                         (job_id,))
+        assert inc["node"] == hung and inc["source"] == "isolation", inc
+        assert p.query("SELECT 1 FROM actions WHERE incident_id = ? AND kind = 'drain' AND target = ?",
+                       (inc["id"], hung))
+        assert hung not in slurm.job(job_id).nodes
         slurm.cancel(job_id)
 
 
