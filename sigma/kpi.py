@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -375,16 +376,18 @@ class Run:
         except OSError as exc:
             _warn(f"cannot record the checkpoint in {target} ({exc}): a requeued run will not find it there")
 
-    def hold(self, request: Request | None = None, max_s: float = MAX_HOLD_S, tick_s: float = 0.25) -> None:
+    def hold(self, request: Request | None = None, max_s: float = MAX_HOLD_S, tick_s: float = 0.25,
+             done: Callable[[], bool] | None = None) -> None:
         """After answering `request` (or reporting a NaN stop, request None): wait for the requeue (SLURM's
         SIGTERM ends the process) until the request's deadline, at most max_s, so that no step is trained that the
-        requeue would throw away. Returns then (the controller went away: training goes on, or ends)."""
+        requeue would throw away. Returns then (the controller went away: training goes on, or ends), or as soon
+        as done() is true (a framework that catches SIGTERM itself, as Lightning does under SLURM, says so there)."""
         if self._writer is None:
             return
         until = time.time() + max_s
         if request is not None and request.deadline:
             until = min(until, request.deadline)
-        while (left := until - time.time()) > 0:
+        while (left := until - time.time()) > 0 and not (done and done()):
             time.sleep(min(tick_s, left))
 
     # ---------- testing-only fault hook ----------
