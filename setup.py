@@ -28,8 +28,9 @@ setup(
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45", "accelerate>=1.0",  # the Trainer of tests/integration/test_own_trainer.py
-                  "openai>=1.40", "psycopg[binary]>=3.1,<4"],
+        # transformers + accelerate and lightning: the trainers of tests/integration/test_own_trainer.py
+        "test": ["pytest>=8", "transformers>=4.45", "accelerate>=1.0", "lightning>=2.4,<3",
+                 "openai>=1.40", "psycopg[binary]>=3.1,<4"],
         "llm": ["openai>=1.40"],
         "postgres": ["psycopg[binary]>=3.1,<4"],  # the controller database on PostgreSQL (db: postgresql://...)
     },

@@ -1,11 +1,13 @@
-"""Trainers that are not ours, through the real pipeline: a Hugging Face Trainer (transformers from the registry) and
-a plain PyTorch loop, each a 2-node job submitted with their sbatch scripts, real sidecars pushing to
-`sigma controller run`, faults injected at their source.
+"""Trainers that are not ours, through the real pipeline: a Hugging Face Trainer (transformers from the registry), a
+PyTorch Lightning Trainer (lightning from the registry) and a plain PyTorch loop, each a 2-node job submitted with
+their sbatch scripts, real sidecars pushing to `sigma controller run`, faults injected at their source.
 
 - HF Trainer: an Xid 79 in one node's kernel log drains it; the controller asks the other node for a just-in-time
   checkpoint, the Trainer saves it through its own checkpointing, the job is requeued and resumes from it with at
   most one step lost. Then, on the resumed run, `sigma chaos nan`: the NaN is caught (its update is not applied,
   the Trainer saves the model before it), the job is requeued and resumes from that checkpoint.
+- Lightning: the same Xid; the controller's request is answered through `trainer.save_checkpoint`, and the requeued
+  run resumes from it with `fit(ckpt_path=...)`, at most one step lost.
 - plain loop: one node's ranks are held off the CPU 70 % of each second (`sigma chaos straggler`): the controller
   names that node from the ranks' own all-reduce waits and the job moves; then one node's ranks of the moved run are
   stopped (`sigma chaos hang`): the watchdog's hang names that node (its heartbeats fell silent while the other
@@ -92,6 +94,30 @@ def test_hf_trainer_xid_answers_through_its_own_checkpoint_and_nan_is_caught(slu
         watch = json.loads(_sigma_jobs(p, job_id))[0]
         assert watch["watched"] and watch["answers_requests"] and watch["fault_hooks"] == ["nan"]
         assert {r["rank"] for r in watch["ranks"]} == {0, 1} and not watch["refused"]
+        slurm.cancel(job_id)
+
+
+def test_lightning_xid_answers_through_trainer_save_checkpoint_and_resumes_from_it(slurm, cluster, tmp_path):
+    with Pipeline(cluster, tmp_path / "pipeline") as p:
+        job_id = submit(slurm, cluster, "lightning.sbatch", tmp_path, "--steps", "100000", "--save-every", "1000",
+                        "--step-delay", "0.1")
+        wait_for(lambda: last_step(cluster, job_id) >= 10, timeout=300, interval=1.0, what="step 10")
+        victim = slurm.job(job_id).nodes[-1]
+        p.inject_xid79(victim)
+
+        resume = wait_resumed(cluster, job_id, 1)
+        (req,) = p.query("SELECT node, ack_step FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+        assert req["node"] != victim and req["ack_step"] >= 10
+        answer = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "jit")
+        assert answer["path"] == str(tmp_path / "run" / f"sigma-step={req['ack_step']}.ckpt")  # trainer.save_checkpoint
+        assert resume["checkpoint"] == answer["path"] and resume["step"] == req["ack_step"]
+        assert resume["checkpoint_kind"] == "jit" and steps_lost(cluster, job_id, resume) <= 1
+        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=120,
+                           what="steps lost recorded")
+        assert lost["steps_lost"] <= 1 and lost["source"] == "jit"
+        assert victim not in slurm.job(job_id).nodes
+        wait_for(lambda: last_step(cluster, job_id) >= resume["step"] + 3, timeout=240, interval=1.0,
+                 what="steps after the resume")
         slurm.cancel(job_id)
 
 
