@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 RULE_WORDS: dict[str, tuple[str, ...]] = {
     r"\bxids?\b": ("gpu-xid-%",),
     r"\bgpu\b.*\b(fell|fallen) off\b|\boff the bus\b": ("gpu-xid-79",),
-    r"\bhang(s|ing)?\b|\bhung\b|\bstuck\b": ("watchdog-hang",),
+    r"\bhang(s|ing)?\b|\bhung\b|\bstuck\b": ("watchdog-hang", "watchdog-proc-hang"),
     r"\bnan\b|\bnot a number\b": ("kpi-nan%",),
     r"\bstragglers?\b|\bslow(down|er)?\b|\boutliers?\b|\bisolat": ("isolation-outlier", "watchdog-throughput-drop"),
     r"\bthroughput\b": ("watchdog-throughput-drop",),
