@@ -12,6 +12,8 @@ their sbatch scripts, real sidecars pushing to `sigma controller run`, faults in
   names that node from the ranks' own all-reduce waits and the job moves; then one node's ranks of the moved run are
   stopped (`sigma chaos hang`): the watchdog's hang names that node (its heartbeats fell silent while the other
   node's beat on), drains it, and the job is requeued and resumes from its newest checkpoint.
+- no integration at all: a job writing no KPI line, stopped on one node, is requeued from what the node sees of its
+  processes; a job sleeping all along (never busy) is left alone.
 """
 
 import json
@@ -159,6 +161,43 @@ def test_plain_loop_straggler_is_named_and_a_hang_resumes_from_the_newest_checkp
                        (inc["id"], hung))
         assert hung not in slurm.job(job_id).nodes
         slurm.cancel(job_id)
+
+
+WORK = """import time
+while True:  # a job of its own: computes a little, writes no KPI line
+    sum(range(300000))
+    time.sleep(0.05)
+"""
+
+
+def test_a_job_without_kpis_stopped_on_one_node_is_requeued_and_an_idle_one_is_left_alone(slurm, cluster, tmp_path):
+    script = tmp_path / "work.py"
+    script.write_text(WORK)
+    with Pipeline(cluster, tmp_path / "pipeline", controller={"watchdog": {"hang_timeout_s": 20}}) as p:
+        work = slurm.submit(None, "-N2", "--requeue", f"--output={tmp_path}/work-%j.out",
+                            wrap=f"srun {sys.executable} {script}")
+        idle = slurm.submit(None, "-N1", "--requeue", f"--output={tmp_path}/idle-%j.out", wrap="srun sleep 600")
+        busy = "SELECT DISTINCT node FROM samples WHERE metric = 'job.procs.cpu' AND labels = ? AND value > 0.02"
+        wait_for(lambda: len(p.query(busy, (f'{{"job":"{work}"}}',))) == 2, timeout=180, interval=2.0,
+                 what="both nodes see the job's processes busy")
+        hung = slurm.job(work).nodes[-1]
+        stop = Chaos(cluster).inject("hang", hung, job_id=work)
+        try:
+            (inc,) = wait_for(lambda: p.query("SELECT id, summary, scope FROM incidents WHERE job_id = ? AND"
+                                              " rule_id = 'watchdog-proc-hang'", (work,)), timeout=180,
+                              interval=2.0, what="the hang seen from the node")
+            wait_for(lambda: (j := slurm.job(work)) and j.restarts >= 1 and j.state == "RUNNING", timeout=240,
+                     interval=2.0, what="the job requeued and running again")
+        finally:
+            Chaos(cluster).undo(stop.id)
+        assert hung in inc["summary"] and "SIGSTOP" in inc["summary"] and inc["scope"] == "job"
+        kinds = {r["kind"] for r in p.query("SELECT kind FROM actions WHERE incident_id = ?", (inc["id"],))}
+        assert "requeue" in kinds and "drain" not in kinds  # a stopped process says nothing against its node
+        # the sleeping job ran all along with no CPU progress, never busy: no hang
+        assert slurm.job(idle).state == "RUNNING" and slurm.job(idle).restarts == 0
+        assert not p.query("SELECT 1 FROM incidents WHERE job_id = ?", (idle,))
+        slurm.cancel(work)
+        slurm.cancel(idle)
 
 
 def _sigma_jobs(p: Pipeline, job_id: int) -> str:

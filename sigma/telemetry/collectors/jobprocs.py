@@ -9,8 +9,8 @@ Every run reads /proc/<pid>/stat of the processes of SLURM jobs on this node and
   job.procs.traced      processes stopped by a debugger (state t): somebody is looking at the job
   job.procs.disk_sleep  processes in uninterruptible sleep (state D: inside the kernel, usually waiting for I/O)
 A process belongs to a job when its environment has SLURM_JOB_ID (readable by root's sidecar, or the job's own
-user), and to this node unless its SLURMD_NODENAME names another (a host emulating several nodes); slurmstepd, the
-prolog and the epilog do not count. The verdict is cached per process.
+user), and to this node unless its SLURMD_NODENAME names another node or its SLURM_CONF another cluster than the
+sidecar's (a host emulating several nodes, or several clusters); slurmstepd, the prolog and the epilog do not count. The verdict is cached per process.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class JobProcsCollector(Collector):
         self._job: dict[tuple[int, str], int] = {}  # (pid, start time) -> job id here (0: not a job's, or elsewhere)
         self._cpu: dict[tuple[int, str], float] = {}  # (pid, start time) -> CPU seconds at the previous run
         self._last_ts: float | None = None
+        self._conf = os.environ.get("SLURM_CONF", "").encode()  # the cluster this sidecar belongs to
 
     def collect(self, out: Output) -> None:
         count, cpu, states = defaultdict(int), defaultdict(float), defaultdict(lambda: defaultdict(int))
@@ -89,8 +90,9 @@ class JobProcsCollector(Collector):
                 cmdline = f.read()
         except OSError:
             return 0
-        job, node = env.get(b"SLURM_JOB_ID", b""), env.get(b"SLURMD_NODENAME")
+        job, node, conf = env.get(b"SLURM_JOB_ID", b""), env.get(b"SLURMD_NODENAME"), env.get(b"SLURM_CONF")
         if (not job.isdigit() or b"SLURM_SCRIPT_CONTEXT" in env or cmdline.startswith(b"slurmstepd")
-                or (node is not None and node.decode("utf-8", "replace") != self.ctx.node)):
+                or (node is not None and node.decode("utf-8", "replace") != self.ctx.node)
+                or (conf is not None and self._conf and conf != self._conf)):
             return 0
         return int(job)
