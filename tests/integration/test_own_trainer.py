@@ -65,25 +65,33 @@ def steps_lost(cluster, job_id: int, resume: dict) -> int:
     return before - resume["step"]
 
 
+def xid_is_answered_through_the_trainers_own_checkpoint(p, slurm, cluster, job_id: int, saved_as) -> dict:
+    """An Xid 79 in the kernel log of one of the job's nodes, past step 10: the controller asks the other node for a
+    checkpoint, the trainer saves it through its own framework (at saved_as(step)), the job is requeued and resumes
+    from it with at most one step lost. Returns the resume event."""
+    wait_for(lambda: last_step(cluster, job_id) >= 10, timeout=300, interval=1.0, what="step 10")
+    victim = slurm.job(job_id).nodes[-1]
+    p.inject_xid79(victim)
+    resume = wait_resumed(cluster, job_id, 1)
+    (req,) = p.query("SELECT node, ack_step FROM checkpoint_requests WHERE job_id = ?", (job_id,))
+    assert req["node"] != victim and req["ack_step"] >= 10
+    answer = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "jit")
+    assert answer["path"] == str(saved_as(req["ack_step"])) == resume["checkpoint"]
+    assert resume["step"] == req["ack_step"] and resume["checkpoint_kind"] == "jit"
+    assert steps_lost(cluster, job_id, resume) <= 1
+    (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=120,
+                       what="steps lost recorded")
+    assert lost["steps_lost"] <= 1 and lost["source"] == "jit"
+    assert victim not in slurm.job(job_id).nodes
+    return resume
+
+
 def test_hf_trainer_xid_answers_through_its_own_checkpoint_and_nan_is_caught(slurm, cluster, tmp_path):
     with Pipeline(cluster, tmp_path / "pipeline") as p:
         job_id = submit(slurm, cluster, "hf-trainer.sbatch", tmp_path, "--steps", "100000", "--save-steps", "1000",
                         "--step-delay", "0.1", "--fault-hooks")
-        wait_for(lambda: last_step(cluster, job_id) >= 10, timeout=240, interval=1.0, what="step 10")
-        victim = slurm.job(job_id).nodes[-1]
-        p.inject_xid79(victim)
-
-        resume = wait_resumed(cluster, job_id, 1)
-        (req,) = p.query("SELECT node, ack_step FROM checkpoint_requests WHERE job_id = ?", (job_id,))
-        assert req["node"] != victim and req["ack_step"] >= 10
-        answer = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "jit")
-        assert answer["path"] == str(tmp_path / "run" / f"checkpoint-{req['ack_step']}")  # the Trainer's own save
-        assert resume["step"] == req["ack_step"] and resume["checkpoint_kind"] == "jit"
-        assert steps_lost(cluster, job_id, resume) <= 1
-        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=120,
-                           what="steps lost recorded")
-        assert lost["steps_lost"] <= 1 and lost["source"] == "jit"
-        assert victim not in slurm.job(job_id).nodes
+        resume = xid_is_answered_through_the_trainers_own_checkpoint(  # the Trainer's own save
+            p, slurm, cluster, job_id, lambda step: tmp_path / "run" / f"checkpoint-{step}")
 
         wait_for(lambda: last_step(cluster, job_id) >= resume["step"] + 5, timeout=240, interval=1.0,
                  what="steps after the resume")
@@ -103,21 +111,8 @@ def test_lightning_xid_answers_through_trainer_save_checkpoint_and_resumes_from_
     with Pipeline(cluster, tmp_path / "pipeline") as p:
         job_id = submit(slurm, cluster, "lightning.sbatch", tmp_path, "--steps", "100000", "--save-every", "1000",
                         "--step-delay", "0.1")
-        wait_for(lambda: last_step(cluster, job_id) >= 10, timeout=300, interval=1.0, what="step 10")
-        victim = slurm.job(job_id).nodes[-1]
-        p.inject_xid79(victim)
-
-        resume = wait_resumed(cluster, job_id, 1)
-        (req,) = p.query("SELECT node, ack_step FROM checkpoint_requests WHERE job_id = ?", (job_id,))
-        assert req["node"] != victim and req["ack_step"] >= 10
-        answer = next(r for r in events(cluster, job_id, "checkpoint") if r.get("kind") == "jit")
-        assert answer["path"] == str(tmp_path / "run" / f"sigma-step={req['ack_step']}.ckpt")  # trainer.save_checkpoint
-        assert resume["checkpoint"] == answer["path"] and resume["step"] == req["ack_step"]
-        assert resume["checkpoint_kind"] == "jit" and steps_lost(cluster, job_id, resume) <= 1
-        (lost,) = wait_for(lambda: p.query("SELECT * FROM job_losses WHERE job_id = ?", (job_id,)), timeout=120,
-                           what="steps lost recorded")
-        assert lost["steps_lost"] <= 1 and lost["source"] == "jit"
-        assert victim not in slurm.job(job_id).nodes
+        resume = xid_is_answered_through_the_trainers_own_checkpoint(  # trainer.save_checkpoint
+            p, slurm, cluster, job_id, lambda step: tmp_path / "run" / f"sigma-step={step}.ckpt")
         wait_for(lambda: last_step(cluster, job_id) >= resume["step"] + 3, timeout=240, interval=1.0,
                  what="steps after the resume")
         slurm.cancel(job_id)
