@@ -95,6 +95,9 @@ def test_checkpoint_request_answer_manifest_and_resume(job):
     r.hold(req)
     assert deadline - 0.05 <= time.time() and time.time() - t0 < 5
     assert r.checkpoint_request() is None  # answered once
+    t0 = time.time()
+    r.hold(kpi.Request(19, time.time() + 60), done=lambda: time.time() - t0 > 0.2)  # the framework caught SIGTERM
+    assert time.time() - t0 < 5
     r.close()
     answer = [json.loads(x) for x in r.path.read_text().splitlines() if '"checkpoint"' in x][-1]
     assert (answer["step"], answer["request"], answer["kind"]) == (12, 17, "jit")
