@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from sigma import kpi  # sigma
-from sigma.integrations.torch import CollectiveTimer, agree, slurm_env  # sigma
+from sigma.integrations.torch import CollectiveTimer, agree, saved_together, slurm_env  # sigma
 
 
 def batch(step: int, rank: int, size: int = 16):
@@ -79,7 +79,7 @@ def main() -> int:
         request, bad = agree(run.checkpoint_request(), not math.isfinite(loss.item()), run)  # sigma
         if bad:  # sigma: the update is not applied, so the model still holds the last healthy step
             path = save(model, opt, step - 1, ckpt_dir, rank)
-            run.checkpoint_saved(step - 1, path, kind="rollback")  # sigma
+            saved_together(run, step - 1, path, kind="rollback")  # sigma: once rank 0's file is whole
             run.nonfinite(step, loss.item())  # sigma: the controller requeues the job
             run.hold(max_s=kpi.NAN_HOLD_S)  # sigma
             return 3
@@ -89,7 +89,7 @@ def main() -> int:
         if step % a.save_every == 0 or step == a.steps:
             run.checkpoint_saved(step, save(model, opt, step, ckpt_dir, rank))  # sigma
         if request:  # sigma: the controller asks before a requeue
-            run.checkpoint_saved(step, save(model, opt, step, ckpt_dir, rank), request=request)  # sigma
+            saved_together(run, step, save(model, opt, step, ckpt_dir, rank), request=request)  # sigma
             run.hold(request)  # sigma: the requeue's SIGTERM comes while holding
     run.stop(step)  # sigma
     return 0

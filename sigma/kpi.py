@@ -360,11 +360,11 @@ class Run:
             fields["request"] = request.id
         if save_s is not None:
             fields["save_s"] = round(float(save_s), 3)
-        self.event("checkpoint", f"{kind} checkpoint of step {step}: {path}"
-                   + (f" for request {request.id}" if request else ""), **fields)
-        if manifest if manifest is not None else self.rank == 0:
+        if manifest if manifest is not None else self.rank == 0:  # first: an answer is followed by the requeue
             self._record(Path(path), {**fields, "request": request.id if request else 0, "job_id": self.job_id,
                                       "ts": time.time()})
+        self.event("checkpoint", f"{kind} checkpoint of step {step}: {path}"
+                   + (f" for request {request.id}" if request else ""), **fields)
 
     @staticmethod
     def _record(path: Path, info: dict) -> None:

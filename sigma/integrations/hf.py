@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from sigma import kpi
-from sigma.integrations.torch import CollectiveTimer, agree
+from sigma.integrations.torch import CollectiveTimer, agree, saved_together
 
 
 def resume_checkpoint(output_dir: str) -> str | None:
@@ -156,8 +156,10 @@ class SigmaCallback(TrainerCallback):
         path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
         kind, request = self._kind or "periodic", self._request
         self._kind, self._request = None, None
-        self.run.checkpoint_saved(step, path, request=request, kind=kind,
-                                  manifest=state.is_world_process_zero)
+        if kind == "periodic":
+            self.run.checkpoint_saved(step, path, kind=kind, manifest=state.is_world_process_zero)
+        else:  # an answer, or a NaN stop: the requeue follows at once, so every rank's part must be written
+            saved_together(self.run, step, path, request=request, kind=kind)
         if kind == "rollback":
             self.stopped_on_nan = True
             self.run.nonfinite(step, float("nan"), f"non-finite loss at step {step}: its update was not applied; "

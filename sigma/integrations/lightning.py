@@ -41,7 +41,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from sigma import kpi
-from sigma.integrations.torch import CollectiveTimer, agree
+from sigma.integrations.torch import CollectiveTimer, agree, saved_together
 
 UNSHARDED = (SingleDeviceStrategy, DDPStrategy)  # where this rank's gradients are all of them (their norm is the norm)
 
@@ -156,14 +156,14 @@ class SigmaCallback(pl.Callback):
         if self._kind == "jit":
             request, self._kind, self._request = self._request, None, None
             path = self._save(trainer, f"sigma-step={step}.ckpt")
-            self.run.checkpoint_saved(step, path, request=request, manifest=trainer.is_global_zero)
+            saved_together(self.run, step, path, request=request)
             if self.holds:
                 self.run.hold(request, done=lambda: trainer.received_sigterm)
 
     def _stop_on_nan(self, trainer, step: int) -> None:
         self._kind = None
         path = self._save(trainer, f"sigma-rollback-step={step}.ckpt")
-        self.run.checkpoint_saved(step, path, kind="rollback", manifest=trainer.is_global_zero)
+        saved_together(self.run, step, path, kind="rollback")
         self.stopped_on_nan = True
         self.run.nonfinite(step, float("nan"), f"non-finite loss at step {step}: its update was not applied; {path} "
                                                f"holds the model before it; training stopped")

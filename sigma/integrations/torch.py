@@ -3,6 +3,8 @@
 - agree: the controller asks only a job's healthy nodes for a just-in-time checkpoint, and a NaN may show on one
   rank's loss only; every rank must save (a collective) and stop together, so they agree with one small all-reduce
   per step (MAX of request id, deadline, and a non-finite flag; float64 holds ids and unix times exactly).
+- saved_together: a checkpoint reported (and a request answered) only once every rank's part and the manifest are
+  on disk.
 - CollectiveTimer: a DDP communication hook around the default all-reduce that adds the time each bucket's
   all-reduce took to the step's `wait_s`, the time this rank waited for the others. A straggler's ranks wait little
   (they arrive last), the others wait for it: the controller names the node from that (detect/laggard.py).
@@ -38,6 +40,24 @@ def agree(request: Request | None, nonfinite: bool = False, run: Run | None = No
     if run is not None:
         run.add_wait(time.perf_counter() - started)
     return (Request(int(rid), deadline) if rid else None), bool(bad)
+
+
+def saved_together(run: Run, step: int, path, *, request: Request | None = None, kind: str | None = None) -> None:
+    """Report a checkpoint every rank took part in once all of it is on disk: the ranks meet (each one's part is
+    written), rank 0 records it in the manifest, they meet again, and only then does each rank report it. An answer
+    to a request is followed at once by the requeue, which ends every rank: a rank that answered while rank 0 was
+    still writing (its node not the one asked) would cut that save off, and the requeued run would resume from an
+    older one."""
+    if not distributed():
+        run.checkpoint_saved(step, path, request=request, kind=kind)
+        return
+    first = dist.get_rank() == 0
+    dist.barrier()
+    if first:
+        run.checkpoint_saved(step, path, request=request, kind=kind, manifest=True)
+    dist.barrier()
+    if not first:
+        run.checkpoint_saved(step, path, request=request, kind=kind, manifest=False)
 
 
 class CollectiveTimer:
