@@ -127,7 +127,6 @@ class SigmaCallback(pl.Callback):
         bad = self._finite is not None and not bool(self._finite)
         self._finite = None
         request, bad = agree(self.run.checkpoint_request(), bad, self.run)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if bad:  # drop the gradients: the optimiser leaves the weights as the last healthy step had them
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -135,8 +134,9 @@ class SigmaCallback(pl.Callback):
             self._kind = "rollback"
         elif request is not None:
             self._request, self._kind = request, "jit"
-        if self.grad_norm and grads and not bad and isinstance(trainer.strategy, UNSHARDED):
-            self._norm = torch.nn.utils.get_total_norm(grads)
+        if self.grad_norm and not bad and isinstance(trainer.strategy, UNSHARDED):
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
