@@ -35,6 +35,7 @@ class WatchdogConfig:
     crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
     jitter_window_s: float = 120.0  # step throughput stability judged over this window ...
     jitter_cv: float = 0.25  # ... std above this share of the mean is jitter (notify; 0 turns it off)
+    process_hang: bool = True  # a job that writes no KPI lines: judge a hang from its processes (sidecar jobprocs)
 
 
 @dataclass

@@ -199,7 +199,8 @@ class Sidecar:
         cfg = self.loaded.config
         ctx = Context(node=self.node, node_dir=self.loaded.variables["node_dir"], host_root=cfg.host_root,
                       positions=self.store.positions(),
-                      job_owner=lambda job_id: self.jobs.owner(job_id) if self.jobs else None)
+                      job_owner=lambda job_id: self.jobs.owner(job_id) if self.jobs else None,
+                      active_jobs=lambda: sorted(self.jobs.slurm_jobs) if self.jobs else [])
         kpi_collectors = []
         for section, (kind, params) in self.loaded.collectors.items():
             if not params.enabled:
