@@ -10,7 +10,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the collectors declared in the telemetry config, keep their data in the "
                                    "node-local SQLite store and push it to the controller. SIGHUP reloads the "
                                    "config; SIGTERM stops after pushing the backlog.")
-    p.add_argument("--config", default=None, help="telemetry YAML (default configs/telemetry.yaml)")
+    p.add_argument("--config", default=None, help="telemetry YAML (default /etc/sigma/telemetry.yaml, else the shipped one)")
     p.add_argument("--node", default=None, help="node name (default: config `node`, else the short hostname)")
     p.add_argument("--node-dir", default=None,
                    help="node directory for {node_dir} (default $SIGMA_NODE_DIR, $SIGMA_CLUSTER_DIR/nodes/NODE on "
@@ -29,11 +29,11 @@ def _sidecar(args) -> int:
 
     from sigma.cli import CommandError
     from sigma.config import ConfigError
-    from sigma.paths import configs_dir
+    from sigma.paths import config_file
     from sigma.security.keys import KeyFileError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = args.config or str(configs_dir() / "telemetry.yaml")
+    config = args.config or str(config_file("telemetry.yaml"))
     overrides = list(args.set)
     if args.controller is not None:
         overrides.append(f"push.url={args.controller}")
