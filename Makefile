@@ -1,4 +1,6 @@
-# `make demo` runs the main job on a local SLURM cluster; `make test` runs every test. Both install what they need.
+# `make demo` runs the main job on a local SLURM cluster; `make test` runs every test. Both install what they need:
+# the local cluster's Debian packages (SLURM, munge, MariaDB) and the tool in .venv. `make venv` installs the tool
+# alone; `make wheel` builds the package a site installs (docs/deploy.md), which never touches the site's SLURM.
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
@@ -7,9 +9,14 @@ TEST_PACKAGES := chromium postgresql  # headless browser the HTML report test re
 BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test soak soak-full unit integration demo bench clean cluster-down
+.PHONY: install venv wheel system-packages test soak soak-full unit integration demo bench clean cluster-down
 
 install: system-packages $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+wheel: $(VENV)/.installed
+	$(VENV)/bin/pip wheel -q --no-deps -w dist .
 
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES) $(EXTRA_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -60,4 +67,4 @@ cluster-down:
 	$(VENV)/bin/sigma cluster down
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build dist
