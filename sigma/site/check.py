@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from sigma.paths import BIN, ETC
+from sigma.paths import BIN, ETC, project_root
 from sigma.site.generate import CRON_FILE, KEY_TABLE, NODE_KEY, UNIT_DIR
 
 OK, MISSING, WRONG, NOTE = "ok", "MISSING", "WRONG", "note"
@@ -76,7 +76,8 @@ def installed(host: Host) -> Finding:
     hooks = [h for h in ("sigma-prolog", "sigma-epilog") if not os.access(binary.parent / h, os.X_OK)]
     if hooks:
         return Finding(WRONG, "sigma", f"{', '.join(hooks)} missing beside {BIN}: reinstall the wheel")
-    return Finding(OK, "sigma", f"{BIN}, sigma-prolog and sigma-epilog beside it")
+    return Finding(OK, "sigma", f"{BIN}, sigma-prolog and sigma-epilog beside it; the shipped files this sigma "
+                                f"runs with: {project_root()}")
 
 
 def _load(what: str, path: Path, loader) -> tuple[object | None, Finding]:
