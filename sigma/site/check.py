@@ -196,7 +196,7 @@ def head_configs(host: Host) -> list[Finding]:
     out = [ctl]
     if cfg is None:
         return out
-    mode = "observe mode: records what it would do" if cfg.shadow else "acting"
+    mode = "observe mode: records what it would do" if cfg.observing else "acting"
     ctl.detail += f" ({mode}; listens on {cfg.listen})"
     rcfg, rem = _load("playbooks", host.path(resolve(cfg.remediation)), load_remediation_config)
     rules, kb = _load("rules", host.path(resolve(cfg.rules)), load_rules)

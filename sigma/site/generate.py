@@ -43,7 +43,8 @@ class Answers:
     nodes: str  # the compute nodes, a SLURM hostlist (gpu[001-064])
     gpus: int  # accelerators per node (0: none; NVML is then not required)
     port: int = 8470  # the controller's ingest and /metrics port
-    observe: bool = True  # first rollout: the controller decides and records, and changes nothing in SLURM
+    observe: bool = True  # first rollout: the controller, prolog and epilog record what they would do and
+    # change nothing in SLURM (docs/rollout.md)
 
     def __post_init__(self):
         if not self.controller or any(c.isspace() or c in "/:@" for c in self.controller):
@@ -53,6 +54,10 @@ class Answers:
             raise ValueError("nodes: the hostlist names no node")
         if self.gpus < 0 or not 0 < self.port < 65536:
             raise ValueError(f"gpus {self.gpus}, port {self.port}: out of range")
+
+    @property
+    def mode(self) -> str:
+        return "observe" if self.observe else "act"
 
     @property
     def url(self) -> str:
@@ -77,9 +82,11 @@ def generate(answers: Answers, out: Path) -> list[str]:
         (shipped / "controller.yaml").read_text(),
         {"rules": str(ETC / "rules"), "remediation": str(ETC / "remediation.yaml"), "listen": f"0.0.0.0:{answers.port}",
          "db": str(VAR_LIB / "controller.db"), "log_dir": str(LOG_DIR), "ingest_keys_file": str(KEY_TABLE),
-         "shadow": answers.observe}, "configs/controller.yaml"))
-    for name in ("remediation.yaml", "learn.yaml"):
-        shutil.copyfile(shipped / name, etc / name)
+         "mode": answers.mode}, "configs/controller.yaml"))
+    # validation job output on the node where it runs: the controller's working directory (/) is no place for it
+    write(etc / "remediation.yaml", header.format(name="remediation playbooks") + set_values(
+        (shipped / "remediation.yaml").read_text(), {"validation.output_dir": str(VAR_LIB)}, "configs/remediation.yaml"))
+    shutil.copyfile(shipped / "learn.yaml", etc / "learn.yaml")
     if not (etc / "rules").exists():  # the site's knowledge base: promoted rules are added to it, never replaced
         shutil.copytree(shipped / "rules", etc / "rules")
     write(head / UNIT_DIR.relative_to("/") / "sigma-controller.service",
@@ -100,7 +107,8 @@ def generate(answers: Answers, out: Path) -> list[str]:
         "configs/telemetry.yaml"))
     write(node / "etc/sigma/health.yaml", header.format(name="node health config") + set_values(
         (shipped / "health.yaml").read_text(),
-        {"baseline_file": str(ETC / "health-baselines.json"), "nodes": [node_profile(answers)]}, "configs/health.yaml"))
+        {"baseline_file": str(ETC / "health-baselines.json"), "prolog.mode": answers.mode,
+         "epilog.mode": answers.mode, "nodes": [node_profile(answers)]}, "configs/health.yaml"))
     write(node / "etc/systemd/system/sigma-sidecar.service",
           (project_root() / "daemons" / "sigma-sidecar.service").read_text())
     validate(head, node, answers.node_names[0])

@@ -9,26 +9,39 @@ import yaml
 
 
 def set_values(text: str, changes: dict[str, object], where: str = "config") -> str:
-    """text with each dotted key's value replaced (the key must exist: a misspelt one would silently add nothing);
-    scalars are written as JSON (which YAML reads), lists and mappings as block YAML at the key's indentation."""
+    """text with each dotted key's value replaced; a key missing from a mapping the file has is added at its end
+    (the typed loaders refuse a misspelt one); scalars are written as JSON (which YAML reads), lists and mappings as
+    block YAML at the key's indentation."""
     root = yaml.compose(text)
     spans = []
     for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
         node = root
-        for part in dotted.split("."):
-            if not isinstance(node, yaml.MappingNode):
-                raise KeyError(f"{where}: {dotted}: {part!r} is not inside a mapping")
-            found = [v for k, v in node.value if k.value == part]
-            if not found:
+        for part in parents:
+            node = _child(node, part, dotted, where)
+            if node is None:
                 raise KeyError(f"{where}: no key {dotted!r} to set")
-            node = found[0]
-        end = _end(text, node)
-        if yaml.SafeLoader("").construct_document(node) == value:
+        found = _child(node, last, dotted, where)
+        if found is None:  # a new key: a line after the mapping's last one, at its indentation
+            if not node.value or node.flow_style:
+                raise KeyError(f"{where}: no key {dotted!r} to set")
+            column = node.value[0][0].start_mark.column
+            end = _end(text, node)
+            spans.append((end, end, "\n" + " " * column + f"{last}: " + _render(value, column + 2)))
+            continue
+        end = _end(text, found)
+        if yaml.SafeLoader("").construct_document(found) == value:
             continue  # already so: the line stays as written
-        spans.append((node.start_mark.index, end, _render(value, node.start_mark.column)))
+        spans.append((found.start_mark.index, end, _render(value, found.start_mark.column)))
     for start, end, replacement in sorted(spans, reverse=True):
         text = text[:start] + replacement + text[end:]
     return text
+
+
+def _child(node, key: str, dotted: str, where: str):
+    if not isinstance(node, yaml.MappingNode):
+        raise KeyError(f"{where}: {dotted}: {key!r} is not inside a mapping")
+    return next((v for k, v in node.value if k.value == key), None)
 
 
 def _end(text: str, node) -> int:

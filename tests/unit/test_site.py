@@ -36,7 +36,7 @@ def test_init_writes_head_files_and_one_bundle_per_node_of_the_hostlist(tmp_path
     assert sorted(k.node for k in table.keys) == ["gpu003", "gpu004", "gpu005"]
     assert sorted(p.name for p in (out / "nodes").iterdir()) == ["gpu003.tar", "gpu004.tar", "gpu005.tar"]
     ctl = yaml.safe_load((head / "controller.yaml").read_text())
-    assert ctl["rules"] == "/etc/sigma/rules" and ctl["shadow"] is True and ctl["listen"] == "0.0.0.0:8470"
+    assert ctl["rules"] == "/etc/sigma/rules" and ctl["mode"] == "observe" and ctl["listen"] == "0.0.0.0:8470"
     assert (head / "rules" / "gpu.yaml").read_text() == (project_root() / "configs/rules/gpu.yaml").read_text()
     unit = (out / "head/etc/systemd/system/sigma-controller.service").read_text()
     assert f"ExecStart={BIN} controller run --config {ETC}/controller.yaml" in unit
@@ -54,6 +54,7 @@ def test_init_writes_head_files_and_one_bundle_per_node_of_the_hostlist(tmp_path
     assert telemetry.config.push.url == "http://head:8470/v1/ingest"
     health = load_health_config(root / "etc/sigma/health.yaml")
     assert health.profile("gpu004").gpus == 8 and health.profile("gpu004").type == "gpu-8x"
+    assert health.prolog.mode == health.epilog.mode == "observe"  # the first rollout drains nothing
     # the shipped file's comments survive: the site's file reads like the shipped one
     assert "# override per run with --controller URL" in (root / "etc/sigma/telemetry.yaml").read_text()
 
@@ -66,7 +67,7 @@ def test_init_again_with_more_nodes_keeps_the_keys_it_issued(tmp_path, capsys):
     assert "keys: 1 issued, 3 kept" in capsys.readouterr().out
     again = {k.node: k.id for k in KeyTable(out / "head/etc/sigma/ingest-keys.json").load().keys}
     assert {n: again[n] for n in first} == first and "gpu006" in again
-    assert yaml.safe_load((out / "head/etc/sigma/controller.yaml").read_text())["shadow"] is False
+    assert yaml.safe_load((out / "head/etc/sigma/controller.yaml").read_text())["mode"] == "act"
 
 
 @pytest.mark.parametrize("nodes, said", [("gpu[003-", "'[' without ']'"), ("gpu[5-3]", "'5-3' is not a range"),
@@ -115,11 +116,12 @@ def test_check_a_node_root_says_what_is_there_and_what_is_not(tmp_path, capsys):
     assert "thing(s) to do" in capsys.readouterr().out
 
 
-def test_set_values_keeps_comments_and_refuses_a_missing_key():
+def test_set_values_keeps_comments_and_adds_a_key_only_to_a_mapping_the_file_has():
     text = "a: 1  # one\nb:\n  c: x   # see\n  d: [1, 2]\n# tail\n"
     assert set_values(text, {"b.c": "y", "a": 1}) == "a: 1  # one\nb:\n  c: \"y\"   # see\n  d: [1, 2]\n# tail\n"
-    with pytest.raises(KeyError, match="no key 'b.e'"):
-        set_values(text, {"b.e": 1})
+    assert yaml.safe_load(set_values(text, {"b.e": "z"}))["b"] == {"c": "x", "d": [1, 2], "e": "z"}
+    with pytest.raises(KeyError, match="no key 'f.e'"):
+        set_values(text, {"f.e": 1})
 
 
 def test_the_layout_is_the_one_the_units_hooks_and_defaults_use():
