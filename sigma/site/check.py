@@ -62,7 +62,7 @@ def check(host: Host, which: str, node: str | None = None, timeout_s: float = 3.
         out += findings
         out.append(node_key(host, node))
         out.append(unit(host, "sigma-sidecar.service"))
-        out.append(kernel_log_source(host, node))
+        out.append(kernel_log_source(host, telemetry))
         out.append(controller_reachable(telemetry, timeout_s))
     out += slurm_conf(host)
     return out
@@ -156,20 +156,20 @@ def cron(host: Host) -> Finding:
     return Finding(OK, "cron", f"{CRON_FILE}")
 
 
-def kernel_log_source(host: Host, node: str) -> Finding:
-    """The kernel log the health checks read for this node, and whether it can be read."""
-    from sigma.health.config import load_health_config
+def kernel_log_source(host: Host, telemetry) -> Finding:
+    """The kernel log the sidecar would read now: a node where none can be read misses its kernel's faults."""
+    from sigma.telemetry.logsources import choose_now
 
-    try:
-        health = load_health_config(host.path(ETC / "health.yaml"))
-    except (ValueError, OSError):
-        return Finding(NOTE, "kernel log", "not judged: the health config does not load")
-    source = health.profile(node).kernel_log or ""
-    path = host.path("/dev/kmsg") if source in ("kmsg", "/dev/kmsg") else host.path(source) if source else None
-    if path is None or not os.access(path, os.R_OK):
-        return Finding(MISSING, "kernel log", f"{source or 'no source'} cannot be read here: kernel faults (Xid, "
-                                              f"ECC, link down) would go unseen")
-    return Finding(OK, "kernel log", f"{source}")
+    if telemetry is None:
+        return Finding(NOTE, "kernel log", "not judged: the telemetry config does not load")
+    for section, (kind, params) in telemetry.collectors.items():
+        if kind == "logtail" and params.enabled and params.source != "files":
+            found = choose_now(params, str(host.root))
+            if not found.kind:
+                return Finding(MISSING, "kernel log", f"{section}: none can be read ({found.why_none()}): kernel "
+                                                      f"faults (Xid, ECC, link down) would go unseen")
+            return Finding(OK, "kernel log", f"{section}: {found.describe()}")
+    return Finding(NOTE, "kernel log", "no collector chooses the kernel log (source: auto) in telemetry.yaml")
 
 
 def controller_reachable(telemetry, timeout_s: float) -> Finding:

@@ -3,15 +3,13 @@ shipped files with a few values set, so an admin reads them like the shipped one
 
 from __future__ import annotations
 
-import json
-
 import yaml
 
 
 def set_values(text: str, changes: dict[str, object], where: str = "config") -> str:
     """text with each dotted key's value replaced; a key missing from a mapping the file has is added at its end
-    (the typed loaders refuse a misspelt one); scalars are written as JSON (which YAML reads), lists and mappings as
-    block YAML at the key's indentation."""
+    (the typed loaders refuse a misspelt one); lists and mappings are written as block YAML at the key's
+    indentation."""
     root = yaml.compose(text)
     spans = []
     for dotted, value in changes.items():
@@ -56,7 +54,7 @@ def _end(text: str, node) -> int:
 
 
 def _render(value, column: int) -> str:
-    if not isinstance(value, (list, dict)):
-        return json.dumps(value)
+    if not isinstance(value, (list, dict)):  # plain where YAML reads it back as the same value, else quoted
+        return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
     lines = yaml.safe_dump(value, default_flow_style=False, sort_keys=False).rstrip("\n").split("\n")
     return lines[0] + "".join("\n" + " " * column + line for line in lines[1:])

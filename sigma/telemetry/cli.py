@@ -70,13 +70,6 @@ def _sidecar(args) -> int:
 
 
 def _kernel_log(params, host_root: str):
-    """What the collector would read now (sigma.telemetry.logsources.choose), without keeping it open."""
-    from sigma.telemetry import logsources
+    from sigma.telemetry.logsources import choose_now
 
-    found = logsources.choose(params.order, files=params.files, kmsg_path=params.kmsg_path,
-                              journal_dir=params.journal_dir, journal_reader=params.journal_reader,
-                              transports=tuple(params.journal_transports), cursor=None, from_end=True,
-                              host_root=host_root)
-    if found.journal is not None:
-        found.journal.close()
-    return found
+    return choose_now(params, host_root)

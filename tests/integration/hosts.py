@@ -43,7 +43,8 @@ mount -t tmpfs -o mode=1777 tmpfs "$R/tmp"
 mount --bind "$SHARED" "$R/home"
 mount --bind "$HARDWARE" "$R/mnt"
 mkdir -p "$R/opt/sigma"
-if [ -n "$IMAGE" ]; then mount --bind "$IMAGE" "$R/opt/sigma"; mount -o remount,bind,ro "$R/opt/sigma"; fi
+if [ -n "$IMAGE" ]; then mount --bind "$IMAGE" "$R/opt/sigma"; fi
+if [ -n "$IMAGE" ] && [ -z "$IMAGE_WRITABLE" ]; then mount -o remount,bind,ro "$R/opt/sigma"; fi
 cd "$R"
 mkdir -p .oldroot
 pivot_root . .oldroot
@@ -60,12 +61,12 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 class Host:
     def __init__(self, name: str, address: str, workdir: Path, *, netns: str | None, shared: Path,
-                 image: Path | None):
+                 image: Path | None, image_writable: bool = False):
         self.name, self.address, self.netns = name, address, netns
         self.dir = workdir / name
         self.preload = self.dir / "preload"  # files the host starts with, as its own (over the image)
         self.hardware = self.dir / "hardware"  # the emulated machine's side: its kernel ring buffer FIFO
-        self.shared, self.image = shared, image
+        self.shared, self.image, self.image_writable = shared, image, image_writable
         self.proc: subprocess.Popen | None = None
         self.pid = 0  # the host's PID 1, as this machine sees it
 
@@ -85,7 +86,7 @@ class Host:
         self.write("/usr/local/lib/unitrun.py", (HERE / "unitrun.py").read_text())
         env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "NAME": self.name, "DISK": str(self.dir / "disk"),
                "PRELOAD": str(self.preload), "SHARED": str(self.shared), "HARDWARE": str(self.hardware),
-               "IMAGE": str(self.image or "")}
+               "IMAGE": str(self.image or ""), "IMAGE_WRITABLE": "1" if self.image_writable else ""}
         argv = ["unshare", "--mount", "--uts", "--pid", "--fork", "--propagation", "private", "--kill-child",
                 "sh", "-c", ROOT_SH, "root.sh", *(init or ["python3", "/usr/local/lib/hostinit.py"])]
         if self.netns:  # joined without `ip netns exec`, which would hide the machine's cgroup tree
@@ -121,12 +122,16 @@ class Host:
             raise AssertionError(f"{self.name}$ {command}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
 
-    def copy_in(self, source: Path, path: str) -> None:
+    def copy_in(self, data: bytes, path: str) -> None:
         """Put a file onto the host (what scp does between two machines)."""
-        data = Path(source).read_bytes()
         argv = ["nsenter", "-t", str(self.pid), "-m", "--", "sh", "-c",
                 f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)}"]
         subprocess.run(argv, input=data, check=True, timeout=60)
+
+    def fetch(self, path: str) -> bytes:
+        """A file's bytes from the host (scp the other way)."""
+        argv = ["nsenter", "-t", str(self.pid), "-m", "--", "cat", path]
+        return subprocess.run(argv, capture_output=True, check=True, timeout=60).stdout
 
     def read(self, path: str) -> str:
         return self.run(f"cat {shlex.quote(path)} 2>/dev/null || true").stdout

@@ -104,6 +104,8 @@ NODE_BOOT = COMMON_BOOT + """mkdir -p /var/spool/slurmd /run/log/journal
 setsid unshare -m --propagation private sh -c 'mount --bind /mnt/kmsg /dev/kmsg && \
   SYSTEMD_LOG_TARGET=console exec /lib/systemd/systemd-journald' </dev/null >/var/log/journald.log 2>&1 &
 for i in $(seq 100); do ls /run/log/journal/*/system.journal >/dev/null 2>&1 && break; sleep 0.1; done
+# the kernel's first line of this boot (a real journald finds the boot's lines in the ring buffer)
+printf '6,1,0,-;Linux version %s (%s: emulated boot, %s)\n' "$(uname -r)" "$(hostname)" "$how" > /mnt/kmsg
 if [ "$how" = reboot ]; then slurmd -b; else slurmd; fi
 """ + UNITS_BOOT
 

@@ -118,7 +118,8 @@ def test_check_a_node_root_says_what_is_there_and_what_is_not(tmp_path, capsys):
 
 def test_set_values_keeps_comments_and_adds_a_key_only_to_a_mapping_the_file_has():
     text = "a: 1  # one\nb:\n  c: x   # see\n  d: [1, 2]\n# tail\n"
-    assert set_values(text, {"b.c": "y", "a": 1}) == "a: 1  # one\nb:\n  c: \"y\"   # see\n  d: [1, 2]\n# tail\n"
+    assert set_values(text, {"b.c": "y", "a": 1}) == "a: 1  # one\nb:\n  c: y   # see\n  d: [1, 2]\n# tail\n"
+    assert set_values(text, {"b.c": "yes"}).startswith("a: 1  # one\nb:\n  c: 'yes'")  # the string, not true
     assert yaml.safe_load(set_values(text, {"b.e": "z"}))["b"] == {"c": "x", "d": [1, 2], "e": "z"}
     with pytest.raises(KeyError, match="no key 'f.e'"):
         set_values(text, {"f.e": 1})
