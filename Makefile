@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
-TEST_PACKAGES := chromium postgresql systemd  # headless browser the HTML report test renders the page in; the server
-# the PostgreSQL store tests start; the journald the kernel-log tests run privately (tests/journald.py)
+TEST_PACKAGES := chromium postgresql systemd iproute2 procps  # headless browser the HTML report test renders the
+# page in; the server the PostgreSQL store tests start; the journald the kernel-log tests run privately
+# (tests/journald.py); network namespaces and the process tools of the deployment test's emulated hosts
 BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

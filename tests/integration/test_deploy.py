@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -32,9 +33,11 @@ NODES = ["gpu003", "gpu004", "gpu005"]
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
 JOB = """#!/bin/sh
 #SBATCH --job-name=train
-#SBATCH --nodes=1
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
 #SBATCH --output=/home/train-%j.out
-exec python3 /home/kpi_job.py 0.5
+export KPI_JOB_SYNC_DIR=/home/sync   # the ranks meet on the shared file system; KPIs stay on each node
+exec srun python3 /home/kpi_job.py 0.5
 """
 QUERY = ("import json, sqlite3, sys; c = sqlite3.connect('file:/var/lib/sigma/controller.db?mode=ro', uri=True); "
          "c.row_factory = sqlite3.Row; print(json.dumps([dict(r) for r in c.execute(sys.argv[1], json.loads("
@@ -53,9 +56,11 @@ def lifecycle(head, node) -> dict:
     return rows[0] if rows else {}
 
 
-def job_node(head, job_id: int) -> str:
+def job_nodes(head, job_id: int) -> list[str]:
     out = head.run(f"squeue -h -j {job_id} -o '%t %N'", check=False).stdout.split()
-    return out[1] if len(out) == 2 and out[0] == "R" else ""
+    if len(out) != 2 or out[0] != "R":
+        return []
+    return head.run(f"scontrol show hostnames {out[1]}").stdout.split()
 
 
 def steps_after(head, job_id: int, node: str, since: float) -> int:
@@ -81,16 +86,29 @@ def back_in_service(site: Site, node: str, incident_rule: str, since: float, tim
                              f"{head.read('/var/log/sigma/decisions.log')[-4000:]}") from None
 
 
+class Clock:
+    """Milestones since the start, printed as they happen (pytest -s shows them) and kept for the summary."""
+
+    def __init__(self):
+        self.t0, self.marks = time.monotonic(), []
+
+    def __call__(self, what: str) -> None:
+        self.marks.append((time.monotonic() - self.t0, what))
+        print(f"{self.marks[-1][0]:7.1f} s  {what}", flush=True)
+
+
 @pytest.fixture
 def site(tmp_path):
     why = hosts.available()
     if why:
         pytest.fail(f"the deployment test needs emulated hosts: {why}")
+    mark = Clock()
     # 1. The package (docs/deploy.md: `make wheel`, which is this command)
     home = tmp_path / "home"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(home / "dist"), str(ROOT)], check=True, capture_output=True, timeout=600)
-    # 2. Install, once into the node image every host boots with (a fresh virtual environment at /opt/sigma)
+    mark("wheel built")
+    # 2. Install, once into the node image every host boots with: a fresh virtual environment at /opt/sigma
     image = tmp_path / "image"
     image.mkdir()
     builder = hosts.Host("image", "", tmp_path / "build", netns=None, shared=home, image=image, image_writable=True)
@@ -101,20 +119,29 @@ def site(tmp_path):
                     "/home/dist/sigma_slurm-*.whl && /opt/sigma/bin/sigma --help >/dev/null", timeout=1500)
     finally:
         builder.stop()
+    mark("installed into a fresh virtual environment")
     s = Site(tmp_path, "head", NODES, image=image)
     try:
-        yield s.up()
+        s.up()
+        mark("the site's SLURM up on 4 emulated hosts")
+        s.mark = mark
+        yield s
     finally:
         for h in s.hosts.values():  # what each host logged, for a failure's report
-            for log in ("/var/log/sigma-controller.log", "/var/log/sigma-sidecar.log", "/var/log/slurm/slurmd.log"):
+            for log in ("/var/log/sigma/decisions.log", "/var/log/sigma-sidecar.log", "/var/log/slurm/slurmd.log",
+                        "/var/log/slurm/slurmctld.log"):
                 text = h.read(log) if h.pid else ""
                 if text:
                     (tmp_path / f"{h.name}-{Path(log).name}").write_text(text)
+            if h.pid:
+                for out in h.run("ls /var/lib/sigma/validate-*.out 2>/dev/null", check=False).stdout.split():
+                    (tmp_path / f"{h.name}-{Path(out).name}").write_text(h.read(out))
         s.down()
+        shutil.rmtree(image, ignore_errors=True)  # the installed environment (about 1 GB)
 
 
 def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
-    head, nodes = site.head, {n.name: n for n in site.nodes()}
+    head, nodes, mark = site.head, {n.name: n for n in site.nodes()}, site.mark
     for host in site.hosts.values():  # 2. `sigma` on admins' PATH
         host.run("ln -s /opt/sigma/bin/sigma /usr/local/bin/sigma && sigma --help >/dev/null")
 
@@ -147,10 +174,11 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
                          timeout=60, what=f"sigma site check on {host.name}")
         assert check.stdout.strip().endswith("ready"), check.stdout
     node_check = nodes["gpu004"].run("sigma site check").stdout
-    assert "kernel log" in node_check and "http://head:8470/healthz answers" in node_check
-    assert "gpu004-" in node_check  # its own key
+    assert "the systemd journal" in node_check and "http://head:8470/healthz answers" in node_check, node_check
+    assert "key gpu004-" in node_check  # its own key
     wait_for(lambda: len(sql(head, "SELECT DISTINCT node FROM events WHERE source = 'sidecar'")) == 3, timeout=90,
              what="every sidecar pushing to the head")
+    mark("deployed: every host checked, every sidecar pushing")
 
     # 9. First rollout, observe mode: a fault is recorded, SLURM is not touched
     t0 = time.time()
@@ -160,6 +188,7 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     assert observed[0]["rule_id"] == "gpu-xid-79" and observed[0]["status"] == "shadow"
     assert "gpu005" not in head.run("sinfo -R -h").stdout
     assert "OBSERVE mode" in head.run("sigma nodes").stdout
+    mark("observe mode: the Xid on gpu005 recorded, nothing done")
     # ... and the switch to acting, by the guide
     head.run("sed -i 's/^mode: observe/mode: act/' /etc/sigma/controller.yaml && sigma controller rules --check")
     site.reload(head, "sigma-controller.service")
@@ -167,18 +196,22 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
         node.run("sed -i 's/^  mode: observe/  mode: act/' /etc/sigma/health.yaml")
     wait_for(lambda: "RELOAD applied" in (log := head.read("/var/log/sigma/decisions.log")) and
              "ACT mode" in log.split("RELOAD applied")[-1], timeout=60, what="the controller acting")
+    # what observe mode would have done is the admins' to do: they agree, and take gpu005 out by hand
+    head.run("scontrol update NodeName=gpu005 State=DRAIN Reason='xid 79 seen in observe mode'")
+    mark("acting; gpu005 drained by an admin")
 
-    # A training job that reports its KPIs (the KPI protocol: JSON lines in the node's KPI directory)
+    # A training job on two nodes that reports its KPIs (the KPI protocol: JSON lines in each node's KPI directory)
     head.run("cat > /home/kpi_job.py", input=(ROOT / "tests/integration/kpi_job.py").read_text())
     head.run("cat > /home/train.sbatch", input=JOB)
     job = int(head.run("cd /home && sbatch --parsable train.sbatch").stdout.strip())
 
-    def running_with_steps(since: float) -> str:
-        node = job_node(head, job)
-        return node if node and steps_after(head, job, node, since) >= 3 else ""
+    def training(since: float) -> list[str]:
+        """The job's nodes once each of its ranks reported steps after `since`."""
+        on = job_nodes(head, job)
+        return on if on and all(steps_after(head, job, n, since) >= 3 for n in on) else []
 
-    # Fault 1: an Xid 79 on the job's node, through its journal
-    first = wait_for(lambda: running_with_steps(0), timeout=120, what="the job training")
+    # Fault 1: an Xid 79 on one of the job's nodes, through that node's journal
+    first = wait_for(lambda: training(0), timeout=180, what="the job training")[0]
     t1 = time.time()
     nodes[first].kernel(XID79)
     assert back_in_service(site, first, "gpu-xid-79", t1, timeout=600)
@@ -187,17 +220,19 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     reboots = sql(head, "SELECT COUNT(*) AS n FROM actions WHERE kind = 'reboot' AND target = ? AND state = 'done'"
                         " AND created_at > ?", first, t1)
     assert reboots[0]["n"] == 1
+    mark(f"Xid 79 on {first}: drained, job requeued, rebooted, kernel log acknowledged, validated, back in service")
 
-    # Fault 2: the job hangs on its new node (its processes stopped)
-    second = wait_for(lambda: (n := running_with_steps(t1)) and n != first and n, timeout=300,
-                      what="the job running again elsewhere")
+    # Fault 2: the job's rank on its other node hangs (its process stopped); the rank beside it waits for it
+    second = next(n for n in wait_for(lambda: training(t1), timeout=300, what="the job training after the Xid")
+                  if n != first)
     t2 = time.time()
     nodes[second].run("pkill -STOP -f '[k]pi_job.py'")
     assert back_in_service(site, second, "watchdog-hang", t2, timeout=600)
+    mark(f"hang on {second}: isolated, drained, job requeued, rebooted, validated, back in service")
 
-    # Fault 3: the node the job runs on dies (every process of that host gone); an admin powers it back on
-    third = wait_for(lambda: (n := running_with_steps(t2)) and n != second and n, timeout=300,
-                     what="the job running again after the hang")
+    # Fault 3: a node of the job dies (every process of that host gone); an admin powers it back on
+    third = next(n for n in wait_for(lambda: training(t2), timeout=300, what="the job training after the hang")
+                 if n != second)
     t3 = time.time()
     nodes[third].power_off()
     wait_for(lambda: sql(head, "SELECT 1 FROM incidents WHERE node = ? AND rule_id = 'slurm-node-not-responding'"
@@ -208,7 +243,12 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
              what=f"{third}'s slurmd answering again")
     head.run(f"sigma nodes --repaired {third}")
     assert back_in_service(site, third, "slurm-node-not-responding", t3, timeout=600)
-    wait_for(lambda: running_with_steps(t3), timeout=300, what="the job training after the node death")
+    wait_for(lambda: training(t3), timeout=300, what="the job training after the node death")
+    mark(f"death of {third}: detected, set down, job requeued, powered on, repaired, validated, back in service")
+
+    # gpu005, repaired by hand: its kernel log acknowledged on the node, then back into service
+    nodes["gpu005"].run("sigma health log-ack")
+    head.run("scontrol update NodeName=gpu005 State=RESUME")
 
     # What an admin reads afterwards
     report = head.run("sigma nodes; sigma incidents; sinfo -R -h").stdout
