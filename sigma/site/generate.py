@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import shutil
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,34 +66,50 @@ class Answers:
 
 
 def generate(answers: Answers, out: Path) -> list[str]:
-    """Write (or refresh) the site's files under out; return what was done, one line each."""
-    done = []
-    head = out / "head"
-    shipped = project_root() / "configs"
-    header = f"# {{name}} for this site: the shipped file of sigma {__version__} with the site's values " \
-             f"(sigma site init, {time.strftime('%Y-%m-%d')}).\n"
+    """Write (or refresh) the site's files under out; return what was done, one line each.
 
-    def write(path: Path, text: str, mode: int = 0o644) -> None:
+    A config the site already has under out keeps its edits: only the answers' values are set in it again (the
+    controller's URL, its port). Written the first time from the shipped file, it also gets the site's paths and
+    the first rollout's observe mode, which the admins change later by hand."""
+    head, node = out / "head", out / "node"
+    etc = head / ETC.relative_to("/")
+    header = f"# {{}} for this site: the shipped file of sigma {__version__} with the site's values " \
+             f"(sigma site init, {time.strftime('%Y-%m-%d')}).\n"
+    configs = {  # path -> (what it is, values set every time, values set only in a new file)
+        etc / "controller.yaml": ("controller policy", {"listen": f"0.0.0.0:{answers.port}"}, {
+            "rules": str(ETC / "rules"), "remediation": str(ETC / "remediation.yaml"), "mode": answers.mode,
+            "db": str(VAR_LIB / "controller.db"), "log_dir": str(LOG_DIR), "ingest_keys_file": str(KEY_TABLE)}),
+        # validation job output on the node that runs it: the controller's working directory (/) is no place for it
+        etc / "remediation.yaml": ("remediation playbooks", {}, {"validation.output_dir": str(VAR_LIB)}),
+        etc / "learn.yaml": ("rule learning settings", {}, {}),
+        node / "etc/sigma/telemetry.yaml": ("telemetry sidecar config",
+                                            {"push.url": answers.url, "push.secret_file": str(NODE_KEY)}, {}),
+        node / "etc/sigma/health.yaml": ("node health config", {}, {
+            "baseline_file": str(ETC / "health-baselines.json"), "prolog.mode": answers.mode,
+            "epilog.mode": answers.mode, "nodes": [node_profile(answers)]}),
+    }
+    texts = {}
+    for path, (what, always, initially) in configs.items():
+        shipped = project_root() / "configs" / path.name
+        if path.exists():
+            texts[path] = set_values(path.read_text(), always, str(path))
+        else:
+            texts[path] = header.format(what) + set_values(shipped.read_text(), {**initially, **always}, str(shipped))
+    validate(texts, answers.node_names[0])  # before anything is written
+
+    def write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        path.chmod(mode)
 
-    etc = head / ETC.relative_to("/")
-    write(etc / "controller.yaml", header.format(name="controller policy") + set_values(
-        (shipped / "controller.yaml").read_text(),
-        {"rules": str(ETC / "rules"), "remediation": str(ETC / "remediation.yaml"), "listen": f"0.0.0.0:{answers.port}",
-         "db": str(VAR_LIB / "controller.db"), "log_dir": str(LOG_DIR), "ingest_keys_file": str(KEY_TABLE),
-         "mode": answers.mode}, "configs/controller.yaml"))
-    # validation job output on the node where it runs: the controller's working directory (/) is no place for it
-    write(etc / "remediation.yaml", header.format(name="remediation playbooks") + set_values(
-        (shipped / "remediation.yaml").read_text(), {"validation.output_dir": str(VAR_LIB)}, "configs/remediation.yaml"))
-    shutil.copyfile(shipped / "learn.yaml", etc / "learn.yaml")
+    for path, text in texts.items():
+        write(path, text)
     if not (etc / "rules").exists():  # the site's knowledge base: promoted rules are added to it, never replaced
-        shutil.copytree(shipped / "rules", etc / "rules")
-    write(head / UNIT_DIR.relative_to("/") / "sigma-controller.service",
-          (project_root() / "daemons" / "sigma-controller.service").read_text())
-    write(head / CRON_FILE.relative_to("/"), cron_text())
-    done.append(f"{head}/: the head node's files (controller config, rules, playbooks, unit, cron)")
+        shutil.copytree(project_root() / "configs" / "rules", etc / "rules")
+    for unit, where in (("sigma-controller.service", head), ("sigma-sidecar.service", node)):
+        write(where / UNIT_DIR.relative_to("/") / unit, (project_root() / "daemons" / unit).read_text())
+    if not (head / CRON_FILE.relative_to("/")).exists():
+        write(head / CRON_FILE.relative_to("/"), cron_text())
+    done = [f"{head}/: the head node's files (controller config, rules, playbooks, unit, cron)"]
 
     table = KeyTable(etc / KEY_TABLE.name).load(missing_ok=True)
     new = [table.issue(n) for n in answers.node_names if not table.for_node(n)]
@@ -101,17 +118,6 @@ def generate(answers: Answers, out: Path) -> list[str]:
         write_private(etc / "keys" / f"{key.node}.key", node_key_text(key))
     done.append(f"keys: {len(new)} issued, {len(answers.node_names) - len(new)} kept")
 
-    node = out / "node"  # what every node gets, for review; each bundle adds the node's key
-    write(node / "etc/sigma/telemetry.yaml", header.format(name="telemetry sidecar config") + set_values(
-        (shipped / "telemetry.yaml").read_text(), {"push.url": answers.url, "push.secret_file": str(NODE_KEY)},
-        "configs/telemetry.yaml"))
-    write(node / "etc/sigma/health.yaml", header.format(name="node health config") + set_values(
-        (shipped / "health.yaml").read_text(),
-        {"baseline_file": str(ETC / "health-baselines.json"), "prolog.mode": answers.mode,
-         "epilog.mode": answers.mode, "nodes": [node_profile(answers)]}, "configs/health.yaml"))
-    write(node / "etc/systemd/system/sigma-sidecar.service",
-          (project_root() / "daemons" / "sigma-sidecar.service").read_text())
-    validate(head, node, answers.node_names[0])
     common = {str(p.relative_to(node)): p.read_bytes() for p in sorted(node.rglob("*")) if p.is_file()}
     bundles = out / "nodes"
     for name in answers.node_names:
@@ -126,17 +132,25 @@ def generate(answers: Answers, out: Path) -> list[str]:
     return done
 
 
-def validate(head: Path, node: Path, node_name: str) -> None:
-    """Load every generated config as the daemons will: a shipped file that no longer takes the site's values is
-    an error here, not on the hosts."""
+def validate(texts: dict[Path, str], node_name: str) -> None:
+    """Load every config as the daemons will (from a scratch copy): a shipped file that no longer takes the site's
+    values, or a site's edit that no longer loads, is an error here, not on the hosts."""
     from sigma.controller.config import load_controller_config, load_remediation_config
     from sigma.health.config import load_health_config
+    from sigma.rules.learn.config import load_learn_config
     from sigma.telemetry.config import load
 
-    load_controller_config(head / "etc/sigma/controller.yaml")
-    load_remediation_config(head / "etc/sigma/remediation.yaml")
-    load_health_config(node / "etc/sigma/health.yaml").profile(node_name)
-    load(node / "etc/sigma/telemetry.yaml", node=node_name)
+    loaders = {"controller.yaml": load_controller_config, "remediation.yaml": load_remediation_config,
+               "learn.yaml": load_learn_config, "health.yaml": lambda p: load_health_config(p).profile(node_name),
+               "telemetry.yaml": lambda p: load(p, node=node_name)}
+    with tempfile.TemporaryDirectory() as scratch:
+        for path, text in texts.items():
+            copy = Path(scratch) / path.name
+            copy.write_text(text)
+            try:
+                loaders[path.name](copy)
+            except ValueError as exc:  # ConfigError names the copy's file:line [key]: say which file it is
+                raise ValueError(str(exc).replace(str(copy), str(path))) from None
 
 
 def node_profile(answers: Answers) -> dict:

@@ -56,11 +56,13 @@ def lifecycle(head, node) -> dict:
     return rows[0] if rows else {}
 
 
-def job_nodes(head, job_id: int) -> list[str]:
-    out = head.run(f"squeue -h -j {job_id} -o '%t %N'", check=False).stdout.split()
-    if len(out) != 2 or out[0] != "R":
-        return []
-    return head.run(f"scontrol show hostnames {out[1]}").stdout.split()
+def job_run(head, job_id: int) -> tuple[list[str], float]:
+    """The nodes of the job's current run and when it started ([] while it does not run)."""
+    out = head.run(f"squeue -h -j {job_id} -o '%t %N %S'", check=False).stdout.split()
+    if len(out) != 3 or out[0] != "R":
+        return [], 0.0
+    return (head.run(f"scontrol show hostnames {out[1]}").stdout.split(),
+            time.mktime(time.strptime(out[2], "%Y-%m-%dT%H:%M:%S")))
 
 
 def steps_after(head, job_id: int, node: str, since: float) -> int:
@@ -206,9 +208,9 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     job = int(head.run("cd /home && sbatch --parsable train.sbatch").stdout.strip())
 
     def training(since: float) -> list[str]:
-        """The job's nodes once each of its ranks reported steps after `since`."""
-        on = job_nodes(head, job)
-        return on if on and all(steps_after(head, job, n, since) >= 3 for n in on) else []
+        """The nodes of the job's run started after `since`, once each of its ranks reported steps."""
+        on, start = job_run(head, job)
+        return on if on and start >= int(since) and all(steps_after(head, job, n, start) >= 3 for n in on) else []
 
     # Fault 1: an Xid 79 on one of the job's nodes, through that node's journal
     first = wait_for(lambda: training(0), timeout=180, what="the job training")[0]

@@ -59,15 +59,36 @@ def test_init_writes_head_files_and_one_bundle_per_node_of_the_hostlist(tmp_path
     assert "# override per run with --controller URL" in (root / "etc/sigma/telemetry.yaml").read_text()
 
 
-def test_init_again_with_more_nodes_keeps_the_keys_it_issued(tmp_path, capsys):
+def test_init_again_keeps_the_keys_it_issued_and_the_sites_edits(tmp_path, capsys):
     out = tmp_path / "site"
     assert init(out) == 0
     first = {k.node: k.id for k in KeyTable(out / "head/etc/sigma/ingest-keys.json").load().keys}
-    assert init(out, "gpu[003-006]", "--act") == 0
+    controller = out / "head/etc/sigma/controller.yaml"
+    controller.write_text(controller.read_text().replace("\nmode: observe", "\nmode: act"))  # the admins switched
+    health = out / "node/etc/sigma/health.yaml"
+    health.write_text(health.read_text().replace("    gpus: 8", "    gpus: 8\n    mounts: [/scratch]"))
+    assert main(["site", "init", "--controller", "head2", "--nodes", "gpu[003-006]", "--gpus", "8",
+                 "--out", str(out)]) == 0
     assert "keys: 1 issued, 3 kept" in capsys.readouterr().out
     again = {k.node: k.id for k in KeyTable(out / "head/etc/sigma/ingest-keys.json").load().keys}
     assert {n: again[n] for n in first} == first and "gpu006" in again
-    assert yaml.safe_load((out / "head/etc/sigma/controller.yaml").read_text())["mode"] == "act"
+    assert yaml.safe_load(controller.read_text())["mode"] == "act"
+    assert load_health_config(health).profile("gpu003").mounts == ["/scratch"]
+    with tarfile.open(out / "nodes" / "gpu006.tar") as tar:  # the new node's bundle has the edits and the answers
+        files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+    assert "/scratch" in files["etc/sigma/health.yaml"]
+    assert "url: http://head2:8470/v1/ingest" in files["etc/sigma/telemetry.yaml"]
+
+
+def test_init_refuses_a_site_edit_that_does_not_load_and_issues_nothing(tmp_path, capsys):
+    out = tmp_path / "site"
+    assert init(out) == 0
+    controller = out / "head/etc/sigma/controller.yaml"
+    controller.write_text(controller.read_text().replace("poll_s: 1.0", "poll_s: soon"))
+    assert init(out, "gpu[003-006]") == 2
+    err = capsys.readouterr().err
+    assert f"{controller}:" in err and "[poll_s]" in err
+    assert len(KeyTable(out / "head/etc/sigma/ingest-keys.json").load().keys) == 3
 
 
 @pytest.mark.parametrize("nodes, said", [("gpu[003-", "'[' without ']'"), ("gpu[5-3]", "'5-3' is not a range"),
