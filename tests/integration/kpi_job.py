@@ -40,7 +40,7 @@ def main() -> int:
                           else "resume", "message": f"run {restart} from step {start}"}) + "\n")
     for step in range(start, start + steps):
         while True:  # the collective: wait for every rank to finish the previous step
-            done = [_read(sync / f"rank-{r}") for r in range(world)]
+            done = [max(_read(sync / f"rank-{r}"), start - 1) for r in range(world)]  # a resumed run starts at start
             if min(done) >= step - 1:
                 break
             time.sleep(0.05)
