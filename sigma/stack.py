@@ -228,7 +228,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
     p.add_argument("--hang-timeout", type=float, default=None, help="controller watchdog hang timeout (s)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="settings",
-                   help="up: override a controller setting, e.g. --set watchdog.recent_window_s=30 (repeatable)")
+                   help="up: override a controller setting, e.g. --set mode=observe (repeatable); checked before "
+                        "anything is written; on a running platform the controller reloads with it")
     p.add_argument("--with-cluster", action="store_true", help="down: also stop the SLURM cluster")
     p.set_defaults(func=_run)
 

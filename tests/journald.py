@@ -54,7 +54,7 @@ class Journald:
         self.directory = self.root / "journal"  # what journalctl -D / sd_journal_open_directory read
         self.kmsg = self.root / "kmsg"
         self.proc: subprocess.Popen | None = None
-        self.seq = 0
+        self.seq = -1  # the kernel numbers its records from 0
         self._fifo = -1
 
     def start(self, timeout: float = 10.0) -> "Journald":
@@ -62,9 +62,10 @@ class Journald:
         if not self.kmsg.exists():
             os.mkfifo(self.kmsg)
         env = {**os.environ, "JDIR": str(self.directory), "KMSG": str(self.kmsg), "JOURNALD": JOURNALD}
-        self.proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", _START], env=env,
-                                     stdout=open(self.root / "journald.log", "ab"), stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.root / "journald.log", "ab") as log:
+            self.proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", _START], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout
         while not any(self.directory.glob("*/system.journal")):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -46,6 +46,7 @@ class SourceLine:
     writer: str = ""  # who wrote it, as the source records it: "kernel", "facility:3", "transport:syslog"
     ts: float | None = None  # the source's own time for the line, where it keeps one (the journal)
     fields: dict = field(default_factory=dict)  # more of where it came from, for the event (journal unit, boot)
+    ident: str = ""  # the program the line names (journal SYSLOG_IDENTIFIER): a claim, not an attribution
 
 
 def boot_id(host_root: str = "/") -> str:
@@ -143,7 +144,7 @@ class KmsgReader:
 
 # ---------- the journal ----------
 
-def _entry_line(entry: dict, transports: tuple[str, ...], ts: float | None = None) -> SourceLine:
+def _entry_line(entry: dict, ts: float | None = None) -> SourceLine:
     msg = entry.get("MESSAGE", "")
     if isinstance(msg, list):  # journalctl -o json: a binary message as a list of bytes
         msg = bytes(b & 0xFF for b in msg if isinstance(b, int))
@@ -151,8 +152,8 @@ def _entry_line(entry: dict, transports: tuple[str, ...], ts: float | None = Non
         msg = msg.decode("utf-8", "replace")
     transport = str(entry.get("_TRANSPORT", ""))
     facility = str(entry.get("SYSLOG_FACILITY", ""))
-    kernel = transport in transports and (transport != "kernel" or facility == "0")
-    writer = ("kernel" if transport == "kernel" and facility == "0" else
+    kernel = transport == "kernel" and facility == "0"
+    writer = ("kernel" if kernel else
               f"facility:{facility or 'none'}" if transport == "kernel" else f"transport:{transport or 'none'}")
     for key in ("__REALTIME_TIMESTAMP", "_SOURCE_REALTIME_TIMESTAMP"):
         if ts is not None:
@@ -164,7 +165,7 @@ def _entry_line(entry: dict, transports: tuple[str, ...], ts: float | None = Non
     fields = {"boot": entry["_BOOT_ID"]} if entry.get("_BOOT_ID") else {}
     if entry.get("_SYSTEMD_UNIT"):
         fields["unit"] = entry["_SYSTEMD_UNIT"]
-    return SourceLine(str(msg), "journal", kernel, writer, ts, fields)
+    return SourceLine(str(msg), "journal", kernel, writer, ts, fields, str(entry.get("SYSLOG_IDENTIFIER", "")))
 
 
 class JournalUnavailable(RuntimeError):
@@ -212,7 +213,7 @@ class NativeJournal:
         if self.directory:
             reader.open_directory(self.directory)
         else:
-            reader.open(JournalOpenMode.SYSTEM | JournalOpenMode.LOCAL_ONLY)
+            reader.open(JournalOpenMode.SYSTEM)  # system services and the kernel, not users' journals
         rule = None
         for t in self.transports:
             rule = Rule("_TRANSPORT", t) if rule is None else rule | Rule("_TRANSPORT", t)
@@ -236,7 +237,7 @@ class NativeJournal:
             if entry is None:
                 break
             self.cursor = _cursor(entry)
-            lines.append(_entry_line(entry.data, self.transports, entry.get_realtime_usec() / 1e6))
+            lines.append(_entry_line(entry.data, entry.get_realtime_usec() / 1e6))
         return lines
 
     def close(self) -> None:
@@ -326,12 +327,14 @@ class JournalctlJournal:
                     continue
                 if isinstance(entry, dict):
                     self.cursor = entry.get("__CURSOR", self.cursor)
-                    lines.append(_entry_line(entry, self.transports))
-        if exited or self.proc.poll() is not None:
+                    lines.append(_entry_line(entry))
+        if lines:
+            self.restarts = 0
+        if exited or self.proc.poll() is not None:  # restarted after the last cursor read: nothing lost
             code = self.proc.wait()
             self.close()
             self.restarts += 1
-            if self.restarts > 3 and not lines:
+            if self.restarts > 3:
                 raise JournalUnavailable(f"journalctl --follow exits at once (exit status {code})")
         return lines
 

@@ -212,3 +212,49 @@ collectors:
                            capture_output=True, text=True, env=env)
     assert blind.returncode == 1
     assert "NO KERNEL LOG: kernel-log fault detection would be OFF (journal: no journal files" in blind.stdout
+
+
+def test_another_transport_a_site_chose_counts_by_the_program_it_names(jd):
+    """journal_transports [kernel, journal]: a native entry counts when its program is one of `idents` (a claim
+    the site chose to believe), never as the kernel's."""
+    c = journal_tail(jd, "native", journal_transports=["kernel", "journal"], idents=["nvidia-persistenced"])
+    try:
+        run(c)
+        jd.logger("NVRM: Xid (PCI:0000:3b:00): 79, via the daemon", ident="nvidia-persistenced")
+        jd.logger("NVRM: Xid (PCI:0000:3b:00): 48, from someone else", ident="mallory")
+        jd.sync()
+        out = run(c)
+        assert [e["xid"] for e in events(out)] == [79]
+        assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", "journal")))] == 1
+    finally:
+        c.close()
+
+
+def test_the_system_journal_opens_natively():
+    """The node's own journal (no journal_dir): opened through libsystemd whether or not journald runs here."""
+    if native_available():
+        pytest.skip(native_available())
+    from sigma.telemetry.logsources import NativeJournal
+
+    journal = NativeJournal("", ("kernel",), None, from_end=True)
+    assert isinstance(journal.read(), list)
+    journal.close()
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_shipped_config_on_a_journald_node_reads_the_system_journal(jd, reader):
+    """A journald-only node as it is (no kern.log): the shipped telemetry config, `sigma sidecar --check`, seen from
+    a mount namespace where journald's files are the system journal (/run/log/journal) and there is no
+    /var/log/kern.log; it takes the journal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SIGMA_CLUSTER_DIR", "SIGMA_NODE_DIR")}
+    script = (f'mount -t tmpfs tmpfs /run && mkdir -p /run/log/journal && mount --bind "{jd.directory}" '
+              f'/run/log/journal && mount -t tmpfs tmpfs /var/log && '
+              f'exec "{sys.executable}" -m sigma.cli sidecar --check --node gpu001 '
+              f'--set collectors.kernel.journal_reader={reader}')
+    check = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                           capture_output=True, text=True, timeout=60)
+    if reader == "native" and native_available():
+        pytest.skip(native_available())
+    assert check.returncode == 0, check.stdout + check.stderr
+    name = {"native": "libsystemd", "journalctl": "journalctl"}[reader]
+    assert f"kernel log: the systemd journal (kernel transport, read through {name})" in check.stdout

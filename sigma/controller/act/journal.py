@@ -68,7 +68,8 @@ class Journal:
 
     def plan(self, key: str, kind: str, target: str, *, params: dict | None = None, reason: str = "",
              incident_id: int | None = None, shadow: bool = False, automatic: bool = True) -> ActionRow:
-        """Record the intent (committed before anything runs); an existing key is returned unchanged."""
+        """Record the intent (committed before anything runs); an existing key is returned unchanged, except a row
+        only observed before (shadow), which is planned now that it may run (the controller left observe mode)."""
         shadow = shadow or (automatic and self.observed(incident_id))
         now = self.clock()
         with self.conn:
@@ -77,6 +78,9 @@ class Journal:
                 " updated_at, automatic) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (key, incident_id, kind, target, json.dumps(params or {}), reason, "shadow" if shadow else "planned",
                  now, now, int(automatic)))
+            if not shadow:
+                self.conn.execute("UPDATE actions SET state = 'planned', updated_at = ? WHERE key = ? AND"
+                                  " state = 'shadow'", (now, key))
         return self.get(key)
 
     def get(self, key: str) -> ActionRow | None:

@@ -110,6 +110,9 @@ def test_observe_mode_changes_nothing_in_slurm_but_act_rules_act(tmp_path):
     xid79(ctl.conn, "node2", clock() - 1)
     assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
     assert slurm.node("node2").drained and slurm.count("release") == 0
+    ctl.cfg.mode = "act"  # what was only observed and is still wanted now runs: the held job is released
+    ctl.tick()
+    assert slurm.count("release") == 1 and ("release", "5", "done") in actions(ctl.conn)
 
 
 def test_a_node_without_kernel_log_is_said_in_the_controllers_log(tmp_path):
