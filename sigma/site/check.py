@@ -64,7 +64,7 @@ def check(host: Host, which: str, node: str | None = None, timeout_s: float = 3.
         out.append(unit(host, "sigma-sidecar.service"))
         out.append(kernel_log_source(host, telemetry))
         out.append(controller_reachable(telemetry, timeout_s))
-    out += slurm_conf(host)
+    out.append(slurm_conf(host))
     return out
 
 
@@ -234,20 +234,20 @@ SLURM_LINES = {
 }
 
 
-def slurm_conf(host: Host) -> list[Finding]:
+def slurm_conf(host: Host) -> Finding:
     """slurm.conf as this host reads it: $SLURM_CONF or /etc/slurm/slurm.conf, else slurmd's configless cache."""
     candidates = [os.environ.get("SLURM_CONF", ""), "/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf",
                   "/var/spool/slurmd/conf-cache/slurm.conf"]
     path = next((host.path(c) for c in candidates if c and host.path(c).exists()), None)
     if path is None:
-        return [Finding(MISSING, "slurm.conf", "no slurm.conf here (looked at $SLURM_CONF, /etc/slurm, slurmd's "
-                                               "configless cache)")]
+        return Finding(MISSING, "slurm.conf", "no slurm.conf here (looked at $SLURM_CONF, /etc/slurm, slurmd's "
+                                              "configless cache)")
     values = read_slurm_conf(path)
     wrong = [f"{key}={values.get(key, '(unset)')}" for key, right in SLURM_LINES.items()
              if not right(values.get(key, ""))]
     if wrong:
-        return [Finding(WRONG, "slurm.conf", f"{path}: {'; '.join(wrong)}: add `sigma site init`'s slurm.conf lines")]
-    return [Finding(OK, "slurm.conf", f"{path}: Prolog, Epilog, nohold_on_prolog_fail, JobRequeue, RebootProgram")]
+        return Finding(WRONG, "slurm.conf", f"{path}: {'; '.join(wrong)}: add `sigma site init`'s slurm.conf lines")
+    return Finding(OK, "slurm.conf", f"{path}: Prolog, Epilog, nohold_on_prolog_fail, JobRequeue, RebootProgram")
 
 
 def read_slurm_conf(path: Path, depth: int = 0) -> dict[str, str]:

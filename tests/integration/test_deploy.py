@@ -222,21 +222,23 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     first = wait_for(lambda: training(0), timeout=180, what="the job training")[0]
     t1 = time.time()
     nodes[first].kernel(XID79)
-    assert back_in_service(site, first, "gpu-xid-79", t1, timeout=600)
+    back = back_in_service(site, first, "gpu-xid-79", t1, timeout=600)
     acks = sql(head, "SELECT * FROM node_requests WHERE node = ? AND kind = 'log-ack' AND requested_at > ?", first, t1)
     assert acks and acks[0]["answered_at"], acks  # the node acknowledged its own kernel log, through its sidecar
     reboots = sql(head, "SELECT COUNT(*) AS n FROM actions WHERE kind = 'reboot' AND target = ? AND state = 'done'"
                         " AND created_at > ?", first, t1)
     assert reboots[0]["n"] == 1
-    mark(f"Xid 79 on {first}: drained, job requeued, rebooted, kernel log acknowledged, validated, back in service")
+    mark(f"Xid 79 on {first}: drained, job requeued, rebooted, kernel log acknowledged, validated, back in service "
+         f"{back['updated_at'] - t1:.0f} s after the line")
 
     # Fault 2: the job's rank on its other node hangs (its process stopped); the rank beside it waits for it
     second = next(n for n in wait_for(lambda: training(t1), timeout=300, what="the job training after the Xid")
                   if n != first)
     t2 = time.time()
     nodes[second].run("pkill -STOP -f '[k]pi_job.py'")
-    assert back_in_service(site, second, "watchdog-hang", t2, timeout=600)
-    mark(f"hang on {second}: isolated, drained, job requeued, rebooted, validated, back in service")
+    back = back_in_service(site, second, "watchdog-hang", t2, timeout=600)
+    mark(f"hang on {second}: isolated, drained, job requeued, rebooted, validated, back in service "
+         f"{back['updated_at'] - t2:.0f} s after the stop")
 
     # Fault 3: a node of the job dies (every process of that host gone); an admin powers it back on
     third = next(n for n in wait_for(lambda: training(t2), timeout=300, what="the job training after the hang")
@@ -250,9 +252,10 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     wait_for(lambda: not head.run(f"sinfo -h -n {third} -o %t").stdout.strip().endswith("*"), timeout=120,
              what=f"{third}'s slurmd answering again")
     head.run(f"sigma nodes --repaired {third}")
-    assert back_in_service(site, third, "slurm-node-not-responding", t3, timeout=600)
+    back = back_in_service(site, third, "slurm-node-not-responding", t3, timeout=600)
     wait_for(lambda: training(t3), timeout=300, what="the job training after the node death")
-    mark(f"death of {third}: detected, set down, job requeued, powered on, repaired, validated, back in service")
+    mark(f"death of {third}: detected, set down, job requeued, powered on, repaired, validated, back in service "
+         f"{back['updated_at'] - t3:.0f} s after the power-off")
 
     # gpu005, repaired by hand: its kernel log acknowledged on the node, then back into service
     nodes["gpu005"].run("sigma health log-ack")
