@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 
 from sigma.cli import parse_since
+from sigma.paths import ETC
 from sigma.store import is_url
 
-SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
+SITE_CONFIG = ETC / "controller.yaml"  # where a real cluster's admin installs the controller config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--config", default=None,
                        help="controller config (default: $SIGMA_CONTROLLER_CONFIG, else this checkout's local "
-                            f"stack, else {SITE_CONFIG}, else configs/controller.yaml)")
+                            f"stack, else {SITE_CONFIG}, else the shipped one)")
         p.add_argument("--db", default=None, help="controller database (overrides the config's db)")
         return p
 
@@ -186,12 +187,10 @@ def _rules(args) -> int:
             rules, errors = [], [exc]
         if rules:  # the policy's and the playbooks' references to rule ids
             from sigma.controller.config import load_remediation_config, unknown_rule_ids
-            from sigma.paths import configs_dir
 
             try:
                 rcfg = load_remediation_config(resolve(cfg.remediation))
-                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules},
-                                           args.config or configs_dir() / "controller.yaml")
+                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules}, config_path(args.config))
             except ConfigError as exc:
                 errors.append(exc)
         for exc in errors:

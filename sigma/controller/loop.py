@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.act.noderequests import NodeRequests
 from sigma.controller.report.detection import kernel_logs
 from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
@@ -76,7 +77,8 @@ class Controller:
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
-                                                        jit_gate=JitGate(self.conn, clock)),
+                                                        jit_gate=JitGate(self.conn, clock),
+                                                        node_requests=NodeRequests(self.conn, clock)),
                                clock=clock,
                                max_attempts=cfg.max_action_attempts, on_change=self._action_changed,
                                observed=self._observed)
