@@ -245,6 +245,9 @@ class Controller:
         keys = {f.key for f in findings}
         self.decider.decide(findings[len(early):] + [f for f in self._unfinished() if f.key not in keys], nodes,
                             jobs)
+        if self.windows_read:  # a window still being read has not said yet what is current
+            shadow = {r.id for r in self.rules if r.shadow}
+            self.decider.settle_observed(keys, lambda rule_id: rule_id in shadow)
         self.journal.replay()
         self.remediator.tick(nodes, jobs)
         self._release_held(jobs)
@@ -538,7 +541,9 @@ class Controller:
         (silent heartbeats, the ranks left behind, the node the others wait for), else by scoring its nodes
         against their peers and their own history; act on the same culprit in `rounds` consecutive rounds."""
         iso = self.cfg.isolation
-        named = {x.node for x in rule_findings if x.node in job.nodes and x.action not in ("record", "notify")}
+        # a rule that only observes (observe mode, or the rule in shadow) handles nothing: its culprit is still isolated
+        named = {x.node for x in rule_findings if x.node in job.nodes and x.action not in ("record", "notify")
+                 and self.cfg.rule_acts(x.rule_id, x.shadow)}
         named |= {n for n in job.nodes if self.remediator.active(n)}
         if named:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit

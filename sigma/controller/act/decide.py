@@ -44,13 +44,16 @@ class Decider:
         opened = []
         for f in findings:
             existing = self.incidents.find_open(f.key)
-            if existing and existing.status != "open":
+            shadow = not self.cfg.rule_acts(f.rule_id, f.shadow)
+            observed = existing if existing and existing.status == "shadow" and not shadow else None
+            if existing and existing.status != "open" and observed is None:
                 self.incidents.touch(existing, f)
                 continue
             # 'open' = decided but not finished (the controller died in between): decide again; every action key
             # contains the incident id, so what was already planned is found, not planned twice
-            self._inc = existing or self.incidents.open(f, "open")
-            shadow = not self.cfg.rule_acts(f.rule_id, f.shadow)
+            self._inc = (existing if observed is None else None) or self.incidents.open(f, "open")
+            if observed is not None:
+                self._redecide(observed, f)
             if f.action in DRAIN_ACTIONS:
                 inc = self._drain(f, shadow, nodes, jobs)
             elif f.action == "requeue":
@@ -61,6 +64,34 @@ class Decider:
                 self._say(inc, f"{f.action.upper()} {self._target(f)} ({f.rule_id}): {f.summary}")
             opened.append(inc)
         return opened
+
+    def _redecide(self, observed: Incident, f: Finding) -> None:
+        """A fault only observed (observe mode, or its rule in shadow) whose rule acts now (the switch to act, or
+        the rule enabled) and that is still current (its evidence in the rule's window, the node not back since):
+        decided again as a new incident, as if it had just been seen. The observed incident is closed as the
+        record of what observe mode would have done."""
+        self.incidents.set_status(observed.id, "shadow", f"observed only; its rule acts now and the fault is still "
+                                                         f"current: decided again as incident {self._inc.id}",
+                                  close=True)
+        self.incidents.add_evidence(self._inc.id, observed_incident=observed.id, observed_at=observed.opened_at)
+        self.log.event("redecide", f"REDECIDE {self._target(f)} ({f.rule_id}): observed as incident {observed.id} "
+                                   f"while its rule did not act; still current, decided now as incident "
+                                   f"{self._inc.id}", incident=self._inc.id, observed_incident=observed.id,
+                       rule=f.rule_id, node=f.node, job=f.job_id)
+
+    def settle_observed(self, current: set[str], rule_shadow: Callable[[str], bool]) -> None:
+        """Close the incidents only observed whose rule acts now but whose fault is no longer current (not among
+        this tick's findings: its evidence left the rule's window, the node came back, the job moved on), with a
+        note saying so: they are not acted on. rule_shadow(rule_id): the rule's own `shadow: true`."""
+        for inc in self.incidents.query(status="shadow", open_only=True):
+            if inc.key in current or not self.cfg.rule_acts(inc.rule_id, rule_shadow(inc.rule_id)):
+                continue
+            note = ("observed only; its rule acts now but the fault is no longer current (its evidence left the "
+                    "rule's window, or the node or job moved on): not acted on")
+            self.incidents.set_status(inc.id, "shadow", note, close=True)
+            target = inc.node if inc.scope == "node" and inc.node else f"job {inc.job_id}"
+            self.log.event("decision", f"CLOSED {target} ({inc.rule_id}): incident {inc.id} {note}", incident=inc.id,
+                           rule=inc.rule_id, node=inc.node, job=inc.job_id, status="shadow")
 
     def _status(self, status: str, note: str = "", close: bool = False) -> Incident:
         """Settle the incident being decided."""
