@@ -156,6 +156,23 @@ def test_collective_plan_and_result_check():
     assert plan(1, 2) == ("gloo", 2)
     assert plan(8, 0) == ("nccl", 8)
     assert plan(8, 4) == ("nccl", 4)
-    assert check_collective([{"rank": 0, "correct": True}], 2) == (False, "1 of 2 ranks reported")
-    ok, why = check_collective([{"rank": 0, "correct": True}, {"rank": 1, "correct": False}], 2)
-    assert not ok and "ranks [1]" in why
+    missing = check_collective([{"rank": 0, "correct": True}], 2, "gloo")
+    assert (missing.status, missing.category, missing.message) == ("error", "tool", "1 of 2 ranks reported")
+    wrong = check_collective([{"rank": 0, "correct": True}, {"rank": 1, "correct": False}], 2, "gloo")
+    assert wrong.status == "fail" and wrong.category == "host-memory" and "ranks [1]" in wrong.message
+    assert check_collective([{"rank": 0, "correct": True}, {"rank": 1, "correct": False}], 2, "nccl").category == \
+        "nvlink"
+    assert check_collective([{"rank": 0, "correct": True}, {"rank": 1, "correct": True}], 2, "gloo") is None
+
+
+def test_collective_ranks_late_or_failing_blame_no_part(tmp_path):
+    """Real rank processes: late ones are a timeout and failing ones an error (the hook's tool_failure policy
+    decides), never a failed host memory that drains the node."""
+    from sigma.health.checks import collective
+
+    ctx = context(tree(tmp_path, "healthy"), "node1", tmp_path / "nd")
+    late = collective.run(ctx, {"ranks": 2, "worker_timeout_s": 0.01})  # torch alone takes longer to import
+    assert late.status == "timeout" and late.category is None and "did not finish within 0.01s" in late.message
+    broken = collective.run(ctx, {"ranks": 2, "iters": "ten", "worker_timeout_s": 60})  # refused by the rank
+    assert broken.status == "error" and broken.category == "tool" and "gloo all_reduce with 2 ranks failed" in \
+        broken.message

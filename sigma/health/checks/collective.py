@@ -1,5 +1,9 @@
 """Intra-node collective bandwidth: all_reduce across local ranks (NCCL over GPUs, gloo on the CPU otherwise),
-run as real separate processes; results checked for correctness and bus bandwidth against the baseline."""
+run as real separate processes; results checked for correctness and bus bandwidth against the baseline.
+
+Only wrong sums name a part (NVLink for NCCL, the host's arithmetic for gloo). Ranks that do not finish in time are
+a timeout and ranks that fail are an error: neither says which part is at fault (a loaded host, a port taken, a
+missing library), so they follow the hook's tool_failure policy instead of blaming a part."""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 from sigma.health.baselines import compare
-from sigma.health.result import Result, failed
+from sigma.health.result import ERROR, TIMEOUT, Result, failed
 from sigma.health.subproc import die_with_parent
 
 CATEGORY = "performance"
@@ -28,13 +33,15 @@ def plan(gpu_count: int, ranks: int) -> tuple[str, int]:
     return "gloo", ranks or 2
 
 
-def check_collective(outputs: list[dict], world: int) -> tuple[bool, str]:
+def check_collective(outputs: list[dict], world: int, backend: str) -> Result | None:
+    """None when every rank reported a correct sum; wrong sums blame the part that added them."""
     if len(outputs) != world:
-        return False, f"{len(outputs)} of {world} ranks reported"
+        return Result(ERROR, f"{len(outputs)} of {world} ranks reported", "tool")
     wrong = [o["rank"] for o in outputs if not o.get("correct")]
     if wrong:
-        return False, f"all_reduce produced wrong sums on ranks {wrong}"
-    return True, ""
+        return failed(f"all_reduce produced wrong sums on ranks {wrong}", "nvlink" if backend == "nccl" else
+                      "host-memory")
+    return None
 
 
 def run(ctx, args: dict) -> Result:
@@ -49,28 +56,32 @@ def run(ctx, args: dict) -> Result:
            "--iters", str(args.get("iters", 10)), "--threads", "1"]
     procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               preexec_fn=die_with_parent) for r in range(world)]
-    outputs, errors = [], []
+    outputs, errors, late = [], [], False
+    deadline = time.monotonic() + timeout  # one limit for all ranks, not one per rank waited for
     try:
         for p in procs:
-            out, err = p.communicate(timeout=timeout)
+            out, err = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
             if p.returncode != 0:
                 errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
             for line in out.splitlines():
                 if line.startswith("{"):
                     outputs.append(json.loads(line))
     except subprocess.TimeoutExpired:
-        errors.append(f"ranks did not finish within {timeout:.0f}s")
+        late = True
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    what = f"{backend} all_reduce with {world} ranks"
+    if late:
+        return Result(TIMEOUT, f"{what}: ranks did not finish within {timeout:g}s (worker_timeout_s)",
+                      data={"backend": backend, "ranks": world})
     if errors:
-        return failed(f"{backend} all_reduce with {world} ranks failed: {errors[0]}",
-                      "nvlink" if backend == "nccl" else "host-memory")
-    ok, why = check_collective(outputs, world)
-    if not ok:
-        return failed(why, "nvlink" if backend == "nccl" else "host-memory")
+        return Result(ERROR, f"{what} failed: {errors[0]}", "tool", data={"backend": backend, "ranks": world})
+    wrong = check_collective(outputs, world, backend)
+    if wrong is not None:
+        return wrong
     busbw = min(o["busbw_gbps"] for o in outputs)
     label = f"{backend}x{world}"
     result = compare(ctx, f"allreduce_busbw_gbps:{label}", busbw, "GB/s", float(args.get("tolerance", 0.3)))
