@@ -34,14 +34,15 @@ class NodeProfile:
     type: str | None = None  # node type: baselines are kept per type
     gpus: int | None = None  # accelerators NVML must show; 0 or null = none expected (checks skip without NVML)
     ib_ports: int | None = None  # InfiniBand ports that must be ACTIVE/LinkUp; null = check the ones present
-    kernel_log: str | None = None  # "kmsg", "/dev/kmsg", or a file path; {node}, {node_dir} are substituted
+    kernel_log: str | None = None  # auto (as the sidecar chooses), journal, kmsg, or a file path; {node}, {node_dir}
+    # are substituted
     mounts: list[str] | None = None  # mount points that must be mounted
     interfaces: list[str] | None = None  # network interfaces that must be up; empty = every non-loopback present
     disk_paths: list[DiskPath] | None = None  # directories checked by the disk check
     max_gpu_temp_c: float | None = None  # GPU temperature limit
 
 
-DEFAULT_PROFILE = NodeProfile(type="default", gpus=None, ib_ports=None, kernel_log="kmsg", mounts=[],
+DEFAULT_PROFILE = NodeProfile(type="default", gpus=None, ib_ports=None, kernel_log="auto", mounts=[],
                               interfaces=[], disk_paths=[DiskPath("/tmp")], max_gpu_temp_c=85.0)
 
 

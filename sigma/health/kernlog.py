@@ -3,12 +3,13 @@
 Only lines after the mark are judged, so an old line does not fail every future job. The mark advances over
 clean lines only: once a fatal line is seen the mark stays in front of it and every later run fails again,
 until an admin acknowledges it after repair (`sigma health log-ack`), the log is rotated or truncated
-(inode change or size below the mark), or — for the kernel ring buffer — the node reboots (new boot id).
+(inode change or size below the mark), or — for the kernel ring buffer and the journal — the node reboots (new boot
+id). The ring buffer and the journal say themselves which lines the kernel wrote (facility 0, kernel transport,
+logsources); only those are judged.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -68,8 +69,9 @@ def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool 
     from sigma.telemetry.logformats import parse, unattributed
 
     parsed = parse(line)
-    if (parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel"):
-        return None
+    if ((parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel")
+            or (parsed.facility and parsed.facility not in ("kern", "kernel"))):
+        return None  # the envelope names another writer: a program, a journal transport, a syslog facility
     if writer_required and unattributed(parsed, ["kernel"]):
         return None
     return _classify(parsed.message, fatal_xids)
@@ -92,8 +94,9 @@ class Mark:
     source: str
     inode: int = 0  # file sources: identity of the file the offset belongs to
     offset: int = 0  # bytes judged clean so far
-    boot_id: str = ""  # kmsg source: marks from an earlier boot are void
+    boot_id: str = ""  # kmsg and journal sources: marks from an earlier boot are void
     seq: int = -1  # kmsg source: last clean record sequence number
+    cursor: str = ""  # journal source: the last clean entry's cursor
 
 
 @dataclass
@@ -159,49 +162,56 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
 
 
 def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Scan:
-    """/dev/kmsg records "prio,seq,usec,flags;message" read without blocking; marks by sequence number."""
+    """/dev/kmsg records read without blocking (logsources.KmsgReader), marked by sequence number."""
+    from sigma.telemetry.logsources import KmsgReader, parse_kmsg
+
     scan = Scan()
-    last_clean = -1
+    mark = _this_boot(scan, mark, boot_id)
+    reader = KmsgReader(str(path), mark.seq if mark is not None else None, from_end=False)
+    try:
+        lines = reader.read()
+    finally:
+        reader.close()
+    after = mark.seq if mark is not None else -1
+    clean, last = _judge(scan, [(parse_kmsg(line.text)[1], line) for line in lines], fatal_xids, after)
+    scan.mark = Mark(str(path), boot_id=boot_id, seq=clean)
+    scan.end = Mark(str(path), boot_id=boot_id, seq=last)
+    return scan
+
+
+def scan_journal(source: str, entries: list, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Scan:
+    """The journal's (cursor, SourceLine) entries after the mark (logsources.journal_since), marked by cursor."""
+    scan = Scan()
+    mark = _this_boot(scan, mark, boot_id)
+    clean, last = _judge(scan, entries, fatal_xids, mark.cursor if mark is not None else "")
+    scan.mark = Mark(source, boot_id=boot_id, cursor=clean)
+    scan.end = Mark(source, boot_id=boot_id, cursor=last)
+    return scan
+
+
+def _this_boot(scan: Scan, mark: Mark | None, boot_id: str) -> Mark | None:
     if mark is not None and mark.boot_id != boot_id:
         scan.reset = "node rebooted"
-        mark = None
-    after = mark.seq if mark is not None else -1
-    last_clean = last_seq = after
+        return None
+    return mark
+
+
+def _judge(scan: Scan, entries: list, fatal_xids, position):
+    """(position, SourceLine) in order: only lines their source establishes as the kernel's are judged (a record
+    root wrote to /dev/kmsg, a journal entry of another facility never fails a node). Returns (the position of the
+    last line before the first fatal one, the last position)."""
+    from sigma.telemetry.logformats import parse
+
+    clean = last = position
     fatal_seen = False
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        buf = b""
-        while True:
-            try:
-                chunk = os.read(fd, 8192)
-            except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    break
-                if exc.errno == errno.EPIPE:  # records overwritten since the last read: go on
-                    continue
-                raise
-            if not chunk:
-                break
-            buf += chunk
-    finally:
-        os.close(fd)
-    for record in buf.decode(errors="replace").splitlines():
-        head, sep, message = record.partition(";")
-        fields_ = head.split(",")
-        if not sep or len(fields_) < 2 or not fields_[1].isdigit():
-            continue  # continuation lines (" KEY=value") and junk
-        seq = int(fields_[1])
-        if seq <= after:
-            continue
+    for pos, line in entries:
         scan.lines += 1
-        from_kernel = not fields_[0].isdigit() or int(fields_[0]) >> 3 == 0  # facility 0: not text user space wrote
-        finding = classify(message, fatal_xids) if from_kernel else None
+        finding = _classify(parse(line.text).message if line.source == "kmsg" else line.text,
+                            fatal_xids) if line.established else None
         if finding is not None:
             scan.findings.append(finding)
             fatal_seen = fatal_seen or finding.fatal
         if not fatal_seen:
-            last_clean = seq
-        last_seq = max(last_seq, seq)
-    scan.mark = Mark(str(path), boot_id=boot_id, seq=last_clean)
-    scan.end = Mark(str(path), boot_id=boot_id, seq=last_seq)
-    return scan
+            clean = pos
+        last = pos
+    return clean, last

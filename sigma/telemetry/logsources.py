@@ -229,6 +229,32 @@ class NativeJournal:
         reader.seek_head()
         return reader.next() is not None
 
+    def after(self, boot: str, cursor: str, limit: int) -> list[tuple[str, SourceLine]]:
+        """Up to `limit` (cursor, line) of this boot after `cursor`, once (journal_since)."""
+        reader = self._open(boot)
+        reader.seek_cursor(cursor.encode())
+        first = reader.next()
+        if first is not None and _cursor(first) != cursor:  # the cursor's entry is gone (vacuumed): from here
+            reader.previous()
+        return self._take(reader, limit)
+
+    def newest(self, boot: str, limit: int) -> list[tuple[str, SourceLine]]:
+        reader = self._open(boot)
+        reader.seek_tail()  # (cysystemd: at the last entry; next() after skip_previous(n) gives the newest n)
+        if reader.skip_previous(limit) < limit:
+            reader.seek_head()  # no more than `limit` entries (the first one is not skipped over)
+        return self._take(reader, limit)
+
+    @staticmethod
+    def _take(reader, limit: int) -> list[tuple[str, SourceLine]]:
+        out = []
+        while len(out) < limit:
+            entry = reader.next()
+            if entry is None:
+                break
+            out.append((_cursor(entry), _entry_line(entry.data, entry.get_realtime_usec() / 1e6)))
+        return out
+
     def read(self) -> list[SourceLine]:
         self.reader.process_events()
         lines = []
@@ -293,6 +319,17 @@ class JournalctlJournal:
     def has_boot(self, boot: str) -> bool:
         return bool(self._run(["-n", "1", f"_BOOT_ID={boot}"]))
 
+    def after(self, boot: str, cursor: str, limit: int) -> list[tuple[str, SourceLine]]:
+        """Up to `limit` (cursor, line) of this boot after `cursor`, once (journal_since)."""
+        return self._lines(self._run([f"--after-cursor={cursor}", "-n", str(limit), *_boot_match(boot)]))
+
+    def newest(self, boot: str, limit: int) -> list[tuple[str, SourceLine]]:
+        return self._lines(self._run(["-n", str(limit), *_boot_match(boot)]))
+
+    @staticmethod
+    def _lines(entries: list[dict]) -> list[tuple[str, SourceLine]]:
+        return [(str(e.get("__CURSOR", "")), _entry_line(e)) for e in entries]
+
     def _start(self) -> None:
         where = [f"--after-cursor={self.cursor}"] if self.cursor else (["--lines=all"] if self.from_start
                                                                       else ["--lines=0"])
@@ -351,6 +388,10 @@ class JournalctlJournal:
             self.proc = None
 
 
+def _boot_match(boot: str) -> list[str]:
+    return [f"_BOOT_ID={boot}"] if boot else []
+
+
 def open_journal(reader: str, directory: str, transports: tuple[str, ...], cursor: str | None, from_end: bool):
     """A journal reader: reader 'native' (libsystemd), 'journalctl', or 'auto' (native where it loads)."""
     if reader == "native" or (reader == "auto" and not native_available()):
@@ -362,6 +403,19 @@ def open_journal(reader: str, directory: str, transports: tuple[str, ...], curso
         except OSError as exc:
             raise JournalUnavailable(f"libsystemd cannot open the journal: {exc}") from None
     return JournalctlJournal(directory, transports, cursor, from_end)
+
+
+def journal_since(reader: str, directory: str, boot: str, cursor: str | None,
+                  limit: int) -> list[tuple[str, SourceLine]]:
+    """(cursor, line) of this boot's kernel-transport entries after `cursor`, read once, not followed (the
+    prolog's kernel_log check): at most `limit`, the newest when there are more (a flood since the last read never
+    hides the newest line, as a file is read from its tail); no cursor: the boot's newest `limit`."""
+    journal = open_journal(reader, directory, ("kernel",), None, False)
+    try:
+        got = journal.after(boot, cursor, limit + 1) if cursor else []
+        return got if cursor and len(got) <= limit else journal.newest(boot, limit)
+    finally:
+        journal.close()
 
 
 def journal_unreadable(directory: str, host_root: str = "/") -> str:

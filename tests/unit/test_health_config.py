@@ -14,11 +14,11 @@ def test_repo_config_loads_and_names_every_check():
     assert set(config.suites["comprehensive"]) == set(CHECK_NAMES)
     assert config.prolog.budget_s == 10 and config.prolog.tool_failure == "ignore"
     gpu = config.profile("gpu137")
-    assert (gpu.type, gpu.gpus, gpu.ib_ports, gpu.kernel_log) == ("gpu-8x", 8, 8, "kmsg")
+    assert (gpu.type, gpu.gpus, gpu.ib_ports, gpu.kernel_log) == ("gpu-8x", 8, 8, "auto")
     local = config.profile("node3")
     assert local.kernel_log == "{node_dir}/kern.log" and local.type == "local"
     other = config.profile("login1")
-    assert other.type == "default" and other.kernel_log == "kmsg" and other.gpus is None
+    assert other.type == "default" and other.kernel_log == "auto" and other.gpus is None
 
 
 def test_every_check_module_has_category_run_and_doc():

@@ -177,3 +177,101 @@ def test_the_prolog_check_acts_only_on_lines_whose_writer_is_the_kernel(tmp_path
     with open(root / "var/log/kern.log", "a") as f:
         f.write("lis 27 10:15:33 gpu01 kernel: " + XID79)
     assert run_check(ctx).status == "fail"
+
+
+def test_an_envelope_naming_another_facility_is_not_the_kernels():
+    """The facility a record carries (kmsg's, a syslog <pri>, rsyslog's kern.warning) says who wrote it: root's
+    `echo >/dev/kmsg` gets facility user from the kernel, whatever the text claims."""
+    assert kernlog.classify("4,102,2000000,-;" + XID79).xid == 79
+    assert kernlog.classify("12,102,2000000,-;" + XID79) is None  # facility 1 (user), level 4
+    assert kernlog.classify("<12>Nov 23 19:49:20 gpu01 kernel: " + XID79) is None
+    assert kernlog.classify("2026-11-23T19:49:20.123456+00:00 gpu01 user.warning kernel: " + XID79) is None
+
+
+def test_kmsg_records_user_space_wrote_or_without_a_facility_never_fail_the_node(tmp_path):
+    root = tree(tmp_path, "healthy")
+    with open(root / "dev/kmsg", "a") as f:
+        f.write("12,103,4000000,-;" + XID79)  # root's `echo ... >/dev/kmsg`: the kernel makes it facility 1
+        f.write("x,104,4000000,-;" + XID79)  # no facility to read: not established, fail closed
+    ctx = context(root, "cpu2", tmp_path / "node")
+    r = run_check(ctx)
+    assert r.status == "pass" and r.data["lines"] == 4
+    with open(root / "dev/kmsg", "a") as f:
+        f.write("4,105,5000000,-;" + XID79)
+    assert run_check(ctx).status == "fail"
+
+
+def with_kernel_log(ctx, kernel_log):
+    import dataclasses
+
+    ctx.profile = dataclasses.replace(ctx.profile, kernel_log=kernel_log)
+    return ctx
+
+
+def test_auto_chooses_as_the_sidecar_does_and_says_why_when_nothing_can_be_read(tmp_path):
+    root = tree(tmp_path, "faulty")  # no journal files under it: /dev/kmsg comes next
+    ctx = with_kernel_log(context(root, "gpu02", tmp_path / "node"), "auto")
+    r = run_check(ctx)
+    assert r.status == "fail" and r.data["source"] == str(root / "dev/kmsg") and r.message.startswith("xid-79")
+    (root / "dev/kmsg").unlink()  # then the first syslog file there: Debian's kern.log
+    r = run_check(ctx)
+    assert r.data["source"] == str(root / "var/log/kern.log") and r.message.startswith("xid-79")
+    (root / "var/log/kern.log").unlink()
+    r = run_check(ctx)
+    assert r.status == "error" and r.category == "tool" and r.message.startswith("no kernel log can be read (")
+    for why in ("journal: no journal files under", f"{root}/dev/kmsg: not there", f"{root}/var/log/kern.log: not "
+                "there", f"{root}/var/log/messages: not there"):
+        assert why in r.message
+
+
+@pytest.fixture
+def jd(tmp_path):
+    from tests import journald
+
+    why = journald.available()
+    if why:
+        pytest.skip(why)
+    with journald.Journald(tmp_path / "jd") as j:
+        j.kernel("Linux version 6.1.0 (boot line of this boot)", level=5)
+        j.sync()
+        yield j
+
+
+@pytest.mark.parametrize("reader", ["native", "journalctl"])
+def test_the_journal_is_read_by_cursor_and_only_its_kernel_lines_fail_the_node(tmp_path, jd, reader):
+    """A real journald: the check reads this boot's kernel transport after its mark (a cursor); an entry user space
+    wrote (facility 1 through /dev/kmsg, a program naming itself kernel) never fails the node; a fatal line sticks
+    until acknowledged; a reboot voids the mark."""
+    from sigma.telemetry.logsources import native_available
+
+    if reader == "native" and native_available():
+        pytest.skip(native_available())
+    root = tree(tmp_path, "healthy")
+    (root / "proc/sys/kernel/random/boot_id").write_text(open("/proc/sys/kernel/random/boot_id").read())
+    ctx = with_kernel_log(context(root, "gpu01", tmp_path / "node"), "auto")
+    args = {"journal_dir": str(jd.directory), "journal_reader": reader}
+    r = run_check(ctx, args)
+    assert r.status == "pass" and r.data["source"] == f"journal:{jd.directory}" and r.data["lines"] == 1
+    jd.kernel(XID79.strip(), facility=1)
+    jd.logger(XID79.strip(), ident="kernel")
+    jd.kernel("NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics Exception")
+    jd.sync()
+    r = run_check(ctx, args)
+    assert r.status == "pass" and r.data["lines"] == 2 and "xid-13" in r.message  # only what is new, the kernel's
+    jd.kernel(XID79.strip())
+    jd.sync()
+    for _ in range(2):  # it sticks
+        r = run_check(ctx, args)
+        assert r.status == "fail" and r.message.startswith("xid-79") and r.data["lines"] == 1
+    kernel_log.acknowledge(ctx, args)
+    assert run_check(ctx, args).status == "pass"
+    for i in range(3):
+        jd.kernel(f"clean line {i}")
+    jd.kernel(XID79.strip())
+    jd.sync()
+    r = run_check(ctx, {**args, "max_journal_entries": 2})  # a flood since the mark: the newest are judged
+    assert r.status == "fail" and r.data["lines"] == 2
+    kernel_log.acknowledge(ctx, args)
+    (root / "proc/sys/kernel/random/boot_id").write_text("99999999-2222-3333-4444-555555555555\n")
+    r = run_check(ctx, args)  # this journal holds no line of that boot: kmsg comes next, the fixture's
+    assert r.data["source"] == str(root / "dev/kmsg")

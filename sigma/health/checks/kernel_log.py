@@ -3,6 +3,7 @@ node's mark; see sigma/health/kernlog.py for how the mark moves and how an admin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from sigma.health import kernlog
@@ -31,29 +32,63 @@ def _json(f: kernlog.Finding) -> dict:
     return d
 
 
-def source_path(ctx) -> tuple[str, Path]:
-    """("kmsg" | "file", host path) for the node's configured kernel log."""
-    configured = ctx.template(ctx.profile.kernel_log or "kmsg")
+@dataclass
+class Source:
+    kind: str  # journal, kmsg, file; "" when none can be read
+    path: str = ""  # the device, the file, or the journal directory ("" = the system journal)
+    why: str = ""  # kind "": why each candidate was passed over
+
+    @property
+    def mark_source(self) -> str:
+        return f"journal:{self.path or 'system'}" if self.kind == "journal" else self.path
+
+
+def choose_source(ctx, args: dict) -> Source:
+    """The node's kernel log as its profile names it: `auto` (the default) chooses as the sidecar does (the
+    systemd journal's kernel transport, else /dev/kmsg, else the first readable syslog file: logsources.choose),
+    `journal`, `kmsg`, or a file path."""
+    from sigma.telemetry import logsources
+
+    configured = ctx.template(ctx.profile.kernel_log or "auto")
     if configured in ("kmsg", "/dev/kmsg"):
-        return "kmsg", ctx.host("/dev/kmsg")
-    return "file", ctx.host(configured)
+        return Source("kmsg", str(ctx.host("/dev/kmsg")))
+    if configured not in ("auto", "journal"):
+        return Source("file", str(ctx.host(configured)))
+    journal_dir = args.get("journal_dir") or ("" if ctx.root == Path("/") else str(ctx.host("/run/log/journal")))
+    order = ["journal", "kmsg", "files"] if configured == "auto" else ["journal"]
+    found = logsources.choose(order, files=[str(ctx.host(p)) for p in logsources.SYSLOG_FILES],
+                              kmsg_path=str(ctx.host("/dev/kmsg")), journal_dir=journal_dir,
+                              journal_reader=args.get("journal_reader", "auto"), transports=("kernel",), cursor=None,
+                              from_end=True, host_root=str(ctx.root))
+    if found.journal is not None:
+        found.journal.close()
+    return Source(found.kind, found.path, found.why_none())
 
 
-def scan(ctx, args: dict) -> kernlog.Scan:
-    kind, path = source_path(ctx)
+def scan(ctx, args: dict, source: Source) -> kernlog.Scan:
+    from sigma.telemetry import logsources
+
     fatal_xids = tuple(args.get("fatal_xids", kernlog.DEFAULT_FATAL_XIDS))
-    mark = kernlog.load_mark(ctx.state_dir, str(path))
-    if kind == "kmsg":
-        boot_id = ctx.host("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return kernlog.scan_kmsg(path, mark, boot_id, fatal_xids)
-    return kernlog.scan_file(path, mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)))
+    mark = kernlog.load_mark(ctx.state_dir, source.mark_source)
+    if source.kind == "file":
+        return kernlog.scan_file(Path(source.path), mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)))
+    boot_id = ctx.host("/proc/sys/kernel/random/boot_id").read_text().strip()
+    if source.kind == "kmsg":
+        return kernlog.scan_kmsg(Path(source.path), mark, boot_id, fatal_xids)
+    boot = boot_id.replace("-", "")  # as the journal writes it
+    entries = logsources.journal_since(args.get("journal_reader", "auto"), source.path, boot,
+                                       mark.cursor if mark is not None and mark.boot_id == boot_id else None,
+                                       int(args.get("max_journal_entries", 5000)))
+    return kernlog.scan_journal(source.mark_source, entries, mark, boot_id, fatal_xids)
 
 
 def run(ctx, args: dict) -> Result:
-    kind, path = source_path(ctx)
-    if not path.exists():
-        return Result(ERROR, f"kernel log {path} does not exist (set kernel_log for this node)", "tool")
-    result = scan(ctx, args)
+    source = choose_source(ctx, args)
+    if not source.kind:
+        return Result(ERROR, f"no kernel log can be read ({source.why}); set kernel_log for this node", "tool")
+    if source.kind != "journal" and not Path(source.path).exists():
+        return Result(ERROR, f"kernel log {source.path} does not exist (set kernel_log for this node)", "tool")
+    result = scan(ctx, args, source)
     kernlog.save_mark(ctx.state_dir, result.mark)
     out = check_kernel_log(result.findings)
     out.data.update(lines=result.lines, source=result.mark.source)
@@ -64,6 +99,9 @@ def run(ctx, args: dict) -> Result:
 
 def acknowledge(ctx, args: dict) -> kernlog.Scan:
     """After repair: move the mark past everything logged so far; returns what was acknowledged."""
-    result = scan(ctx, args)
+    source = choose_source(ctx, args)
+    if not source.kind:
+        raise FileNotFoundError(f"no kernel log can be read here: {source.why}")
+    result = scan(ctx, args, source)
     kernlog.save_mark(ctx.state_dir, result.end)
     return result
