@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ["gpu003", "gpu004", "gpu005"]
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
+FALLEN_OFF = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."  # the driver's own line: gpu-fallen-off-bus
 JOB = """#!/bin/sh
 #SBATCH --job-name=train
 #SBATCH --nodes=2
@@ -76,8 +77,8 @@ def back_in_service(site: Site, node: str, incident_rule: str, since: float, tim
     head = site.head
 
     def resumed():
-        inc = sql(head, "SELECT id FROM incidents WHERE node = ? AND rule_id = ? AND opened_at > ?", node,
-                  incident_rule, since)
+        inc = sql(head, "SELECT id FROM incidents WHERE node = ? AND rule_id = ? AND opened_at > ? ORDER BY id DESC",
+                  node, incident_rule, since)  # the newest: an observed fault decided again has two
         lc = lifecycle(head, node)
         return inc and lc.get("incident_id") == inc[0]["id"] and lc.get("state") == "resumed" and lc
     try:
@@ -190,23 +191,22 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
 
     # 9. First rollout, observe mode: a fault is recorded, SLURM is not touched
     t0 = time.time()
-    nodes["gpu005"].kernel(XID79)
+    nodes["gpu005"].kernel(FALLEN_OFF)
     observed = wait_for(lambda: sql(head, "SELECT * FROM incidents WHERE node = 'gpu005' AND opened_at > ?", t0),
-                        timeout=60, what="the observed Xid's incident")
-    assert observed[0]["rule_id"] == "gpu-xid-79" and observed[0]["status"] == "shadow"
+                        timeout=60, what="the observed fault's incident")
+    assert observed[0]["rule_id"] == "gpu-fallen-off-bus" and observed[0]["status"] == "shadow"
     assert "gpu005" not in head.run("sinfo -R -h").stdout
     assert "OBSERVE mode" in head.run("sigma nodes").stdout
-    mark("observe mode: the Xid on gpu005 recorded, nothing done")
-    # ... and the switch to acting, by the guide
+    mark("observe mode: the GPU fallen off the bus on gpu005 recorded, nothing done")
+    # ... and the switch to acting, by the guide: the fault observed and still current is decided again
     head.run("sed -i 's/^mode: observe/mode: act/' /etc/sigma/controller.yaml && sigma controller rules --check")
     site.reload(head, "sigma-controller.service")
     for node in nodes.values():
         node.run("sed -i 's/^  mode: observe/  mode: act/' /etc/sigma/health.yaml")
     wait_for(lambda: "RELOAD applied" in (log := head.read("/var/log/sigma/decisions.log")) and
-             "ACT mode" in log.split("RELOAD applied")[-1], timeout=60, what="the controller acting")
-    # what observe mode would have done is the admins' to do: they agree, and take gpu005 out by hand
-    head.run("scontrol update NodeName=gpu005 State=DRAIN Reason='xid 79 seen in observe mode'")
-    mark("acting; gpu005 drained by an admin")
+             "ACT mode" in log.split("RELOAD applied")[-1] and "REDECIDE gpu005 (gpu-fallen-off-bus)" in log,
+             timeout=60, what="the controller acting on what it observed")
+    mark("acting; gpu005's observed fault decided again: drained by the controller")
 
     # A training job on two nodes that reports its KPIs (the KPI protocol: JSON lines in each node's KPI directory)
     head.run("cat > /home/kpi_job.py", input=(ROOT / "tests/integration/kpi_job.py").read_text())
@@ -220,6 +220,8 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
 
     # Fault 1: an Xid 79 on one of the job's nodes, through that node's journal
     first = wait_for(lambda: training(0), timeout=180, what="the job training")[0]
+    back = back_in_service(site, "gpu005", "gpu-fallen-off-bus", t0, timeout=600)  # one node out at a time (3 nodes)
+    mark(f"gpu005: remediated and validated, back in service {back['updated_at'] - t0:.0f} s after its line")
     t1 = time.time()
     nodes[first].kernel(XID79)
     back = back_in_service(site, first, "gpu-xid-79", t1, timeout=600)
@@ -257,12 +259,9 @@ def test_deploy_by_the_guide_and_return_three_faults_to_service(site):
     mark(f"death of {third}: detected, set down, job requeued, powered on, repaired, validated, back in service "
          f"{back['updated_at'] - t3:.0f} s after the power-off")
 
-    # gpu005, repaired by hand: its kernel log acknowledged on the node, then back into service
-    nodes["gpu005"].run("sigma health log-ack")
-    head.run("scontrol update NodeName=gpu005 State=RESUME")
-
     # What an admin reads afterwards
     report = head.run("sigma nodes; sigma incidents; sinfo -R -h").stdout
-    for node, rule in ((first, "gpu-xid-79"), (second, "watchdog-hang"), (third, "slurm-node-not-responding")):
+    for node, rule in (("gpu005", "gpu-fallen-off-bus"), (first, "gpu-xid-79"), (second, "watchdog-hang"),
+                       (third, "slurm-node-not-responding")):
         assert node in report and rule in report, report
     assert not head.run("sinfo -R -h").stdout.strip()  # nothing left drained
