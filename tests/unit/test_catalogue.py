@@ -86,9 +86,14 @@ def test_old_and_new_driver_wordings_give_the_same_event():
 
 
 def test_chaos_can_inject_every_log_class():
+    """Every log rule with an example, but one on lines only a booting node writes (max_uptime_s): injected into a
+    running node, such a line is the later fault the other rules drain for."""
     for rule in RULES:
         if rule.log is not None and rule.examples:
-            assert SIGNATURES[rule.id].rule_id == rule.id
+            if rule.log.max_uptime_s is None:
+                assert SIGNATURES[rule.id].rule_id == rule.id
+            else:
+                assert rule.id not in SIGNATURES
     for alias, rule_id in ALIASES.items():  # the soak's and scripts' short names act too
         assert SIGNATURES[alias].rule_id == rule_id and BY_ID[rule_id].action != "record"
 
