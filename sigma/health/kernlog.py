@@ -4,6 +4,10 @@ Only lines after the mark are judged, so an old line does not fail every future 
 clean lines only: once a fatal line is seen the mark stays in front of it and every later run fails again,
 until an admin acknowledges it after repair (`sigma health log-ack`), the log is rotated or truncated
 (inode change or size below the mark), or — for the kernel ring buffer — the node reboots (new boot id).
+
+A link that went down in the first minutes after boot (LINK_BOOT_WINDOW_S, as the rules' link-down-at-boot) is noted,
+not fatal: ports still training and ports no cable was plugged into say so after every reboot; a port expected up
+that is not is the `infiniband` check's to fail.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ XID_BUCKETS = {
     120: ("gpu", "GSP error"),
 }
 DEFAULT_FATAL_XIDS = (48, 64, 74, 79, 95, 119, 120)
+LINK_BOOT_WINDOW_S = 300.0
+LINK_KINDS = ("ib-link-down", "link-down")
 
 # (kind, category, description, pattern) for non-Xid signatures; all fatal.
 SIGNATURES = (
@@ -58,21 +64,34 @@ class Finding:
         return f"xid-{self.xid}" if self.xid is not None else self.kind
 
 
-def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool = False) -> Finding | None:
+def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool = False, booted: float | None = None,
+             uptime: float | None = None, link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Finding | None:
     """The fault a kernel-log line shows, in any envelope (syslog, dmesg, journal JSON; logformats); a line that
     names another program than the kernel (a user's `logger` text) is none. writer_required (a file's lines): a line
-    whose writer is not established as the kernel is none too, fail closed (logformats.unattributed)."""
+    whose writer is not established as the kernel is none too, fail closed (logformats.unattributed).
+
+    uptime: seconds after boot the line was logged, where the reader knows it (a kmsg record); else the line's own
+    stamp, or its time after `booted`. A link down inside link_boot_window_s of boot is noted, not fatal."""
     finding = _classify(line, fatal_xids)
     if finding is None:
         return None  # most lines: no envelope parsing needed
     from sigma.telemetry.logformats import parse, unattributed
 
-    parsed = parse(line)
+    parsed = parse(line, booted=booted)
     if (parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel"):
         return None
     if writer_required and unattributed(parsed, ["kernel"]):
         return None
-    return _classify(parsed.message, fatal_xids)
+    finding = _classify(parsed.message, fatal_xids)
+    if finding is not None and finding.kind in LINK_KINDS:
+        if uptime is None:
+            uptime = parsed.uptime
+        if uptime is None and parsed.ts is not None and booted is not None and parsed.ts >= booted:
+            uptime = parsed.ts - booted
+        if uptime is not None and uptime < link_boot_window_s:
+            finding.fatal = False
+            finding.description += f" {uptime:.0f} s after boot"
+    return finding
 
 
 def _classify(line: str, fatal_xids) -> Finding | None:
@@ -125,8 +144,10 @@ def save_mark(state_dir: Path, mark: Mark) -> None:
     os.replace(tmp, path)
 
 
-def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_bytes: int = 8 << 20) -> Scan:
-    """Judge the bytes after the mark. Opening blocks on a hung filesystem or FIFO: the runner times it out."""
+def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_bytes: int = 8 << 20,
+              booted: float | None = None, link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Scan:
+    """Judge the bytes after the mark. Opening blocks on a hung filesystem or FIFO: the runner times it out.
+    booted: the node's boot time, to tell a link down at boot from a later one."""
     scan = Scan()
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
@@ -148,7 +169,8 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
             break  # a line being written: judge it next time
         pos += len(raw)
         scan.lines += 1
-        finding = classify(raw.decode(errors="replace"), fatal_xids, writer_required=True)
+        finding = classify(raw.decode(errors="replace"), fatal_xids, writer_required=True, booted=booted,
+                           link_boot_window_s=link_boot_window_s)
         if finding is not None:
             scan.findings.append(finding)
         if not any(f.fatal for f in scan.findings):
@@ -158,7 +180,8 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
     return scan
 
 
-def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Scan:
+def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS,
+              link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Scan:
     """/dev/kmsg records "prio,seq,usec,flags;message" read without blocking; marks by sequence number."""
     scan = Scan()
     last_clean = -1
@@ -195,7 +218,9 @@ def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FA
             continue
         scan.lines += 1
         from_kernel = not fields_[0].isdigit() or int(fields_[0]) >> 3 == 0  # facility 0: not text user space wrote
-        finding = classify(message, fatal_xids) if from_kernel else None
+        uptime = int(fields_[2]) / 1e6 if len(fields_) > 2 and fields_[2].isdigit() else None
+        finding = classify(message, fatal_xids, uptime=uptime, link_boot_window_s=link_boot_window_s) \
+            if from_kernel else None
         if finding is not None:
             scan.findings.append(finding)
             fatal_seen = fatal_seen or finding.fatal

@@ -177,3 +177,49 @@ def test_the_prolog_check_acts_only_on_lines_whose_writer_is_the_kernel(tmp_path
     with open(root / "var/log/kern.log", "a") as f:
         f.write("lis 27 10:15:33 gpu01 kernel: " + XID79)
     assert run_check(ctx).status == "fail"
+
+
+@pytest.mark.parametrize("line, uptime, fatal", [
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", 73, False),  # a port still training, or never cabled
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", 3600, True),
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", None, True),  # when it was logged is unknown: as before
+    ("[   73.114200] i40e 0000:3b:00.1 eth3: NIC Link is Down", None, False),  # the line's own boot stamp
+    ("[ 3673.114200] i40e 0000:3b:00.1 eth3: NIC Link is Down", None, True),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", 20, True),  # only links have a boot grace
+])
+def test_a_link_down_just_after_boot_is_noted_not_fatal(line, uptime, fatal):
+    f = kernlog.classify(line, uptime=uptime)
+    assert f.fatal is fatal and (fatal or "after boot" in f.description)
+
+
+def test_the_prolog_after_a_reboot_passes_unused_ports_link_down_and_fails_a_later_one(tmp_path):
+    """Back from a reboot the ring buffer starts over: an unused port's `Link down` a minute in is noted (the
+    infiniband check judges the ports themselves); the same line an hour later fails the node."""
+    root = tree(tmp_path, "faulty")
+    ctx = context(root, "cpu1", tmp_path / "node")  # cpu[1-4] read kmsg
+    (root / "proc/sys/kernel/random/boot_id").write_text("99999999-2222-3333-4444-555555555555\n")
+    (root / "dev/kmsg").write_text("6,0,1000,-;Linux version 6.8.0\n"
+                                   "6,1,73114200,-;mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    r = run_check(ctx)
+    assert r.status == "pass" and "ib-link-down" in r.message
+    with (root / "dev/kmsg").open("a") as f:
+        f.write("6,2,3673114200,-;mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    r = run_check(ctx)
+    assert r.status == "fail" and r.message.startswith("ib-link-down")
+
+
+def test_a_kern_log_file_judges_link_downs_by_the_node_boot_time(tmp_path):
+    import time
+
+    root = tree(tmp_path, "healthy")
+    booted = time.time() - 3600
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc/stat").write_text(f"cpu 0 0 0 0\nbtime {int(booted)}\n")
+    stamp = time.strftime("%b %d %H:%M:%S", time.localtime(booted + 60))
+    ctx = context(root, "gpu01", tmp_path / "node")
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write(f"{stamp} gpu01 kernel: mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    assert run_check(ctx).status == "pass"
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write(f"{time.strftime('%b %d %H:%M:%S')} gpu01 kernel: mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    assert run_check(ctx).status == "fail"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sigma.health import kernlog
+from sigma.telemetry.logformats import boot_time
 from sigma.health.result import ERROR, Result, failed, passed
 
 CATEGORY = "kernel"
@@ -43,10 +44,12 @@ def scan(ctx, args: dict) -> kernlog.Scan:
     kind, path = source_path(ctx)
     fatal_xids = tuple(args.get("fatal_xids", kernlog.DEFAULT_FATAL_XIDS))
     mark = kernlog.load_mark(ctx.state_dir, str(path))
+    window = float(args.get("link_boot_window_s", kernlog.LINK_BOOT_WINDOW_S))
     if kind == "kmsg":
         boot_id = ctx.host("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return kernlog.scan_kmsg(path, mark, boot_id, fatal_xids)
-    return kernlog.scan_file(path, mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)))
+        return kernlog.scan_kmsg(path, mark, boot_id, fatal_xids, link_boot_window_s=window)
+    return kernlog.scan_file(path, mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)),
+                             booted=boot_time(str(ctx.host("/"))), link_boot_window_s=window)
 
 
 def run(ctx, args: dict) -> Result:
