@@ -25,10 +25,10 @@ The same kernel message reaches the sidecar wrapped in different envelopes, depe
 One parser per format: `parse()` tries each and returns the first that matches the whole envelope, or the line as a
 "plain" message when none does. Nothing is guessed: a line whose envelope no parser knows has no known writer, and
 `unattributed()` says so. The message has every envelope removed (patterns see the same text in every format); the
-line's own time is kept (an old line read again is old), and so is its time since boot where the line carries one. Times without a zone (RFC 3164, dmesg -T) are the node's
-local time; RFC 3164 has no year either: the year that puts the time closest to now, never more than a day ahead; a
-month name that means several months in different locales (`lis`) is read the same way. Uptime stamps (dmesg, kmsg)
-need the boot time (/proc/stat btime).
+line's own time is kept (an old line read again is old), and so is its time since boot where the line carries one.
+Times without a zone (RFC 3164, dmesg -T) are the node's local time; RFC 3164 has no year either: the year that puts
+the time closest to now, never more than a day ahead; a month name that means several months in different locales
+(`lis`) is read the same way. Uptime stamps (dmesg, kmsg) need the boot time (/proc/stat btime).
 """
 
 from __future__ import annotations

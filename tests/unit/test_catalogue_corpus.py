@@ -41,7 +41,8 @@ def test_the_second_held_out_part_has_its_own_sources_and_a_third_benign():
 
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
-    bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n  - [none, kernel, message, x]\n")
+    bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"
+                   "  - [none, kernel, message, x]\n")
     with pytest.raises(ValueError, match="https://example.org/x.*held-in"):
         catalogue.load_corpus(bad)
 

@@ -22,8 +22,9 @@ from sigma.telemetry.collectors.logtail import LogTailCollector
 RULES = load_rules(configs_dir() / "rules")
 KERNEL = sidecar_sections(configs_dir() / "telemetry.yaml")["kernel"]
 
-# https://github.com/leptonai/gpud/blob/ae6f8585e929399a575de1d353ea8147ed6f1d34/pkg/dmesg/testdata/dmesg.decode.iso.log.1
-# (dmesg --decode --time-format iso of a GPU node's boot; its first lines are PCI enumeration, seconds into the boot)
+# dmesg --decode --time-format iso of a GPU node's boot (its first lines are PCI enumeration, seconds into the boot),
+# leptonai/gpud's pkg/dmesg/testdata/dmesg.decode.iso.log.1 at commit ae6f858 (tests/fixtures/catalogue/corpus.yaml
+# cites its address)
 GPUD_BOOT = """\
 kern  :info  : 2025-01-17T15:36:15,345155+00:00 ACPI: PCI Root Bridge [PC16] (domain 0000 [bus 80-96])
 kern  :info  : 2025-01-17T15:37:28,650514+00:00 mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down

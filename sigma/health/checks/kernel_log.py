@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sigma.health import kernlog
-from sigma.telemetry.logformats import boot_time
 from sigma.health.result import ERROR, Result, failed, passed
+from sigma.telemetry.logformats import boot_time
 
 CATEGORY = "kernel"
 
