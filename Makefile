@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
-TEST_PACKAGES := chromium postgresql  # headless browser the HTML report test renders the page in; the server the
-# PostgreSQL store tests start
+TEST_PACKAGES := chromium postgresql systemd  # headless browser the HTML report test renders the page in; the server
+# the PostgreSQL store tests start; the journald the kernel-log tests run privately (tests/journald.py)
 BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
