@@ -39,8 +39,8 @@ def read(tmp_path: Path, text: str, booted: float, *, kmsg: bool = False) -> lis
     (tmp_path / "proc" / "stat").write_text(f"cpu 0 0 0 0\nbtime {int(booted)}\n")
     log = tmp_path / "kern.log"
     log.write_text(text)
-    params = replace(KERNEL, files=[] if kmsg else [str(log)], kmsg=kmsg, kmsg_path=str(log), journal=False,
-                     start_at="start")
+    params = replace(KERNEL, files=[] if kmsg else [str(log)], source="kmsg" if kmsg else "files",
+                     kmsg_path=str(log), start_at="start")
     collector = LogTailCollector("kernel", params, Context(node="node1", node_dir=str(tmp_path),
                                                           host_root=str(tmp_path)))
     out = Output(ts=max(time.time(), booted + 3600))
