@@ -5,9 +5,9 @@ Each line is first split from its envelope (dmesg, dmesg -T, syslog RFC 3164/542
 sigma.telemetry.logformats), so patterns see the same message in every format and the event keeps the line's own
 time. Each pattern is a regex searched in the message; a matching line becomes an `events` row (source 'log', kind
 = pattern name) whose fields are the regex's named groups (digits become integers, so `Xid.*?: (?P<xid>\\d+)`
-gives {"xid": 79}); a line also gets `uptime_s`, how long after its boot it was logged (its own dmesg, kmsg or
-journal monotonic stamp, else its time in the node's current boot), so rules tell a link still coming up at boot
-from one that fails later. Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
+gives {"xid": 79}); a line also gets `uptime_s`, how long after its boot it was logged (its own dmesg or kmsg
+stamp, else its time in the node's current boot), so rules tell a link still coming up at boot from one that fails
+later. Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
 persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
 
 `source: auto` finds the kernel log (the journal, else /dev/kmsg, else the first readable of `files`) and says
