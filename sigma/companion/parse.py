@@ -153,6 +153,8 @@ class Query:
     show: list[str] = field(default_factory=list)   # columns asked for ("what state", "what action")
     count_distinct: bool = False          # "how many nodes ...": count them, do not list them
     per_item: bool = False                # "how long did each validation take": no aggregate over them
+    plural: bool = False                  # the entity named in the plural ("when were the drains"): every row
+    assumed: str = ""                     # a default taken for one value of several rows (latest, sum, avg): said
     which: bool = False                   # "which <entity> ...": the rows (one per label), not a number
     compare: bool = False                 # "compare ... on node1 and node2": one row each
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
@@ -647,6 +649,8 @@ class Parser:
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
+                last = tokens[s.end - 1].text
+                q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
                 elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
