@@ -111,7 +111,9 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
@@ -231,15 +233,21 @@ class Lexicon:
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
         if phrase:
-            bucket = self.phrases.setdefault(phrase, [])
+            bucket = self.phrases.setdefault(_determined(phrase), [])
             if meaning not in bucket:
                 bucket.append(meaning)
 
     def match(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, list[Meaning], list[float]]:
         """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it). Auxiliaries
-        inside it do not count ("steps were lost" is "steps lost")."""
+        inside it do not count ("steps were lost" is "steps lost") unless the phrase has them ("had no"); one
+        determiner stands for another ("miss its deadline" is "missed the deadline")."""
+        stems = [*stems[:i], *_determined(tuple(stems[i:]))]
         for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
-            if not all(free[i:i + n]) or (n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX)):
+            if not all(free[i:i + n]):
+                continue
+            if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
+                return n, self.phrases[tuple(stems[i:i + n])], []
+            if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
             if len(window) > self.longest:
@@ -255,6 +263,11 @@ class Lexicon:
                 if k in self.phrases:
                     return n, self.phrases[k], [x for x, w in zip(nums, k) if w == "#"]
         return 0, [], []
+
+
+def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
+    """The phrase with each determiner as one word: "the deadline", "its deadline" and "their deadline" are one."""
+    return tuple("<det>" if w in DETERMINERS else w for w in phrase)
 
 
 def _number(word: str) -> float | None:
@@ -305,7 +318,8 @@ class Parser:
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
-        q = normalise(question)
+        q = HYPHENATED.sub(lambda m: m.group(0) if self._known(m.group(0)) else m.group(0).replace("-", " "),
+                           normalise(question))   # "shadow-mode" is "shadow mode"; a rule id stays one word
         command = COMMANDS.match(q)
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
@@ -317,7 +331,9 @@ class Parser:
             parsed.understood += ["and"] + follow.understood
             for query in [parsed.query] + parsed.alternatives:
                 other = follow if query is parsed.query else self._parse(rest[0], now, tz, query.entity)
-                if other.unknown:
+                if other.unknown and query is not parsed.query:   # not every word fits it: not a reading
+                    parsed.alternatives = [a for a in parsed.alternatives if a is not query]
+                elif other.unknown:
                     query.extras.append(None)
                 elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
                     query.qkind = "count"
@@ -328,6 +344,11 @@ class Parser:
         elif rest:
             parsed.unknown.append(rest[0])
         return parsed
+
+    def _known(self, word: str) -> bool:
+        """A hyphenated word that is a name of its own: a rule id, a node, a phrase, a number ("twenty-four")."""
+        return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
+                or any(part in timerange.COUNTS for part in word.split("-")))
 
     def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
         """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
@@ -573,9 +594,11 @@ class Parser:
                 other = next(self.model.entities[x] for x in value
                              if x != ent.name and link(ent, self.model.entities[x]))
                 sql = f"EXISTS (SELECT 1 FROM {_from(other)} AS o WHERE {link(ent, other)}"
-                anything = s.start and tokens[s.start - 1].text == "any"   # "any action": planned, skipped, shadow too
+                # "any action" and "no action" (not any): planned, skipped and shadow ones too
+                anything = s.start and tokens[s.start - 1].text in ("any", "no")
                 sql += f" AND ({other.default}))" if other.default and not anything else ")"
-                label = f"{'without' if relation == 'not' else 'with'} {other.name.replace('_', ' ')}"
+                label = (f"{'without' if relation == 'not' else 'with'} {'any ' if anything else ''}"
+                         f"{other.name.replace('_', ' ')}")
                 q.conds.append(Cond(ent.name, f"NOT {sql}" if relation == "not" else sql, label, "rel:" + other.name))
                 continue
             if kind == "neg":
