@@ -69,6 +69,10 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "report": ("filler", ""), "send": ("filler", ""), "sent": ("filler", ""), "use": ("filler", ""),
     "hit": ("filler", ""), "affect": ("filler", ""), "experience": ("filler", ""), "record": ("filler", ""),
     "spend": ("filler", ""), "run": ("filler", ""), "managed": ("filler", ""), "issue": ("filler", ""),
+    "handle": ("filler", ""), "catch": ("filler", ""), "caught": ("filler", ""), "notice": ("filler", ""),
+    "keep": ("filler", ""), "kept": ("filler", ""), "stay": ("filler", ""), "remain": ("filler", ""),
+    "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
+    "everything": ("filler", ""), "anything": ("filler", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -104,6 +108,7 @@ WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
+FILTERS = ("node", "job", "rule", "cond", "json")
 RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
 HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
@@ -111,6 +116,7 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
@@ -367,6 +373,8 @@ class Parser:
 
         for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
             claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
+        for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
+            claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
@@ -555,7 +563,8 @@ class Parser:
         q = Query(ent)
         unknown = list(leftovers)
         pending_group = False
-        negate = neg_column = relation = searched = ""
+        negate = neg_column = relation = searched = negate_text = ""
+        negated = -1   # the token where a negated filter ended
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
@@ -609,7 +618,11 @@ class Parser:
             if neg_column and kind == "cond" and value.column == neg_column:   # "not resolved or confirmed": neither
                 negate = "not"
             neg_column = ""
+            if negated == s.start and kind in FILTERS:   # "except isolation outliers": is the negation's reach
+                unknown.append(f"{negate_text} {s.text}")  # one word or both (not A and B, or not both)? unclear
+            negated = -1
             if negate:   # "not", "excluding", "never": the next filter is negated, or nothing is understood
+                negate_text, negated = f"{negate} {s.text}", s.end
                 if kind in ("node", "job", "rule"):
                     values = value if kind != "rule" else _likes(value)
                     q.exclude.setdefault(kind, []).extend(values if isinstance(values, list) else [values])
@@ -621,6 +634,7 @@ class Parser:
                                         cond.column + "!", cond.params))
                     negate, neg_column = "", cond.column
                     continue
+                negated = -1
                 if kind == "entity" and q.project:   # "which nodes were never drained"
                     q.anti, negate = True, ""
                 else:

@@ -91,6 +91,8 @@ def scope(q: Query) -> str:
         bits.append("on " + ", ".join(q.nodes))
     if q.jobs:
         bits.append("of job " + ", ".join(map(str, q.jobs)))
+    for ref, values in q.exclude.items():   # "excluding xid", "except on node1"
+        bits.append(f"not {ref} " + " or ".join(str(v).replace("%", "*") for v in values))
     if q.cmp:
         op, v, unit = q.cmp
         bits.append(f"{q.measure.name if q.measure else 'value'} {op} {duration(v) if unit == 's' else f'{v:g}'}")
