@@ -335,8 +335,15 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
                           f"ORDER BY {proj}")
             return Built(sql, params, units, "ranking", mname)
-        if (m or plain) and not agg and not q.rank and q.qkind != "count":   # "which jobs lost more than 10 steps"
-            add(plain)   # "which nodes were drained, and how long until each came back"
+        if q.which and m and not plain and not agg and not q.rank and q.qkind != "count":   # "which jobs lost
+            fn = m.agg if m.agg in ("sum", "avg", "max", "min") else "max"   # more than 10 steps": each once
+            name = f"{fn}_{mname}"
+            units[name] = m.unit
+            sql = head + (f"SELECT {proj}, {AGG_SQL[fn].format(mname)} AS {name} FROM rows WHERE {proj} IS NOT NULL "
+                          f"GROUP BY {proj} ORDER BY {proj}")
+            return Built(sql, params, units, "groups", name)
+        if (m or plain) and not agg and not q.rank and q.qkind != "count":
+            add(plain)   # "which nodes were drained, and how long until each came back": each row
             cols = list(dict.fromkeys([proj] + ([mname] if m else []) + [x.name for x in plain]
                                       + ([ent.time] if ent.time else [])))
             order = f" ORDER BY {ent.time}" if ent.time else ""

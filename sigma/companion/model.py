@@ -24,7 +24,7 @@ from sigma.companion.lexicon import STOPWORDS, phrase_stems
 from sigma.companion.safe_sql import ALLOWED_TABLES
 
 VOCABULARY = Path(__file__).with_name("vocabulary.yaml")
-CATEGORY_MAX = 40          # a text column with at most this many distinct short values is a category
+CATEGORY_MAX = 64          # a text column with at most this many distinct short values is a category
 SAMPLE_ROWS = 50_000       # values and JSON keys are learnt from the newest rows of a table
 JSON_COLUMNS_SKIP = {"evidence", "payload", "params", "data", "labels"}  # free-form JSON: no filters from their keys
 REF_COLUMNS = {"node": "node", "job_id": "job", "rule_id": "rule"}

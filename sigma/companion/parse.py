@@ -72,7 +72,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "handle": ("filler", ""), "catch": ("filler", ""), "caught": ("filler", ""), "notice": ("filler", ""),
     "keep": ("filler", ""), "kept": ("filler", ""), "stay": ("filler", ""), "remain": ("filler", ""),
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
-    "everything": ("filler", ""), "anything": ("filler", ""),
+    "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -565,6 +565,9 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
+        single = ""
+        loose: list[int] = []     # spans with no sense for this entity
+        measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
@@ -575,7 +578,7 @@ class Parser:
             fitting = self._senses(ent, s)
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
-                    unknown.append(s.text)
+                    loose.append(n)
                 continue
             m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
@@ -678,9 +681,11 @@ class Parser:
             elif kind == "bucket":
                 q.bucket = 0 if value == "auto" else int(value)
             elif kind == "cmp":
-                op, n, unit = value
-                if unit == "times":
-                    q.having = (op, n)
+                op, number, unit = value
+                after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+                if unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
+                        x.kind == "entity" and x.entity == ent.name for x in after.meanings)):
+                    q.having = (op, number)
                 else:
                     q.cmp = value
             elif kind == "compare":
@@ -717,11 +722,11 @@ class Parser:
                 if q.measure is not None and q.measure.name != col.name:
                     unknown.append(s.text)
                     continue
-                q.measure = col
+                q.measure, measured = col, True
                 before = spans[n - 1].meanings[0] if n else None
                 if col.agg == "sum" and before and before.kind == "q" and before.value == "count" \
-                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed
-                    q.qkind, q.agg = "list", "sum"
+                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed;
+                    q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")   # "the largest number of": ranked
             elif kind == "time":
                 q.time_col = value
             elif kind == "column":
@@ -743,18 +748,37 @@ class Parser:
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
+                single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
+                pending_group = False
+            if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost)
+            s = spans[n]
+            if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
+                unknown.append(s.text)
+                continue
+            q.understood.append(s.text)
+            before = spans[n - 1].meanings[0] if n else None
+            if q.measure.agg == "sum" and before and before.kind == "q" and before.value == "count" \
+                    and spans[n - 1].end == s.start:
+                q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if single and not q.rank:
+            unknown.append(single)
         if negate:
             unknown.append(negate)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
         q.which = q.which or any(t.text == "which" for t in tokens)
+        if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
+                q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
+            q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
         if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
             q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
