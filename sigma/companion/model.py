@@ -207,7 +207,7 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
     entities: dict[str, Entity] = {}
     for name, spec in voc["entities"].items():
         entities[name] = _entity(name, spec)
-    described = {e.source for e in entities.values()}
+    described = {e.source for e in entities.values()} | {s.get("table") for s in voc["entities"].values()}
     for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
         if table in allowed and table not in described and table not in entities:
             words = [phrase_stems(table.replace("_", " ")), phrase_stems(table.rstrip("s").replace("_", " "))]

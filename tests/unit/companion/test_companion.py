@@ -228,6 +228,10 @@ def test_relations_second_parts_and_derived_measures_match_independent_sql(conn)
     f = q(conn, "how many different rules fired on node2 versus node1?")
     assert f.status == "fact" and sorted(f.rows) == values(
         conn, "SELECT node, COUNT(DISTINCT rule_id) FROM incidents WHERE node IN ('node1', 'node2') GROUP BY node")
+    g = q(conn, "total time lost per node")   # a loss's node is its fault's: through the loss's incident
+    assert g.status == "fact" and sorted((n, round(v, 3)) for n, v in g.rows) == values(
+        conn, "SELECT i.node, SUM(l.time_lost_s) FROM job_losses l JOIN incidents i ON i.id = l.incident_id "
+              "WHERE i.node IS NOT NULL GROUP BY i.node")
     for question in ("how many incidents per rule, and how many of them made coffee?",   # a part not understood
                      "which incidents were followed by a moon landing?"):
         assert q(conn, question).status != "fact", question
