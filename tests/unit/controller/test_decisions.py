@@ -412,7 +412,7 @@ def test_after_repair_command_runs_before_validation(tmp_path):
     marker = tmp_path / "acked"
     script = tmp_path / "v.sbatch"
     script.write_text("#!/bin/sh\n")
-    rem = RemediationConfig(after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
+    rem = RemediationConfig(ack_kernel_log=False, after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
                             validation=ValidationConfig(script=str(script)),
                             playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"]),
                                        Playbook(name="manual", kind="manual")])
