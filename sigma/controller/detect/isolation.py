@@ -83,24 +83,19 @@ def quantum(history: np.ndarray, rng_seed: int = 0) -> np.ndarray:
 @dataclass
 class Baseline:
     """What the healthy history says about each entity and metric; computed once per history window."""
-    history: np.ndarray  # [entities, time, metrics] (kept, not copied: the own-history statistics need it)
+    history: np.ndarray  # [entities, time, metrics] (kept, not copied: evidence reads its levels)
     floor: np.ndarray  # [metrics] noise floor: resolution and typical change between samples
-    flat: np.ndarray  # [metrics] True where the metric never moved in the history
+    flat: np.ndarray  # [metrics] True where the metric has history and never moved in it (nothing to measure with)
     peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
     peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least peer_floor
     peer_floor: np.ndarray  # [metrics] the noise floor of the deviation from the peers (common workload removed)
     peer_weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (<= 1)
-
-    @cached_property
-    def own(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(center, scale, weight) of each entity against its own history alone: [entities, metrics] twice and
-        [metrics]; computed when first needed (jobs without peers)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            center = _median(self.history, axis=1)
-            scale = np.maximum(_median(np.abs(self.history - center[:, None, :]), axis=1) * MAD_TO_SIGMA,
-                               self.floor)
-            return center, scale, _calibration(self.history, center, scale, self.flat)
+    own: tuple[np.ndarray, np.ndarray, np.ndarray]  # (center, scale, weight) against its own history alone
+    known: np.ndarray  # [metrics] True where some entity has history of the metric
+    # [entities, metrics] True where the peers help: the entity's deviation from them is steadier than its own
+    # series (they share its workload). Elsewhere (a weakly related series, a node that goes its own way) it is
+    # judged against its own history alone.
+    comparable: np.ndarray
 
 
 def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.ndarray:
@@ -120,12 +115,12 @@ def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.nda
     return np.maximum.reduce([q, change, REL_FLOOR * level, np.full_like(q, ABS_FLOOR)])
 
 
-def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
+def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """[metrics] weight that maps a metric's healthy CALIBRATION_Q percentile score (values [entities, time,
     metrics] against center and scale [entities, metrics]) to CALIBRATION_Z; on a sample of the rows."""
     E, T, M = values.shape
     rows = np.arange(0, E * T, max(1, -(-E * T // STATS_SAMPLE)))
-    z = _z(values.reshape(E * T, M)[rows], center[rows // T], scale[rows // T], flat)
+    z = _z(values.reshape(E * T, M)[rows], center[rows // T], scale[rows // T])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if not z.shape[0]:
@@ -137,28 +132,36 @@ def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat
     return np.minimum(1.0, CALIBRATION_Z / np.maximum(q, 1e-9))
 
 
-def baseline(history: np.ndarray) -> Baseline:
-    """history: [entities, time, metrics] of healthy operation (NaN where missing)."""
+def baseline(history: np.ndarray, comparable_ratio: float = 1.0) -> Baseline:
+    """history: [entities, time, metrics] of healthy operation (NaN where missing). comparable_ratio: the peers
+    help where the entity's deviation from them is spread less than this times its own series."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a metric an entity never reported
         floor = noise_floor(history)
-        flat = np.nan_to_num(np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1)), nan=0.0) == 0
+        spread = np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1))
+        known = np.isfinite(spread)
+        flat = known & (np.nan_to_num(spread, nan=0.0) == 0)
         # the deviation from the peers at the same time: the common workload (and its phases) cancels out
         residual = history - _median(history, axis=0)[None, :, :]
         peer_floor = noise_floor(history, residual) if history.shape[0] >= 3 else floor
         peer_center = _median(residual, axis=1)
-        peer_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
+        raw_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
         # a quiet history gives a small scale by chance: at least the peers' typical one
-        peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), peer_floor)
-        peer_weight = _calibration(residual, peer_center, peer_scale, flat)
-    return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight)
+        peer_scale = np.maximum(np.maximum(raw_scale, _median(raw_scale, axis=0)[None, :]), peer_floor)
+        peer_weight = _calibration(residual, peer_center, peer_scale)
+        center = _median(history, axis=1)
+        own_raw = _median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA
+        own_scale = np.maximum(own_raw, floor)
+        own = (center, own_scale, _calibration(history, center, own_scale))
+        comparable = (history.shape[0] >= 3) & (raw_scale < comparable_ratio * own_raw)
+    return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight, own, known,
+                    np.nan_to_num(comparable, nan=0.0).astype(bool))
 
 
-def _z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """|values - center| / scale, capped; a flat metric at most FLAT_Z (it has no scale to measure against)."""
+def _z(values: np.ndarray, center, scale) -> np.ndarray:
+    """|values - center| / scale, capped (NaN where either is unknown)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.minimum(np.abs(values - center) / scale, Z_CAP)
-    return np.where(flat, np.minimum(z, FLAT_Z), z)
+        return np.minimum(np.abs(values - center) / scale, Z_CAP)
 
 
 @dataclass
@@ -182,31 +185,37 @@ class Scores:
 
 def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.ndarray | None = None,
                   peers: bool | None = None) -> np.ndarray:
-    """[entities, metrics] calibrated metric scores of one round (NaN-free; 0 where nothing is known).
-    peers: use the spatial score (default: with 3 or more entities)."""
-    entities = current.shape[0]
-    peers = entities >= 3 if peers is None else peers
+    """[..., entities, metrics] calibrated metric scores of one round, or of rounds stacked on leading axes (NaN-free;
+    0 where nothing is known). peers: use the spatial score (default: with 3 or more entities). A metric that never
+    moved in the history scores 0 (abstains); one with no history at all, at most FLAT_Z against the peers."""
+    peers = current.shape[-2] >= 3 if peers is None else peers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if not peers:  # each entity against its own history alone
-            if base is None:
-                return np.zeros(current.shape)
+        own = None
+        if base is not None:  # each entity against its own history alone
             center, scale, weight = base.own
-            return np.nan_to_num(_z(current, center, scale, base.flat) * weight, nan=0.0)
-        med = _median(current, axis=0)
-        residual = current - med[None, :]
-        # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
-        floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
-        if jitter is not None:
-            floor = np.maximum(floor, jitter)
-        spread = np.maximum(_median(np.abs(residual), axis=0) * MAD_TO_SIGMA, floor)
-        flat = np.zeros(current.shape[1], dtype=bool) if base is None else base.flat
-        z = _z(residual, 0.0, spread[None, :], flat)
+            own = _z(current, center, scale) * weight
+        if not peers:
+            z = np.zeros(current.shape) if own is None else own
+        else:
+            med = _median(current, axis=-2)
+            residual = current - med[..., None, :]
+            # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
+            floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
+            if jitter is not None:
+                floor = np.maximum(floor, jitter)
+            spread = np.maximum(_median(np.abs(residual), axis=-2) * MAD_TO_SIGMA, floor)
+            z = _z(residual, 0.0, spread[..., None, :])
+            if base is not None:
+                # ... and against the entity's own history of that deviation (a node that always differs is no
+                # outlier); where it has none (it joined late), the peers alone
+                usual = _z(residual, base.peer_center, base.peer_scale)
+                peer = np.where(np.isnan(usual), z, np.minimum(z, usual)) * base.peer_weight
+                peer = np.where(base.known, peer, np.minimum(z, FLAT_Z))
+                # where the peers do not help, its own history alone (the peers where it has none)
+                z = np.where(base.comparable | np.isnan(own), peer, own)
         if base is not None:
-            # ... and against the entity's own history of that deviation (a node that always differs is no
-            # outlier); where it has none (it joined late), the peers alone
-            own = _z(residual, base.peer_center, base.peer_scale, flat)
-            z = np.where(np.isnan(own), z, np.minimum(z, own)) * base.peer_weight
+            z = np.where(base.flat, 0.0, z)
     return np.nan_to_num(z, nan=0.0, posinf=Z_CAP)
 
 
@@ -221,7 +230,8 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
           entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
           jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None,
           position: Callable[[np.ndarray], np.ndarray] | None = None) -> Scores:
-    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
+    """One isolation round. current: [entities, metrics] (or rounds stacked on leading axes, without entity_node and
+    position: the benches score a whole split at once); history: [entities, time, metrics] or None (or its
     precomputed `baseline`); entity_node maps each entity (accelerator) to its node index (default: one entity per
     node); jitter: each metric's usual movement within the window (a gap between peers smaller than that is
     sampling noise); lone(baseline): [metrics] the weight of one metric's peer score alone, from the long healthy
@@ -234,14 +244,15 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
     n_nodes = len(nodes)
     peers = n_nodes >= 3
     z = metric_scores(current, base, jitter, peers=peers)
-    totals = top_k_mean(z, k) if z.shape[1] else np.zeros(z.shape[0])
-    if lone is not None and base is not None and peers and z.shape[1]:
+    totals = top_k_mean(z, k)
+    if lone is not None and base is not None and peers and z.shape[-1]:
         # the same peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile
-        # too): one metric alone reaches min_score only beyond what its healthy history ever does
-        alone = z / base.peer_weight * np.nan_to_num(lone(base), nan=0.0)
-        totals = np.maximum(totals, alone.max(axis=1))
+        # too): one metric alone reaches min_score only beyond what its healthy history ever does (where the
+        # peers help: the weights are of deviations from them)
+        alone = np.where(base.comparable, z / base.peer_weight * np.nan_to_num(lone(base), nan=0.0), 0.0)
+        totals = np.maximum(totals, alone.max(axis=-1))
         z = np.maximum(z, alone)  # the evidence: the scores that decided
-    evidence = _evidence(current, z, base, position) if peers and z.shape[1] else None
+    evidence = _evidence(current, z, base, position) if peers and z.shape[-1] else None
     if entity_node is not None:
         totals = per_node(totals, entity_node, n_nodes)
     return Scores(totals, z, entity_node, evidence)
@@ -260,7 +271,7 @@ def _evidence(current: np.ndarray, z: np.ndarray, base: Baseline | None,
         if base is not None:
             out = np.maximum(out, metric_scores(current, base, peers=False))
         if position is not None:
-            far = position(current - _median(current, axis=0)[None, :])
+            far = position(current - _median(current, axis=-2)[..., None, :])
             out = np.maximum(out, np.nan_to_num(far, nan=0.0, posinf=Z_CAP))
     return out
 
