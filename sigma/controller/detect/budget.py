@@ -143,3 +143,131 @@ def calibrate(tail: Tail, rate: float, floor: float, confidence: float = CONFIDE
                        f"{n:,} healthy node-rounds, the {k} largest above {u:.2f}: generalised Pareto shape {xi:.2f}, "
                        f"scale {sigma:.2f}; the score exceeded {rate:.2g} of rounds {point:.2f}, its {confidence:.0%} "
                        f"bound {upper:.2f}")
+
+
+CLUSTER = "cluster"  # the tail every healthy round feeds; a job shape's own tail is kept beside it
+RECALIBRATE = 0.01  # a tail's calibration is recomputed once its history grew by this share
+
+
+class Calibrator:
+    """The healthy action statistics of a cluster and of each job shape, and the threshold they support.
+
+    Each healthy round of a job adds, per node, the smallest of its last `rounds` scores (rounds counted once per
+    window_s, as the verdicts count them) to the cluster's tail and to the tail of the job's shape (jobs of the same
+    name and size: a pipeline's first stage or an expert-heavy rank differs the same way in every run). The
+    threshold for a job is the higher of the cluster's and its shape's where each supports the budget; without the
+    cluster's support there is none (notify only).
+
+    The budget counts node time, and a verdict is only asked for where the watchdog found a job anomalous: the
+    allowed exceedance per *asked* node-round is the budget's rate divided by the share of node-rounds isolation
+    is asked about (its upper confidence bound, (sqrt(k + 1) + 1)^2 / n for k asked of n; at most 1): expected false
+    drains = asked node-rounds x exceedance rate <= budget x node time. The scores of a healthy node in an asked
+    round are taken to be those of its healthy rounds (a job-wide slowdown moves every node alike)."""
+
+    def __init__(self, budget_per_node_day: float, window_s: float, rounds: int, floor: float, shapes: int = 64):
+        self.budget, self.window_s, self.rounds, self.floor = budget_per_node_day, window_s, rounds, floor
+        self.rate = allowed_rate(budget_per_node_day, window_s)
+        self.shapes = shapes  # job shapes kept (the least recently fed go first)
+        self.tails: dict[str, Tail] = {}
+        self.fed: dict[str, float] = {}  # shape -> when it was last fed
+        self.recent: dict[str, tuple[float, dict[str, list[float]]]] = {}  # job -> (last counted, node -> scores)
+        self.node_rounds = 0  # node time seen, in rounds (every running job's nodes, once per window_s)
+        self.asked_rounds = 0  # node-rounds isolation was asked about
+        self._exposed_at = float("-inf")
+        self._asked_at: dict[str, float] = {}
+        self._cache: dict[str, tuple[tuple, Calibration]] = {}
+
+    # ---------- history ----------
+    def exposure(self, nodes: int, now: float) -> None:
+        """Running nodes now (counted once per window_s)."""
+        if now - self._exposed_at >= self.window_s:
+            self.node_rounds += int(nodes)
+            self._exposed_at = now
+
+    def asked(self, job: str, nodes: int, now: float) -> None:
+        """Isolation was asked about a job (counted once per window_s per job)."""
+        if now - self._asked_at.get(job, float("-inf")) >= self.window_s:
+            self.asked_rounds += int(nodes)
+            self._asked_at[job] = now
+            if len(self._asked_at) > 4096:
+                self._asked_at = dict(sorted(self._asked_at.items(), key=lambda kv: kv[1])[-2048:])
+
+    def last_round(self, job: str) -> float:
+        return self.recent.get(job, (float("-inf"), {}))[0]
+
+    def due(self, job: str, now: float) -> bool:
+        return now - self.last_round(job) >= self.window_s
+
+    def observe(self, job: str, shape: str, nodes, totals, healthy: bool, now: float) -> int:
+        """One scored round of a job (totals per node); healthy: nothing flagged the job or its nodes this round.
+        Returns the node statistics added (0 until `rounds` rounds were counted, or when not healthy)."""
+        last, scores = self.recent.get(job, (float("-inf"), {}))
+        if now - last < self.window_s:
+            return 0
+        if not healthy:  # a round under suspicion breaks the run: the next statistics start after it
+            self.recent[job] = (now, {})
+            return 0
+        scores = {n: (scores.get(n, []) + [float(v)])[-self.rounds:] for n, v in zip(nodes, totals)}
+        self.recent[job] = (now, scores)
+        if len(self.recent) > 4096:  # jobs long gone
+            self.recent = dict(sorted(self.recent.items(), key=lambda kv: kv[1][0])[-2048:])
+        stats = [min(v) for v in scores.values() if len(v) == self.rounds]
+        if not stats:
+            return 0
+        for key in (CLUSTER, shape):
+            self.tails.setdefault(key, Tail()).add(stats)
+            self.fed[key] = now
+        if len(self.tails) > self.shapes + 1:
+            oldest = min((k for k in self.tails if k != CLUSTER), key=lambda k: self.fed.get(k, 0.0))
+            self.tails.pop(oldest), self.fed.pop(oldest, None), self._cache.pop(oldest, None)
+        return len(stats)
+
+    # ---------- thresholds ----------
+    @property
+    def asked_share(self) -> float:
+        """Upper confidence bound of the share of node-rounds isolation is asked about (1 without node time)."""
+        if self.node_rounds <= 0:
+            return 1.0
+        return min(1.0, (math.sqrt(self.asked_rounds + 1) + 1) ** 2 / self.node_rounds)
+
+    def calibration(self, key: str = CLUSTER) -> Calibration:
+        tail = self.tails.get(key, Tail())
+        rate = min(1.0, self.rate / self.asked_share)
+        cached = self._cache.get(key)
+        if cached is None or tail.n > cached[0][0] * (1 + RECALIBRATE) or (tail.n and not cached[0][0]) \
+                or not math.isclose(rate, cached[0][1], rel_tol=0.05):
+            cached = self._cache[key] = ((tail.n, rate), calibrate(tail, rate, self.floor))
+        return cached[1]
+
+    def for_shape(self, shape: str) -> tuple[Calibration, str]:
+        """(the calibration a job of this shape acts on, which tail it comes from): the cluster's, or its shape's
+        where that supports the budget and asks more."""
+        cluster = self.calibration(CLUSTER)
+        if shape not in self.tails or not cluster.acts:
+            return cluster, CLUSTER
+        own = self.calibration(shape)
+        return (own, shape) if own.acts and own.threshold > cluster.threshold else (cluster, CLUSTER)
+
+    def summary(self) -> dict:
+        """What `sigma controller rules` and the evidence show: the budget and each tail's calibration."""
+        return {"budget_per_1000_node_days": round(1000 * self.budget, 6), "rounds": self.rounds,
+                "window_s": self.window_s, "rate_per_node_round": self.rate, "node_rounds": self.node_rounds,
+                "asked_node_rounds": self.asked_rounds, "asked_share_bound": self.asked_share,
+                "tails": {k: self.calibration(k).as_dict() for k in sorted(self.tails, key=lambda k: k != CLUSTER)}}
+
+    # ---------- persistence ----------
+    def dumps(self) -> str:
+        return json.dumps({"statistic": [self.rounds, self.window_s], "node_rounds": self.node_rounds,
+                           "asked_rounds": self.asked_rounds, "fed": self.fed,
+                           "tails": {k: t.dumps() for k, t in self.tails.items()}})
+
+    def load(self, text: str, statistic: tuple | None = None) -> None:
+        """The state `dumps` wrote (the recent scores of running jobs start again); tails of another statistic
+        (other rounds or window_s) are not this one's history and are left out."""
+        d = json.loads(text)
+        if statistic is not None and tuple(d.get("statistic", ())) != tuple(statistic):
+            return
+        self.tails = {k: Tail.loads(v) for k, v in d.get("tails", {}).items()}
+        self.fed = {k: float(v) for k, v in d.get("fed", {}).items()}
+        self.node_rounds, self.asked_rounds = int(d.get("node_rounds", 0)), int(d.get("asked_rounds", 0))
+        self._cache.clear()

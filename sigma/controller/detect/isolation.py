@@ -153,9 +153,26 @@ def baseline(history: np.ndarray, comparable_ratio: float = 1.0) -> Baseline:
         own_raw = _median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA
         own_scale = np.maximum(own_raw, floor)
         own = (center, own_scale, _calibration(history, center, own_scale))
-        comparable = (history.shape[0] >= 3) & (raw_scale < comparable_ratio * own_raw)
+        comparable = (history.shape[0] >= 3) & (_apart_scale(history, raw_scale) < comparable_ratio * own_raw)
     return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight, own, known,
                     np.nan_to_num(comparable, nan=0.0).astype(bool))
+
+
+LEAVE_ONE_OUT = 64  # up to this many entities, an entity's deviation for comparability is from the others' median
+
+
+def _apart_scale(history: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """[entities, metrics] the robust spread of each entity's deviation from the median of the *other* entities
+    (its own value pulls the median of all towards it: with unrelated series it would seem to follow its peers);
+    beyond LEAVE_ONE_OUT entities that pull is negligible and `scale` (of the deviation from all) is used."""
+    E = history.shape[0]
+    if E < 3 or E > LEAVE_ONE_OUT:
+        return scale
+    out = np.empty(scale.shape)
+    for i in range(E):
+        dev = history[i] - _median(np.delete(history, i, axis=0), axis=0)
+        out[i] = _median(np.abs(dev - _median(dev, axis=0)[None, :]), axis=0) * MAD_TO_SIGMA
+    return out
 
 
 def _z(values: np.ndarray, center, scale) -> np.ndarray:
@@ -186,9 +203,18 @@ class Scores:
 def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.ndarray | None = None,
                   peers: bool | None = None) -> np.ndarray:
     """[..., entities, metrics] calibrated metric scores of one round, or of rounds stacked on leading axes (NaN-free;
-    0 where nothing is known). peers: use the spatial score (default: with 3 or more entities). A metric that never
-    moved in the history scores 0 (abstains); one with no history at all, at most FLAT_Z against the peers."""
+    0 where nothing is known). peers: use the spatial score (default: with 3 or more entities). Each metric is
+    judged against the peers where they help (Baseline.comparable), else against the entity's own history alone;
+    a metric that never moved in the history scores 0 (abstains); one with no history at all, at most FLAT_Z
+    against the peers."""
+    return _scores(current, base, jitter, peers)[0]
+
+
+def _scores(current: np.ndarray, base: Baseline | None, jitter: np.ndarray | None, peers: bool | None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(metric_scores, the peer scores alone or None without peers or history: what the lone weights scale)."""
     peers = current.shape[-2] >= 3 if peers is None else peers
+    peer = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         own = None
@@ -216,7 +242,9 @@ def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.
                 z = np.where(base.comparable | np.isnan(own), peer, own)
         if base is not None:
             z = np.where(base.flat, 0.0, z)
-    return np.nan_to_num(z, nan=0.0, posinf=Z_CAP)
+            if peer is not None:
+                peer = np.nan_to_num(np.where(base.flat, 0.0, peer), nan=0.0, posinf=Z_CAP)
+    return np.nan_to_num(z, nan=0.0, posinf=Z_CAP), peer
 
 
 def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -243,13 +271,13 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
         base = baseline(history)
     n_nodes = len(nodes)
     peers = n_nodes >= 3
-    z = metric_scores(current, base, jitter, peers=peers)
+    z, peer = _scores(current, base, jitter, peers)
     totals = top_k_mean(z, k)
-    if lone is not None and base is not None and peers and z.shape[-1]:
-        # the same peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile
-        # too): one metric alone reaches min_score only beyond what its healthy history ever does (where the
-        # peers help: the weights are of deviations from them)
-        alone = np.where(base.comparable, z / base.peer_weight * np.nan_to_num(lone(base), nan=0.0), 0.0)
+    if lone is not None and peer is not None and z.shape[-1]:
+        # the peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile too):
+        # one metric alone reaches min_score only beyond what the node's long history of deviations from its
+        # peers ever does (those histograms calibrate it, whether or not the peers help in the hour)
+        alone = peer / base.peer_weight * np.nan_to_num(lone(base), nan=0.0)
         totals = np.maximum(totals, alone.max(axis=-1))
         z = np.maximum(z, alone)  # the evidence: the scores that decided
     evidence = _evidence(current, z, base, position) if peers and z.shape[-1] else None
