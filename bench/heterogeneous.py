@@ -44,7 +44,7 @@ from tests.integration.pipeline import SIGMA, Pipeline, wait_for  # noqa: E402
 SCENARIOS = {
     "pipeline": (3, ["parallel.pp=3", "parallel.microbatches=4", "model_overrides.n_layers=3"]),
     "expert": (4, ["parallel.ep=4", "model_overrides.balance=none"]),
-    "slow-disk": (3, []),
+    "slow-disk": (3, ["data.global_batch=6"]),
 }
 
 

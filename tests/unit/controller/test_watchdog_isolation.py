@@ -855,3 +855,34 @@ def test_a_node_held_while_its_disk_stalls_is_not_drained_without_delay_accounti
         if drained:
             (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
             assert "disk stalled: node1 10%, node2 10%" in inc.evidence["isolation"]["reason"]
+
+
+def _pipeline_rows(busy, held, dt=0.5, t0=NOW - 60, t1=NOW):
+    """A 3-stage pipeline, one rank per node: busy(node) / held(node) -> the share of the step its rank computes
+    its stage / is held off the CPU outside any wait; the rest of the step it waits for its neighbours in the
+    schedule's exchanges (pipeline_s less stage_busy_s; blocked there, as a rank blocked in a receive is), a
+    little in collectives (wait_s)."""
+    rows, step, t = [], 0, t0
+    nodes = ("node1", "node2", "node3")
+    while t <= t1:
+        for i, n in enumerate(nodes):
+            b, h, w = busy(n) * dt, held(n) * dt, 0.05 * dt
+            exchange = dt - b - h - w
+            rows.append({"node": n, "ts": t, "job_id": 1, "rank": i, "step": step, "tokens_per_s": 1000.0,
+                         "step_time_s": dt, "payload": {"wait_s": w, "blocked_s": w + exchange + h,
+                                                        "pipeline_s": b + exchange, "stage_busy_s": b}})
+        step, t = step + 1, t + dt
+    return rows
+
+
+def test_a_pipeline_s_busier_last_stage_is_no_straggler_and_a_held_one_is():
+    """The last stage computes the head and the loss, so the others wait for it in every step: that is the
+    pipeline, not a straggler. Its rank stopped 30 % of the time (held off the CPU) is one."""
+    from sigma.controller.detect.laggard import wait_shares, waited_for_node
+
+    nodes = ["node1", "node2", "node3"]
+    usual = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.0)
+    assert wait_shares(usual)["node3"] < min(wait_shares(usual)[n] for n in ("node1", "node2")) - 0.2
+    assert waited_for_node(nodes, usual)[0] is None
+    stopped = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.3 if n == "node3" else 0.0)
+    assert waited_for_node(nodes, stopped)[0] == "node3"
