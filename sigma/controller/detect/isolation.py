@@ -1,26 +1,31 @@
 """Find the culprit node of an anomalous job when no rule names one (pure numpy).
 
 Every entity (node, or accelerator) is scored per metric in units of that metric's own noise:
-- with 3 or more entities (peers): the entity's deviation from the peer median, against the spread of the peers
-  now AND against its own usual deviation (its healthy history: a node that always runs hotter is no outlier);
-  the smaller of the two, so the common workload and its phases cancel out;
-- otherwise (a single-node job; two peers cannot say which side is odd): each entity against its own healthy
-  history alone (median / MAD: robust streaming statistics, the per-node detector).
+- with 3 or more entities (peers), where the peers help: the entity's deviation from the peer median, against the
+  spread of the peers now AND against its own usual deviation (its healthy history: a node that always runs
+  hotter is no outlier); the smaller of the two, so the common workload and its phases cancel out. The peers help
+  an entity for a metric when its deviation from the median of the others is spread less than its own series
+  (Baseline.comparable): they share its workload;
+- elsewhere (a weakly related series, a node that goes its own way, a single-node job; two peers cannot say which
+  side is odd): the entity against its own healthy history alone (median / MAD, the per-node detector).
 
 Scales mean something: a scale is never below the metric's noise floor — its resolution (the quantisation step of
 its values) and its typical change between samples — so "0 everywhere, 0.03 here" is a few sigmas, not a thousand.
-A metric that never moved in the healthy history (flat, constant) has no scale to learn: a change there scores at
-most FLAT_Z, a hint that can add to other evidence but never names a culprit alone. Each metric's score is
-calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score / 3), so a
-spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores, or
-one metric's alone where the long healthy history (healthy.py: the 99.9th percentile too) weighs it; an
-accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
-is never evidence, and an entity without history (it joined late) is scored against its peers alone. The evidence
-(`Scores.top_metrics`) ranks each metric by its strongest reading: peers, own history, long healthy history.
+A metric that never moved in the healthy history (flat, constant) has no scale to learn: it abstains (scores 0;
+explain.py still shows it to a person); one with no history at all (it appeared in the window) scores at most
+FLAT_Z against the peers, a hint that can add to other evidence but never names a culprit alone. Each metric's
+score is calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score /
+3), so a spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric
+scores, or one metric's peer score alone where the long healthy history (healthy.py: the 99.9th percentile too)
+weighs it; an accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN)
+score 0: a gap is never evidence, and an entity without history (it joined late) is scored against its peers
+alone. The evidence (`Scores.top_metrics`) ranks each metric by its strongest reading: peers, own history, long
+healthy history.
 
-Acting needs one outlier (top score >= min_score and >= dominance x the runner-up) in `rounds` consecutive rounds.
-When several entities are outliers at once, the job's own evidence (the node the others wait for) may pick among
-them; otherwise the verdict says they cannot be told apart and the caller escalates instead of picking one.
+Acting needs one outlier (top score >= the threshold and >= dominance x the runner-up) in `rounds` consecutive
+rounds; the threshold is calibrated to the false-drain budget (budget.py), never below min_score. When several
+entities are outliers at once, the job's own evidence (the node the others wait for) may pick among them;
+otherwise the verdict says they cannot be told apart and the caller escalates instead of picking one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
