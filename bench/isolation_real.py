@@ -23,9 +23,10 @@ labelled) and per 1,000 node-days of normal windows (the budget's unit); HitRate
 Methods: `engine` (the shipped defaults: peers where they help, own history elsewhere, the calibrated budget),
 `engine@6` (the same scores at the fixed floor min_score, no budget), `before` (the engine of BEFORE_REV, min_score
 6: the one an independent check found acting on 43 % of normal windows of another fleet), `3-sigma` (per metric,
-mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV). Each is
-also put at equal false-action budgets: the threshold of a sweep over the scored part that gives its best top-1
-within the budget (an oracle choice the engine's calibration does not get).
+mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV). Each
+baseline is also put at the engine's budget two ways: `(budget)`, the same calibration on its own scores (no
+oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
+within the budget (an oracle choice no calibration gets).
 
 Tuning: `--tune` runs the engine's choices (rounds, the comparability ratio, the lone-metric weights) on ASD's
 history and the first half of its scored part only; every other figure is reported on data those choices did not
@@ -237,7 +238,28 @@ def scored(p: Pass, g: Group) -> np.ndarray:
     return p.scores[g.train.shape[1] - HISTORY:]
 
 
-def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,)) -> dict:
+def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pass:
+    """A scoring pass, kept in `cache` (keyed by the code of the scorers and the group's data) when given."""
+    if cache is None:
+        return make()
+    import hashlib
+
+    key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
+        "isolation.py", "healthy.py")] + [dataset.encode(), g.name.encode(), method.encode(),
+        np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
+    path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
+    if path.exists():
+        z = np.load(path)
+        return Pass(method, z["scores"], z["evidence"] if z["evidence"].size else None, float(z["threshold"]),
+                    float(z["ms"]))
+    p = make()
+    cache.mkdir(parents=True, exist_ok=True)
+    np.savez(path, scores=p.scores, evidence=p.evidence if p.evidence is not None else np.zeros(0),
+             threshold=p.threshold, ms=p.ms)
+    return p
+
+
+def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), cache: Path | None = None) -> dict:
     """Every method on every group at its defaults, then at equal budgets; returns the totals per method."""
     print(f"\n{ds.name}: {ds.note}")
     for g in ds.groups:
@@ -246,12 +268,12 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,)) ->
     per = {}  # method -> list of (group, pass)
     t0 = time.perf_counter()
     for g in ds.groups:
-        passes = [engine_pass(g)]
+        passes = [cached(cache, ds.name, g, "engine", lambda: engine_pass(g))]
         if before is not None:
-            passes.append(engine_pass(g, before, "before"))
-        passes.append(three_sigma_pass(g))
+            passes.append(cached(cache, ds.name, g, "before", lambda: engine_pass(g, before, "before")))
+        passes.append(cached(cache, ds.name, g, "3-sigma", lambda: three_sigma_pass(g)))
         if today is not None:
-            passes.append(today_pass(g, today))
+            passes.append(cached(cache, ds.name, g, "today", lambda: today_pass(g, today)))
         for p in passes:
             per.setdefault(p.name, []).append((g, p))
     print(f"  (scored in {time.perf_counter() - t0:.0f} s)")
@@ -270,10 +292,15 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,)) ->
             named = np.where(s.max(axis=1) >= ISO.min_score, s.argmax(axis=1), -1)
             results.append(outcome(g, acts_of(s, th), evidence=scored_evidence(p, g), named=named))
             if name == "engine":
-                results_floor = outcome(g, acts_of(s, ISO.min_score))
-                totals.setdefault("engine@6", []).append(results_floor)
+                totals.setdefault("engine@6", []).append(outcome(g, acts_of(s, ISO.min_score)))
+            else:  # the same budget calibration on the method's own scores: equal budgets without an oracle
+                cal_th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+                totals.setdefault(f"{name} (budget)", []).append(
+                    outcome(g, acts_of(s, cal_th[g.train.shape[1] - HISTORY:])))
         totals[name] = results
         print(row(name, total(results), f"   ({np.mean([p.ms for _, p in items]):.1f} ms/round)"))
+        if name != "engine":
+            print(row(f"{name} (budget)", total(totals[f"{name} (budget)"])))
         if name == "engine":
             print(row("engine@6 (no budget)", total(totals["engine@6"])))
             for g, cal in trails:
@@ -390,6 +417,8 @@ def main() -> int:
                                                                 "or a --layout directory's name)")
     ap.add_argument("--nab-files", type=int, default=24)
     ap.add_argument("--tune", action="store_true", help="the tuning runs on ASD's first half, then stop")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="keep each scoring pass here (keyed by the scorers' code and the data): a re-run only acts")
     args = ap.parse_args()
     print(f"controller defaults: budget {ISO.budget_per_1000_node_days:g} false drains per 1,000 node-days, "
           f"min_score {ISO.min_score} (floor), dominance {ISO.dominance}, rounds {ISO.rounds}, comparable_ratio "
@@ -414,13 +443,13 @@ def main() -> int:
                   f"cloud-monitoring-dataset; commit 6a07a53)")
     if not want or "nab-aws" in want:
         sets.append(data.nab_aws(args.data))
-    summary = {ds.name: run_dataset(ds, before, today) for ds in sets}
+    summary = {ds.name: run_dataset(ds, before, today, cache=args.cache) for ds in sets}
     # the second half of ASD's scored part: the part no choice was made on
     if "asd" in summary:
         print("\nASD, second half of the scored part only (the first half chose the engine's settings):")
         g = sets[0].groups[0]
         half = g.test.shape[1] // 2
-        p = engine_pass(g)
+        p = cached(args.cache, "asd", g, "engine", lambda: engine_pass(g))
         th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
         s, th = scored(p, g), th[g.train.shape[1] - HISTORY:]
         print(HEADER)
