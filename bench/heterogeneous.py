@@ -53,7 +53,7 @@ def submit(p: Pipeline, name: str, nodes: int, extra: list[str], data: Path, wor
         [SIGMA, "train", "--config", "configs/train/debug.yaml", "--nodes", str(nodes), "--no-wait", f"name={name}",
          "steps=100000000", "threads=1", f"data.path={data}", "data.prepare_if_missing=false",
          f"checkpoint.dir={workdir}/checkpoints", f"launch.folder={workdir}/submitit", "fault.step_delay_s=0.05",
-         "kpi.progress_every=0", *extra], env=p.env, cwd=REPO, capture_output=True, text=True, check=True).stdout
+         "kpi.progress_every=0", "launch.timeout_min=240", *extra], env=p.env, cwd=REPO, capture_output=True, text=True, check=True).stdout
     return int(re.search(r"job (\d+)", out).group(1))
 
 
