@@ -22,7 +22,6 @@ usage: python bench/heterogeneous.py [--minutes 30] [--timeout 240] [--only pipe
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -34,10 +33,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from straggler import bring_up  # noqa: E402
 
 from sigma.chaos.inject import Chaos  # noqa: E402
 from sigma.slurm.client import Slurm  # noqa: E402
-from sigma.slurm.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from sigma.slurm.cluster import LocalCluster  # noqa: E402
 from tests.conftest import reset_cluster  # noqa: E402
 from tests.integration.pipeline import SIGMA, Pipeline, wait_for  # noqa: E402
 
@@ -140,16 +142,7 @@ def main() -> int:
     ap.add_argument("--state-dir", default=None)
     args = ap.parse_args()
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-heterogeneous-"))
-    from sigma.train.data import prepare
-
-    data = state / "train-data"
-    if not data.exists():
-        prepare(data, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
-    cluster = LocalCluster(state)
-    digest = int(hashlib.sha1(str(state).encode()).hexdigest()[:8], 16)
-    cluster.up(ClusterSpec(nodes=4, port_base=30100 + (digest % 200) * 25))
-    slurm = Slurm(cluster.conf)
-    slurm.env["SBATCH_OUTPUT"] = str(state / "slurm-%j.out")
+    data, cluster, slurm = bring_up(state)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {args.minutes:g} healthy minutes per "
           f"scenario, then a 30 % straggler on the node that differs; shipped watchdog/isolation defaults", flush=True)
     results = []

@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import isolation_data as data  # noqa: E402
-from isolation_data import Group, Segment  # noqa: E402
+from isolation_data import Group  # noqa: E402
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
 from sigma.controller.detect import budget, healthy, isolation  # noqa: E402
