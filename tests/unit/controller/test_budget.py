@@ -12,7 +12,7 @@ from sigma.controller.detect.budget import CLUSTER, Calibrator, Tail, allowed_ra
 from sigma.controller.detect.explain import explain_nodes, fmt, unit
 from sigma.controller.detect.isolation import baseline, score
 
-from tests.unit.controller.helpers import make_controller
+from tests.unit.controller.helpers import add_kpi, make_controller
 from tests.unit.controller.test_watchdog_isolation import throttled_gpu_rounds
 
 RATE = allowed_rate(0.001, 120.0)  # one false drain per 1,000 node-days at 120 s rounds
@@ -155,3 +155,38 @@ def test_the_budget_is_reported_by_rules_and_explain(tmp_path, capsys):
     (row,) = [r for r in json.loads(capsys.readouterr().out) if r["id"] == "isolation-outlier"]
     assert row["action"] == "notify" and row["budget"]["budget_per_1000_node_days"] == 1.0
     assert row["budget"]["asked_node_rounds"] > 0
+
+
+def test_the_controller_learns_its_budget_from_rounds_of_jobs_nothing_flagged(tmp_path):
+    """A healthy 4-node job: every window the controller scores it as a verdict would, and each node's smallest of
+    its last `rounds` scores goes into the cluster's tail and its shape's; the node time is counted; the state is
+    saved for a restart."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    nodes = ["node1", "node2", "node3", "node4"]
+    slurm.run_job(1, nodes, start=clock() - 2000)
+    rng = np.random.default_rng(7)
+    t0 = int(clock())
+
+    def stream(start, end):
+        rows = []
+        for t in range(start, end, 5):
+            for i, n in enumerate(nodes):
+                add_kpi(ctl.conn, n, t, 1, i, (t - t0 + 2000) // 5)
+                rows += [(n, t, m, base + rng.normal(0, base * 0.01), '{"gpu": "0"}')
+                         for m, base in (("gpu.clock.sm_mhz", 1400.0), ("gpu.power_w", 300.0))]
+        with ctl.conn:
+            ctl.conn.executemany("INSERT INTO samples (node, ts, metric, value, labels) VALUES (?,?,?,?,?)", rows)
+
+    stream(t0 - 1000, t0)
+    window = int(ctl.cfg.isolation.window_s)
+    for k in range(4):
+        ctl.tick()
+        stream(t0 + k * window, t0 + (k + 1) * window)
+        clock.advance(window)
+    tails = ctl.calibrator.tails
+    assert tails[CLUSTER].n == tails["job1 x4"].n >= 2 * len(nodes)  # rounds 2: from the second round on
+    assert ctl.calibrator.node_rounds >= 4 * len(nodes) and ctl.calibrator.asked_rounds == 0
+    clock.advance(600)
+    ctl.tick()
+    again = make_controller(tmp_path, cfg=ctl.cfg, conn=ctl.conn)[0]
+    assert again.calibrator.tails[CLUSTER].n >= tails[CLUSTER].n - 4
