@@ -54,6 +54,7 @@ BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events o
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 BUDGET_KEY = "isolation.budget"  # detector_state: the false-drain budget's healthy tails (budget.Calibrator)
+ASKS_ISOLATION = ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler")  # the watchdog's anomalies
 
 
 def job_shape(job: Job) -> str:
@@ -436,7 +437,7 @@ class Controller:
                       start_times=own_restarts(distinct_starts(starts), node_requeues))
         out = []
         for f in found:
-            if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
+            if f.rule_id in ASKS_ISOLATION \
                     and self.cfg.isolation.enabled:
                 f = self._isolate(f, job, view.rows, now, rule_findings)
             if f is not None:
@@ -548,7 +549,10 @@ class Controller:
         `_isolate` scores them (each job once per window_s, NODES_PER_TICK nodes a tick at most)."""
         iso = self.cfg.isolation
         self.calibrator.exposure(sum(len(j.nodes) for j in running), now)
-        suspect_jobs = {f.job_id for f in findings if f.job_id is not None}
+        # a job the watchdog found anomalous, or isolation judged, is not healthy; a notice about its throughput's
+        # jitter is not an anomaly (on a busy host it would keep every job out of the budget's history)
+        suspect_jobs = {f.job_id for f in findings if f.job_id is not None and (
+            f.rule_id in ASKS_ISOLATION or f.source == "isolation" or f.action not in ("notify", "record"))}
         suspects = {f.node for f in findings if f.node}
         spent = 0
         for job in sorted(running, key=lambda j: self.calibrator.last_round(str(j.job_id))):
