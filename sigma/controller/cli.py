@@ -1,4 +1,4 @@
-"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`."""
+"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`, `sigma jobs`."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 
 from sigma.cli import parse_since
+from sigma.paths import ETC
 from sigma.store import is_url
 
-SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
+SITE_CONFIG = ETC / "controller.yaml"  # where a real cluster's admin installs the controller config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--config", default=None,
                        help="controller config (default: $SIGMA_CONTROLLER_CONFIG, else this checkout's local "
-                            f"stack, else {SITE_CONFIG}, else configs/controller.yaml)")
+                            f"stack, else {SITE_CONFIG}, else the shipped one)")
         p.add_argument("--db", default=None, help="controller database (overrides the config's db)")
         return p
 
@@ -28,8 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = common(csub.add_parser("run", help="run the controller (ingest + detection + remediation + /metrics)"))
     run.add_argument("--once", action="store_true", help="one tick, then exit (no HTTP server)")
     run.set_defaults(func=_run)
-    rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
+    rules = common(csub.add_parser(
+        "rules", help="load and list the failure-signature rules (validates them)",
+        description="Every rule with its effective action and where that action comes from: the shipped rule file "
+                    "or the site's override (rule_overrides, default /etc/sigma/rules.d)."))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
+    rules.add_argument("--overrides", default=None, help="site overrides directory or file (default: the config's "
+                                                         "rule_overrides)")
     rules.add_argument("--check", action="store_true",
                        help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
                             "report every problem, exit 1 on any (or on an empty knowledge base)")
@@ -57,11 +63,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     explain = common(sub.add_parser(
         "explain", help="why an incident happened and every action it caused",
-        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores), the full "
-                    "drain reason, every journaled action and the node's remediation steps, with times."))
-    explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
+        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores, the culprit "
+                    "rank or host a job's line names), the full drain reason, every journaled action and the node's "
+                    "remediation steps, with times, and the lines on that node that read like faults but were not "
+                    "acted on because their writer was not established. --node NODE shows those lines for a node "
+                    "without an incident (why was this line not acted on?)."))
+    explain.add_argument("incident", type=int, nargs="?", help="incident id (see sigma incidents)")
+    explain.add_argument("--node", help="without an incident: the node's log lines that were not acted on")
+    explain.add_argument("--since", help="with --node: since (default 24h)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    jobs = common(sub.add_parser(
+        "jobs", help="whether the platform watches each job: its ranks' KPIs and heartbeats, refused lines",
+        description="Per job: which ranks' steps and heartbeats reach the controller and when the last came, the "
+                    "trainer and whether it answers just-in-time checkpoint requests, the KPI lines the sidecars "
+                    "refused and why (timestamp units, file name, owner, ...), and the checkpoint requests made."))
+    jobs.add_argument("--job", type=int, help="only this job")
+    jobs.add_argument("--since", default="24h", help="look back this far (default 24h)")
+    jobs.add_argument("--json", action="store_true", help="machine-readable output")
+    jobs.set_defaults(func=_jobs)
 
     noise = common(sub.add_parser(
         "noise", help="why a job's step times jitter: the likely local cause per rank",
@@ -156,27 +177,27 @@ def _rules(args) -> int:
 
     cfg = _config(args)
     location = resolve(args.rules or cfg.rules)
+    overrides = args.overrides if args.overrides is not None else cfg.rule_overrides
+    overrides = resolve(overrides) if overrides else None
     if args.check:
         errors: list[ConfigError] = []
         try:
-            rules = load_rules(location, errors)
+            rules = load_rules(location, errors, overrides=overrides)
         except ConfigError as exc:  # no files at all: nothing else to report
             rules, errors = [], [exc]
         if rules:  # the policy's and the playbooks' references to rule ids
             from sigma.controller.config import load_remediation_config, unknown_rule_ids
-            from sigma.paths import configs_dir
 
             try:
                 rcfg = load_remediation_config(resolve(cfg.remediation))
-                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules},
-                                           args.config or configs_dir() / "controller.yaml")
+                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules}, config_path(args.config))
             except ConfigError as exc:
                 errors.append(exc)
         for exc in errors:
             print(f"error: {exc}")
         print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")
         return 1 if errors else 0
-    rules = load_rules(location)
+    rules = load_rules(location, overrides=overrides)
     disabled = _disabled_rules(cfg.db)
     rows = []
     for r in rules:
@@ -184,21 +205,28 @@ def _rules(args) -> int:
         status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
                   else "disabled" if not r.enabled else "ok")
         rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
-                     "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
-                     "description": r.description, "status": status})
+                     "severity": r.severity, "action": r.action, "acts": cfg.rule_acts(r.id, r.shadow),
+                     "action_from": f"override {r.overridden}" if r.overridden else r.origin.split(" [")[0],
+                     "shipped_action": r.shipped_action or r.action, "description": r.description, "status": status})
     iso = _isolation_budget(cfg)
     if args.json:
         print(json.dumps(rows + [iso], indent=2))
         return 0
-    table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
+    n_over = sum(1 for r in rules if r.overridden)
+    table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else "")
+                  + f"; controller in {cfg.mode_line()}")
+    for col in ("id", "v", "scope", "match", "severity", "action", "action from", "description", "status"):
         table.add_column(col)
     for row in rows:
-        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"],
-                      row["action"] + (" (shadow)" if row["shadow"] else ""), row["description"], row["status"])
+        action = row["action"] + ("" if row["acts"] or row["action"] in ("record", "notify") else " (observe)")
+        if row["shipped_action"] != row["action"]:
+            action += f" (shipped: {row['shipped_action']})"
+        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"], action,
+                      row["action_from"], row["description"], row["status"])
     c = _console()
     c.print(table)
-    c.print(f"[bold]{iso['id']}[/bold] (detector): {iso['description']}; acts: {iso['action']}", highlight=False)
+    c.print(f"[bold]{iso['id']}[/bold] (detector): {iso['description']}; acts: {iso['action']}"
+            + ("" if iso["acts"] or iso["action"] == "notify" else " (observe)"), highlight=False)
     for key, cal in iso["budget"]["tails"].items():
         c.print(f"  {key}: {cal['method']}, " + (f"acts at score {cal['threshold']:.2f}" if cal["threshold"]
                                                  is not None else f"notifies only (needs {cal['needed']:,} healthy "
@@ -230,7 +258,7 @@ def _isolation_budget(cfg) -> dict:
         summary["tails"][CLUSTER] = cal.calibration(CLUSTER).as_dict()
     acts = summary["tails"][CLUSTER]["threshold"] is not None
     return {"id": "isolation-outlier", "version": 0, "scope": "node", "match": "peer/temporal score",
-            "severity": "error", "action": "drain" if acts else "notify", "shadow": cfg.shadow,
+            "severity": "error", "action": "drain" if acts else "notify", "acts": cfg.rule_acts("isolation-outlier"),
             "description": f"false drains at most {iso.budget_per_1000_node_days:g} per 1,000 node-days "
                            f"({summary['node_rounds']:,} node-rounds seen, isolation asked about "
                            f"{summary['asked_node_rounds']:,})",
@@ -275,18 +303,33 @@ def _nodes(args) -> int:
             raise CommandError(str(exc)) from None
         print(f"{args.repaired} marked repaired; the controller validates it next")
         return 0
+    from sigma.controller.report.detection import describe, kernel_logs
+
+    cfg = _config(args)
     conn = _conn(args)
-    rows = [dict(r) for r in conn.execute("SELECT * FROM node_lifecycle ORDER BY node")]
+    lifecycle = {r["node"]: dict(r) for r in conn.execute("SELECT * FROM node_lifecycle ORDER BY node")}
+    kernel = kernel_logs(conn)
+    rows = [{**lifecycle.get(node, {"node": node, "state": "in service"}), "kernel_log": kernel.get(node),
+             "detection": "degraded" if node in kernel and not kernel[node]["ok"] else
+             "ok" if node in kernel else "unknown"} for node in sorted(set(lifecycle) | set(kernel))]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"mode": cfg.mode, "act_rules": cfg.act_rules, "shadow_rules": cfg.shadow_rules,
+                          "nodes": rows}, indent=2))
         return 0
-    table = Table(title="nodes managed by the controller")
-    for col in ("node", "state", "since", "cycle", "failures", "rule", "playbook", "incident"):
+    table = Table(title=f"nodes: controller in {cfg.mode_line()}")
+    for col in ("node", "state", "since", "cycle", "failures", "rule", "playbook", "incident", "detection"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["node"], r["state"], _ts(r["entered_at"]), str(r["cycle"]), str(r["failures"]),
-                      r["rule_id"], r["playbook"], str(r["incident_id"] or ""))
-    _console().print(table if rows else "no node has been taken out of service")
+        out = r["state"] != "in service"
+        table.add_row(r["node"], r["state"], _ts(r["entered_at"]) if out else "", str(r["cycle"]) if out else "",
+                      str(r["failures"]) if out else "", r.get("rule_id", ""), r.get("playbook", ""),
+                      str(r.get("incident_id") or ""), describe(r["kernel_log"]))
+    c = _console()
+    c.print(table if rows else f"controller in {cfg.mode_line()}\nno node has reported or been taken out of service")
+    degraded = [r["node"] for r in rows if r["detection"] == "degraded"]
+    if degraded:
+        c.print(f"[bold red]kernel-log fault detection is OFF on {', '.join(degraded)}[/]: their sidecars can read "
+                f"no kernel log (docs/telemetry.md, Kernel log)")
     return 0
 
 
@@ -334,7 +377,11 @@ def _explain(args) -> int:
     from sigma.controller.act.incidents import Incidents
     from sigma.slurm.client import sigma_reason
 
+    if (args.incident is None) == (args.node is None):
+        raise CommandError("give an incident id, or --node NODE for the lines a node did not act on")
     conn = _conn(args)
+    if args.incident is None:
+        return _explain_node(conn, args)
     inc = Incidents(conn).get(args.incident)
     if inc is None:
         raise CommandError(f"no incident {args.incident}")
@@ -342,9 +389,11 @@ def _explain(args) -> int:
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
     costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
+    unattributed = _unattributed(conn, inc.node, inc.fault_ts - 3600.0, max(inc.updated_at, inc.opened_at) + 600.0) \
+        if inc.node else []
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
-                         indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs,
+                          "unattributed": unattributed}, indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -357,7 +406,11 @@ def _explain(args) -> int:
     if ev.get("events"):
         c.print("  evidence (events):")
         for e in ev["events"][-5:]:
-            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}")
+            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}",
+                    markup=False, highlight=False)  # log text: its brackets are not rich markup
+            culprit = _culprit(e.get("fields") or {})
+            if culprit:
+                c.print(f"      named in the line: {culprit}", markup=False, highlight=False)
     if ev.get("isolation"):
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
@@ -384,6 +437,8 @@ def _explain(args) -> int:
                 f"{cost['time_lost_s']:.1f}s", highlight=False)
     if inc.job_id and inc.category in ("performance", "isolation", "noise"):
         _explain_noise(conn, inc, c)
+    if unattributed:
+        _print_unattributed(c, unattributed, f"on {inc.node} around the incident")
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -398,6 +453,55 @@ def _explain(args) -> int:
         for m in moves:
             table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
+    return 0
+
+
+CULPRIT_FIELDS = (("rank", "rank"), ("host", "host"), ("device", "device"), ("peer", "peer"),
+                  ("peer_rank", "peer rank"), ("process", "process"), ("pid", "pid"), ("gpu_instance", "MIG instance"))
+
+
+def _culprit(fields: dict) -> str:
+    """Who a log line names: the rank, host and peer of a job's line, the process or MIG instance of an Xid."""
+    return ", ".join(f"{label} {fields[key]}" for key, label in CULPRIT_FIELDS if key in fields)
+
+
+def _unattributed(conn, node: str, since: float, until: float, limit: int = 20) -> list[dict]:
+    """Lines on the node that a pattern matched but that were not acted on: their writer was not established."""
+    rows = conn.execute("SELECT ts, message, fields FROM events WHERE node = ? AND source = 'sidecar' AND "
+                        "kind = 'log_unattributed' AND ts >= ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
+                        (node, since, until, limit)).fetchall()
+    return [{"ts": r[0], "line": r[1], **{k: v for k, v in json.loads(r[2] or "{}").items()
+                                         if k in ("reason", "pattern", "source", "suppressed")}}
+            for r in reversed(rows)]
+
+
+def _print_unattributed(c, rows: list[dict], where: str = "") -> None:
+    c.print(f"  not acted on{' ' + where if where else ''} (the writer of each line was not established):")
+    for r in rows:
+        if "suppressed" in r:
+            c.print(f"    {_ts(r['ts'])} {r['suppressed']} more such lines, counted only", highlight=False)
+        else:
+            c.print(f"    {_ts(r['ts'])} [{r.get('reason')}; would be {r.get('pattern')}] {r['line']}", markup=False,
+                    highlight=False, soft_wrap=True)
+
+
+def _explain_node(conn, args) -> int:
+    since = parse_since(args.since or "24h")
+    rows = _unattributed(conn, args.node, since, time.time() + 60.0, limit=200)
+    if args.json:
+        print(json.dumps({"node": args.node, "since": since, "unattributed": rows}, indent=2, default=str))
+        return 0
+    c = _console()
+    if not rows:
+        _check_known_node(conn, args.node)
+        c.print(f"{args.node}: every log line that read like a fault since {_ts(since)} came from a known writer")
+        return 0
+    by_reason: dict[str, int] = {}
+    for r in rows:
+        by_reason[r.get("reason", "?")] = by_reason.get(r.get("reason", "?"), 0) + 1
+    c.print(f"[bold]{args.node}[/bold]: {len(rows)} line(s) since {_ts(since)} read like faults but were not acted on "
+            f"({', '.join(f'{n} {reason}' for reason, n in sorted(by_reason.items()))})")
+    _print_unattributed(c, rows)
     return 0
 
 
@@ -428,6 +532,40 @@ def _explain_noise(conn, inc, c) -> None:
         return
     c.print("  noise attribution:")
     render(noise, c, indent="    ")
+
+
+def _jobs(args) -> int:
+    from sigma.controller.report.jobs import job_ids, watch
+
+    conn = _conn(args)
+    now = time.time()
+    since = parse_since(args.since) or 0.0
+    found = [watch(conn, j, since, now) for j in ([args.job] if args.job is not None else job_ids(conn, since))]
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print(f"no job reported a KPI line or had one refused since {_ts(since)}")
+    for w in found:
+        print(f"job {w['job_id']}: {w['verdict']}")
+        if w["trainer"] or w["fault_hooks"]:
+            print(f"  trainer: {w['trainer'] or '-'}" + (f"; fault hooks: {', '.join(w['fault_hooks'])}"
+                                                         if w["fault_hooks"] else ""))
+        for r in w["ranks"]:
+            beat = w["heartbeats"].get(r["node"])
+            print(f"  rank {r['rank']:<4} {r['node']:<10} step {r['last_step']:<8} last {_ts(r['last_ts'])} "
+                  f"({now - r['last_ts']:.0f} s ago)  heartbeat "
+                  + (f"{_ts(beat)} ({now - beat:.0f} s ago)" if beat else "none"))
+        for node, beat in sorted(w["heartbeats"].items()):
+            if node not in {r["node"] for r in w["ranks"]}:
+                print(f"  heartbeats only from {node}: last {_ts(beat)}")
+        for r in w["refused"]:
+            print(f"  refused on {r['node']}: {r['kind']} ({r['reason']}) x{r['reports']}: {r['example']}")
+        for q in w["checkpoint_requests"]:
+            state = (f"answered at step {q['ack_step']}" if q["acked_at"] else
+                     "open" if q["deadline"] > now else "never answered (the requeue went on at its deadline)")
+            print(f"  checkpoint request {q['id']} to {q['node']} at {_ts(q['requested_at'])}: {state}")
+    return 0
 
 
 def _noise(args) -> int:

@@ -35,6 +35,7 @@ class WatchdogConfig:
     crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
     jitter_window_s: float = 120.0  # step throughput stability judged over this window ...
     jitter_cv: float = 0.25  # ... std above this share of the mean is jitter (notify; 0 turns it off)
+    process_hang: bool = True  # a job that writes no KPI lines: judge a hang from its processes (sidecar jobprocs)
 
 
 @dataclass
@@ -67,6 +68,8 @@ class IngestConfig:
 class ControllerConfig:
     db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
+    rule_overrides: str = "/etc/sigma/rules.d"  # the site's changes to shipped rules (sigma.rules.overrides):
+    # a directory of YAML files or one file; nothing there = none
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
     listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
     ingest_keys_file: str = "/etc/sigma/ingest-keys.json"  # per-node ingest keys (`sigma keys`); "" = none
@@ -74,8 +77,11 @@ class ControllerConfig:
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
-    shadow: bool = False  # shadow mode for everything: decide and log, never act
-    shadow_rules: list[str] = field(default_factory=list)  # rule ids in shadow mode
+    mode: Literal["act", "observe"] = "act"  # observe: record what would be done (drains, requeues, remediation),
+    # change nothing in SLURM (a first rollout; docs/rollout.md); act: do it
+    act_rules: list[str] = field(default_factory=list)  # rule ids that act even in observe mode (enabled one by one)
+    shadow_rules: list[str] = field(default_factory=list)  # rule ids that only observe even in act mode
+    shadow: bool = False  # older spelling of mode: observe (kept so that older configs mean what they meant)
     adopt_drain_reasons: list[str] = field(default_factory=lambda: ["Prolog error", "Epilog error"])  # SLURM's
     # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
     max_action_attempts: int = 5  # a failing action is retried this many times
@@ -87,6 +93,33 @@ class ControllerConfig:
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
     ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # database pruning and downsampling
+
+    def __post_init__(self):
+        if self.shadow:
+            self.mode = "observe"
+        clash = set(self.act_rules) & set(self.shadow_rules)
+        if clash:
+            raise ValueError(f"rule {sorted(clash)[0]!r} is in both act_rules and shadow_rules")
+
+    @property
+    def observing(self) -> bool:
+        return self.mode == "observe"
+
+    def rule_acts(self, rule_id: str, rule_shadow: bool = False) -> bool:
+        """Whether a finding of this rule may change SLURM: in act mode unless the rule is in shadow (its own
+        `shadow: true` or shadow_rules); in observe mode only the rules of act_rules."""
+        if rule_shadow or rule_id in self.shadow_rules:
+            return False
+        return not self.observing or rule_id in self.act_rules
+
+    def mode_line(self) -> str:
+        """One line saying what the controller may do, for its start line, `sigma nodes` and `sigma controller rules`."""
+        if self.observing:
+            acting = f"; acting rules: {', '.join(self.act_rules)}" if self.act_rules else ""
+            return (f"OBSERVE mode: records what it would do (drain, requeue, remediate) and changes nothing in SLURM"
+                    f"{acting}")
+        shadowed = f"; observing only: {', '.join(self.shadow_rules)}" if self.shadow_rules else ""
+        return f"ACT mode: drains, requeues and remediates{shadowed}"
 
 
 @dataclass
@@ -114,9 +147,12 @@ class RemediationConfig:
     max_failures: int = 3  # K: failed remediation/validation cycles before escalating to admins
     escalation_webhook: str = ""  # ticket URL for escalations (empty: journal + log only)
     default_playbook: str = "manual"  # playbook for rules no entry names
-    after_repair: list[str] = field(default_factory=lambda: ["{sigma}", "health", "log-ack", "--node", "{node}"])
-    # argv run after a successful repair, before validation ({sigma}, {node} replaced; [] = nothing): the
-    # repaired fault's kernel-log lines must not fail the validation (prefix with ssh/pdsh on real clusters)
+    ack_kernel_log: bool = True  # after a repair, before validation, the node's sidecar acknowledges the node's
+    # kernel log (`sigma health log-ack` there, asked through the ingest reply): the repaired fault's lines must
+    # not fail the validation
+    ack_timeout_s: float = 300.0  # ... and must answer within this long, else the repair counts as failed
+    after_repair: list[str] = field(default_factory=list)  # a site's own argv, run on the head after a successful
+    # repair, before validation ({sigma}, {node} replaced; [] = nothing)
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # return-to-service validation
     playbooks: list[Playbook] = field(default_factory=lambda: [Playbook(name="manual", kind="manual")])  # in order
 
@@ -156,7 +192,7 @@ def load_remediation_config(path: str | Path) -> RemediationConfig:
 
 def unknown_rule_ids(cfg: ControllerConfig, rcfg: RemediationConfig, rule_ids: set[str],
                      controller_path: str | Path | None = None) -> list[ConfigError]:
-    """Rule ids the policy (shadow_rules) or the playbooks (rules) name but the knowledge base lacks: a typo there
+    """Rule ids the policy (act_rules, shadow_rules) or the playbooks (rules) name but the knowledge base lacks: a typo there
     would silently never match. Each error names the file, line and key."""
     def source(path: str | Path | None, fallback: str) -> _Source:
         if path and Path(path).exists():
@@ -165,9 +201,10 @@ def unknown_rule_ids(cfg: ControllerConfig, rcfg: RemediationConfig, rule_ids: s
 
     out = []
     ctl_src = source(controller_path, "controller config")
-    for i, rule_id in enumerate(cfg.shadow_rules):
-        if rule_id not in rule_ids:
-            out.append(ConfigError(ctl_src.where(("shadow_rules", i)), f"no rule {rule_id!r} in the knowledge base"))
+    for key in ("act_rules", "shadow_rules"):
+        for i, rule_id in enumerate(getattr(cfg, key)):
+            if rule_id not in rule_ids:
+                out.append(ConfigError(ctl_src.where((key, i)), f"no rule {rule_id!r} in the knowledge base"))
     rem_src = source(resolve(cfg.remediation) if cfg.remediation else None, cfg.remediation or "remediation")
     for i, playbook in enumerate(rcfg.playbooks):
         for j, rule_id in enumerate(playbook.rules):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from sigma.store import Migration, migrate, open_store
+from sigma.store import Migration, migrate, open_store, refuse_newer
 
 INGEST_MIGRATIONS: list[Migration] = [
     ("0001_ingest", """
@@ -139,9 +139,22 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
         CREATE INDEX incidents_open ON incidents (closed_at, status);
         CREATE INDEX incidents_source_status ON incidents (source, status);
     """),
+    ("0170_node_requests", """
+        -- What the controller asks of a node's sidecar (after a repair: acknowledge its kernel log): the ingest
+        -- reply carries a node's open requests, the sidecar answers with a node_request event naming the id.
+        CREATE TABLE node_requests (
+            id INTEGER PRIMARY KEY, node TEXT NOT NULL, kind TEXT NOT NULL,
+            action_key TEXT NOT NULL UNIQUE,  -- the journaled action that asked: asked once, however often run
+            requested_at REAL NOT NULL, deadline REAL NOT NULL,
+            delivered_at REAL,                -- first ingest reply that carried it to the node's sidecar
+            answered_at REAL);                -- the answer (or the deadline) was seen
+        CREATE INDEX node_requests_node ON node_requests (node, deadline);
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
+# applied to this database by other code of this version (sigma.rules.learn.history: admin labels for rule learning)
+ALSO_KNOWN = ("0200_rule_labels",)
 
 # kpis' columns, for reads instead of `*`: on PostgreSQL the table also has its arrival order as a column, rowid
 # (sigma.pgstore), which SQLite keeps implicit; rows read the same on both
@@ -151,6 +164,12 @@ KPI_COLUMNS = "node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mf
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     """The controller database: an SQLite file, or PostgreSQL for a postgresql:// URL (same migrations)."""
     conn = open_store(path, readonly=readonly)
-    if not readonly:
-        migrate(conn, MIGRATIONS)
+    try:
+        if readonly:
+            refuse_newer(conn, MIGRATIONS, ALSO_KNOWN, f"controller database {path}")
+        else:
+            migrate(conn, MIGRATIONS, ALSO_KNOWN, f"controller database {path}")
+    except Exception:
+        conn.close()
+        raise
     return conn

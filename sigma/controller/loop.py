@@ -14,6 +14,8 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.act.noderequests import NodeRequests
+from sigma.controller.report.detection import kernel_logs
 from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
@@ -37,6 +39,8 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
+from sigma.controller.detect.prochang import IDLE_CORES, judge_processes, proc_labels
+from sigma.controller.detect.prochang import METRICS as PROC_METRICS
 from sigma.controller.detect.watchdog import JobInfo, RowsView, judge, typical_throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import (MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series,
@@ -52,6 +56,8 @@ HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
+PROC_JUDGE_S = 5.0  # a job without KPIs is judged from its processes at most this often
+KERNEL_LOG_CHECK_S = 30.0  # how often the nodes' kernel-log reports are looked at
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 BUDGET_KEY = "isolation.budget"  # detector_state: the false-drain budget's healthy tails (budget.Calibrator)
 ASKS_ISOLATION = ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler")  # the watchdog's anomalies
@@ -71,17 +77,20 @@ class Controller:
         self.root = root
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
-        self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
-        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit)
+        self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root), overrides=self._overrides(cfg))
+        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit, a site
+        # override)
         self._rules_path = None if rules is not None else resolve(cfg.rules, root)
-        self._rules_stamp = rules_stamp(self._rules_path)
+        self._rules_stamp = self._stamp()
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
-                                                        jit_gate=JitGate(self.conn, clock)),
+                                                        jit_gate=JitGate(self.conn, clock),
+                                                        node_requests=NodeRequests(self.conn, clock)),
                                clock=clock,
-                               max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
+                               max_attempts=cfg.max_action_attempts, on_change=self._action_changed,
+                               observed=self._observed)
         self.incidents = Incidents(self.conn, clock)
         self.remediator = Remediator(self.conn, self.journal, self.incidents, self.rcfg, self.log, self.slurm,
                                      clock=clock, root=root, adopt_reasons=tuple(cfg.adopt_drain_reasons))
@@ -110,10 +119,23 @@ class Controller:
         self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
                                          " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
+        self._proc_judged: dict[int, float] = {}  # job -> when its processes were last judged
+        self._proc_busy: set[tuple[int, float]] = set()  # (job, run start) whose processes were seen busy
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+        self._kernel_logs: dict[str, tuple] = {}  # node -> (reads its kernel log, source), as last said
+        self._kernel_logs_at = float("-inf")
+
+    def _observed(self, incident_id: int | None) -> bool:
+        """In observe mode, whether an incident's actions are only recorded: all but those of act_rules."""
+        if not self.cfg.observing:
+            return False
+        row = None if incident_id is None else self.conn.execute(
+            "SELECT rule_id FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        rule = next((r for r in self.rules if row and r.id == row[0]), None)
+        return row is None or not self.cfg.rule_acts(row[0], rule.shadow if rule else False)
 
     def counts(self) -> Counter:
         """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
@@ -150,7 +172,7 @@ class Controller:
         swap them in; if any is bad, keep the running set and say why."""
         try:
             cfg = load_controller_config(config_path) if config_path else self.cfg
-            rules = load_rules(resolve(cfg.rules, self.root))
+            rules = load_rules(resolve(cfg.rules, self.root), overrides=self._overrides(cfg))
             rcfg = (load_remediation_config(resolve(cfg.remediation, self.root)) if self._remediation_from_disk
                     else self.rcfg)
         except (ConfigError, OSError) as exc:
@@ -169,7 +191,7 @@ class Controller:
         self.rules, self.disabled = rules, {}
         if self._rules_path is not None:
             self._rules_path = resolve(cfg.rules, self.root)
-            self._rules_stamp = rules_stamp(self._rules_path)
+            self._rules_stamp = self._stamp()
         self._save_state("disabled_rules", self.disabled)
         old, self.windows = self.windows, EventWindows(self.rules)
         if self._backfill is not None and self._backfill[2] is None:
@@ -185,8 +207,9 @@ class Controller:
         self._warn_unknown_rule_ids(config_path)
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
-                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
-                       result="applied", rules=len(rules), restart_needed=kept)
+                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else "")
+                       + f"; {self.cfg.mode_line()}",
+                       result="applied", rules=len(rules), restart_needed=kept, mode=self.cfg.mode)
         return True
 
     def _reload_rules(self) -> None:
@@ -194,18 +217,29 @@ class Controller:
         would: a bad edit keeps the running rules."""
         if self._rules_path is None:
             return
-        stamp = rules_stamp(self._rules_path)
+        stamp = self._stamp()
         if stamp != self._rules_stamp:
             self._rules_stamp = stamp
             self.reload(None)
+
+    def _overrides(self, cfg: ControllerConfig) -> Path | None:
+        return resolve(cfg.rule_overrides, self.root) if cfg.rule_overrides else None
+
+    def _stamp(self) -> tuple:
+        if self._rules_path is None:
+            return ()
+        overrides = self._overrides(self.cfg)
+        return rules_stamp(self._rules_path), rules_stamp(overrides if overrides and overrides.exists() else None)
 
     # ---------- lifecycle ----------
     def start(self) -> None:
         """After a restart: finish what the journal says was planned but never confirmed done."""
         self._warn_unknown_rule_ids(None)
         pending = self.journal.pending()
-        self.log.event("start", f"START controller: {len(self.rules)} rules, {len(pending)} pending actions to replay",
-                       rules=len(self.rules), pending=[p.key for p in pending])
+        self.log.event("start", f"START controller in {self.cfg.mode_line()}: {len(self.rules)} rules, "
+                                f"{len(pending)} pending actions to replay",
+                       rules=len(self.rules), pending=[p.key for p in pending], mode=self.cfg.mode,
+                       act_rules=self.cfg.act_rules, shadow_rules=self.cfg.shadow_rules)
         self.journal.replay()
 
     def tick(self) -> list[Finding]:
@@ -228,10 +262,27 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        self._watch_kernel_logs(now)
         record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings
+
+    def _watch_kernel_logs(self, now: float) -> None:
+        """Say in the controller's own log when a node's detection loses (or regains) its kernel log."""
+        if now - self._kernel_logs_at < KERNEL_LOG_CHECK_S:
+            return
+        self._kernel_logs_at = now
+        for node, state in sorted(kernel_logs(self.conn).items()):
+            if self._kernel_logs.get(node, (None,))[0] == state["ok"]:
+                continue
+            if not state["ok"]:
+                self.log.event("detection_degraded", f"DEGRADED {node}: kernel-log fault detection is OFF, its "
+                               f"sidecar reads no kernel log ({state['detail']})", node=node, detail=state["detail"])
+            elif node in self._kernel_logs:
+                self.log.event("detection_restored", f"RESTORED {node}: kernel log from {state['source']}",
+                               node=node, source=state["source"])
+            self._kernel_logs[node] = (state["ok"], state["source"])
 
     # ---------- detection ----------
     def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job],
@@ -279,6 +330,11 @@ class Controller:
                     # nodes all fell silent for longer is judged as before
                     at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
                     findings += self._watch(job, at, findings, since_job)
+                    if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
+                        findings += self._watch_processes(job, at)
+            ids = {j.job_id for j in running}
+            self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
+            self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
@@ -429,12 +485,15 @@ class Controller:
             "SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
             " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
             (now - w.crash_loop_window_s, job.job_id))]
-        node_requeues = [r[0] for r in self.conn.execute(
-            "SELECT a.created_at FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue'"
-            " AND a.target=? AND a.state='done' AND i.scope='node'", (str(job.job_id),))]
+        # restarts that followed our own requeues are not the job restarting by itself: those for a node fault are
+        # the platform's, those for a job fault are counted by their signature where they are decided (decide.py)
+        our_requeues = [r[0] for r in self.conn.execute(
+            "SELECT created_at FROM actions WHERE kind='requeue' AND target=? AND state='done' AND created_at >= ?",
+            (str(job.job_id), now - w.crash_loop_window_s))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = judge(info, view, now, w, ever_reported=ever, history_median=self._history(job, view.last(5), now),
-                      start_times=own_restarts(distinct_starts(starts), node_requeues))
+                      start_times=own_restarts(distinct_starts(starts), our_requeues),
+                      pause=self._pause(job.job_id, start))
         out = []
         for f in found:
             if f.rule_id in ASKS_ISOLATION \
@@ -443,6 +502,48 @@ class Controller:
             if f is not None:
                 out.append(f)
         return out
+
+    def _watch_processes(self, job: Job, now: float) -> list[Finding]:
+        """A job that writes no KPI lines, judged from what its processes do on its nodes (detect/prochang.py), at
+        most once per PROC_JUDGE_S (the sidecars sample them every 5 s)."""
+        w, start = self.cfg.watchdog, float(job.start_time or 0)
+        if now - self._proc_judged.get(job.job_id, 0.0) < PROC_JUDGE_S or now - w.hang_timeout_s < start:
+            return []
+        self._proc_judged[job.job_id] = now
+        if self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1", (job.job_id,)).fetchone():
+            return []  # the KPI watchdog judges it
+        nodes, label = list(job.nodes), proc_labels(job.job_id)
+        marks = ",".join("?" * len(nodes))
+        lo = now - w.hang_timeout_s
+        for ts, job_ids in self.conn.execute(f"SELECT ts, job_ids FROM events WHERE node IN ({marks}) AND ts >= ?"
+                                             f" AND source = 'kpi'", (*nodes, lo)):
+            if job.job_id in json.loads(job_ids or "[]"):
+                return []  # a heartbeat, a pause, any KPI event: the job speaks for itself
+        rows = [dict(r) for r in self.conn.execute(
+            f"SELECT node, ts, metric, value FROM samples WHERE node IN ({marks}) AND metric IN"
+            f" ({','.join('?' * len(PROC_METRICS))}) AND ts >= ? AND labels = ?", (*nodes, *PROC_METRICS, lo, label))]
+        run = (job.job_id, start)
+        if run not in self._proc_busy and self.conn.execute(
+                f"SELECT 1 FROM samples WHERE node IN ({marks}) AND metric = 'job.procs.cpu' AND ts >= ? AND"
+                f" labels = ? AND value > ? LIMIT 1", (*nodes, max(start, now - 3600.0), label, IDLE_CORES)).fetchone():
+            self._proc_busy.add(run)
+        found = judge_processes(job.job_id, nodes, rows, now, w.hang_timeout_s, run in self._proc_busy)
+        return [found] if found else []
+
+    def _pause(self, job_id: int, since: float) -> tuple[float, float] | None:
+        """(when, until when) of the job's newest `pause` / `pause_end` KPI event of this run (sigma.kpi's paused()):
+        an open pause holds off the hang verdict for its max_s."""
+        row = self.conn.execute(
+            "SELECT ts, kind, fields FROM events WHERE source='kpi' AND kind IN ('pause','pause_end') AND ts >= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) ORDER BY ts DESC LIMIT 1",
+            (since, job_id)).fetchone()
+        if row is None:
+            return None
+        try:
+            max_s = float(json.loads(row[2] or "{}").get("max_s") or 0.0) if row[1] == "pause" else 0.0
+        except (TypeError, ValueError):
+            max_s = 0.0
+        return float(row[0]), float(row[0]) + max_s
 
     def _isolate(self, f: Finding, job: Job, rows: list[dict], now: float,
                  rule_findings: list[Finding]) -> Finding | None:
@@ -788,10 +889,10 @@ def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:
     return out
 
 
-def own_restarts(starts: list[float], node_requeues: list[float]) -> list[float]:
-    """Starts minus the restart that followed each requeue for a bad node (the job did not fail by itself)."""
+def own_restarts(starts: list[float], our_requeues: list[float]) -> list[float]:
+    """Starts minus the restart that followed each of our requeues (the job did not restart by itself)."""
     out = sorted(starts)
-    for r in sorted(node_requeues):
+    for r in sorted(our_requeues):
         after = [t for t in out if t > r]
         if after:
             out.remove(after[0])

@@ -21,10 +21,12 @@ from sigma.telemetry import logformats
 
 # Where a fault's line is written, by the event kind its rule matches (the rest is the kernel's log), and the
 # telemetry section that reads it there.
-TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job"}
+TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job", "cuda_error": "job"}
 SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output"}
-# Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog.
-FORMATS_BY_TARGET = {"kernel": logformats.FORMATS, "dcgm": ("plain",), "job": ("plain",)}
+# Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog; a kernel
+# line without an envelope has no known writer and is not acted on (logformats.unattributed).
+FORMATS_BY_TARGET = {"kernel": tuple(f for f in logformats.FORMATS if f != "plain"), "dcgm": ("plain",),
+                     "job": ("plain",)}
 JOB_ID = 4242
 
 
@@ -95,9 +97,9 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
         path.write_text("")
         base = sections[section]
         if fmt == "kmsg":
-            params = replace(base, files=[], kmsg=True, kmsg_path=str(path), start_at="start")
+            params = replace(base, files=[], source="kmsg", kmsg_path=str(path), start_at="start")
         else:
-            params = replace(base, files=[str(path)], kmsg=False, journal=False, start_at="start")
+            params = replace(base, files=[str(path)], source="files", start_at="start")
         collector = LogTailCollector(section, params, Context(node="node1", node_dir=tmp, host_root=tmp))
         path.write_text("".join(line + "\n" for line in lines))
         out = Output(ts=now)
@@ -137,7 +139,7 @@ def act_on_file(rules: list[Rule], sections: dict[str, object], path: str | Path
     from sigma.telemetry.collectors.logtail import LogTailCollector
 
     now = time.time() if now is None else now
-    params = replace(sections[section], files=[str(path)], kmsg=False, journal=False, start_at="start",
+    params = replace(sections[section], files=[str(path)], source="files", start_at="start",
                      max_events_per_run=1_000_000)
     with tempfile.TemporaryDirectory() as tmp:
         collector = LogTailCollector(section, params, Context(node="node1", node_dir=tmp, host_root=tmp))

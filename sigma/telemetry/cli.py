@@ -10,7 +10,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the collectors declared in the telemetry config, keep their data in the "
                                    "node-local SQLite store and push it to the controller. SIGHUP reloads the "
                                    "config; SIGTERM stops after pushing the backlog.")
-    p.add_argument("--config", default=None, help="telemetry YAML (default configs/telemetry.yaml)")
+    p.add_argument("--config", default=None, help="telemetry YAML (default /etc/sigma/telemetry.yaml, else the shipped one)")
     p.add_argument("--node", default=None, help="node name (default: config `node`, else the short hostname)")
     p.add_argument("--node-dir", default=None,
                    help="node directory for {node_dir} (default $SIGMA_NODE_DIR, $SIGMA_CLUSTER_DIR/nodes/NODE on "
@@ -29,11 +29,11 @@ def _sidecar(args) -> int:
 
     from sigma.cli import CommandError
     from sigma.config import ConfigError
-    from sigma.paths import configs_dir
+    from sigma.paths import config_file
     from sigma.security.keys import KeyFileError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = args.config or str(configs_dir() / "telemetry.yaml")
+    config = args.config or str(config_file("telemetry.yaml"))
     overrides = list(args.set)
     if args.controller is not None:
         overrides.append(f"push.url={args.controller}")
@@ -45,9 +45,21 @@ def _sidecar(args) -> int:
 
             loaded = load(config, args.node, args.node_dir, overrides)
             print(f"node {loaded.config.node}; store {loaded.config.store.path}; push {loaded.config.push.url}")
+            blind = []
             for section, (kind, params) in loaded.collectors.items():
                 state = f"every {params.interval_s:g} s" if params.enabled else "disabled"
                 print(f"  {section} ({kind}): {state}")
+                if kind == "logtail" and params.enabled and params.source != "files":
+                    found = _kernel_log(params, loaded.config.host_root)
+                    skipped = f" (not {found.why_none()})" if found.reasons else ""
+                    print(f"    kernel log: {found.describe()}{skipped}" if found.kind else
+                          f"    NO KERNEL LOG: kernel-log fault detection would be OFF ({found.why_none()})")
+                    if not found.kind:
+                        blind.append(section)
+            if blind:
+                print(f"error: no kernel log for {', '.join(blind)}: make one readable (docs/telemetry.md, "
+                      f"Kernel log) or detection on this node is degraded")
+                return 1
             return 0
         from sigma.telemetry.agent import Sidecar
 
@@ -55,3 +67,9 @@ def _sidecar(args) -> int:
     except (ConfigError, KeyFileError) as exc:
         raise CommandError(str(exc)) from None
     return sidecar.run()
+
+
+def _kernel_log(params, host_root: str):
+    from sigma.telemetry.logsources import choose_now
+
+    return choose_now(params, host_root)

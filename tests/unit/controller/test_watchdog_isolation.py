@@ -886,3 +886,17 @@ def test_a_pipeline_s_busier_last_stage_is_no_straggler_and_a_held_one_is():
     assert waited_for_node(nodes, usual)[0] is None
     stopped = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.3 if n == "node3" else 0.0)
     assert waited_for_node(nodes, stopped)[0] == "node3"
+
+
+def test_a_declared_pause_is_no_hang_until_its_max_and_counts_as_progress():
+    """sigma.kpi's paused(): an evaluation of 10 minutes with heartbeats is no hang; an open pause past its max_s is;
+    the hang timer starts again at the pause's end."""
+    rows = kpi_rows(["node1", "node2"], NOW - 900, NOW - 600)
+    assert rule_ids(check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True)) == ["watchdog-hang"]
+    open_pause = (NOW - 599, NOW - 599 + 900)
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True, pause=open_pause) == []
+    past = (NOW - 599, NOW - 599 + 300)
+    assert rule_ids(check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True,
+                              pause=past)) == ["watchdog-hang"]
+    ended = (NOW - 60, NOW - 60)  # the pause_end a minute ago: 60 s without a step since, under the timeout
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True, pause=ended) == []
