@@ -221,10 +221,10 @@ def total(results: list[dict]) -> dict:
     return out
 
 
-def row(label: str, r: dict, extra: str = "") -> str:
+def row(label: str, r: dict, extra: str = "", width: int = 22) -> str:
     n = max(1, r["segments"])
     hr = f"{np.mean(r['hits']):.2f}" if r["hits"] else " n/a"
-    return (f"  {label:22s} {100 * r['top1'] / n:5.1f}%  {100 * r['wrong'] / n:5.1f}%  {100 * r['missed'] / n:5.1f}%"
+    return (f"  {label:{width}s} {100 * r['top1'] / n:5.1f}%  {100 * r['wrong'] / n:5.1f}%  {100 * r['missed'] / n:5.1f}%"
             f"  {100 * r['false'] / max(1, r['normal']):7.3f}%  {1000 * r['false'] / max(r['node_days'], 1e-9):9.1f}"
             f"  {hr}{extra}")
 
@@ -456,10 +456,10 @@ def main() -> int:
         print(row("engine", outcome(g, acts_of(s, th), half)))
         print(row("engine@6 (no budget)", outcome(g, acts_of(s, ISO.min_score), half)))
     print("\nevery data set, at the shipped defaults:")
-    print("  data set   method                 top-1   wrong  missed  false/win  per 1000 node-days  HR@100")
+    print("  data set  " + HEADER[1:])
     for name, methods in summary.items():
         for m, r in methods.items():
-            print(row(f"{name:10s} {m}", r))
+            print(row(f"{name:10s} {m:22s}", r, width=33))
     if not want or "nab" in want:
         nab(args.data, args.nab_files)
     return 0
