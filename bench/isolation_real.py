@@ -1,644 +1,466 @@
-"""Isolation on real labelled telemetry: the controller's scoring against simple baselines, side by side.
+"""Isolation on real labelled telemetry it was not tuned on: the controller's engine against simple baselines.
 
-Data (read in place, never copied): ../shared/data/asd (12 servers x 19 metrics, 5-minute points, anomaly segments
-with their anomalous metrics) and ../shared/data/nab (single series with anomaly windows: the per-node detector).
+Data (bench/isolation_data.py; read in place, never copied): ASD (the data earlier choices were made on), any data
+set in ASD's layout (`--layout DIR`: how a held-out data set is run unchanged), microsoft/cloud-monitoring-dataset
+(`--cloud DIR`), the EC2 instances of NAB's realAWSCloudwatch recorded together; and NAB's single series for the
+per-node detector.
 
-Mapping onto the controller: one data point is one isolation window (its mean); the controller acts on the same
-culprit in `rounds` consecutive windows (IsolationConfig defaults: min_score, dominance, rounds). Chronological split:
-the history is what came before — ASD's train split (the first 30 days), NAB's first 15 % (its probationary
-period) — and only what comes after it is scored. A simulated day is 86400 / window_s windows of the controller.
+Protocol, as the controller runs: one data point is one isolation window (a simulated day = 86,400 / window_s
+points); each round is scored against the previous history_s / window_s points (the controller's history is its
+last hour) and, for the engine, the long-memory histograms (healthy.py) fed round by round through the controller's
+teaching rule with the entities not named that round. The engine acts as the controller does: on the same dominant
+culprit in `rounds` consecutive rounds, at the threshold its false-drain budget calibrates (budget.py) from the
+action statistics of the rounds before (every round feeds them: the bench has no watchdog to say a round was
+healthy, and an anomaly that slips in only raises the threshold); before the history supports the budget it acts
+on nothing (it would notify). A group's history part is run the same way, unscored, so the engine starts the scored
+part with the history the controller would have.
 
-Figures per data set and method: top-1 (the labelled entity acted on during its segment), wrong node (another,
-unlabelled entity acted on during the segment and the labelled one not), missed; top-1 where exactly one entity is
-anomalous; false actions per normal window (no entity labelled) and per simulated day; HitRate@100 % / 150 %
-(share of a segment's labelled metrics among its top 100 % / 150 % ranked metrics, over detected points, as in the
-InterFusion code's IPS) and the same for a random ranking.
+Figures per data set and method: top-1 (the labelled entity acted on during its segment), wrong (another, unlabelled
+entity acted on during the segment and the labelled one not), missed; false actions per normal window (no entity
+labelled) and per 1,000 node-days of normal windows (the budget's unit); HitRate@100 % of the engine's evidence
+(share of a segment's labelled metrics among its top-ranked ones, where it named the labelled entity).
 
-Methods: `engine` (sigma.controller.detect.isolation: own history + peers, one metric alone at the weights of the
-healthy histograms of sigma.controller.detect.healthy, fed with the history through the controller's own rule,
-healthy.Sketches.teach; its evidence ranks metrics as the controller's top_metrics do), `engine-online` (the same,
-the histograms also fed during the scored split with the servers not under suspicion, no verdict this window, through
-the same rule, as the controller goes on feeding them), `engine-top3` (the top-3 mean alone, its evidence the peer
-scores: the engine before the histograms), `engine-own` (own history only, the
-per-node detector), `3-sigma` (per metric, mean/std of the entity's own history; the entity with the largest
-excursion beyond 3 sigma), `today` (the scorer before this one: `git show TODAY_REV:sigma/controller/detect/
-isolation.py`, loaded into a module here; skipped with a note where git or that revision is missing).
+Methods: `engine` (the shipped defaults: peers where they help, own history elsewhere, the calibrated budget),
+`engine@6` (the same scores at the fixed floor min_score, no budget), `before` (the engine of BEFORE_REV, min_score
+6: the one an independent check found acting on 43 % of normal windows of another fleet), `3-sigma` (per metric,
+mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV). Each
+baseline is also put at the engine's budget two ways: `(budget)`, the same calibration on its own scores (no
+oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
+within the budget (an oracle choice no calibration gets).
 
-usage: python bench/isolation_real.py [--data ../shared/data] [--servers 12] [--nab-files 24] [--only asd|nab]
+Tuning: `--tune` runs the engine's choices (rounds, the comparability ratio, the lone-metric weights) on ASD's
+history and the first half of its scored part only; every other figure is reported on data those choices did not
+see (ASD's second half, every other data set).
+
+usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
+       [--tune] [--nab-files 24]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import subprocess
 import sys
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import isolation_data as data  # noqa: E402
+from isolation_data import Group  # noqa: E402
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
-from sigma.controller.detect import healthy, isolation  # noqa: E402
+from sigma.controller.detect import budget, healthy, isolation  # noqa: E402
 
 ISO = IsolationConfig()
 DAY_WINDOWS = 86400 / ISO.window_s
+HISTORY = int(ISO.history_s / ISO.window_s)  # rounds of history each round is scored against
+WEIGHTS_EVERY = max(1, int(healthy.WEIGHTS_S / ISO.window_s))  # rounds between recomputing the lone weights
+CALIBRATE_EVERY = 30  # rounds between recalibrations (the controller recalibrates as its tail grows by 1 %)
+TODAY_REV = "d06369c"  # the scorer before noise floors and the per-node score
+BEFORE_REV = "79a1320"  # the engine before the calibrated budget (the one the held-out check ran)
 
 
-# ---------- data ----------
-def read_matrix(path: Path) -> np.ndarray:
-    with path.open() as fh:
-        rows = list(csv.reader(fh))
-    return np.array([[float(v) for v in r[1:]] for r in rows[1:]])
-
-
-@dataclass
-class Segment:
-    entity: int
-    start: int
-    end: int  # inclusive
-    metrics: list[int] = field(default_factory=list)  # 0-based columns
-
-
-def load_asd(root: Path, servers: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[Segment]]:
-    """(names, train [entities, time, metrics], test [entities, time, metrics], labels [entities, time], segments)."""
-    dirs = sorted((root / "asd").glob("omi-*"), key=lambda p: int(p.name.split("-")[1]))[:servers]
-    if not dirs:
-        raise SystemExit(f"no ASD data under {root / 'asd'}: pass --data or set SIGMA_DATA to the shared data sets")
-    trains = [read_matrix(d / "train.csv") for d in dirs]
-    tests = [read_matrix(d / "test.csv") for d in dirs]
-    T = max(len(t) for t in trains)
-    train = np.full((len(dirs), T, trains[0].shape[1]), np.nan)
-    for i, t in enumerate(trains):  # omi-12's train is shorter: aligned on its end (just before the test)
-        train[i, T - len(t):] = t
-    test = np.stack(tests)
-    labels = np.stack([read_matrix(d / "test_label.csv")[:, 0] for d in dirs]).astype(bool)
-    segments = []
-    for i, d in enumerate(dirs):
-        for line in (d / "interpretation_label.txt").read_text().split("\n"):
-            if line.strip():
-                span, dims = line.split(":")
-                a, b = (int(x) for x in span.split("-"))
-                segments.append(Segment(i, a, b, [int(x) - 1 for x in dims.split(",")]))
-    return [d.name for d in dirs], train, test, labels, segments
-
-
-def load_nab(root: Path, files: int) -> list[tuple[str, np.ndarray, list[tuple[int, int]]]]:
-    """(name, values, anomaly windows as (start, end) indices) per series."""
-    base = root / "nab"
-    windows = json.loads((base / "labels" / "combined_windows.json").read_text())
-    out = []
-    for f in sorted((base / "data").glob("*/*.csv"))[:files]:
-        with f.open() as fh:
-            rows = list(csv.DictReader(fh))
-        stamps = {r["timestamp"]: i for i, r in enumerate(rows)}
-        spans = [(stamps[a.split(".")[0]], stamps[b.split(".")[0]])
-                 for a, b in windows.get(f"{f.parent.name}/{f.name}", [])]
-        out.append((f"{f.parent.name}/{f.name}", np.array([float(r["value"]) for r in rows]), spans))
-    return out
-
-
-# ---------- methods: history [E, T, M] -> per round (node scores [E], metric scores [E, M]) ----------
-class Engine:
-    """The controller's scorer: isolation.score, with the lone-metric weights from healthy.Sketches fed with the
-    history's deviations from the peers (as the controller feeds them, one value per window and node)."""
-    name = "engine"
-
-    threshold = ISO.min_score
-
-    def __init__(self, history: np.ndarray, peers: bool = True, lone: bool = True, online: bool = False):
-        self.base = isolation.baseline(history)
-        self.peers = peers
-        self.lone = None
-        if not peers:
-            self.name = "engine-own"
-        elif not lone:
-            self.name = "engine-top3"
-        else:
-            E, T, M = history.shape
-            self.entities, self.series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
-            self.sketches = healthy.Sketches()
-            for t in range(T):  # through the controller's rule: a server far out in its own histograms teaches not
-                self.sketches.teach(self.entities, self.series, healthy.residuals(history[:, t, :]), np.ones(E, bool))
-            weights = healthy.lone_weights(self.sketches, self.entities, self.series, self.base.peer_center,
-                                           self.base.peer_scale)
-            self.lone = lambda base: weights  # the history is fixed here: computed once
-            if online:  # ... or, as the controller, every window from histograms that go on learning
-                self.name = "engine-online"
-                self.lone = lambda base: healthy.lone_weights(self.sketches, self.entities, self.series,
-                                                              base.peer_center, base.peer_scale)
-        self.online = online
-        self.readings: list[tuple[np.ndarray, np.ndarray]] = []  # per round: (own-history scores, positions)
-
-    def __call__(self, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(node scores [E], the evidence that ranks each node's metrics [E, M], the metric scores that decided)."""
-        if not self.peers:
-            z = isolation.metric_scores(current, self.base, peers=False)
-            return isolation.top_k_mean(z, 3), z, z
-        position = None if self.lone is None else (
-            lambda deviation: self.sketches.positions(self.entities, self.series, deviation))
-        s = isolation.score([f"e{i}" for i in range(current.shape[0])], current, base=self.base, lone=self.lone,
-                            position=position)
-        if position is not None:  # the evidence's other readings, kept for evidence_rankings
-            self.readings.append((isolation.metric_scores(current, self.base, peers=False),
-                                  np.nan_to_num(position(current - np.nanmedian(current, axis=0)), nan=0.0)))
-        if self.online:  # the servers not under suspicion (no verdict: below min_score) may teach this window,
-            # through the controller's rule (healthy.Sketches.teach: not those far out in their own histograms)
-            self.sketches.teach(self.entities, self.series, healthy.residuals(current), s.total < ISO.min_score)
-        # the engine before the histograms ranked its evidence by the peer scores alone
-        return s.total, s.evidence if self.lone is not None else s.metric_z, s.metric_z
-
-    def pick(self, names, scores, hint=None):
-        return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
-
-
-class ThreeSigma:
-    """Per metric, the entity's own history mean/std; the entity with the largest excursion beyond 3 sigma."""
-    name = "3-sigma"
-    threshold = 3.0
-
-    def __init__(self, history: np.ndarray):
-        self.mean = np.nanmean(history, axis=1)
-        self.std = np.maximum(np.nanstd(history, axis=1), 1e-9)
-
-    def __call__(self, current):
-        z = np.nan_to_num(np.abs(current - self.mean) / self.std, nan=0.0)
-        return z.max(axis=1), z, z
-
-    def pick(self, names, scores, hint=None):
-        i = int(np.argmax(scores))
-        return names[i] if scores[i] > self.threshold and np.sum(scores == scores[i]) == 1 else None
-
-
-TODAY_REV = "d06369c"  # the last commit with the scorer before noise floors and the per-node score
-
-
-def load_today() -> types.ModuleType | None:
-    """The scorer before this one (TODAY_REV), for the side-by-side comparison."""
+def _module(rev: str, name: str) -> types.ModuleType | None:
     try:
-        src = subprocess.run(["git", "show", f"{TODAY_REV}:sigma/controller/detect/isolation.py"], cwd=REPO,
+        src = subprocess.run(["git", "show", f"{rev}:sigma/controller/detect/isolation.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    mod = types.ModuleType("isolation_today")
-    sys.modules[mod.__name__] = mod  # dataclasses look their module up there
-    exec(compile(src, f"{TODAY_REV}:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    exec(compile(src, f"{rev}:sigma/controller/detect/isolation.py", "exec"), mod.__dict__)
     return mod
 
 
-class Today:
-    """The earlier scorer with its defaults: peer deviation AND deviation from own history (the residual's stats)."""
-    name = "today"
-    threshold = ISO.min_score
-
-    def __init__(self, mod, history: np.ndarray):
-        self.mod = mod
-        self.stats = mod.history_stats(history) if history.shape[0] >= 3 else None
-
-    def __call__(self, current):
-        spatial = self.mod.spatial_z(current)
-        temporal = self.mod.temporal_z(current, self.stats) if self.stats is not None else None
-        z = np.nan_to_num(self.mod.combine(spatial, temporal), nan=0.0, posinf=1e6)
-        return self.mod.top_k_mean(z, 3), z, z
-
-    def pick(self, names, scores, hint=None):
-        return self.mod.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
+# ---------- scoring passes: a group's rounds -> node scores [T, E] (and evidence [T, E, M]) ----------
+@dataclass
+class Pass:
+    name: str
+    scores: np.ndarray  # [rounds, entities], every round from HISTORY on (history part included)
+    evidence: np.ndarray | None  # [rounds, entities, metrics] what ranks the metrics of a verdict
+    threshold: float  # the method's own default
+    ms: float  # per round
 
 
-class Rolling:
-    """A method whose history is the previous `windows` points, as the controller's history_s is its last hour."""
-
-    def __init__(self, make, series: np.ndarray, windows: int):
-        self.make, self.series, self.windows = make, series, windows
-        self.name = make(series[:, :3, :]).name + "/rolling"
-
-    def at(self, t: int) -> None:
-        self.method = self.make(self.series[:, max(0, t - self.windows):t, :])
-
-    def __call__(self, current):
-        return self.method(current)
-
-    def pick(self, names, scores, hint=None):
-        return self.method.pick(names, scores, hint)
+def _series(g: Group) -> np.ndarray:
+    return np.concatenate([g.train, g.test], axis=1)
 
 
-# ---------- evaluation ----------
+def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True, ratio: float | None = None,
+                k: int = 3) -> Pass:
+    """The controller's rounds over a group: rolling history, long-memory histograms fed round by round."""
+    x = _series(g)
+    E, T, M = x.shape
+    ents, series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
+    sketches = healthy.Sketches()
+    scores, evidence = np.zeros((T - HISTORY, E)), np.zeros((T - HISTORY, E, M))
+    weights = q = None
+    if ratio is None and mod is isolation:
+        ratio = ISO.comparable_ratio
+    t0 = time.perf_counter()
+    for t in range(HISTORY, T):
+        hist, cur = x[:, t - HISTORY:t], x[:, t]
+        base = mod.baseline(hist) if ratio is None else mod.baseline(hist, ratio)
+        if lone and E >= 3 and (weights is None or t % WEIGHTS_EVERY == 0):
+            q = sketches.quantiles(ents, series, healthy.POSITION_QS)
+            weights = healthy.lone_weights(sketches, ents, series, base.peer_center, base.peer_scale, q=q)
+        s = mod.score(ents, cur, base=base, k=k, lone=(lambda b: weights) if lone and weights is not None else None,
+                      position=(lambda d: sketches.positions(ents, series, d, q)) if lone and q is not None else None)
+        scores[t - HISTORY] = s.total
+        evidence[t - HISTORY] = s.evidence if s.evidence is not None else s.metric_z
+        if lone and E >= 3:  # not those named this round (at the floor), through the teaching rule
+            sketches.teach(ents, series, healthy.residuals(cur), s.total < ISO.min_score)
+    return Pass(name, scores, evidence, ISO.min_score, 1000 * (time.perf_counter() - t0) / (T - HISTORY))
+
+
+def three_sigma_pass(g: Group) -> Pass:
+    x = _series(g)
+    E, T, M = x.shape
+    scores, z_all = np.zeros((T - HISTORY, E)), np.zeros((T - HISTORY, E, M))
+    t0 = time.perf_counter()
+    for t in range(HISTORY, T):
+        hist = x[:, t - HISTORY:t]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.abs(x[:, t] - np.nanmean(hist, axis=1)) / np.maximum(np.nanstd(hist, axis=1), 1e-9)
+        z_all[t - HISTORY] = np.nan_to_num(z, nan=0.0)
+        scores[t - HISTORY] = z_all[t - HISTORY].max(axis=1)
+    return Pass("3-sigma", scores, z_all, 3.0, 1000 * (time.perf_counter() - t0) / (T - HISTORY))
+
+
+def today_pass(g: Group, mod) -> Pass:
+    x = _series(g)
+    E, T, M = x.shape
+    scores, z_all = np.zeros((T - HISTORY, E)), np.zeros((T - HISTORY, E, M))
+    t0 = time.perf_counter()
+    for t in range(HISTORY, T):
+        hist, cur = x[:, t - HISTORY:t], x[:, t]
+        stats = mod.history_stats(hist) if E >= 3 else None
+        temporal = mod.temporal_z(cur, stats) if stats is not None else None
+        z = np.nan_to_num(mod.combine(mod.spatial_z(cur), temporal), nan=0.0, posinf=1e6)
+        z_all[t - HISTORY] = z
+        scores[t - HISTORY] = mod.top_k_mean(z, 3)
+    return Pass("today", scores, z_all, ISO.min_score, 1000 * (time.perf_counter() - t0) / (T - HISTORY))
+
+
+# ---------- acting: node scores -> the entity acted on each round ----------
+def action_stats(scores: np.ndarray, rounds: int) -> np.ndarray:
+    """[T, E] the smallest of each entity's last `rounds` scores (NaN before `rounds` rounds)."""
+    out = np.full(scores.shape, np.nan)
+    for t in range(rounds - 1, scores.shape[0]):
+        out[t] = scores[t - rounds + 1:t + 1].min(axis=0)
+    return out
+
+
+def calibrated_thresholds(scores: np.ndarray, rounds: int, per_1000_node_days: float) -> tuple[np.ndarray, list]:
+    """[T] the threshold the budget calibrates before each round from every earlier round's action statistics
+    (inf where the history does not support it yet), and the calibrations (round, Calibration) along the way."""
+    stats = action_stats(scores, rounds)
+    rate = budget.allowed_rate(per_1000_node_days / 1000, ISO.window_s)
+    tail, out, trail = budget.Tail(), np.full(scores.shape[0], np.inf), []
+    cal = budget.calibrate(tail, rate, ISO.min_score)
+    for t in range(scores.shape[0]):
+        if t % CALIBRATE_EVERY == 0 and t:
+            tail.add(stats[t - CALIBRATE_EVERY:t])
+            cal = budget.calibrate(tail, rate, ISO.min_score, seed=t)
+            trail.append((t, cal))
+        out[t] = cal.threshold if cal.acts else np.inf
+    return out, trail
+
+
+def acts_of(scores: np.ndarray, threshold, rounds: int = ISO.rounds) -> np.ndarray:
+    """[T] the entity acted on at each round (-1: none): the same dominant culprit in `rounds` rounds."""
+    names = [str(i) for i in range(scores.shape[1])]
+    streaks, acts = isolation.Streaks(), np.full(scores.shape[0], -1)
+    th = np.broadcast_to(np.asarray(threshold, float), scores.shape[:1])
+    for t in range(scores.shape[0]):
+        culprit = isolation.pick_outlier(names, scores[t], th[t], ISO.dominance).culprit if np.isfinite(th[t]) else None
+        if streaks.update("job", culprit) >= rounds:
+            acts[t] = int(culprit)
+    return acts
+
+
 def hit_rate(z_row: np.ndarray, labelled: list[int], p: float) -> float:
     top = np.argsort(-z_row, kind="stable")[: int(p * len(labelled))]
     return len(set(top.tolist()) & set(labelled)) / len(labelled)
 
 
-def score(method, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-    """One scoring pass over the test split: (node scores [T, E], the evidence ranking metrics [T, E, M], ms per
-    round, the metric scores that decided [T, E, M])."""
-    E, T, M = test.shape
-    node_scores, evidence, metric_z = np.zeros((T, E)), np.zeros((T, E, M)), np.zeros((T, E, M))
+def outcome(g: Group, acts: np.ndarray, lo: int = 0, hi: int | None = None, evidence: np.ndarray | None = None,
+            named: np.ndarray | None = None) -> dict:
+    """Figures of the scored rounds lo..hi-1 (acts and evidence indexed by scored round)."""
+    hi = g.test.shape[1] if hi is None else hi
+    normal = g.normal[lo:hi]
+    out = {"segments": 0, "top1": 0, "wrong": 0, "missed": 0, "false": int(np.sum((acts[lo:hi] >= 0) & normal)),
+           "normal": int(normal.sum()), "node_days": float(normal.sum()) * len(g.names) / DAY_WINDOWS, "hits": []}
+    for s in g.segments:
+        if not (lo <= s.start and s.end < hi):
+            continue
+        a = acts[s.start:s.end + 1]
+        right = bool(np.any(a == s.entity))
+        wrong = any(x >= 0 and not g.labels[x, s.start + i] for i, x in enumerate(a))
+        out["segments"] += 1
+        out["top1" if right else "wrong" if wrong else "missed"] += 1
+        if evidence is not None and named is not None and s.metrics and len(s.metrics) < g.test.shape[2]:
+            at = [t for t in range(s.start, s.end + 1) if named[t] == s.entity]
+            if at:
+                out["hits"].append(np.mean([hit_rate(evidence[t, s.entity], s.metrics, 1.0) for t in at]))
+    return out
+
+
+def total(results: list[dict]) -> dict:
+    out = {k: sum(r[k] for r in results) for k in ("segments", "top1", "wrong", "missed", "false", "normal",
+                                                   "node_days")}
+    out["hits"] = [h for r in results for h in r["hits"]]
+    return out
+
+
+def row(label: str, r: dict, extra: str = "", width: int = 22) -> str:
+    n = max(1, r["segments"])
+    hr = f"{np.mean(r['hits']):.2f}" if r["hits"] else " n/a"
+    return (f"  {label:{width}s} {100 * r['top1'] / n:5.1f}%  {100 * r['wrong'] / n:5.1f}%  {100 * r['missed'] / n:5.1f}%"
+            f"  {100 * r['false'] / max(1, r['normal']):7.3f}%  {1000 * r['false'] / max(r['node_days'], 1e-9):9.1f}"
+            f"  {hr}{extra}")
+
+
+HEADER = "  method                 top-1   wrong  missed  false/win  per 1000 node-days  HR@100"
+
+
+# ---------- a data set ----------
+def scored(p: Pass, g: Group) -> np.ndarray:
+    """The pass's scores of the scored part (its history part precedes them)."""
+    return p.scores[g.train.shape[1] - HISTORY:]
+
+
+def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pass:
+    """A scoring pass, kept in `cache` (keyed by the code of the scorers and the group's data) when given."""
+    if cache is None:
+        return make()
+    import hashlib
+
+    key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
+        "isolation.py", "healthy.py")] + [dataset.encode(), g.name.encode(), method.encode(),
+        np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
+    path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
+    if path.exists():
+        z = np.load(path)
+        return Pass(method, z["scores"], z["evidence"] if z["evidence"].size else None, float(z["threshold"]),
+                    float(z["ms"]))
+    p = make()
+    cache.mkdir(parents=True, exist_ok=True)
+    np.savez(path, scores=p.scores, evidence=p.evidence if p.evidence is not None else np.zeros(0),
+             threshold=p.threshold, ms=p.ms)
+    return p
+
+
+def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), cache: Path | None = None) -> dict:
+    """Every method on every group at its defaults, then at equal budgets; returns the totals per method."""
+    print(f"\n{ds.name}: {ds.note}")
+    for g in ds.groups:
+        print(f"  group {g.name}: {len(g.names)} entities x {g.test.shape[2]} metrics, history {g.train.shape[1]} "
+              f"points, {g.test.shape[1]} scored, {len(g.segments)} segments, {int(g.normal.sum())} normal windows")
+    per = {}  # method -> list of (group, pass)
     t0 = time.perf_counter()
-    for t in range(T):
-        if hasattr(method, "at"):
-            method.at(t)
-        node_scores[t], evidence[t], metric_z[t] = method(test[:, t, :])
-    return node_scores, evidence, 1000 * (time.perf_counter() - t0) / T, metric_z
-
-
-def run(method, test: np.ndarray, labels: np.ndarray, segments: list[Segment], names: list[str],
-        scored: tuple | None = None, rounds: int = ISO.rounds) -> dict:
-    """Rounds over the test split; acts as the controller does (same culprit in ISO.rounds consecutive windows).
-    scored: a previous `score` pass of this method, replayed at its current threshold."""
-    node_scores, metric_z, round_ms = (scored or score(method, test))[:3]
-    T = test.shape[1]
-    streaks = isolation.Streaks()
-    acts = np.full(T, -1)  # entity acted on at t (-1: none)
-    picked = np.full(T, -1)
-    for t in range(T):
-        culprit = method.pick(names, node_scores[t])
-        picked[t] = names.index(culprit) if culprit else -1
-        if streaks.update("job", culprit) >= rounds:
-            acts[t] = names.index(culprit)
-    anomalous = labels.any(axis=0)
-    normal = ~anomalous
-    false = int(np.sum((acts >= 0) & normal))
-    outcome = {"top1": 0, "wrong": 0, "missed": 0}
-    solo = [0, 0]
-    hits = {1.0: [], 1.5: []}
-    for s in segments:
-        span = slice(s.start, s.end + 1)
-        acted = acts[span]
-        right = np.any(acted == s.entity)
-        wrong = any(a >= 0 and not labels[a, s.start + i] for i, a in enumerate(acted))
-        key = "top1" if right else "wrong" if wrong else "missed"
-        outcome[key] += 1
-        alone = labels[:, span].sum(axis=0).max() == 1
-        if alone:
-            solo[0] += right
-            solo[1] += 1
-        detected = [t for t in range(s.start, s.end + 1) if picked[t] == s.entity]
-        if detected and s.metrics:
-            for p in hits:
-                hits[p].append(np.mean([hit_rate(metric_z[t, s.entity], s.metrics, p) for t in detected]))
-    n = max(1, len(segments))
-    return {"segments": n, **{k: v / n for k, v in outcome.items()}, "solo": solo,
-            "false_per_window": false / max(1, int(normal.sum())), "false": false,
-            "hit100": float(np.mean(hits[1.0])) if hits[1.0] else float("nan"),
-            "hit150": float(np.mean(hits[1.5])) if hits[1.5] else float("nan"), "detected_segments": len(hits[1.0]),
-            "round_ms": round_ms}
-
-
-def random_hit_rate(segments: list[Segment], metrics: int, rng: np.random.Generator) -> tuple[float, float]:
-    out = []
-    for p in (1.0, 1.5):
-        out.append(float(np.mean([np.mean([hit_rate(rng.random(metrics), s.metrics, p) for _ in range(50)])
-                                  for s in segments if s.metrics])))
-    return out[0], out[1]
-
-
-def print_row(name: str, r: dict) -> None:
-    solo = f"{r['solo'][0]}/{r['solo'][1]}" if r["solo"][1] else "n/a"
-    wrong = "n/a" if r.get("single") else f"{100 * r['wrong']:5.1f}%"
-    hit = ("   n/a     n/a" if np.isnan(r["hit100"]) else
-           f"  {r['hit100']:.2f}    {r['hit150']:.2f} ({r['detected_segments']} seg)")
-    print(f"  {name:11s} {100 * r['top1']:5.1f}%  {wrong:>6s}  {100 * r['missed']:5.1f}%  {solo:>7s}  "
-          f"{100 * r['false_per_window']:6.2f}%  {r['false_per_window'] * DAY_WINDOWS:7.1f}  {hit}   "
-          f"{r['round_ms']:.2f}")
-
-
-HEADER = ("  method      top-1   wrong  missed  top-1 solo  false/win  false/day  HR@100  HR@150 (over)  ms/round")
-
-
-def asd(root: Path, servers: int, today_mod) -> None:
-    names, train, test, labels, segments = load_asd(root, servers)
-    print(f"ASD: {len(names)} servers x {test.shape[2]} metrics, history = train split ({train.shape[1]} points), "
-          f"{test.shape[1]} scored windows, {len(segments)} anomaly segments, "
-          f"{int((~labels.any(axis=0)).sum())} normal windows (no server labelled)")
+    for g in ds.groups:
+        passes = [cached(cache, ds.name, g, "engine", lambda: engine_pass(g))]
+        if before is not None:
+            passes.append(cached(cache, ds.name, g, "before", lambda: engine_pass(g, before, "before")))
+        passes.append(cached(cache, ds.name, g, "3-sigma", lambda: three_sigma_pass(g)))
+        if today is not None:
+            passes.append(cached(cache, ds.name, g, "today", lambda: today_pass(g, today)))
+        for p in passes:
+            per.setdefault(p.name, []).append((g, p))
+    print(f"  (scored in {time.perf_counter() - t0:.0f} s)")
     print(HEADER)
-    t0 = time.perf_counter()
-    methods = [Engine(train)]
-    print(f"  (healthy histograms: {len(methods[0].sketches)} fed with {np.isfinite(train).sum()} values in "
-          f"{time.perf_counter() - t0:.1f} s, {methods[0].sketches.nbytes / 1e3:.0f} kB)")
-    methods += [Engine(train, online=True), Engine(train, lone=False), Engine(train, peers=False), ThreeSigma(train)]
-    if today_mod is not None:
-        methods.append(Today(today_mod, train))
-    passes = {m.name: score(m, test) for m in methods}
-    for m in methods:
-        print_row(m.name, run(m, test, labels, segments, names, passes[m.name]))
-    # the controller's rounds come every poll_s over a sliding window: two consecutive rounds share all but one
-    # second of it, so `rounds` consecutive windows above are stricter than the controller; acting on one window is
-    # closer to what it does
-    print("  acting on one window (the controller's consecutive rounds, poll_s apart, share nearly all of theirs):")
-    for m in methods:
-        print_row(m.name, run(m, test, labels, segments, names, passes[m.name], rounds=1))
-    r100, r150 = random_hit_rate(segments, test.shape[2], np.random.default_rng(0))
-    print(f"  random metric ranking: HR@100 {r100:.2f}, HR@150 {r150:.2f}")
-    solo_misses(names, passes["engine"], labels, segments)
-    for m in methods[:2]:
-        wrong_actions(m, passes[m.name], labels, segments, names)
-    equal_budget(methods, passes, test, labels, segments, names)
-    aggregations(passes["engine"], test, labels, segments, names)
-    halves(methods, passes, test, labels, segments, names)
-    evidence_rankings(methods[:2], passes, test, labels, segments, names)
-    teaching_gates(train, test, labels, segments, names)
+    totals = {}
+    for name, items in per.items():
+        results, trails = [], []
+        for g, p in items:
+            s = scored(p, g)
+            if name == "engine":
+                th, trail = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+                th = th[g.train.shape[1] - HISTORY:]
+                trails.append((g, trail[-1][1] if trail else None))
+            else:
+                th = p.threshold
+            named = np.where(s.max(axis=1) >= ISO.min_score, s.argmax(axis=1), -1)
+            results.append(outcome(g, acts_of(s, th), evidence=scored_evidence(p, g), named=named))
+            if name == "engine":
+                totals.setdefault("engine@6", []).append(outcome(g, acts_of(s, ISO.min_score)))
+            else:  # the same budget calibration on the method's own scores: equal budgets without an oracle
+                cal_th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+                totals.setdefault(f"{name} (budget)", []).append(
+                    outcome(g, acts_of(s, cal_th[g.train.shape[1] - HISTORY:])))
+        totals[name] = results
+        print(row(name, total(results), f"   ({np.mean([p.ms for _, p in items]):.1f} ms/round)"))
+        if name != "engine":
+            print(row(f"{name} (budget)", total(totals[f"{name} (budget)"])))
+        if name == "engine":
+            print(row("engine@6 (no budget)", total(totals["engine@6"])))
+            for g, cal in trails:
+                print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
+                      f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
+                      f"{cal.detail if cal else ''}")
+    equal_budgets(ds, per, budgets_per_window)
+    return {k: total(v) for k, v in totals.items()}
 
 
-def wrong_actions(m, scored, labels, segments, names) -> None:
-    """Where the engine acted on a server that was not labelled: the wrong-node segments and the false actions,
-    each with the acted-on server's score and its top decided metrics (1-based)."""
-    node_scores, metric_z = scored[0], scored[3]
-    streaks, acts = isolation.Streaks(), np.full(node_scores.shape[0], -1)
-    for t in range(node_scores.shape[0]):
-        culprit = m.pick(names, node_scores[t])
-        if streaks.update("job", culprit) >= ISO.rounds:
-            acts[t] = names.index(culprit)
-    lines = []
-    for t in np.flatnonzero(acts >= 0):
-        x = acts[t]
-        if labels[x, t]:
-            continue
-        inside = [s for s in segments if s.start <= t <= s.end]
-        z = metric_z[t, x]
-        top = ", ".join(f"{j + 1} {z[j]:.1f}" for j in np.argsort(-z)[:3])
-        where = (f"during {', '.join(f'{names[s.entity]}@{s.start}-{s.end}' for s in inside)}" if inside
-                 else "no server labelled")
-        lines.append(f"{names[x]}@{t} ({where}): score {node_scores[t, x]:.1f}; top metrics {top}")
-    print(f"  {m.name}: acted on an unlabelled server {len(lines)} time(s)" + (":" if lines else ""))
-    for line in lines:
-        print(f"    {line}")
+def scored_evidence(p: Pass, g: Group):
+    return None if p.evidence is None else p.evidence[g.train.shape[1] - HISTORY:]
 
 
-def solo_misses(names, scored, labels, segments) -> None:
-    """Why the engine misses the segments where one server alone is labelled, at the shipped operating point: each
-    segment's best score for its server, the windows at or above min_score, and those where it was also the
-    dominant outlier (rounds = ISO.rounds consecutive such windows act)."""
-    node_scores, evidence, metric_z = scored[0], scored[1], scored[3]
-    reasons: dict[str, list[str]] = {}
-    details = []
-    for s in segments:
-        span = slice(s.start, s.end + 1)
-        if labels[:, span].sum(axis=0).max() != 1:
-            continue
-        own = node_scores[span, s.entity]
-        picks = [isolation.pick_outlier(names, node_scores[t], ISO.min_score, ISO.dominance).culprit == names[s.entity]
-                 for t in range(s.start, s.end + 1)]
-        run_, best_run = 0, 0
-        for p in picks:
-            run_ = run_ + 1 if p else 0
-            best_run = max(best_run, run_)
-        reason = ("acted on" if best_run >= ISO.rounds else
-                  f"named in {sum(picks)} window(s), never {ISO.rounds} in a row" if any(picks) else
-                  "at min_score but not dominant" if (own >= ISO.min_score).any() else "below min_score")
-        reasons.setdefault(reason, []).append(f"{names[s.entity]}@{s.start} ({len(own)} windows, best {own.max():.1f},"
-                                              f" {len(s.metrics)} metrics)")
-        if reason != "acted on":  # what its best window was made of: its top metrics (* labelled), the runner-up
-            t = s.start + int(np.argmax(own))
-            z = evidence[t, s.entity]
-            top = ", ".join(f"{j + 1}{'*' if j in s.metrics else ''} {z[j]:.1f}" for j in np.argsort(-z)[:4])
-            lone = int(np.sum(metric_z[s.start:s.end + 1, s.entity][:, s.metrics].max(axis=1) >= ISO.min_score))
-            other = np.delete(node_scores[t], s.entity).max()
-            details.append(f"{names[s.entity]}@{s.start}: best window {t}: {top}; others' best {other:.1f}; a labelled"
-                           f" metric alone >= {ISO.min_score} in {lone}/{len(own)} windows")
-    print(f"  engine, one server anomalous, at min_score {ISO.min_score} / dominance {ISO.dominance} / rounds "
-          f"{ISO.rounds}:")
-    for reason, segs in sorted(reasons.items(), key=lambda x: -len(x[1])):
-        print(f"    {reason}: {len(segs)}: {', '.join(segs)}")
-    print("  the missed ones, their best window's top metric scores (metric numbers 1-based, * labelled):")
-    for line in details:
-        print(f"    {line}")
+SWEEP = np.concatenate([np.arange(2.0, 12.0, 0.5), np.arange(12.0, 40.0, 2.0), [50, 70, 100, 150, 300, 1000]])
 
 
-# the score each method needs to act: a sweep that puts every method at the same false-action rates
-SWEEP = {"engine": np.arange(2.0, 12.01, 0.5), "engine-online": np.arange(2.0, 12.01, 0.5), "engine-top3": np.arange(2.0, 12.01, 0.5), "engine-own": np.arange(2.0, 12.01, 0.5),
-         "today": np.arange(2.0, 12.01, 0.5), "3-sigma": np.array([3, 4, 5, 7, 10, 15, 20, 30, 50, 100, 300, 1e3])}
+def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
+    """Each method at the threshold of a sweep over the scored part that gives its best top-1 with false actions
+    per normal window within the budget: the stated budget (budget_per_1000_node_days) and each of
+    budgets_per_window."""
+    print(f"  at equal false-action budgets (best top-1 of a threshold sweep on the scored part; `th` the threshold):")
+    stated = ISO.budget_per_1000_node_days / 1000
+    for label, per_node_day, per_window in ([(f"{ISO.budget_per_1000_node_days:g}/1000 node-days", stated, None)]
+                                            + [(f"{100 * b:g} %/window", None, b) for b in budgets_per_window]):
+        line = f"    {label:22s}"
+        for name, items in per.items():
+            best = None
+            for th in SWEEP:
+                rs = [outcome(g, acts_of(scored(p, g), th)) for g, p in items]
+                r = total(rs)
+                ok = (r["false"] <= per_node_day * r["node_days"] if per_node_day is not None
+                      else r["false"] <= per_window * max(1, r["normal"]))
+                if ok and (best is None or r["top1"] > best[1]["top1"]):
+                    best = (th, r)
+            n = max(1, sum(1 for g, _ in items for _ in g.segments))
+            line += (f" | {name} {100 * best[1]['top1'] / n:4.1f}% top-1, {100 * best[1]['wrong'] / n:4.1f}% wrong "
+                     f"(th {best[0]:g})" if best else f" | {name} cannot")
+        print(line)
 
 
-def _part(passes, test, labels, segments, lo: int, hi: int):
-    """The rounds lo..hi-1 of the scored split as a split of its own (segments wholly inside, re-indexed)."""
-    segs = [Segment(x.entity, x.start - lo, x.end - lo, x.metrics) for x in segments if lo <= x.start and x.end < hi]
-    return ({k: (p[0][lo:hi], p[1][lo:hi], p[2]) for k, p in passes.items()}, test[:, lo:hi], labels[:, lo:hi], segs)
+# ---------- tuning (ASD's history and the first half of its scored part only) ----------
+def tune(root: Path) -> None:
+    ds = data.asd(root)
+    g = ds.groups[0]
+    half = g.test.shape[1] // 2
+    first = Group(g.name, g.names, g.train, g.test[:, :half], g.labels[:, :half],
+                  [s for s in g.segments if s.end < half])
+    print(f"tuning on ASD's history and the first half of its scored part ({half} windows, {len(first.segments)} "
+          f"segments); figures: top-1, wrong, false actions per normal window at the calibrated budget, and the best "
+          f"top-1 within 0.1 % false actions per window (oracle threshold)")
+    for lone in (True, False):
+        for ratio in (0.0, 1.0, 1e9):
+            p = engine_pass(first, lone=lone, ratio=ratio)
+            s = scored(p, first)
+            for rounds in (1, 2, 3, 4):
+                th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
+                r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
+                best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
+                    o["false"] <= 0.001 * o["normal"], o["top1"]))
+                n = max(1, r["segments"])
+                print(f"  lone {lone!s:5} ratio {ratio:g} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
+                      f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
+                      f"{trail[-1][1].threshold if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
+                      f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
 
 
-def equal_budget(methods, passes, test, labels, segments, names, budgets=(0.01, 0.03, 0.05)) -> None:
-    """Each method at the threshold giving its best top-1 within a false-action budget: methods compared at the same
-    false-alarm cost rather than at their own defaults (the shipped defaults are the rows above). Two readings: the
-    sweep on the whole scored split (as a detection-rate curve at fixed false-positive rates is read), and the
-    threshold chosen on the first half of the scored split (chronological) and applied to the second half, which it
-    has not seen: what choosing an operating point from past data gives."""
-    half = test.shape[1] // 2
-    first, second = _part(passes, test, labels, segments, 0, half), _part(passes, test, labels, segments, half,
-                                                                          test.shape[1])
-    print("  at equal false-action budgets (best top-1 over a threshold sweep with false/win within the budget); "
-          "chosen on the first half, on the second half:")
-    print("  method      budget  threshold  top-1   wrong  top-1 solo  false/win |  threshold  top-1   wrong  "
-          "top-1 solo  false/win")
-    for m in methods:
-        default = m.threshold
-        sweep, early = [], []
-        for th in SWEEP[m.name]:
-            m.threshold = float(th)
-            sweep.append((float(th), run(m, test, labels, segments, names, passes[m.name])))
-            early.append((float(th), run(m, first[1], first[2], first[3], names, first[0][m.name])))
-        for budget in budgets:
-            row = f"  {m.name:11s} {100 * budget:5.0f}%"
-            for curve, later in ((sweep, False), (early, True)):
-                within = [(th, r) for th, r in curve if r["false_per_window"] <= budget]
-                if not within:
-                    row += (f"  cannot stay within it (lowest false/win "
-                            f"{100 * min(r['false_per_window'] for _, r in curve):.2f}%)")
-                    continue
-                th, r = max(within, key=lambda x: (x[1]["top1"], -x[1]["wrong"]))
-                if later:
-                    m.threshold = th
-                    r = run(m, second[1], second[2], second[3], names, second[0][m.name])
-                row += (f"  {th:9.1f}  {100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  "
-                        f"{r['solo'][0]}/{r['solo'][1]:<7}  {100 * r['false_per_window']:6.2f}%")
-                row += "" if later else " |"
-            print(row)
-        m.threshold = default
-
-
-# ways to reduce a node's metric scores to one score: the shipped top-3 mean, and those that let fewer metrics decide
-AGGREGATIONS = {"top-3 mean": lambda z: isolation.top_k_mean(z, 3), "top-2 mean": lambda z: isolation.top_k_mean(z, 2),
-                "top-1": lambda z: isolation.top_k_mean(z, 1),
-                "rms of top-3": lambda z: np.sqrt(np.mean(np.sort(z, axis=-1)[..., -3:] ** 2, axis=-1))}
-
-
-class _Aggregated:
-    """The engine's metric scores reduced to a node score another way; acts as the engine does."""
-    name = "aggregated"
-
-    def __init__(self, threshold: float):
-        self.threshold = threshold
-
-    def pick(self, names, scores, hint=None):
-        return isolation.pick_outlier(names, scores, self.threshold, ISO.dominance).culprit
-
-
-def aggregations(scored, test, labels, segments, names, false_goal: float = 0.01, wrong_goal: float = 0.02) -> None:
-    """The engine's metric scores aggregated per node in other ways, each at the threshold that gives the best top-1
-    on the first half of the scored split within the false-action and wrong-node goals, then applied to the second
-    half: whether letting fewer metrics decide (what the missed one-server segments call for) holds on later data."""
-    metric_z = scored[3]
-    half = test.shape[1] // 2
-    print(f"  aggregation of the engine's metric scores, threshold chosen on the first half (best top-1 with false/win "
-          f"<= {100 * false_goal:.0f}% and wrong <= {100 * wrong_goal:.0f}%), then the second half:")
-    print("  aggregation    threshold | first half: top-1   wrong  top-1 solo  false/win | second half: top-1   wrong  "
-          "top-1 solo  false/win")
-    for name, reduce in AGGREGATIONS.items():
-        passes = {name: (reduce(metric_z), metric_z, scored[2])}
-        first, second = (_part(passes, test, labels, segments, lo, hi) for lo, hi in ((0, half), (half, test.shape[1])))
-        curve = [(float(th), run(_Aggregated(float(th)), first[1], first[2], first[3], names, first[0][name]))
-                 for th in np.arange(3.0, 12.01, 0.5)]
-        within = [(th, r) for th, r in curve if r["false_per_window"] <= false_goal and r["wrong"] <= wrong_goal]
-        if not within:
-            print(f"  {name:14s} no threshold meets the goals on the first half")
-            continue
-        th = max(within, key=lambda x: (x[1]["top1"], x[1]["solo"][0], x[0]))[0]
-        rows = [(f"{name:14s} {th:9.1f}", th)]
-        if name == "top-3 mean":  # and the shipped operating point on each half
-            rows.append((f"{'  shipped':14s} {ISO.min_score:9.1f}", ISO.min_score))
-        for label, th in rows:
-            r1, r2 = (run(_Aggregated(th), part[1], part[2], part[3], names, part[0][name]) for part in (first, second))
-            print(f"  {label} | " + " | ".join(
-                f"{' ' * 12}{100 * r['top1']:5.1f}%  {100 * r['wrong']:5.1f}%  {r['solo'][0]}/{r['solo'][1]:<8}  "
-                f"{100 * r['false_per_window']:6.2f}%" for r in (r1, r2)))
-
-
-def evidence_rankings(engines, passes, test, labels, segments, names) -> None:
-    """HitRate@100 % of the engine's verdicts with their metrics ranked by other readings than the shipped one (the
-    strongest of the peer score, the own-history score and the position in the healthy histograms): which ranking
-    names the labelled metrics best was chosen on the first half."""
-    half = test.shape[1] // 2
-    print("  evidence ranking, HitRate@100 % of the same verdicts: whole | first half | second half")
-    for m in engines:
-        node_scores, _, ms, decided = passes[m.name]
-        own, position = (np.array(x) for x in zip(*m.readings))
-        for label, ranking in (("peer score (before)", decided),
-                               ("peer score, position", np.maximum(decided, position)),
-                               ("peer score, own history", np.maximum(decided, own)),
-                               ("all three (shipped)", np.maximum.reduce([decided, own, position]))):
-            row = f"  {m.name:13s} {label:24s}"
-            for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
-                part = _part({m.name: (node_scores, ranking, ms)}, test, labels, segments, lo, hi)
-                r = run(m, part[1], part[2], part[3], names, part[0][m.name])
-                row += f" | {r['hit100']:.3f}"
-            print(row)
-
-
-def teaching_gates(train, test, labels, segments, names) -> None:
-    """The rule that keeps nodes far out in their own histograms from teaching them (healthy.Sketches.teach), at
-    other thresholds than the shipped SUSPECT_Z (inf: no such rule), in both readings (the histograms from the
-    history only, and also fed while scoring); the first half of the scored split chose, the second checks."""
-    shipped = healthy.SUSPECT_Z
-    half = test.shape[1] // 2
-    print(f"  teaching gate (a node whose {healthy.SUSPECT_SERIES} farthest series lie on average this far out in "
-          f"its own histograms teaches nothing; shipped {shipped:g}): whole | first half | second half")
-    try:
-        for gate in (healthy.CALIBRATION_Z, 2 * healthy.CALIBRATION_Z, shipped, float("inf")):
-            healthy.SUSPECT_Z = gate
-            for online in (False, True):
-                m = Engine(train, online=online)
-                kept = m.sketches.counts[:len(m.sketches)].sum() / max(1, np.isfinite(train).sum())
-                scored = score(m, test)
-                row = f"  {gate:5g} {m.name:13s} history kept {100 * kept:6.2f}%"
-                for lo, hi in ((0, test.shape[1]), (0, half), (half, test.shape[1])):
-                    part = _part({m.name: scored}, test, labels, segments, lo, hi)
-                    r = run(m, part[1], part[2], part[3], names, part[0][m.name])
-                    row += (f" | {100 * r['top1']:5.1f}% {100 * r['wrong']:4.1f}% {r['solo'][0]}/{r['solo'][1]:<3d}"
-                            f"{100 * r['false_per_window']:5.2f}% HR {r['hit100']:.3f}")
-                print(row, flush=True)
-    finally:
-        healthy.SUSPECT_Z = shipped
-    print("    (each: top-1, wrong, one server, false/win, HR@100 %)")
-
-
-def halves(methods, passes, test, labels, segments, names) -> None:
-    """Every method at its own defaults on each half of the scored split (chronological): the lone-metric weighting
-    (healthy.py: median over nodes, 99.9th percentile) was chosen on the first half only."""
-    half = test.shape[1] // 2
-    for label, (lo, hi) in (("first half", (0, half)), ("second half", (half, test.shape[1]))):
-        part = _part(passes, test, labels, segments, lo, hi)
-        print(f"  {label} ({hi - lo} windows, {len(part[3])} segments wholly inside), at the defaults:")
-        for m in methods:
-            print_row(m.name, run(m, part[1], part[2], part[3], names, part[0][m.name]))
-
-
+# ---------- NAB: single series, the per-node detector ----------
 def nab(root: Path, files: int) -> None:
-    series = load_nab(root, files)
-    history_windows = int(ISO.history_s / ISO.window_s)
-    totals: dict[str, dict] = {}
-    for name, values, spans in series:
-        split = int(0.15 * len(values))
-        history = values[None, :split, None]
-        test = values[None, split:, None]
-        labels = np.zeros((1, test.shape[1]), dtype=bool)
-        segments = []
-        for a, b in spans:
-            a, b = max(a - split, 0), b - split
-            if b >= 0:
-                labels[0, a:b + 1] = True
-                segments.append(Segment(0, a, b, []))
-        # the rolling ones see the points before each round: the whole series, scored from the split on
-        whole = values[None, :, None]
-        methods = [Engine(history, peers=False), ThreeSigma(history),
-                   Rolling(lambda h: Engine(h, peers=False), whole, history_windows),
-                   Rolling(ThreeSigma, whole, history_windows)]
-        for m in methods:
-            r = run(_Shifted(m, split) if isinstance(m, Rolling) else m, test, labels, segments, ["node"])
-            t = totals.setdefault(m.name, {"segments": 0, "top1": 0, "missed": 0, "false": 0, "normal": 0, "ms": []})
-            t["segments"] += r["segments"]
-            t["top1"] += round(r["top1"] * r["segments"])
-            t["missed"] += round(r["missed"] * r["segments"])
-            t["false"] += r["false"]
-            t["normal"] += int((~labels[0]).sum())
-            t["ms"].append(r["round_ms"])
-    print(f"NAB: {len(series)} single series, per-node detector (no peers); history = the first 15 % (fixed), or "
-          f"the previous {history_windows} windows (rolling: history_s / window_s, as the controller keeps it)")
+    """Each NAB series alone (no peers): the engine's own-history score at the floor and at the budget, against
+    3-sigma; history = the previous HISTORY points."""
+    import csv
+    import json
+
+    base = root / "nab"
+    windows = json.loads((base / "labels" / "combined_windows.json").read_text())
+    sums: dict[str, list[dict]] = {}
+    count = 0
+    for f in sorted((base / "data").glob("*/*.csv"))[:files]:
+        with f.open() as fh:
+            rows = list(csv.DictReader(fh))
+        stamps = {r["timestamp"]: i for i, r in enumerate(rows)}
+        values = np.array([float(r["value"]) for r in rows])
+        labels = np.zeros(values.size, bool)
+        for a, b in windows.get(f"{f.parent.name}/{f.name}", []):
+            labels[stamps[a.split(".")[0]]:stamps[b.split(".")[0]] + 1] = True
+        split = int(0.15 * values.size)
+        segs = data._segments_from(labels[None, split:])
+        g = Group(f.name, ["node"], values[None, :split, None], values[None, split:, None], labels[None, split:], segs)
+        count += 1
+        for p in (engine_pass(g, lone=False), three_sigma_pass(g)):
+            s = scored(p, g)
+            sums.setdefault(p.name, []).append(outcome(g, acts_of(s, p.threshold)))
+            if p.name == "engine":
+                th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+                sums.setdefault("engine (budget)", []).append(
+                    outcome(g, acts_of(s, th[g.train.shape[1] - HISTORY:])))
+    print(f"\nNAB: {count} single series, the per-node detector (no peers); history = the previous {HISTORY} points,"
+          f" the first 15 % unscored")
     print(HEADER)
-    for name, t in totals.items():
-        n = max(1, t["segments"])
-        print_row(name, {"top1": t["top1"] / n, "wrong": 0.0, "missed": t["missed"] / n, "solo": [0, 0],
-                         "single": True, "false_per_window": t["false"] / max(1, t["normal"]),
-                         "hit100": float("nan"), "hit150": float("nan"), "detected_segments": 0, "round_ms": float(np.mean(t["ms"]))})
-    print(f"  ({sum(len(s) for _, _, s in series)} anomaly windows; wrong node and HitRate do not apply to one "
-          f"series of one metric)")
-
-
-class _Shifted:
-    """A rolling method scored on the test part of a series: round t is point split + t."""
-
-    def __init__(self, method: Rolling, split: int):
-        self.method, self.split, self.name = method, split, method.name
-
-    def at(self, t: int) -> None:
-        self.method.at(self.split + t)
-
-    def __call__(self, current):
-        return self.method(current)
-
-    def pick(self, names, scores, hint=None):
-        return self.method.pick(names, scores, hint)
+    for name, rs in sums.items():
+        print(row(name, total(rs)))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("SIGMA_DATA") or REPO.parent / "shared" / "data"),
                     help="the shared data sets (default: $SIGMA_DATA, else ../shared/data beside the checkout)")
-    ap.add_argument("--servers", type=int, default=12, help="ASD servers (omi-1..omi-N)")
+    ap.add_argument("--cloud", type=Path, default=REPO / ".data" / "cloud-monitoring-dataset",
+                    help="a clone of github.com/microsoft/cloud-monitoring-dataset (skipped if absent)")
+    ap.add_argument("--layout", type=Path, action="append", default=[],
+                    help="a data set in ASD's layout (one directory per entity), run as its own data set")
+    ap.add_argument("--only", action="append", default=[], help="only these data sets (asd, cloud, nab-aws, nab, "
+                                                                "or a --layout directory's name)")
     ap.add_argument("--nab-files", type=int, default=24)
-    ap.add_argument("--only", choices=("asd", "nab"), default=None, help="one data set only")
+    ap.add_argument("--tune", action="store_true", help="the tuning runs on ASD's first half, then stop")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="keep each scoring pass here (keyed by the scorers' code and the data): a re-run only acts")
     args = ap.parse_args()
-    today = load_today()
-    print(f"controller defaults: min_score {ISO.min_score}, dominance {ISO.dominance}, rounds {ISO.rounds}, "
-          f"window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows)"
-          + ("" if today else "; `today` skipped: the earlier scorer is not available"))
-    if args.only != "nab":
-        asd(args.data, args.servers, today)
-    if args.only != "asd":
+    print(f"controller defaults: budget {ISO.budget_per_1000_node_days:g} false drains per 1,000 node-days, "
+          f"min_score {ISO.min_score} (floor), dominance {ISO.dominance}, rounds {ISO.rounds}, comparable_ratio "
+          f"{ISO.comparable_ratio:g}, window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows), "
+          f"history {HISTORY} windows")
+    if args.tune:
+        tune(args.data)
+        return 0
+    before, today = _module(BEFORE_REV, "isolation_before"), _module(TODAY_REV, "isolation_today")
+    sets = []
+    want = set(args.only)
+    if not want or "asd" in want:
+        sets.append(data.asd(args.data))
+    for path in args.layout:
+        if not want or path.name in want:
+            sets.append(data.layout(path))
+    if not want or "cloud" in want:
+        if (args.cloud / "data").is_dir():
+            sets.append(data.cloud(args.cloud))
+        else:
+            print(f"cloud: skipped, no clone at {args.cloud} (git clone https://github.com/microsoft/"
+                  f"cloud-monitoring-dataset; commit 6a07a53)")
+    if not want or "nab-aws" in want:
+        sets.append(data.nab_aws(args.data))
+    summary = {ds.name: run_dataset(ds, before, today, cache=args.cache) for ds in sets}
+    # the second half of ASD's scored part: the part no choice was made on
+    if "asd" in summary:
+        print("\nASD, second half of the scored part only (the first half chose the engine's settings):")
+        g = sets[0].groups[0]
+        half = g.test.shape[1] // 2
+        p = cached(args.cache, "asd", g, "engine", lambda: engine_pass(g))
+        th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+        s, th = scored(p, g), th[g.train.shape[1] - HISTORY:]
+        print(HEADER)
+        print(row("engine", outcome(g, acts_of(s, th), half)))
+        print(row("engine@6 (no budget)", outcome(g, acts_of(s, ISO.min_score), half)))
+    print("\nevery data set, at the shipped defaults:")
+    print("  data set  " + HEADER[1:])
+    for name, methods in summary.items():
+        for m, r in methods.items():
+            print(row(f"{name:10s} {m:22s}", r, width=33))
+    if not want or "nab" in want:
         nab(args.data, args.nab_files)
     return 0
 

@@ -250,6 +250,21 @@ def fmt(v, spec=".0f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def bring_up(state: Path, nodes: int = 4) -> tuple[Path, LocalCluster, Slurm]:
+    """(the training data, a local cluster of `nodes` nodes up under `state` on its own ports, its SLURM client)."""
+    from sigma.train.data import prepare
+
+    data = state / "train-data"
+    if not data.exists():
+        prepare(data, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
+    cluster = LocalCluster(state)
+    digest = int(hashlib.sha1(str(state).encode()).hexdigest()[:8], 16)
+    cluster.up(ClusterSpec(nodes=nodes, port_base=30100 + (digest % 200) * 25))
+    slurm = Slurm(cluster.conf)
+    slurm.env["SBATCH_OUTPUT"] = str(state / "slurm-%j.out")
+    return data, cluster, slurm
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per percent")
@@ -271,16 +286,7 @@ def main() -> int:
             replay(state, args.timeout, args.trace)
         return 0
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="sigma-bench-straggler-"))
-    from sigma.train.data import prepare
-
-    data = state / "train-data"
-    if not data.exists():
-        prepare(data, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
-    cluster = LocalCluster(state)
-    digest = int(hashlib.sha1(str(state).encode()).hexdigest()[:8], 16)
-    cluster.up(ClusterSpec(nodes=4, port_base=30100 + (digest % 200) * 25))
-    slurm = Slurm(cluster.conf)
-    slurm.env["SBATCH_OUTPUT"] = str(state / "slurm-%j.out")
+    data, cluster, slurm = bring_up(state)
     print(f"{os.cpu_count()} CPUs; CPU hog: {'no' if args.no_noise else 'yes'}; disk I/O hog: "
           f"{'yes' if args.io_noise else 'no'}; baseline {args.baseline_s:.0f} s; "
           f"shipped watchdog/isolation defaults", flush=True)

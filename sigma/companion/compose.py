@@ -265,8 +265,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     if agg == "median" and m is None:
         raise NotUnderstood("a median of what")
 
-    def grouped(keys: list[str], value_agg: str) -> tuple[str, str]:
-        """SELECT keys, value ... GROUP BY keys (median through window functions)."""
+    def grouped(keys: list[str], value_agg: str) -> tuple[str, str, str]:
+        """(CTE, SELECT keys, value ... GROUP BY keys, the value's name); a median through window functions."""
         cols = ", ".join(keys)
         if value_agg == "median":
             part = f"PARTITION BY {cols} " if keys else ""
@@ -275,7 +275,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             sel = (f"SELECT {cols + ', ' if keys else ''}AVG(v) AS median_{mname} FROM med WHERE rn IN ((n + 1) / 2, "
                    f"(n + 2) / 2)" + (f" GROUP BY {cols}" if keys else ""))
             units[f"median_{mname}"] = m.unit
-            return body, sel
+            return body, sel, f"median_{mname}"
         name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
@@ -286,7 +286,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         named = [k for k in keys if " AS " not in k]
         known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in named)) if named else ""
         return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name}{more} FROM rows{known}" + (
-            f" GROUP BY {cols}" if keys else "")
+            f" GROUP BY {cols}" if keys else ""), name
 
     if q.qkind == "when" and (group or proj) and bucket is None:
         tcol = q.time_col or ent.time
@@ -310,7 +310,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         key_names = group + (["period"] if bucket is not None else [])
         if q.rank and not agg:
             agg = "count"
-        extra_cte, sel = grouped(key_names if bucket is None else keys, agg or "count")
+        extra_cte, sel, _ = grouped(key_names if bucket is None else keys, agg or "count")
         if bucket is not None:
             sel = sel.replace(f"GROUP BY {', '.join(keys)}", f"GROUP BY {', '.join(key_names)}")
         if q.having:
@@ -335,8 +335,15 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
                           f"ORDER BY {proj}")
             return Built(sql, params, units, "ranking", mname)
-        if (m or plain) and not agg and not q.rank and q.qkind != "count":   # "which jobs lost more than 10 steps"
-            add(plain)   # "which nodes were drained, and how long until each came back"
+        if q.which and m and not plain and not agg and not q.rank and q.qkind != "count":   # "which jobs lost
+            fn = m.agg if m.agg in ("sum", "avg", "max", "min") else "max"   # more than 10 steps": each once
+            name = f"{fn}_{mname}"
+            units[name] = m.unit
+            sql = head + (f"SELECT {proj}, {AGG_SQL[fn].format(mname)} AS {name} FROM rows WHERE {proj} IS NOT NULL "
+                          f"GROUP BY {proj} ORDER BY {proj}")
+            return Built(sql, params, units, "groups", name)
+        if (m or plain) and not agg and not q.rank and q.qkind != "count":
+            add(plain)   # "which nodes were drained, and how long until each came back": each row
             cols = list(dict.fromkeys([proj] + ([mname] if m else []) + [x.name for x in plain]
                                       + ([ent.time] if ent.time else [])))
             order = f" ORDER BY {ent.time}" if ent.time else ""
@@ -344,11 +351,10 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                          mname or plain[0].name)
         if q.show and not (m or agg or q.rank or q.having):   # "which rules ..., and what would they have done"
             keys = list(dict.fromkeys([proj] + q.show))
-            _, sel = grouped(keys, "count")
+            _, sel, _ = grouped(keys, "count")
             return Built(head + sel + f" ORDER BY {', '.join(keys)}", params, units, "groups", "n", showed=True)
         value_agg = agg or "count"
-        extra_cte, sel = grouped([proj], value_agg)
-        name = sel.split(" AS ")[-1].split()[0] if value_agg != "median" else f"median_{mname}"
+        extra_cte, sel, name = grouped([proj], value_agg)
         if q.having:
             if value_agg != "count":
                 raise NotUnderstood("a count condition with another measure")
@@ -377,7 +383,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         units[tcol] = "time"
         if q.order or q.rank:
             fn = "MAX" if (q.order == "latest" or q.rank == "max") else "MIN"
-            return Built(head + f"SELECT {fn}({tcol}) AS {tcol} FROM rows", params, units, "scalar", tcol)
+            return Built(head + f"SELECT {fn}({tcol}) AS {tcol}{add(aggregates)} FROM rows", params, units, "scalar",
+                         tcol)
         cols = list(dict.fromkeys([tcol] + [c for c in ent.show if c != tcol]))
         return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {tcol}", params, units, "rows")
 
@@ -396,19 +403,17 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         return Built(sql, params, units, "ranking", mname)
     if m and (agg or q.rank) and not q.order:
         value_agg = agg or q.rank
-        extra_cte, sel = grouped([], value_agg)
-        name = sel.split(" AS ")[-1].split()[0] if value_agg != "median" else f"median_{mname}"
+        extra_cte, sel, name = grouped([], value_agg)
         return Built(head + (", " + extra_cte if extra_cte else "") + sel, params, units, "scalar", name)
     if agg == "share":
-        _, sel = grouped([], "share")
+        _, sel, _ = grouped([], "share")
         return Built(head + sel, params, units, "scalar", "share")
     if agg and not m:
         raise NotUnderstood(f"the {agg} of what")
 
     if m and m.agg and not q.order and q.qkind not in ("duration",) and not q.cmp:   # "lost more than 10": the rows
-        extra_cte, sel = grouped([], m.agg if m.agg in AGG_SQL else "avg") if m.agg != "latest" else ("", "")
+        extra_cte, sel, name = grouped([], m.agg if m.agg in AGG_SQL else "avg") if m.agg != "latest" else ("", "", "")
         if sel:
-            name = sel.split(" AS ")[-1].split()[0]
             return Built(head + sel, params, units, "scalar", name)
         q.order = "latest"
     if q.show and not q.order and not m:

@@ -10,12 +10,13 @@ import re
 import sqlite3
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, tzinfo
 
 from sigma.companion.answer import Answer
 from sigma.companion.compose import NotUnderstood, compose
 from sigma.companion.model import Model, build
-from sigma.companion.parse import Parser
+from sigma.companion.parse import Parser, Query
 from sigma.companion.safe_sql import UnsafeQuery, run_select
 from sigma.companion.say import noun, reading, say, scope
 
@@ -70,6 +71,7 @@ def _alternatives(conn: sqlite3.Connection, queries: list, now: float, offset: f
         try:
             built = compose(q, now, offset)
             result = run_select(conn, built.sql, tuple(built.params))
+            q, built, result = _settled(conn, q, built, result, now, offset)
         except (NotUnderstood, UnsafeQuery, sqlite3.Error):
             out.append((q, None, [], None))
             continue
@@ -114,10 +116,47 @@ def _same(a: tuple, b: tuple) -> bool:
 
 def _one_of_many(q, built, rows: list) -> bool:
     """A question for one time or duration ("when did node1 come back", "how long did detection take") that several
-    rows answer, with no word saying which (each, first, last, average, total): a question back, not a pick."""
+    rows answer, with no word saying which (each, first, last, average, total)."""
     return (q.qkind in ("when", "duration") and built.shape == "rows" and len(rows) > 1
             and not (q.agg or q.rank or q.order or q.per_item or q.group or q.project or q.extras or q.compare
                      or q.bucket is not None))
+
+
+def _assumed(q: Query) -> Query | None:
+    """The reading an admin means by one time or one duration of several rows, said in the answer with how many
+    rows there are: the latest time ("when did node1 come back": the last time), the total of a time that adds up
+    (a measure whose default aggregate in the schema document is the sum: "how long was node2 out of service"), the
+    average of any other duration ("how long did detection take for xid errors"). Rows named in the plural ("when
+    were the drains") are each listed instead: None."""
+    if q.plural:
+        return None
+    count = [Query(q.entity, qkind="count")]
+    if q.qkind == "when":
+        return replace(q, order="latest", assumed="latest", extras=count)
+    m = q.measure or next((c for c in q.entity.measures() if c.unit == "s"), None)
+    agg = "sum" if m is not None and m.agg == "sum" else "avg"
+    return replace(q, agg=agg, assumed=agg, extras=count)
+
+
+def _settled(conn, q, built, result, now: float, offset: float) -> tuple:
+    """(query, built, result) of one reading, with the default an admin means where it asks one value of several
+    rows (_assumed); unchanged otherwise."""
+    if not _one_of_many(q, built, result.rows):
+        return q, built, result
+    other = _assumed(q)
+    if other is None:
+        return q, built, result
+    built = compose(other, now, offset)
+    return other, built, run_select(conn, built.sql, tuple(built.params))
+
+
+def _which_one(q, rows: list, understood: str) -> Answer:
+    """A question back: which of several rows' times or durations."""
+    one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
+                           else ("duration", "each one's, their average or their total", "each, average, total"))
+    return Answer(text=f"{len(rows)} {noun(q, len(rows))}{scope(q)} match; you asked for one {one}: do you mean "
+                       f"{options}? Ask again with that word ({words}).", tier="fast", intent=q.entity.name,
+                  status="clarify", understood=understood)
 
 
 def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None, tz: tzinfo | None = None) -> Answer:
@@ -163,6 +202,12 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"I understood {understood}, but my query for it failed ({exc}).", sql=built.sql,
                       params=list(built.params), tier="fast", intent=q.entity.name, status="cannot",
                       understood=understood, not_understood=[str(exc)])
+    try:
+        q, built, result = _settled(conn, q, built, result, now, offset)
+    except (NotUnderstood, UnsafeQuery, sqlite3.Error) as exc:   # the default does not compose: ask which
+        return _which_one(q, result.rows, understood) if _one_of_many(q, built, result.rows) else Answer(
+            text=f"I understood {understood}, but my query for it failed ({exc}).", tier="fast",
+            intent=q.entity.name, status="cannot", understood=understood, not_understood=[str(exc)])
     readings = [(q, built, result.columns, result.rows)] + _alternatives(conn, parsed.alternatives, now, offset)
     distinct = [r for i, r in enumerate(readings) if not any(_same(r, o) for o in readings[:i])]
     if len(distinct) > 1:   # the words fit readings whose answers differ: ask which, never pick one
@@ -171,12 +216,6 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"Your words fit {len(distinct)} readings with different answers: {names}. Which do you "
                            "mean? Ask again with the words of that one.", tier="fast", intent=q.entity.name,
                       status="clarify", understood=" | ".join(describe_query(r[0]) for r in distinct))
-    if _one_of_many(q, built, result.rows):   # "how long was node2 out of service?" over five outages
-        one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
-                               else ("duration", "each one's, their average or their total", "each, average, total"))
-        return Answer(text=f"{len(result.rows)} {noun(q, len(result.rows))}{scope(q)} match; you asked for one {one}: "
-                           f"do you mean {options}? Ask again with that word ({words}).", tier="fast",
-                      intent=q.entity.name, status="clarify", understood=understood)
     text = say(q, built, result.columns, result.rows, tz)
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,

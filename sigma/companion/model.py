@@ -24,7 +24,7 @@ from sigma.companion.lexicon import STOPWORDS, phrase_stems
 from sigma.companion.safe_sql import ALLOWED_TABLES
 
 VOCABULARY = Path(__file__).with_name("vocabulary.yaml")
-CATEGORY_MAX = 40          # a text column with at most this many distinct short values is a category
+CATEGORY_MAX = 64          # a text column with at most this many distinct short values is a category
 SAMPLE_ROWS = 50_000       # values and JSON keys are learnt from the newest rows of a table
 JSON_COLUMNS_SKIP = {"evidence", "payload", "params", "data", "labels"}  # free-form JSON: no filters from their keys
 REF_COLUMNS = {"node": "node", "job_id": "job", "rule_id": "rule"}
@@ -207,7 +207,7 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
     entities: dict[str, Entity] = {}
     for name, spec in voc["entities"].items():
         entities[name] = _entity(name, spec)
-    described = {e.source for e in entities.values()}
+    described = {e.source for e in entities.values()} | {s.get("table") for s in voc["entities"].values()}
     for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
         if table in allowed and table not in described and table not in entities:
             words = [phrase_stems(table.replace("_", " ")), phrase_stems(table.rstrip("s").replace("_", " "))]

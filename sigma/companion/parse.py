@@ -69,6 +69,10 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "report": ("filler", ""), "send": ("filler", ""), "sent": ("filler", ""), "use": ("filler", ""),
     "hit": ("filler", ""), "affect": ("filler", ""), "experience": ("filler", ""), "record": ("filler", ""),
     "spend": ("filler", ""), "run": ("filler", ""), "managed": ("filler", ""), "issue": ("filler", ""),
+    "handle": ("filler", ""), "catch": ("filler", ""), "caught": ("filler", ""), "notice": ("filler", ""),
+    "keep": ("filler", ""), "kept": ("filler", ""), "stay": ("filler", ""), "remain": ("filler", ""),
+    "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
+    "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -104,6 +108,7 @@ WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
+FILTERS = ("node", "job", "rule", "cond", "json")
 RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
 HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
 CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
@@ -111,7 +116,10 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
@@ -153,6 +161,8 @@ class Query:
     show: list[str] = field(default_factory=list)   # columns asked for ("what state", "what action")
     count_distinct: bool = False          # "how many nodes ...": count them, do not list them
     per_item: bool = False                # "how long did each validation take": no aggregate over them
+    plural: bool = False                  # the entity named in the plural ("when were the drains"): every row
+    assumed: str = ""                     # a default taken for one value of several rows (latest, sum, avg): said
     which: bool = False                   # "which <entity> ...": the rows (one per label), not a number
     compare: bool = False                 # "compare ... on node1 and node2": one row each
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
@@ -229,15 +239,21 @@ class Lexicon:
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
         if phrase:
-            bucket = self.phrases.setdefault(phrase, [])
+            bucket = self.phrases.setdefault(_determined(phrase), [])
             if meaning not in bucket:
                 bucket.append(meaning)
 
     def match(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, list[Meaning], list[float]]:
         """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it). Auxiliaries
-        inside it do not count ("steps were lost" is "steps lost")."""
+        inside it do not count ("steps were lost" is "steps lost") unless the phrase has them ("had no"); one
+        determiner stands for another ("miss its deadline" is "missed the deadline")."""
+        stems = [*stems[:i], *_determined(tuple(stems[i:]))]
         for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
-            if not all(free[i:i + n]) or (n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX)):
+            if not all(free[i:i + n]):
+                continue
+            if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
+                return n, self.phrases[tuple(stems[i:i + n])], []
+            if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
             if len(window) > self.longest:
@@ -253,6 +269,11 @@ class Lexicon:
                 if k in self.phrases:
                     return n, self.phrases[k], [x for x, w in zip(nums, k) if w == "#"]
         return 0, [], []
+
+
+def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
+    """The phrase with each determiner as one word: "the deadline", "its deadline" and "their deadline" are one."""
+    return tuple("<det>" if w in DETERMINERS else w for w in phrase)
 
 
 def _number(word: str) -> float | None:
@@ -303,7 +324,8 @@ class Parser:
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
-        q = normalise(question)
+        q = HYPHENATED.sub(lambda m: m.group(0) if self._known(m.group(0)) else m.group(0).replace("-", " "),
+                           normalise(question))   # "shadow-mode" is "shadow mode"; a rule id stays one word
         command = COMMANDS.match(q)
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
@@ -315,7 +337,9 @@ class Parser:
             parsed.understood += ["and"] + follow.understood
             for query in [parsed.query] + parsed.alternatives:
                 other = follow if query is parsed.query else self._parse(rest[0], now, tz, query.entity)
-                if other.unknown:
+                if other.unknown and query is not parsed.query:   # not every word fits it: not a reading
+                    parsed.alternatives = [a for a in parsed.alternatives if a is not query]
+                elif other.unknown:
                     query.extras.append(None)
                 elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
                     query.qkind = "count"
@@ -326,6 +350,11 @@ class Parser:
         elif rest:
             parsed.unknown.append(rest[0])
         return parsed
+
+    def _known(self, word: str) -> bool:
+        """A hyphenated word that is a name of its own: a rule id, a node, a phrase, a number ("twenty-four")."""
+        return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
+                or any(part in timerange.COUNTS for part in word.split("-")))
 
     def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
         """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
@@ -344,6 +373,8 @@ class Parser:
 
         for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
             claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
+        for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
+            claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
@@ -532,7 +563,11 @@ class Parser:
         q = Query(ent)
         unknown = list(leftovers)
         pending_group = False
-        negate = neg_column = relation = searched = ""
+        negate = neg_column = relation = searched = negate_text = ""
+        negated = -1   # the token where a negated filter ended
+        single = ""
+        loose: list[int] = []     # spans with no sense for this entity
+        measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
@@ -543,7 +578,7 @@ class Parser:
             fitting = self._senses(ent, s)
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
-                    unknown.append(s.text)
+                    loose.append(n)
                 continue
             m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
@@ -571,9 +606,11 @@ class Parser:
                 other = next(self.model.entities[x] for x in value
                              if x != ent.name and link(ent, self.model.entities[x]))
                 sql = f"EXISTS (SELECT 1 FROM {_from(other)} AS o WHERE {link(ent, other)}"
-                anything = s.start and tokens[s.start - 1].text == "any"   # "any action": planned, skipped, shadow too
+                # "any action" and "no action" (not any): planned, skipped and shadow ones too
+                anything = s.start and tokens[s.start - 1].text in ("any", "no")
                 sql += f" AND ({other.default}))" if other.default and not anything else ")"
-                label = f"{'without' if relation == 'not' else 'with'} {other.name.replace('_', ' ')}"
+                label = (f"{'without' if relation == 'not' else 'with'} {'any ' if anything else ''}"
+                         f"{other.name.replace('_', ' ')}")
                 q.conds.append(Cond(ent.name, f"NOT {sql}" if relation == "not" else sql, label, "rel:" + other.name))
                 continue
             if kind == "neg":
@@ -584,7 +621,11 @@ class Parser:
             if neg_column and kind == "cond" and value.column == neg_column:   # "not resolved or confirmed": neither
                 negate = "not"
             neg_column = ""
+            if negated == s.start and kind in FILTERS:   # "except isolation outliers": is the negation's reach
+                unknown.append(f"{negate_text} {s.text}")  # one word or both (not A and B, or not both)? unclear
+            negated = -1
             if negate:   # "not", "excluding", "never": the next filter is negated, or nothing is understood
+                negate_text, negated = f"{negate} {s.text}", s.end
                 if kind in ("node", "job", "rule"):
                     values = value if kind != "rule" else _likes(value)
                     q.exclude.setdefault(kind, []).extend(values if isinstance(values, list) else [values])
@@ -596,6 +637,7 @@ class Parser:
                                         cond.column + "!", cond.params))
                     negate, neg_column = "", cond.column
                     continue
+                negated = -1
                 if kind == "entity" and q.project:   # "which nodes were never drained"
                     q.anti, negate = True, ""
                 else:
@@ -639,14 +681,18 @@ class Parser:
             elif kind == "bucket":
                 q.bucket = 0 if value == "auto" else int(value)
             elif kind == "cmp":
-                op, n, unit = value
-                if unit == "times":
-                    q.having = (op, n)
+                op, number, unit = value
+                after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+                if unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
+                        x.kind == "entity" and x.entity == ent.name for x in after.meanings)):
+                    q.having = (op, number)
                 else:
                     q.cmp = value
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
+                last = tokens[s.end - 1].text
+                q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
                 elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
@@ -676,11 +722,11 @@ class Parser:
                 if q.measure is not None and q.measure.name != col.name:
                     unknown.append(s.text)
                     continue
-                q.measure = col
+                q.measure, measured = col, True
                 before = spans[n - 1].meanings[0] if n else None
                 if col.agg == "sum" and before and before.kind == "q" and before.value == "count" \
-                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed
-                    q.qkind, q.agg = "list", "sum"
+                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed;
+                    q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")   # "the largest number of": ranked
             elif kind == "time":
                 q.time_col = value
             elif kind == "column":
@@ -702,18 +748,37 @@ class Parser:
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
+                single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
+                pending_group = False
+            if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost)
+            s = spans[n]
+            if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
+                unknown.append(s.text)
+                continue
+            q.understood.append(s.text)
+            before = spans[n - 1].meanings[0] if n else None
+            if q.measure.agg == "sum" and before and before.kind == "q" and before.value == "count" \
+                    and spans[n - 1].end == s.start:
+                q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if single and not q.rank:
+            unknown.append(single)
         if negate:
             unknown.append(negate)
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
         q.which = q.which or any(t.text == "which" for t in tokens)
+        if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
+                q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
+            q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
         if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
             q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)

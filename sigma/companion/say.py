@@ -20,6 +20,11 @@ NOUNS = {"incidents": "incident", "drains": "drain", "reboots": "reboot", "resta
          "checkpoint_requests": "checkpoint request"}
 
 
+# A default taken for one value of several rows: (what it is, the words that ask for the others).
+ASSUMED = {"latest": ("the last", "'each' or 'first'"), "sum": ("the total", "'each' or 'average'"),
+           "avg": ("the average", "'each' or 'total'")}
+
+
 def site_tz(name: str | None = None) -> tzinfo | None:
     """The site's timezone: NAME, else $SIGMA_TIMEZONE, else None (this machine's local time)."""
     name = name or os.environ.get("SIGMA_TIMEZONE")
@@ -86,6 +91,8 @@ def scope(q: Query) -> str:
         bits.append("on " + ", ".join(q.nodes))
     if q.jobs:
         bits.append("of job " + ", ".join(map(str, q.jobs)))
+    for ref, values in q.exclude.items():   # "excluding xid", "except on node1"
+        bits.append(f"not {ref} " + " or ".join(str(v).replace("%", "*") for v in values))
     if q.cmp:
         op, v, unit = q.cmp
         bits.append(f"{q.measure.name if q.measure else 'value'} {op} {duration(v) if unit == 's' else f'{v:g}'}")
@@ -131,8 +138,13 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
                             for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:
-            label = column_words(b.value).replace("avg ", "average ")
+            label = column_words(b.value).replace("avg ", "average ").replace("sum ", "total ")
+            label = ("last " if q.assumed == "latest" else "") + label
             text = f"{label[0].upper() + label[1:]} — {what}: {fmt(b.value, v)}."
+            if q.assumed and rows and b.extras:   # a default taken for one value of several rows: said, with how many
+                n = rows[0][columns.index(b.extras[0])]
+                which, others = ASSUMED[q.assumed]
+                text = text[:-1] + f" ({which} of {n}; ask for {others} to see the others)."
         if q.qkind == "yesno":
             text = ("Yes. " if v else "No. ") + text
         return text

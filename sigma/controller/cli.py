@@ -208,8 +208,9 @@ def _rules(args) -> int:
                      "severity": r.severity, "action": r.action, "acts": cfg.rule_acts(r.id, r.shadow),
                      "action_from": f"override {r.overridden}" if r.overridden else r.origin.split(" [")[0],
                      "shipped_action": r.shipped_action or r.action, "description": r.description, "status": status})
+    iso = _isolation_budget(cfg)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + [iso], indent=2))
         return 0
     n_over = sum(1 for r in rules if r.overridden)
     table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else "")
@@ -222,8 +223,46 @@ def _rules(args) -> int:
             action += f" (shipped: {row['shipped_action']})"
         table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"], action,
                       row["action_from"], row["description"], row["status"])
-    _console().print(table)
+    c = _console()
+    c.print(table)
+    c.print(f"[bold]{iso['id']}[/bold] (detector): {iso['description']}; acts: {iso['action']}"
+            + ("" if iso["acts"] or iso["action"] == "notify" else " (observe)"), highlight=False)
+    for key, cal in iso["budget"]["tails"].items():
+        c.print(f"  {key}: {cal['method']}, " + (f"acts at score {cal['threshold']:.2f}" if cal["threshold"]
+                                                 is not None else f"notifies only (needs {cal['needed']:,} healthy "
+                                                 f"node-rounds)") + f": {cal['detail']}", highlight=False)
     return 0
+
+
+def _isolation_budget(cfg) -> dict:
+    """Isolation's false-drain budget and the evidence for it, from the controller's database: a row beside the
+    rules (the `isolation-outlier` detector)."""
+    from sigma.controller.db import open_db
+    from sigma.controller.detect.budget import CLUSTER, Calibrator
+    from sigma.controller.loop import BUDGET_KEY
+
+    iso = cfg.isolation
+    cal = Calibrator(iso.budget_per_1000_node_days / 1000, iso.window_s, iso.rounds, iso.min_score)
+    if is_url(cfg.db) or Path(cfg.db).exists():
+        conn = open_db(cfg.db, readonly=True)
+        try:
+            row = conn.execute("SELECT value FROM detector_state WHERE key = ?", (BUDGET_KEY,)).fetchone()
+        except Exception:  # a database from before this table: no history
+            row = None
+        finally:
+            conn.close()
+        if row:
+            cal.load(row[0], (iso.rounds, iso.window_s))
+    summary = cal.summary()
+    if CLUSTER not in summary["tails"]:
+        summary["tails"][CLUSTER] = cal.calibration(CLUSTER).as_dict()
+    acts = summary["tails"][CLUSTER]["threshold"] is not None
+    return {"id": "isolation-outlier", "version": 0, "scope": "node", "match": "peer/temporal score",
+            "severity": "error", "action": "drain" if acts else "notify", "acts": cfg.rule_acts("isolation-outlier"),
+            "description": f"false drains at most {iso.budget_per_1000_node_days:g} per 1,000 node-days "
+                           f"({summary['node_rounds']:,} node-rounds seen, isolation asked about "
+                           f"{summary['asked_node_rounds']:,})",
+            "status": "ok" if iso.enabled else "disabled", "budget": summary}
 
 
 def _disabled_rules(db: str) -> dict:
@@ -376,6 +415,15 @@ def _explain(args) -> int:
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
                 + ", ".join(f"{n}={s}" for n, s in iso.get("ranked", [])))
+        if iso.get("budget"):
+            b = iso["budget"]
+            c.print(f"  budget: at most {b.get('per_1000_node_days')} false drains per 1,000 node-days; "
+                    + (f"acts at score {b['threshold']:.2f}" if b.get("threshold") is not None else
+                       "notifies only") + f" ({b.get('method')}, {b.get('tail')}): {b.get('detail')}", highlight=False)
+        for node, rows in (iso.get("explained") or {}).items():
+            c.print(f"  {node}:", highlight=False)
+            for r in rows:
+                c.print(f"    {r['text']}", highlight=False)
     for a in acts:
         if a["kind"] == "drain" and json.loads(a["params"] or "{}").get("reason"):
             c.print(f"  drain reason (`sinfo -R` shows its first 20 characters): "

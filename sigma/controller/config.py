@@ -43,9 +43,13 @@ class IsolationConfig:
     enabled: bool = True  # look for a culprit node when a job is anomalous and no rule names one
     window_s: float = 120.0  # telemetry/KPI window scored against peers
     history_s: float = 3600.0  # each node's own healthy history for the temporal score
-    min_score: float = 6.0  # combined robust z-score the top node must reach
+    min_score: float = 6.0  # combined robust z-score the top node must reach (the floor of the calibrated threshold)
     dominance: float = 1.5  # ... and exceed the runner-up by this factor
     rounds: int = 2  # consecutive rounds the same node must be the dominant outlier before acting
+    budget_per_1000_node_days: float = 1.0  # false drains allowed: the action threshold is calibrated on the
+    # cluster's healthy rounds to keep within it; before its history supports that, a verdict only notifies
+    comparable_ratio: float = 1.0  # a metric is judged against the peers where a node's deviation from them is
+    # spread less than this times its own series, else against the node's own history alone
     verify_after_s: float = 600.0  # after this long, check whether the requeued job recovered
     recover_fraction: float = 0.8  # recovered = throughput back to this fraction of the pre-fault baseline
 

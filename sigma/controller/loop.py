@@ -27,8 +27,10 @@ from sigma.controller.act.decisionlog import DecisionLog
 from sigma.controller.detect.features import job_matrices
 from sigma.findings import Finding
 from sigma.controller.act.incidents import Incidents
-from sigma.controller.detect.healthy import HealthyFeed
-from sigma.controller.detect.isolation import Streaks, Verdict, pick_outlier, score
+from sigma.controller.detect.budget import Calibrator
+from sigma.controller.detect.healthy import NODES_PER_TICK, SAVE_S, HealthyFeed
+from sigma.controller.detect.explain import explain_nodes
+from sigma.controller.detect.isolation import Scores, Streaks, Verdict, baseline, pick_outlier, score
 from sigma.controller.detect.laggard import WINDOW_S as LAGGARD_WINDOW_S
 from sigma.controller.detect.laggard import (behind_node, disk_stall_shares, heartbeats_settled, held_shares,
                                              silent_node, steady_window, waited_for_node)
@@ -57,6 +59,13 @@ INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says 
 PROC_JUDGE_S = 5.0  # a job without KPIs is judged from its processes at most this often
 KERNEL_LOG_CHECK_S = 30.0  # how often the nodes' kernel-log reports are looked at
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
+BUDGET_KEY = "isolation.budget"  # detector_state: the false-drain budget's healthy tails (budget.Calibrator)
+ASKS_ISOLATION = ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler")  # the watchdog's anomalies
+
+
+def job_shape(job: Job) -> str:
+    """Jobs of the same name and size: their nodes differ from each other the same way in every run."""
+    return f"{job.name or 'job'} x{len(job.nodes)}"
 
 
 class Controller:
@@ -89,6 +98,8 @@ class Controller:
                                clock)
         self.streaks = Streaks(self._state("isolation_streaks", {}))
         self.healthy = HealthyFeed(self.conn, cfg.isolation.window_s, clock)
+        self.calibrator = self._calibrator(cfg)
+        self._calibrated_at = clock()
         self.no_culprit_rounds: dict[int, int] = {}
         self._history_cache: dict[str, tuple[float, float | None]] = {}
         self._node_history: dict[tuple[str, ...], tuple[float, list[tuple]]] = {}
@@ -173,6 +184,7 @@ class Controller:
         for k in RESTART_KEYS:
             setattr(cfg, k, getattr(self.cfg, k))
         self.cfg = self.decider.cfg = cfg
+        self.calibrator = self._calibrator(cfg, previous=self.calibrator)
         self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
         self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
         self.journal.max_attempts = cfg.max_action_attempts
@@ -333,6 +345,7 @@ class Controller:
                                lag_s={str(j): round(v, 1) for j, v in sorted(behind.items())})
             if self.cfg.isolation.enabled:  # isolation's long memory of healthy behaviour (healthy.py)
                 self.healthy.update(now, running, findings, self.remediator.active)
+                self._calibration_rounds(now, running, findings)
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
 
@@ -486,7 +499,7 @@ class Controller:
                       pause=self._pause(job.job_id, start))
         out = []
         for f in found:
-            if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
+            if f.rule_id in ASKS_ISOLATION \
                     and self.cfg.isolation.enabled:
                 f = self._isolate(f, job, view.rows, now, rule_findings)
             if f is not None:
@@ -549,12 +562,12 @@ class Controller:
             return None if f.rule_id == "watchdog-hang" else f  # a rule already names the culprit
         current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
         direct, beats = self._direct_evidence(f, job, rows, now, current)
-        names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
-                                                self._history_buckets(job.nodes, now))
-        scores = score(list(job.nodes), cur, hist, jitter=jitter,
-                       lone=lambda base: self.healthy.weights(job.nodes, names, base),
-                       position=lambda deviation: self.healthy.positions(job.nodes, names, deviation))
-        verdict = pick_outlier(list(job.nodes), scores.total, iso.min_score, iso.dominance,
+        names, scores, cur, base = self._score_round(job, now, rows, current)
+        shape = job_shape(job)
+        self.calibrator.asked(str(job.job_id), len(job.nodes), now)
+        cal, tail = self.calibrator.for_shape(shape)
+        threshold = cal.threshold if cal.acts else iso.min_score
+        verdict = pick_outlier(list(job.nodes), scores.total, threshold, iso.dominance,
                                hint=direct[0] if direct else None)
         if direct:  # the ranks' own word outranks the telemetry scores: the culprit heads the ranking
             culprit = direct[0]
@@ -563,8 +576,22 @@ class Controller:
         # a verdict from the telemetry scores needs `rounds` windows that do not overlap; the ranks' own word, rounds
         streak = self.streaks.update(str(job.job_id), verdict.culprit, now, 0.0 if direct else iso.window_s)
         top = {n: scores.top_metrics(i, names) for i, n in enumerate(job.nodes) if scores.total[i] > 0}
-        evidence = {**f.evidence, "isolation": {"ranked": verdict.ranked, "reason": verdict.reason,
-                                                "top_metrics": top, "features": names, "streak": streak}}
+        evidence = {**f.evidence, "isolation": {
+            "ranked": verdict.ranked, "reason": verdict.reason, "top_metrics": top, "features": names,
+            "streak": streak, "threshold": round(threshold, 3),
+            "budget": {**cal.as_dict(), "tail": tail, "per_1000_node_days": iso.budget_per_1000_node_days},
+            "explained": explain_nodes(scores, names, cur, base, [verdict.culprit] if verdict.culprit else
+                                       [n for n, _ in verdict.ranked[:1]], list(job.nodes))}}
+        if verdict.culprit and streak >= iso.rounds and not direct and not cal.acts:
+            # the scores name a node, but the history does not support the budget yet: a person decides (a hang
+            # goes on to restart the job alone, as without a culprit)
+            evidence["isolation"]["notified"] = verdict.culprit
+            if f.rule_id != "watchdog-hang":
+                return Finding(rule_id="isolation-outlier", source="isolation", scope="node", severity="error",
+                               action="notify", summary=f"{f.summary}; {verdict.culprit} stands out (notify: "
+                               f"{cal.method})"[:100], first_ts=f.first_ts, last_ts=now, node=verdict.culprit,
+                               job_id=job.job_id, category="isolation", evidence=evidence)
+            verdict = Verdict(None, verdict.ranked, f"{verdict.reason}; notify only: {cal.method}")
         if verdict.culprit and streak >= iso.rounds:
             self.no_culprit_rounds.pop(job.job_id, None)
             rule_id = "watchdog-hang" if f.rule_id == "watchdog-hang" else "isolation-outlier"
@@ -591,6 +618,69 @@ class Controller:
             return None
         f.evidence = evidence
         return f
+
+    def _score_round(self, job: Job, now: float, rows: list[dict], current: list[tuple]
+                     ) -> tuple[list[str], Scores, object, object]:
+        """One isolation round of a job: (feature names, scores, the window [nodes, features], the history's
+        baseline or None)."""
+        iso = self.cfg.isolation
+        names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
+                                                self._history_buckets(job.nodes, now))
+        base = baseline(hist, iso.comparable_ratio) if hist is not None and hist.shape[1] >= 3 else None
+        scores = score(list(job.nodes), cur, base=base, jitter=jitter,
+                       lone=lambda b: self.healthy.weights(job.nodes, names, b),
+                       position=lambda deviation: self.healthy.positions(job.nodes, names, deviation))
+        return names, scores, cur, base
+
+    def _calibrator(self, cfg: ControllerConfig, previous: Calibrator | None = None) -> Calibrator:
+        """The budget's calibration: its tails from the database (or the running one's), unless the statistic
+        they hold changed (rounds, window_s)."""
+        iso = cfg.isolation
+        cal = Calibrator(iso.budget_per_1000_node_days / 1000, iso.window_s, iso.rounds, iso.min_score)
+        if previous is not None:
+            text = previous.dumps()
+        else:
+            row = self.conn.execute("SELECT value FROM detector_state WHERE key = ?", (BUDGET_KEY,)).fetchone()
+            text = row[0] if row else None
+        if text:
+            try:
+                cal.load(text, (iso.rounds, iso.window_s))
+            except (ValueError, KeyError, TypeError) as exc:
+                self.log.event("config_warning", f"WARNING isolation budget state unreadable ({exc}): calibrated "
+                               f"again from new rounds", error=str(exc))
+        return cal
+
+    def _calibration_rounds(self, now: float, running: list[Job], findings: list[Finding]) -> None:
+        """The budget's history: every running job's node time, and rounds of jobs nothing flagged, scored as
+        `_isolate` scores them (each job once per window_s, NODES_PER_TICK nodes a tick at most)."""
+        iso = self.cfg.isolation
+        self.calibrator.exposure(sum(len(j.nodes) for j in running), now)
+        # a job the watchdog found anomalous, or isolation judged, is not healthy; a notice about its throughput's
+        # jitter is not an anomaly (on a busy host it would keep every job out of the budget's history)
+        suspect_jobs = {f.job_id for f in findings if f.job_id is not None and (
+            f.rule_id in ASKS_ISOLATION or f.source == "isolation" or f.action not in ("notify", "record"))}
+        suspects = {f.node for f in findings if f.node}
+        spent = 0
+        for job in sorted(running, key=lambda j: self.calibrator.last_round(str(j.job_id))):
+            if not self.calibrator.due(str(job.job_id), now):
+                continue
+            if spent and spent + len(job.nodes) > NODES_PER_TICK:
+                break  # the next tick reads it (at least one job a tick, however large)
+            spent += len(job.nodes)
+            healthy = (job.job_id not in suspect_jobs and not suspects & set(job.nodes)
+                       and not any(self.remediator.active(n) for n in job.nodes))
+            if not healthy:
+                self.calibrator.observe(str(job.job_id), job_shape(job), job.nodes, [], False, now)
+                continue
+            view = self.kpi_window.view(job.job_id, max(float(job.start_time or 0), now - iso.window_s))
+            current = bucket_stats(self.conn, job.nodes, now - iso.window_s, now + 1e-6, WINDOW_BUCKETS)
+            if not current:
+                continue  # no telemetry of the job's nodes yet: nothing to learn from
+            _, scores, _, _ = self._score_round(job, now, view.rows, current)
+            self.calibrator.observe(str(job.job_id), job_shape(job), job.nodes, scores.total, True, now)
+        if now - self._calibrated_at >= SAVE_S:
+            self._save_state(BUDGET_KEY, self.calibrator.dumps(), raw=True)
+            self._calibrated_at = now
 
     @staticmethod
     def _baseline(f: Finding, rows: list[dict]) -> float | None:
@@ -748,8 +838,8 @@ class Controller:
         row = self.conn.execute("SELECT value FROM detector_state WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
-    def _save_state(self, key: str, value) -> None:
-        text = json.dumps(value)
+    def _save_state(self, key: str, value, raw: bool = False) -> None:
+        text = value if raw else json.dumps(value)
         if self._saved.get(key) == text:  # unchanged: no write transaction (each waits its turn behind ingest)
             return
         with self.conn:

@@ -6,6 +6,10 @@ until an admin acknowledges it after repair (`sigma health log-ack`), the log is
 (inode change or size below the mark), or — for the kernel ring buffer and the journal — the node reboots (new boot
 id). The ring buffer and the journal say themselves which lines the kernel wrote (facility 0, kernel transport,
 logsources); only those are judged.
+
+A link that went down in the first minutes after boot (LINK_BOOT_WINDOW_S, as the rules' link-down-at-boot) is noted,
+not fatal: ports still training and ports no cable was plugged into say so after every reboot; a port expected up
+that is not is the `infiniband` check's to fail.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ XID_BUCKETS = {
     120: ("gpu", "GSP error"),
 }
 DEFAULT_FATAL_XIDS = (48, 64, 74, 79, 95, 119, 120)
+LINK_BOOT_WINDOW_S = 300.0
+LINK_KINDS = ("ib-link-down", "link-down")
 
 # (kind, category, description, pattern) for non-Xid signatures; all fatal.
 SIGNATURES = (
@@ -59,22 +65,38 @@ class Finding:
         return f"xid-{self.xid}" if self.xid is not None else self.kind
 
 
-def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool = False) -> Finding | None:
+def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool = False, booted: float | None = None,
+             uptime: float | None = None, link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Finding | None:
     """The fault a kernel-log line shows, in any envelope (syslog, dmesg, journal JSON; logformats); a line that
     names another program than the kernel (a user's `logger` text) is none. writer_required (a file's lines): a line
-    whose writer is not established as the kernel is none too, fail closed (logformats.unattributed)."""
+    whose writer is not established as the kernel is none too, fail closed (logformats.unattributed).
+
+    uptime: seconds after boot the line was logged, where the reader knows it (a kmsg record); else the line's own
+    stamp, or its time after `booted`. A link down inside link_boot_window_s of boot is noted, not fatal."""
     finding = _classify(line, fatal_xids)
     if finding is None:
         return None  # most lines: no envelope parsing needed
     from sigma.telemetry.logformats import parse, unattributed
 
-    parsed = parse(line)
+    parsed = parse(line, booted=booted)
     if ((parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel")
             or (parsed.facility and parsed.facility not in ("kern", "kernel"))):
         return None  # the envelope names another writer: a program, a journal transport, a syslog facility
     if writer_required and unattributed(parsed, ["kernel"]):
         return None
-    return _classify(parsed.message, fatal_xids)
+    if uptime is None:
+        uptime = parsed.uptime
+    if uptime is None and parsed.ts is not None and booted is not None and parsed.ts >= booted:
+        uptime = parsed.ts - booted
+    return _boot_grace(_classify(parsed.message, fatal_xids), uptime, link_boot_window_s)
+
+
+def _boot_grace(finding: Finding | None, uptime: float | None, window_s: float) -> Finding | None:
+    """A link down logged `uptime` seconds after boot, inside window_s, is noted, not fatal."""
+    if finding is not None and finding.kind in LINK_KINDS and uptime is not None and uptime < window_s:
+        finding.fatal = False
+        finding.description += f" {uptime:.0f} s after boot"
+    return finding
 
 
 def _classify(line: str, fatal_xids) -> Finding | None:
@@ -128,8 +150,10 @@ def save_mark(state_dir: Path, mark: Mark) -> None:
     os.replace(tmp, path)
 
 
-def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_bytes: int = 8 << 20) -> Scan:
-    """Judge the bytes after the mark. Opening blocks on a hung filesystem or FIFO: the runner times it out."""
+def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_bytes: int = 8 << 20,
+              booted: float | None = None, link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Scan:
+    """Judge the bytes after the mark. Opening blocks on a hung filesystem or FIFO: the runner times it out.
+    booted: the node's boot time, to tell a link down at boot from a later one."""
     scan = Scan()
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
@@ -151,7 +175,8 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
             break  # a line being written: judge it next time
         pos += len(raw)
         scan.lines += 1
-        finding = classify(raw.decode(errors="replace"), fatal_xids, writer_required=True)
+        finding = classify(raw.decode(errors="replace"), fatal_xids, writer_required=True, booted=booted,
+                           link_boot_window_s=link_boot_window_s)
         if finding is not None:
             scan.findings.append(finding)
         if not any(f.fatal for f in scan.findings):
@@ -161,7 +186,8 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
     return scan
 
 
-def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Scan:
+def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS,
+              link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Scan:
     """/dev/kmsg records read without blocking (logsources.KmsgReader), marked by sequence number."""
     from sigma.telemetry.logsources import KmsgReader, parse_kmsg
 
@@ -173,17 +199,21 @@ def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FA
     finally:
         reader.close()
     after = mark.seq if mark is not None else -1
-    clean, last = _judge(scan, [(parse_kmsg(line.text)[1], line) for line in lines], fatal_xids, after)
+    clean, last = _judge(scan, [(parse_kmsg(line.text)[1], line) for line in lines], fatal_xids, after,
+                         link_boot_window_s=link_boot_window_s)
     scan.mark = Mark(str(path), boot_id=boot_id, seq=clean)
     scan.end = Mark(str(path), boot_id=boot_id, seq=last)
     return scan
 
 
-def scan_journal(source: str, entries: list, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Scan:
-    """The journal's (cursor, SourceLine) entries after the mark (logsources.journal_since), marked by cursor."""
+def scan_journal(source: str, entries: list, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FATAL_XIDS,
+                 booted: float | None = None, link_boot_window_s: float = LINK_BOOT_WINDOW_S) -> Scan:
+    """The journal's (cursor, SourceLine) entries after the mark (logsources.journal_since), marked by cursor.
+    booted: the node's boot time, for an entry without its monotonic time."""
     scan = Scan()
     mark = _this_boot(scan, mark, boot_id)
-    clean, last = _judge(scan, entries, fatal_xids, mark.cursor if mark is not None else "")
+    clean, last = _judge(scan, entries, fatal_xids, mark.cursor if mark is not None else "", booted=booted,
+                         link_boot_window_s=link_boot_window_s)
     scan.mark = Mark(source, boot_id=boot_id, cursor=clean)
     scan.end = Mark(source, boot_id=boot_id, cursor=last)
     return scan
@@ -196,9 +226,11 @@ def _this_boot(scan: Scan, mark: Mark | None, boot_id: str) -> Mark | None:
     return mark
 
 
-def _judge(scan: Scan, entries: list, fatal_xids, position):
+def _judge(scan: Scan, entries: list, fatal_xids, position, *, booted: float | None = None,
+           link_boot_window_s: float = LINK_BOOT_WINDOW_S):
     """(position, SourceLine) in order: only lines their source establishes as the kernel's are judged (a record
-    root wrote to /dev/kmsg, a journal entry of another facility never fails a node). Returns (the position of the
+    root wrote to /dev/kmsg, a journal entry of another facility never fails a node); a link down is timed by the
+    record's uptime stamp, the entry's monotonic time, or its time after `booted`. Returns (the position of the
     last line before the first fatal one, the last position)."""
     from sigma.telemetry.logformats import parse
 
@@ -206,8 +238,14 @@ def _judge(scan: Scan, entries: list, fatal_xids, position):
     fatal_seen = False
     for pos, line in entries:
         scan.lines += 1
-        finding = _classify(parse(line.text).message if line.source == "kmsg" else line.text,
-                            fatal_xids) if line.established else None
+        finding = None
+        if line.established:
+            parsed = parse(line.text) if line.source == "kmsg" else None
+            finding = _classify(parsed.message if parsed else line.text, fatal_xids)
+            uptime = parsed.uptime if parsed else line.uptime
+            if uptime is None and line.ts is not None and booted is not None and line.ts >= booted:
+                uptime = line.ts - booted
+            _boot_grace(finding, uptime, link_boot_window_s)
         if finding is not None:
             scan.findings.append(finding)
             fatal_seen = fatal_seen or finding.fatal

@@ -83,8 +83,10 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
     section = SECTION_BY_TARGET[target]
     message = logformats.parse(example).message
     count = rule.log.count if rule.log is not None else 1
-    booted = now - 5843.0
-    lines = [logformats.render(message, fmt, ts=now - count + i, host="node1", uptime=5843.0 - count + i, seq=10 + i)
+    # written when the rule would see it: a node up for a while, or in its first minutes for a rule on boot
+    uptime = rule.log.max_uptime_s / 2 if rule.log is not None and rule.log.max_uptime_s else 5843.0
+    booted = now - uptime
+    lines = [logformats.render(message, fmt, ts=now - count + i, host="node1", uptime=uptime - count + i, seq=10 + i)
              for i in range(count)]
     if section not in sections:  # a telemetry config without that log section: the line never becomes an event
         return Outcome(rule.id, fmt, lines[-1], [], [], rule.action)

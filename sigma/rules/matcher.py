@@ -108,13 +108,13 @@ class _Group:
     newest: list = field(default_factory=list)  # min-heap of (ts, seq, evidence), at most MAX_EVIDENCE_ROWS
     capped: bool = False  # more matching events than evidence rows (counted once on /metrics)
 
-    def add(self, e: dict, seq: int) -> None:
+    def add(self, e: dict, seq: int, n: int = 1) -> None:
         ts = float(e["ts"])
         b = self.buckets.get(int(ts))
         if b is None:
-            self.buckets[int(ts)] = [1, ts, ts]
+            self.buckets[int(ts)] = [n, ts, ts]
         else:
-            b[0] += 1
+            b[0] += n
             b[1], b[2] = min(b[1], ts), max(b[2], ts)
         item = (ts, seq, e)  # turned into evidence only when reported
         if len(self.newest) < MAX_EVIDENCE_ROWS:
@@ -205,7 +205,7 @@ class EventWindows:
                     group = groups.get((e["node"], jobs))
                     if group is None:
                         group = groups[(e["node"], jobs)] = _Group()
-                    group.add(e, self._seq)
+                    group.add(e, self._seq, _weight(rule, e))
                 except Exception as exc:  # noqa: BLE001 - one broken rule must not stop the others
                     if on_error is None:
                         raise
@@ -288,6 +288,7 @@ def log_matcher(m: LogMatch) -> Callable[[dict], bool]:
     kind_ok = _globs(m.kinds)
     fields = list(m.fields.items())
     message = re.compile(m.message).search if m.message else None
+    uptime = m.min_uptime_s is not None or m.max_uptime_s is not None
 
     def hit(e: dict) -> bool:
         if e.get("source") not in sources:
@@ -299,6 +300,8 @@ def log_matcher(m: LogMatch) -> Callable[[dict], bool]:
             for key, accepted in fields:
                 if key not in have or not _value_in(have[key], accepted):
                     return False
+        if uptime and not _uptime_in(e, m.min_uptime_s, m.max_uptime_s):
+            return False
         return message is None or message(str(e.get("message", ""))) is not None
     hit.prefilter = lambda source, kind: source in sources and (kind_ok is None or bool(kind_ok(str(kind))))
     return hit
@@ -319,6 +322,30 @@ def health_matcher(m: HealthMatch) -> Callable[[dict], bool]:
         return not m.suites or have.get("suite") in m.suites
     hit.prefilter = lambda source, kind: source == "health" and (check_ok is None or bool(check_ok(str(kind))))
     return hit
+
+
+def _uptime_in(e: dict, lo: float | None, hi: float | None) -> bool:
+    """Whether the event falls in [lo, hi) seconds after its node booted; an unknown uptime is after any lower bound
+    (the line counts as it always did) and never within an upper one."""
+    up = (e.get("fields") or {}).get("uptime_s")
+    try:
+        up = float(up) if up is not None else None
+    except (TypeError, ValueError):
+        up = None
+    if up is None:
+        return hi is None
+    return (lo is None or up >= lo) and (hi is None or up < hi)
+
+
+def _weight(rule: Rule, e: dict) -> int:
+    """How many occurrences the event stands for in the rule's count (LogMatch.weight), at least 1."""
+    key = getattr(getattr(rule, rule.match_kind), "weight", "")
+    if not key:
+        return 1
+    try:
+        return max(1, int((e.get("fields") or {}).get(key, 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _value_in(value, accepted: list) -> bool:

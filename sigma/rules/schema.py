@@ -37,10 +37,21 @@ class LogMatch:
     message: str = ""  # regex searched in events.message; empty = any
     count: int = 1  # at least this many matching events ...
     window_s: float = 600.0  # ... within this many seconds
+    weight: str = ""  # an events.fields key whose number says how many occurrences one event reports (EDAC's
+    # "262 CE" line is 262 corrected errors): count compares with their sum; empty or absent = 1 per event
+    min_uptime_s: float | None = None  # only events the node logged at least this long after it booted (fields
+    # uptime_s, set by the sidecar); an event whose uptime is unknown matches
+    max_uptime_s: float | None = None  # only events logged within this many seconds of boot; unknown: no match
 
     def __post_init__(self):
         _check_regex(self.message, "message")
         _check_count(self.count, self.window_s)
+        for name in ("min_uptime_s", "max_uptime_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+        if self.min_uptime_s is not None and self.max_uptime_s is not None and self.min_uptime_s >= self.max_uptime_s:
+            raise ValueError("min_uptime_s must be below max_uptime_s")
 
 
 @dataclass

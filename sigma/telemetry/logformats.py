@@ -19,15 +19,16 @@ The same kernel message reaches the sidecar wrapped in different envelopes, depe
     logread (OpenWrt)        Mon Nov 23 19:49:20 2026 kern.err kernel: [ 5843.291473] NVRM: Xid ...
     talosctl dmesg           10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: NVRM: Xid ...
     SONiC syslog             2026 Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...
+      (older, no year)       Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...
     loghub (BGL RAS, ...)    - 1118536327 2005.06.11 R04-M1-N4 2005-06-11-17.32.07.581048 R04-M1-N4 RAS KERNEL FATAL ...
 
 One parser per format: `parse()` tries each and returns the first that matches the whole envelope, or the line as a
 "plain" message when none does. Nothing is guessed: a line whose envelope no parser knows has no known writer, and
 `unattributed()` says so. The message has every envelope removed (patterns see the same text in every format); the
-line's own time is kept (an old line read again is old). Times without a zone (RFC 3164, dmesg -T) are the node's
-local time; RFC 3164 has no year either: the year that puts the time closest to now, never more than a day ahead; a
-month name that means several months in different locales (`lis`) is read the same way. Uptime stamps (dmesg, kmsg)
-need the boot time (/proc/stat btime).
+line's own time is kept (an old line read again is old), and so is its time since boot where the line carries one.
+Times without a zone (RFC 3164, dmesg -T) are the node's local time; RFC 3164 has no year either: the year that puts
+the time closest to now, never more than a day ahead; a month name that means several months in different locales
+(`lis`) is read the same way. Uptime stamps (dmesg, kmsg) need the boot time (/proc/stat btime).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ _LOGREAD = re.compile(r"(?P<wday>\S+) " + _MON_DAY + r" (?P<year>\d{4}) (?P<faci
                       + _HOST_IDENT)
 # talosctl dmesg: "[node: ]kern: warning: [2026-04-22T21:27:51.291660856Z]: message"
 _TALOS = re.compile(r"(?:\S+: )?(?P<facility>[a-z0-9]+): +(?P<level>[a-z]+): \[(?P<iso>" + _ISO + r")\]: ")
-# SONiC's rsyslog template: "2025 Jun 18 07:12:32.614365 host ERR kernel: message"
-_SONIC = re.compile(r"(?P<year>\d{4}) " + _MON_DAY + r"(?P<frac>\.\d+)? (?P<host>\S+) (?P<level>[A-Z]+) "
+# SONiC's rsyslog template: "2025 Jun 18 07:12:32.614365 host ERR kernel: message" (older releases: no year)
+_SONIC = re.compile(r"(?:(?P<year>\d{4}) )?" + _MON_DAY + r"(?P<frac>\.\d+)? (?P<host>\S+) "
+                    r"(?P<level>EMERG|ALERT|CRIT|ERR|WARNING|NOTICE|INFO|DEBUG) "
                     r"(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?")
 # dmesg's stamps, any number of them in a row (dmesg prints several with repeated --time-format)
 _UPTIME = re.compile(r"\[ *(?P<up>\d+\.\d+)(?: <[ \d.]+>)?\] ?")
@@ -99,6 +101,8 @@ class LogLine:
     transport: str = ""  # journal _TRANSPORT (kernel, syslog, stdout, ...), "" when the format has none
     format: str = "plain"  # which envelope it had (the parser that read it); plain: none known
     facility: str = ""  # syslog facility where the envelope carries one (kern, user, daemon, ...)
+    uptime: float | None = None  # seconds since its boot where the line says so itself (a dmesg or kmsg stamp, a
+    # journal entry's monotonic time), None otherwise
 
 
 def boot_time(host_root: str = "/") -> float | None:
@@ -171,6 +175,12 @@ def journal_entry(entry: dict, booted: float | None = None) -> LogLine:
     parsed = LogLine(_one_line(str(msg if msg is not None else "")), ts, str(entry.get("_HOSTNAME", "")),
                      str(entry.get("SYSLOG_IDENTIFIER", "")), str(entry.get("_TRANSPORT", "")), "journal-json",
                      _facility(facility) if facility is not None else "")
+    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):  # the kernel's own stamp first
+        try:
+            parsed.uptime = int(entry[key]) * 1e-6
+            break
+        except (KeyError, TypeError, ValueError):
+            continue
     return _inner(parsed, booted)
 
 
@@ -180,7 +190,8 @@ def _kmsg(line, now, booted):
         return None
     ts = booted + int(m["usec"]) / 1e6 if booted is not None else None
     text = _ESCAPED.sub(lambda e: chr(int(e.group(1), 16)), line[m.end():])
-    return LogLine(_one_line(text), ts, format="kmsg", facility=_facility(int(m["pri"]) >> 3))
+    return LogLine(_one_line(text), ts, format="kmsg", facility=_facility(int(m["pri"]) >> 3),
+                   uptime=int(m["usec"]) / 1e6)
 
 
 def _rfc5424(line, now, booted):
@@ -245,7 +256,7 @@ def _sonic(line, now, booted):
     m = _SONIC.match(line)
     if not m or not months(m["mon"]):
         return None
-    ts = _month_day(m["mon"], m["day"], m["hms"], int(m["year"]), now)
+    ts = _month_day(m["mon"], m["day"], m["hms"], int(m["year"]) if m["year"] else None, now)
     if ts is not None and m["frac"]:
         ts += float(m["frac"])
     return _inner(LogLine(line[m.end():], ts, m["host"], m["ident"], format="sonic"), booted)
@@ -254,7 +265,7 @@ def _sonic(line, now, booted):
 def _dmesg(line, now, booted):
     """dmesg with any of its stamps, several in a row; after them, journalctl short-monotonic's host and program,
     or a program's own tag (text user space wrote into the ring buffer)."""
-    rest, ts, fmt, facility = line, None, None, ""
+    rest, ts, fmt, facility, up = line, None, None, "", None
     m = _DECODE.match(line)
     if m and m["facility"] in _FACILITIES:
         rest, fmt, facility = line[m.end():], "dmesg", m["facility"]
@@ -262,6 +273,7 @@ def _dmesg(line, now, booted):
         m = _UPTIME.match(rest)
         if m:
             ts = booted + float(m["up"]) if ts is None and booted is not None else ts
+            up = float(m["up"]) if up is None else up
             rest, fmt = rest[m.end():], fmt or "dmesg"
             continue
         m = _CALLER.match(rest) if fmt else None
@@ -286,8 +298,8 @@ def _dmesg(line, now, booted):
         return None
     m = _AFTER_STAMP.match(rest)
     if m and (m["ident"] == "kernel" or m["pid"]):
-        return LogLine(rest[m.end():], ts, m["host"] or "", m["ident"], format=fmt, facility=facility)
-    return LogLine(rest, ts, format=fmt, facility=facility)
+        return LogLine(rest[m.end():], ts, m["host"] or "", m["ident"], format=fmt, facility=facility, uptime=up)
+    return LogLine(rest, ts, format=fmt, facility=facility, uptime=up)
 
 
 def _loghub(line, now, booted):
@@ -311,6 +323,7 @@ def _inner(parsed: LogLine, booted: float | None) -> LogLine:
     m = _UPTIME.match(parsed.message)
     if m:
         parsed.message = parsed.message[m.end():]
+        parsed.uptime = float(m["up"]) if parsed.uptime is None else parsed.uptime
         if parsed.ts is None and booted is not None:
             parsed.ts = booted + float(m["up"])
     return parsed

@@ -47,6 +47,7 @@ class SourceLine:
     ts: float | None = None  # the source's own time for the line, where it keeps one (the journal)
     fields: dict = field(default_factory=dict)  # more of where it came from, for the event (journal unit, boot)
     ident: str = ""  # the program the line names (journal SYSLOG_IDENTIFIER): a claim, not an attribution
+    uptime: float | None = None  # seconds after boot it was logged, where the journal keeps it (monotonic time)
 
 
 def boot_id(host_root: str = "/") -> str:
@@ -162,10 +163,18 @@ def _entry_line(entry: dict, ts: float | None = None) -> SourceLine:
             ts = int(entry[key]) / 1e6
         except (KeyError, TypeError, ValueError):
             continue
+    uptime = None
+    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):  # the kernel's own stamp first
+        try:
+            uptime = int(entry[key]) / 1e6
+            break
+        except (KeyError, TypeError, ValueError):
+            continue
     fields = {"boot": entry["_BOOT_ID"]} if entry.get("_BOOT_ID") else {}
     if entry.get("_SYSTEMD_UNIT"):
         fields["unit"] = entry["_SYSTEMD_UNIT"]
-    return SourceLine(str(msg), "journal", kernel, writer, ts, fields, str(entry.get("SYSLOG_IDENTIFIER", "")))
+    return SourceLine(str(msg), "journal", kernel, writer, ts, fields, str(entry.get("SYSLOG_IDENTIFIER", "")),
+                      uptime)
 
 
 class JournalUnavailable(RuntimeError):

@@ -1,6 +1,6 @@
 """The corpus of real log lines (tests/fixtures/catalogue): well formed, split by source, and every line of its
 tuning part handled as a careful admin wants, class by class, through the sidecar's log sections and the rules
-(bench/catalogue.py measures both parts; the held-out part is measured there, never asserted here)."""
+(bench/catalogue.py measures every part; the held-out parts are measured there, never asserted here)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,25 @@ def test_every_row_names_its_public_source_and_a_known_action():
 
 
 def test_the_held_out_part_is_about_a_third_of_the_sources_by_their_address():
-    sources = {r["src"] for r in ROWS}
+    sources = {r["src"] for r in ROWS if r["part"] != "held-out-2"}
     held = {s for s in sources if hashlib.sha256(s.encode()).digest()[0] % 10 < 3}
     assert {r["src"] for r in ROWS if r["part"] == "held-out"} == held
     assert 0.2 < len(held) / len(sources) < 0.4
+
+
+def test_the_second_held_out_part_has_its_own_sources_and_a_third_benign():
+    second = [r for r in ROWS if r["part"] == "held-out-2"]
+    assert len(second) >= 80
+    assert not {r["src"] for r in second} & {r["src"] for r in ROWS if r["part"] != "held-out-2"}
+    assert sum(r["want"] in ("notify", "record", "none") for r in second) >= len(second) / 3
+
+
+def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
+    bad = tmp_path / "corpus.yaml"
+    bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"
+                   "  - [none, kernel, message, x]\n")
+    with pytest.raises(ValueError, match="https://example.org/x.*held-in"):
+        catalogue.load_corpus(bad)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from sigma.controller.report.metrics import report  # noqa: E402
 from sigma.controller.report.prometheus import ControllerCollector  # noqa: E402
 from sigma.telemetry import wire  # noqa: E402
 
-from tests.unit.controller.helpers import add_event, add_kpi, make_controller  # noqa: E402
+from tests.unit.controller.helpers import add_event, add_kpi, calibrated, make_controller  # noqa: E402
 from tests.unit.controller.test_watchdog_isolation import kpi_rows  # noqa: E402
 
 
@@ -56,6 +56,7 @@ def run_scenario(tmp_path, db: str, capsys) -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = ControllerConfig(db=db, log_dir=str(tmp_path / "log"), breaker=BreakerConfig(max_nodes=2, max_fraction=0.5))
     ctl, slurm, clock = make_controller(tmp_path, cfg=cfg, conn=open_db(db))
+    calibrated(ctl)  # a cluster with a long healthy history: score verdicts may act
     ctl.cfg.isolation.rounds = 2
     nodes = ["node1", "node2", "node3"]
     slurm.run_job(1, nodes, start=clock() - 1000)

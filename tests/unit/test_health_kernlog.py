@@ -275,3 +275,66 @@ def test_the_journal_is_read_by_cursor_and_only_its_kernel_lines_fail_the_node(t
     (root / "proc/sys/kernel/random/boot_id").write_text("99999999-2222-3333-4444-555555555555\n")
     r = run_check(ctx, args)  # this journal holds no line of that boot: kmsg comes next, the fixture's
     assert r.data["source"] == str(root / "dev/kmsg")
+
+
+@pytest.mark.parametrize("line, uptime, fatal", [
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", 73, False),  # a port still training, or never cabled
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", 3600, True),
+    ("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", None, True),  # when it was logged is unknown: as before
+    ("[   73.114200] i40e 0000:3b:00.1 eth3: NIC Link is Down", None, False),  # the line's own boot stamp
+    ("[ 3673.114200] i40e 0000:3b:00.1 eth3: NIC Link is Down", None, True),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", 20, True),  # only links have a boot grace
+])
+def test_a_link_down_just_after_boot_is_noted_not_fatal(line, uptime, fatal):
+    f = kernlog.classify(line, uptime=uptime)
+    assert f.fatal is fatal and (fatal or "after boot" in f.description)
+
+
+def test_the_prolog_after_a_reboot_passes_unused_ports_link_down_and_fails_a_later_one(tmp_path):
+    """Back from a reboot the ring buffer starts over: an unused port's `Link down` a minute in is noted (the
+    infiniband check judges the ports themselves); the same line an hour later fails the node."""
+    root = tree(tmp_path, "faulty")
+    ctx = context(root, "cpu1", tmp_path / "node")  # cpu[1-4] read kmsg
+    (root / "proc/sys/kernel/random/boot_id").write_text("99999999-2222-3333-4444-555555555555\n")
+    (root / "dev/kmsg").write_text("6,0,1000,-;Linux version 6.8.0\n"
+                                   "6,1,73114200,-;mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    r = run_check(ctx)
+    assert r.status == "pass" and "ib-link-down" in r.message
+    with (root / "dev/kmsg").open("a") as f:
+        f.write("6,2,3673114200,-;mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    r = run_check(ctx)
+    assert r.status == "fail" and r.message.startswith("ib-link-down")
+
+
+def test_a_kern_log_file_judges_link_downs_by_the_node_boot_time(tmp_path):
+    import time
+
+    root = tree(tmp_path, "healthy")
+    booted = time.time() - 3600
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc/stat").write_text(f"cpu 0 0 0 0\nbtime {int(booted)}\n")
+    stamp = time.strftime("%b %d %H:%M:%S", time.localtime(booted + 60))
+    ctx = context(root, "gpu01", tmp_path / "node")
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write(f"{stamp} gpu01 kernel: mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    assert run_check(ctx).status == "pass"
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write(f"{time.strftime('%b %d %H:%M:%S')} gpu01 kernel: mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down\n")
+    assert run_check(ctx).status == "fail"
+
+
+def test_the_journal_times_a_link_down_by_its_monotonic_stamp(tmp_path, jd):
+    """From the journal, the kernel's own uptime stamp (_SOURCE_MONOTONIC_TIMESTAMP) says when after boot the link
+    went down: a minute in is noted, an hour in fails the node."""
+    root = tree(tmp_path, "healthy")
+    (root / "proc/sys/kernel/random/boot_id").write_text(open("/proc/sys/kernel/random/boot_id").read())
+    ctx = with_kernel_log(context(root, "gpu01", tmp_path / "node"), "auto")
+    args = {"journal_dir": str(jd.directory), "journal_reader": "journalctl"}
+    jd.kernel("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", uptime_us=73_114_200)
+    jd.sync()
+    r = run_check(ctx, args)
+    assert r.status == "pass" and r.data["source"] == f"journal:{jd.directory}" and "ib-link-down" in r.message
+    jd.kernel("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", uptime_us=3_673_114_200)
+    jd.sync()
+    r = run_check(ctx, args)
+    assert r.status == "fail" and r.message.startswith("ib-link-down")

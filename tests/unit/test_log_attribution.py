@@ -44,6 +44,8 @@ XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen 
      "talos", "", "kern", "XFS (sdb6): log I/O error -5"),
     ("2025 Jun 18 07:17:40.046393 sonic_testbed ERR kernel: [ 1326.758055] Aborting journal on device loop1-8.",
      "sonic", "kernel", "", "Aborting journal on device loop1-8."),
+    ("Apr  9 21:05:38.106121 str-s6100-acs-4 INFO kernel: [10601.214044] igb 0000:00:14.0 eth0: igb: eth0 NIC Link "
+     "is Down", "sonic", "kernel", "", "igb 0000:00:14.0 eth0: igb: eth0 NIC Link is Down"),  # older SONiC: no year
     ("[    1.343565] archlinux kernel: ata_piix 0000:00:01.1: version 2.13", "dmesg", "kernel", "",
      "ata_piix 0000:00:01.1: version 2.13"),  # journalctl -o short-monotonic
     ("<13>Nov 27 10:00:00 gpu01 kernel: text", "rfc3164", "kernel", "user", "text"),  # logger -t kernel, facility user

@@ -1,26 +1,31 @@
 """Find the culprit node of an anomalous job when no rule names one (pure numpy).
 
 Every entity (node, or accelerator) is scored per metric in units of that metric's own noise:
-- with 3 or more entities (peers): the entity's deviation from the peer median, against the spread of the peers
-  now AND against its own usual deviation (its healthy history: a node that always runs hotter is no outlier);
-  the smaller of the two, so the common workload and its phases cancel out;
-- otherwise (a single-node job; two peers cannot say which side is odd): each entity against its own healthy
-  history alone (median / MAD: robust streaming statistics, the per-node detector).
+- with 3 or more entities (peers), where the peers help: the entity's deviation from the peer median, against the
+  spread of the peers now AND against its own usual deviation (its healthy history: a node that always runs
+  hotter is no outlier); the smaller of the two, so the common workload and its phases cancel out. The peers help
+  an entity for a metric when its deviation from the median of the others is spread less than its own series
+  (Baseline.comparable): they share its workload;
+- elsewhere (a weakly related series, a node that goes its own way, a single-node job; two peers cannot say which
+  side is odd): the entity against its own healthy history alone (median / MAD, the per-node detector).
 
 Scales mean something: a scale is never below the metric's noise floor — its resolution (the quantisation step of
 its values) and its typical change between samples — so "0 everywhere, 0.03 here" is a few sigmas, not a thousand.
-A metric that never moved in the healthy history (flat, constant) has no scale to learn: a change there scores at
-most FLAT_Z, a hint that can add to other evidence but never names a culprit alone. Each metric's score is
-calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score / 3), so a
-spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric scores, or
-one metric's alone where the long healthy history (healthy.py: the 99.9th percentile too) weighs it; an
-accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN) score 0: a gap
-is never evidence, and an entity without history (it joined late) is scored against its peers alone. The evidence
-(`Scores.top_metrics`) ranks each metric by its strongest reading: peers, own history, long healthy history.
+A metric that never moved in the healthy history (flat, constant) has no scale to learn: it abstains (scores 0;
+explain.py still shows it to a person); one with no history at all (it appeared in the window) scores at most
+FLAT_Z against the peers, a hint that can add to other evidence but never names a culprit alone. Each metric's
+score is calibrated by how predictable it was on healthy entities: divided by (its healthy 99th-percentile score /
+3), so a spiky metric needs a proportionally larger excursion. An entity's score is the mean of its top-k metric
+scores, or one metric's peer score alone where the long healthy history (healthy.py: the 99.9th percentile too)
+weighs it; an accelerator-level matrix reduces to its node by the node's worst accelerator. Missing values (NaN)
+score 0: a gap is never evidence, and an entity without history (it joined late) is scored against its peers
+alone. The evidence (`Scores.top_metrics`) ranks each metric by its strongest reading: peers, own history, long
+healthy history.
 
-Acting needs one outlier (top score >= min_score and >= dominance x the runner-up) in `rounds` consecutive rounds.
-When several entities are outliers at once, the job's own evidence (the node the others wait for) may pick among
-them; otherwise the verdict says they cannot be told apart and the caller escalates instead of picking one.
+Acting needs one outlier (top score >= the threshold and >= dominance x the runner-up) in `rounds` consecutive
+rounds; the threshold is calibrated to the false-drain budget (budget.py), never below min_score. When several
+entities are outliers at once, the job's own evidence (the node the others wait for) may pick among them;
+otherwise the verdict says they cannot be told apart and the caller escalates instead of picking one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
@@ -83,24 +87,19 @@ def quantum(history: np.ndarray, rng_seed: int = 0) -> np.ndarray:
 @dataclass
 class Baseline:
     """What the healthy history says about each entity and metric; computed once per history window."""
-    history: np.ndarray  # [entities, time, metrics] (kept, not copied: the own-history statistics need it)
+    history: np.ndarray  # [entities, time, metrics] (kept, not copied: evidence reads its levels)
     floor: np.ndarray  # [metrics] noise floor: resolution and typical change between samples
-    flat: np.ndarray  # [metrics] True where the metric never moved in the history
+    flat: np.ndarray  # [metrics] True where the metric has history and never moved in it (nothing to measure with)
     peer_center: np.ndarray  # [entities, metrics] usual deviation from the peer median
     peer_scale: np.ndarray  # [entities, metrics] its robust spread, at least peer_floor
     peer_floor: np.ndarray  # [metrics] the noise floor of the deviation from the peers (common workload removed)
     peer_weight: np.ndarray  # [metrics] calibration: CALIBRATION_Z / the healthy CALIBRATION_Q percentile (<= 1)
-
-    @cached_property
-    def own(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(center, scale, weight) of each entity against its own history alone: [entities, metrics] twice and
-        [metrics]; computed when first needed (jobs without peers)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            center = _median(self.history, axis=1)
-            scale = np.maximum(_median(np.abs(self.history - center[:, None, :]), axis=1) * MAD_TO_SIGMA,
-                               self.floor)
-            return center, scale, _calibration(self.history, center, scale, self.flat)
+    own: tuple[np.ndarray, np.ndarray, np.ndarray]  # (center, scale, weight) against its own history alone
+    known: np.ndarray  # [metrics] True where some entity has history of the metric
+    # [entities, metrics] True where the peers help: the entity's deviation from them is steadier than its own
+    # series (they share its workload). Elsewhere (a weakly related series, a node that goes its own way) it is
+    # judged against its own history alone.
+    comparable: np.ndarray
 
 
 def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.ndarray:
@@ -120,12 +119,12 @@ def noise_floor(history: np.ndarray, moving: np.ndarray | None = None) -> np.nda
     return np.maximum.reduce([q, change, REL_FLOOR * level, np.full_like(q, ABS_FLOOR)])
 
 
-def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
+def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """[metrics] weight that maps a metric's healthy CALIBRATION_Q percentile score (values [entities, time,
     metrics] against center and scale [entities, metrics]) to CALIBRATION_Z; on a sample of the rows."""
     E, T, M = values.shape
     rows = np.arange(0, E * T, max(1, -(-E * T // STATS_SAMPLE)))
-    z = _z(values.reshape(E * T, M)[rows], center[rows // T], scale[rows // T], flat)
+    z = _z(values.reshape(E * T, M)[rows], center[rows // T], scale[rows // T])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if not z.shape[0]:
@@ -137,28 +136,53 @@ def _calibration(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat
     return np.minimum(1.0, CALIBRATION_Z / np.maximum(q, 1e-9))
 
 
-def baseline(history: np.ndarray) -> Baseline:
-    """history: [entities, time, metrics] of healthy operation (NaN where missing)."""
+def baseline(history: np.ndarray, comparable_ratio: float = 1.0) -> Baseline:
+    """history: [entities, time, metrics] of healthy operation (NaN where missing). comparable_ratio: the peers
+    help where the entity's deviation from them is spread less than this times its own series."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a metric an entity never reported
         floor = noise_floor(history)
-        flat = np.nan_to_num(np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1)), nan=0.0) == 0
+        spread = np.nanmax(history, axis=(0, 1)) - np.nanmin(history, axis=(0, 1))
+        known = np.isfinite(spread)
+        flat = known & (np.nan_to_num(spread, nan=0.0) == 0)
         # the deviation from the peers at the same time: the common workload (and its phases) cancels out
         residual = history - _median(history, axis=0)[None, :, :]
         peer_floor = noise_floor(history, residual) if history.shape[0] >= 3 else floor
         peer_center = _median(residual, axis=1)
-        peer_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
+        raw_scale = _median(np.abs(residual - peer_center[:, None, :]), axis=1) * MAD_TO_SIGMA
         # a quiet history gives a small scale by chance: at least the peers' typical one
-        peer_scale = np.maximum(np.maximum(peer_scale, _median(peer_scale, axis=0)[None, :]), peer_floor)
-        peer_weight = _calibration(residual, peer_center, peer_scale, flat)
-    return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight)
+        peer_scale = np.maximum(np.maximum(raw_scale, _median(raw_scale, axis=0)[None, :]), peer_floor)
+        peer_weight = _calibration(residual, peer_center, peer_scale)
+        center = _median(history, axis=1)
+        own_raw = _median(np.abs(history - center[:, None, :]), axis=1) * MAD_TO_SIGMA
+        own_scale = np.maximum(own_raw, floor)
+        own = (center, own_scale, _calibration(history, center, own_scale))
+        comparable = (history.shape[0] >= 3) & (_apart_scale(history, raw_scale) < comparable_ratio * own_raw)
+    return Baseline(history, floor, flat, peer_center, peer_scale, peer_floor, peer_weight, own, known,
+                    np.nan_to_num(comparable, nan=0.0).astype(bool))
 
 
-def _z(values: np.ndarray, center: np.ndarray, scale: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """|values - center| / scale, capped; a flat metric at most FLAT_Z (it has no scale to measure against)."""
+LEAVE_ONE_OUT = 64  # up to this many entities, an entity's deviation for comparability is from the others' median
+
+
+def _apart_scale(history: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """[entities, metrics] the robust spread of each entity's deviation from the median of the *other* entities
+    (its own value pulls the median of all towards it: with unrelated series it would seem to follow its peers);
+    beyond LEAVE_ONE_OUT entities that pull is negligible and `scale` (of the deviation from all) is used."""
+    E = history.shape[0]
+    if E < 3 or E > LEAVE_ONE_OUT:
+        return scale
+    out = np.empty(scale.shape)
+    for i in range(E):
+        dev = history[i] - _median(np.delete(history, i, axis=0), axis=0)
+        out[i] = _median(np.abs(dev - _median(dev, axis=0)[None, :]), axis=0) * MAD_TO_SIGMA
+    return out
+
+
+def _z(values: np.ndarray, center, scale) -> np.ndarray:
+    """|values - center| / scale, capped (NaN where either is unknown)."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.minimum(np.abs(values - center) / scale, Z_CAP)
-    return np.where(flat, np.minimum(z, FLAT_Z), z)
+        return np.minimum(np.abs(values - center) / scale, Z_CAP)
 
 
 @dataclass
@@ -182,32 +206,49 @@ class Scores:
 
 def metric_scores(current: np.ndarray, base: Baseline | None = None, jitter: np.ndarray | None = None,
                   peers: bool | None = None) -> np.ndarray:
-    """[entities, metrics] calibrated metric scores of one round (NaN-free; 0 where nothing is known).
-    peers: use the spatial score (default: with 3 or more entities)."""
-    entities = current.shape[0]
-    peers = entities >= 3 if peers is None else peers
+    """[..., entities, metrics] calibrated metric scores of one round, or of rounds stacked on leading axes (NaN-free;
+    0 where nothing is known). peers: use the spatial score (default: with 3 or more entities). Each metric is
+    judged against the peers where they help (Baseline.comparable), else against the entity's own history alone;
+    a metric that never moved in the history scores 0 (abstains); one with no history at all, at most FLAT_Z
+    against the peers."""
+    return _scores(current, base, jitter, peers)[0]
+
+
+def _scores(current: np.ndarray, base: Baseline | None, jitter: np.ndarray | None, peers: bool | None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(metric_scores, the peer scores alone or None without peers or history: what the lone weights scale)."""
+    peers = current.shape[-2] >= 3 if peers is None else peers
+    peer = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if not peers:  # each entity against its own history alone
-            if base is None:
-                return np.zeros(current.shape)
+        own = None
+        if base is not None:  # each entity against its own history alone
             center, scale, weight = base.own
-            return np.nan_to_num(_z(current, center, scale, base.flat) * weight, nan=0.0)
-        med = _median(current, axis=0)
-        residual = current - med[None, :]
-        # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
-        floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
-        if jitter is not None:
-            floor = np.maximum(floor, jitter)
-        spread = np.maximum(_median(np.abs(residual), axis=0) * MAD_TO_SIGMA, floor)
-        flat = np.zeros(current.shape[1], dtype=bool) if base is None else base.flat
-        z = _z(residual, 0.0, spread[None, :], flat)
+            own = _z(current, center, scale) * weight
+        if not peers:
+            z = np.zeros(current.shape) if own is None else own
+        else:
+            med = _median(current, axis=-2)
+            residual = current - med[..., None, :]
+            # the peers now: the deviation against the spread of the peers, at least the noise floor and the jitter
+            floor = np.maximum(REL_FLOOR * np.abs(med), ABS_FLOOR) if base is None else base.peer_floor
+            if jitter is not None:
+                floor = np.maximum(floor, jitter)
+            spread = np.maximum(_median(np.abs(residual), axis=-2) * MAD_TO_SIGMA, floor)
+            z = _z(residual, 0.0, spread[..., None, :])
+            if base is not None:
+                # ... and against the entity's own history of that deviation (a node that always differs is no
+                # outlier); where it has none (it joined late), the peers alone
+                usual = _z(residual, base.peer_center, base.peer_scale)
+                peer = np.where(np.isnan(usual), z, np.minimum(z, usual)) * base.peer_weight
+                peer = np.where(base.known, peer, np.minimum(z, FLAT_Z))
+                # where the peers do not help, its own history alone (the peers where it has none)
+                z = np.where(base.comparable | np.isnan(own), peer, own)
         if base is not None:
-            # ... and against the entity's own history of that deviation (a node that always differs is no
-            # outlier); where it has none (it joined late), the peers alone
-            own = _z(residual, base.peer_center, base.peer_scale, flat)
-            z = np.where(np.isnan(own), z, np.minimum(z, own)) * base.peer_weight
-    return np.nan_to_num(z, nan=0.0, posinf=Z_CAP)
+            z = np.where(base.flat, 0.0, z)
+            if peer is not None:
+                peer = np.nan_to_num(np.where(base.flat, 0.0, peer), nan=0.0, posinf=Z_CAP)
+    return np.nan_to_num(z, nan=0.0, posinf=Z_CAP), peer
 
 
 def per_node(entity_scores: np.ndarray, entity_node: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -221,7 +262,8 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
           entity_node: np.ndarray | None = None, k: int = 3, base: Baseline | None = None,
           jitter: np.ndarray | None = None, lone: Callable[[Baseline], np.ndarray] | None = None,
           position: Callable[[np.ndarray], np.ndarray] | None = None) -> Scores:
-    """One isolation round. current: [entities, metrics]; history: [entities, time, metrics] or None (or its
+    """One isolation round. current: [entities, metrics] (or rounds stacked on leading axes, without entity_node and
+    position: the benches score a whole split at once); history: [entities, time, metrics] or None (or its
     precomputed `baseline`); entity_node maps each entity (accelerator) to its node index (default: one entity per
     node); jitter: each metric's usual movement within the window (a gap between peers smaller than that is
     sampling noise); lone(baseline): [metrics] the weight of one metric's peer score alone, from the long healthy
@@ -233,15 +275,16 @@ def score(nodes: Sequence[str], current: np.ndarray, history: np.ndarray | None 
         base = baseline(history)
     n_nodes = len(nodes)
     peers = n_nodes >= 3
-    z = metric_scores(current, base, jitter, peers=peers)
-    totals = top_k_mean(z, k) if z.shape[1] else np.zeros(z.shape[0])
-    if lone is not None and base is not None and peers and z.shape[1]:
-        # the same peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile
-        # too): one metric alone reaches min_score only beyond what its healthy history ever does
-        alone = z / base.peer_weight * np.nan_to_num(lone(base), nan=0.0)
-        totals = np.maximum(totals, alone.max(axis=1))
+    z, peer = _scores(current, base, jitter, peers)
+    totals = top_k_mean(z, k)
+    if lone is not None and peer is not None and z.shape[-1]:
+        # the peer scores, weighted by how far the metric reaches on healthy nodes (its 99.9th percentile too):
+        # one metric alone reaches min_score only beyond what the node's long history of deviations from its
+        # peers ever does (those histograms calibrate it, whether or not the peers help in the hour)
+        alone = peer / base.peer_weight * np.nan_to_num(lone(base), nan=0.0)
+        totals = np.maximum(totals, alone.max(axis=-1))
         z = np.maximum(z, alone)  # the evidence: the scores that decided
-    evidence = _evidence(current, z, base, position) if peers and z.shape[1] else None
+    evidence = _evidence(current, z, base, position) if peers and z.shape[-1] else None
     if entity_node is not None:
         totals = per_node(totals, entity_node, n_nodes)
     return Scores(totals, z, entity_node, evidence)
@@ -260,7 +303,7 @@ def _evidence(current: np.ndarray, z: np.ndarray, base: Baseline | None,
         if base is not None:
             out = np.maximum(out, metric_scores(current, base, peers=False))
         if position is not None:
-            far = position(current - _median(current, axis=0)[None, :])
+            far = position(current - _median(current, axis=-2)[..., None, :])
             out = np.maximum(out, np.nan_to_num(far, nan=0.0, posinf=Z_CAP))
     return out
 

@@ -5,7 +5,8 @@ synchronous job tell it directly:
 - hang: every rank stops stepping, but only the stuck node's ranks stop sending their `heartbeat` events (the
   others are alive, blocked in a collective waiting for it); where the step is split in phases the others can
   finish without the stuck node, its ranks are also the only ones behind the job's highest step;
-- slowdown: the slow node's ranks spend less of their time waiting in collectives (`wait_s` in the KPI line) and
+- slowdown: the slow node's ranks spend less of their time waiting in collectives (`wait_s` in the KPI line; in a
+  pipeline also the schedule's exchanges with the neighbouring stages, `pipeline_s` less `stage_busy_s`) and
   more of it busy than every other node's ranks, which wait for it, and they do so all along: the same node is the
   one waited for in nearly every slice of the window. Load that comes and goes on a shared host (another process
   taking the CPU) slows one side, then the other; a stopped or throttled node slows its side every time.
@@ -86,15 +87,27 @@ def behind_node(laggards: Mapping[str, Sequence[int]], ranks: Mapping[str, Mappi
     return node if own and len(behind) == len(own) and len(ranks) > len(own) else None
 
 
+def waited_s(payload: Mapping) -> float | None:
+    """A step's time waiting for other ranks: in collectives (`wait_s`) and, in a pipeline, in the schedule's
+    exchanges with the neighbouring stages (`pipeline_s` less `stage_busy_s`: its time in the schedule not spent
+    computing); None where the rank does not say."""
+    w = payload.get("wait_s")
+    if w is None:
+        return None
+    exchange = 0.0
+    if payload.get("pipeline_s") is not None and payload.get("stage_busy_s") is not None:
+        exchange = max(0.0, float(payload["pipeline_s"]) - float(payload["stage_busy_s"]))
+    return max(0.0, float(w)) + exchange
+
+
 def wait_shares(kpis: Iterable[Mapping]) -> dict[str, float]:
-    """Share of their time each node's ranks spent waiting in collectives (sum of waits / sum of step times)."""
+    """Share of their time each node's ranks spent waiting for other ranks (sum of waits / sum of step times)."""
     wait: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
     for k in kpis:
-        payload = kpi_payload(k)
-        w, step_time = payload.get("wait_s"), k.get("step_time_s")
+        w, step_time = waited_s(kpi_payload(k)), k.get("step_time_s")
         if w is not None and step_time and step_time > 0:
-            wait[k["node"]] += min(float(step_time), max(0.0, float(w)))
+            wait[k["node"]] += min(float(step_time), w)
             total[k["node"]] += float(step_time)
     return {node: wait[node] / total[node] for node in total}
 
@@ -143,7 +156,7 @@ def held_shares(kpis: Iterable[Mapping], stalled: Mapping[str, float] | None = N
             continue
         if payload.get("io_wait_s") is None:
             untold.add(k["node"])
-        off = float(payload["blocked_s"]) - max(0.0, float(payload.get("wait_s") or 0.0)) - (disk_s(payload) or 0.0)
+        off = float(payload["blocked_s"]) - (waited_s(payload) or 0.0) - (disk_s(payload) or 0.0)
         held[k["node"]] += min(float(step_time), max(0.0, off))
         total[k["node"]] += float(step_time)
     stalled = stalled or {}

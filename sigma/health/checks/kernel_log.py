@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sigma.health import kernlog
 from sigma.health.result import ERROR, Result, failed, passed
+from sigma.telemetry.logformats import boot_time
 
 CATEGORY = "kernel"
 
@@ -70,16 +71,20 @@ def scan(ctx, args: dict, source: Source) -> kernlog.Scan:
 
     fatal_xids = tuple(args.get("fatal_xids", kernlog.DEFAULT_FATAL_XIDS))
     mark = kernlog.load_mark(ctx.state_dir, source.mark_source)
+    window = float(args.get("link_boot_window_s", kernlog.LINK_BOOT_WINDOW_S))  # a link down this soon: noted
+    booted = boot_time(str(ctx.root))
     if source.kind == "file":
-        return kernlog.scan_file(Path(source.path), mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)))
+        return kernlog.scan_file(Path(source.path), mark, fatal_xids, int(args.get("max_scan_bytes", 8 << 20)),
+                                 booted=booted, link_boot_window_s=window)
     boot_id = ctx.host("/proc/sys/kernel/random/boot_id").read_text().strip()
     if source.kind == "kmsg":
-        return kernlog.scan_kmsg(Path(source.path), mark, boot_id, fatal_xids)
+        return kernlog.scan_kmsg(Path(source.path), mark, boot_id, fatal_xids, link_boot_window_s=window)
     boot = boot_id.replace("-", "")  # as the journal writes it
     entries = logsources.journal_since(args.get("journal_reader", "auto"), source.path, boot,
                                        mark.cursor if mark is not None and mark.boot_id == boot_id else None,
                                        int(args.get("max_journal_entries", 5000)))
-    return kernlog.scan_journal(source.mark_source, entries, mark, boot_id, fatal_xids)
+    return kernlog.scan_journal(source.mark_source, entries, mark, boot_id, fatal_xids, booted=booted,
+                                link_boot_window_s=window)
 
 
 def run(ctx, args: dict) -> Result:

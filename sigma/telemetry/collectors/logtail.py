@@ -5,7 +5,9 @@ Each line is first split from its envelope (dmesg, dmesg -T, syslog RFC 3164/542
 sigma.telemetry.logformats), so patterns see the same message in every format and the event keeps the line's own
 time. Each pattern is a regex searched in the message; a matching line becomes an `events` row (source 'log', kind
 = pattern name) whose fields are the regex's named groups (digits become integers, so `Xid.*?: (?P<xid>\\d+)`
-gives {"xid": 79}). Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
+gives {"xid": 79}); a line also gets `uptime_s`, how long after its boot it was logged (its own dmesg or kmsg
+stamp, else its time in the node's current boot), so rules tell a link still coming up at boot from one that fails
+later. Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
 persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
 
 `source: auto` finds the kernel log (the journal, else /dev/kmsg, else the first readable of `files`) and says
@@ -404,6 +406,11 @@ class LogTailCollector(Collector):
             budget[0] -= 1
             fields = {**where, **p.fields_of(m, line.message)}
             ts = line.ts if line.ts is not None and line.ts <= out.ts + FUTURE_SLACK_S else None
+            uptime = line.uptime  # the line's own stamp; else its time in this boot
+            if uptime is None and ts is not None and self.booted is not None and ts >= self.booted:
+                uptime = ts - self.booted
+            if uptime is not None:
+                fields["uptime_s"] = int(uptime)  # how long after its boot it was logged (rules on boot)
             if ts is not None and ts == int(ts) and 0 <= out.ts - ts < 1.0:
                 ts = None  # a whole-second stamp of the current second: the read time is as true, and finer
             out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)

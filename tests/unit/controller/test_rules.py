@@ -67,7 +67,8 @@ def test_xid_94_without_job_ids_uses_jobs_on_the_node():
     ("ib-port-down", "mlx5_core 0000:17:00.0: mlx5_port_module_event: Port 1 state changed to DOWN, link down"),
 ])
 def test_log_signatures(rule, line):
-    kind = {"disk-full": "disk_full"}.get(rule, "line")  # the kind the sidecar's pattern gives the line
+    kind = {"disk-full": "disk_full", "nic-lost-carrier": "net_link", "ib-port-down": "ib_link"}.get(
+        rule, "line")  # the kind the sidecar's pattern gives the line
     assert hits([rule], events=[ev("node1", line, kind=kind)]) == [(rule, "node1", None, RULES[rule].action)]
     assert hits([rule], events=[ev("node1", "kernel: usb 1-1: new high-speed USB device")]) == []
 
@@ -83,11 +84,52 @@ def test_nvml_sources():
 
 def test_ib_flapping_needs_repeats_in_window():
     lines = ["mlx5_core 0000:17:00.0: link down", "mlx5_core 0000:17:00.0: link up"] * 2
-    events = [ev("node4", m, ts=NOW - 200 + i * 30, id=i) for i, m in enumerate(lines)]
+    events = [ev("node4", m, kind="ib_link", ts=NOW - 200 + i * 30, id=i) for i, m in enumerate(lines)]
     assert hits(["ib-port-flapping"], events=events[:3]) == []
     assert hits(["ib-port-flapping"], events=events) == [("ib-port-flapping", "node4", None, "drain+ticket")]
-    old = [ev("node4", m, ts=NOW - 1000 + i, id=i) for i, m in enumerate(lines)]
+    old = [ev("node4", m, kind="ib_link", ts=NOW - 1000 + i, id=i) for i, m in enumerate(lines)]
     assert hits(["ib-port-flapping"], events=old) == []
+    booting = [ev("node4", m, kind="ib_link", ts=NOW - 200 + i * 30, id=i, fields={"uptime_s": 20 + i * 30})
+               for i, m in enumerate(lines)]  # ports training while the node boots
+    assert hits(["ib-port-flapping"], events=booting) == []
+
+
+LINK_RULES = ["ib-port-down", "ib-port-flapping", "nic-lost-carrier", "nic-bond-member-down", "link-down-at-boot",
+              "ib-module-error"]
+
+
+@pytest.mark.parametrize("line,kind", [("mlx5_core 0000:9d:00.1 enp157s0f1np1: Link down", "ib_link"),
+                                       ("i40e 0000:08:00.1: eth9: NIC Link is Down", "net_link"),
+                                       ("bond0: (slave ens1f0np0): link status definitely down, disabling slave",
+                                        "bond_link")])
+def test_a_link_down_in_the_first_minutes_after_boot_notifies_later_it_drains(line, kind):
+    """A port still training, or one no cable was ever plugged into, says `Link down` a minute after boot: tell an
+    admin (a port expected up that never comes up fails the port-state check). Later, or when the line's time since
+    boot is unknown, the link went down under the node: drain."""
+    at_boot = ev("node1", line, kind=kind, fields={"uptime_s": 73})
+    assert hits(LINK_RULES, events=[at_boot]) == [("link-down-at-boot", "node1", None, "notify")]
+    drains = {"ib_link": "ib-port-down", "net_link": "nic-lost-carrier", "bond_link": "nic-bond-member-down"}[kind]
+    for fields in ({"uptime_s": 300}, {"uptime_s": 86400}, {}):
+        later = ev("node1", line, kind=kind, fields=fields)
+        found = hits(LINK_RULES, events=[later])
+        assert drains in [h[0] for h in found] and {h[3] for h in found} == {"drain+ticket"}, fields
+
+
+def test_a_cable_error_drains_at_boot_too():
+    line = "mlx5_core 0000:5e:00.0: Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)"
+    found = hits(LINK_RULES, events=[ev("node1", line, kind="ib_link", fields={"uptime_s": 40})])
+    assert found == [("ib-module-error", "node1", None, "drain+ticket")]
+
+
+def test_one_edac_line_counts_as_the_errors_it_reports():
+    rule = ["memory-corrected-storm"]
+    line = "EDAC MC1: {} CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x2031c14)"
+    burst = ev("node1", line.format(262), kind="edac", fields={"errors": 262})
+    assert hits(rule, events=[burst]) == [("memory-corrected-storm", "node1", None, "notify")]
+    assert hits(rule, events=[ev("node1", line.format(4), kind="edac", fields={"errors": 4})]) == []
+    singles = [ev("node1", line.format(1), kind="edac", ts=NOW - 100 + i, id=i) for i in range(20)]  # no count field
+    assert hits(rule, events=singles) == [("memory-corrected-storm", "node1", None, "notify")]
+    assert hits(rule, events=singles[:19]) == []
 
 
 def test_uncorrectable_ecc_increase_per_gpu():
@@ -165,6 +207,16 @@ def test_bad_regex_and_two_matches_are_located(tmp_path):
     p = _write(tmp_path, "version: 1\nrules:\n  - id: a\n    description: d\n    severity: info\n    action: record\n"
                          "    log: {}\n    metric: {metric: m, op: '>', value: 1}\n")
     with pytest.raises(ConfigError, match=r"exactly one of log, metric, health, kpi"):
+        load_rules(p)
+
+
+def test_uptime_bounds_are_checked(tmp_path):
+    head = "version: 1\nrules:\n  - id: a\n    description: d\n    severity: info\n    action: record\n"
+    p = _write(tmp_path, head + "    log: {min_uptime_s: 300, max_uptime_s: 300}\n")
+    with pytest.raises(ConfigError, match=r"r.yaml:7 \[rules.0.log\]: min_uptime_s must be below max_uptime_s"):
+        load_rules(p)
+    p = _write(tmp_path, head + "    log: {max_uptime_s: -1}\n")
+    with pytest.raises(ConfigError, match=r"max_uptime_s must be a number of seconds >= 0"):
         load_rules(p)
 
 

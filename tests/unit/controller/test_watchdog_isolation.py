@@ -9,7 +9,7 @@ from sigma.controller.detect.samples import bucket_stats
 from sigma.controller.detect.isolation import Streaks, pick_outlier, score, score_nodes
 from sigma.controller.detect.watchdog import JobInfo, check_job
 
-from tests.unit.controller.helpers import add_event, add_kpi, make_controller
+from tests.unit.controller.helpers import add_event, add_kpi, calibrated, make_controller
 
 NOW = 1_000_000.0
 CFG = WatchdogConfig()
@@ -317,6 +317,7 @@ def test_a_scored_round_counts_once_its_window_has_moved_on():
 
 def test_controller_isolates_a_hung_node_after_repeated_rounds(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
+    calibrated(ctl)  # a cluster with a long healthy history: score verdicts may act
     ctl.cfg.isolation.rounds = 2
     nodes = ["node1", "node2", "node3"]
     slurm.run_job(1, nodes, start=clock() - 1000)
@@ -384,6 +385,7 @@ def test_a_notification_about_a_job_run_closes_when_the_job_restarts(tmp_path):
 
 def test_isolation_without_recovery_is_misdiagnosed_and_the_node_returned(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
+    calibrated(ctl)  # a cluster with a long healthy history: score verdicts may act
     ctl.cfg.isolation.verify_after_s = 60
     nodes = ["node1", "node2", "node3"]
     slurm.run_job(1, nodes, start=clock() - 1000)
@@ -409,10 +411,11 @@ def test_rank_start_events_of_one_restart_count_once():
     assert distinct_starts([100.0, 100.4, 101.2, 500.0, 500.3, 900.0]) == [100.0, 500.0, 900.0]
 
 
-def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
+def throttled_gpu_rounds(ctl, slurm, clock):
+    """A 4-node job whose node3 GPU throttles (clocks and power down, hot) and whose throughput halves: three
+    ticks, the third a window after the first."""
     import json
 
-    ctl, slurm, clock = make_controller(tmp_path)
     nodes = ["node1", "node2", "node3", "node4"]
     slurm.run_job(1, nodes, start=clock() - 2000)
     now = clock()
@@ -443,11 +446,34 @@ def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
     stream(int(now), int(now) + window)
     clock.advance(window - 1)
     ctl.tick()
+
+
+def test_throughput_drop_isolates_the_node_whose_telemetry_moved(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    calibrated(ctl)  # a cluster with a long healthy history: score verdicts may act
+    throttled_gpu_rounds(ctl, slurm, clock)
     (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
     assert inc.node == "node3" and inc.evidence["isolation"]["ranked"][0][0] == "node3"
     assert slurm.node("node3").reason.startswith("sigma: straggler (isolation-outlier)")
     assert slurm.count("requeue") == 1
     assert any(i.rule_id == "watchdog-throughput-drop" for i in ctl.incidents.query())
+    budget = inc.evidence["isolation"]["budget"]
+    assert budget["method"] == "empirical" and budget["per_1000_node_days"] == 1.0
+    # the evidence in the units an admin reads: the metric, its value, the peers' median and its own usual value
+    (text,) = [r["text"] for r in inc.evidence["isolation"]["explained"]["node3"] if
+               r["metric"].startswith("gpu.clock.sm_mhz")]
+    assert " MHz vs peers' " in text and " median, its own usual " in text and text.endswith(")")
+
+
+def test_before_its_history_supports_the_budget_a_score_verdict_only_notifies(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)  # a new controller: no healthy history yet
+    throttled_gpu_rounds(ctl, slurm, clock)
+    assert slurm.count("drain") == 0 and slurm.count("requeue") == 0
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node3" and inc.action == "notify" and "notify: too little history" in inc.summary
+    budget = inc.evidence["isolation"]["budget"]
+    assert budget["threshold"] is None and budget["needed"] > budget["n"]
+    assert "a tail fit needs" in budget["detail"]
 
 
 def test_counters_are_compared_by_rate_not_by_level(tmp_path):
@@ -829,6 +855,37 @@ def test_a_node_held_while_its_disk_stalls_is_not_drained_without_delay_accounti
         if drained:
             (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
             assert "disk stalled: node1 10%, node2 10%" in inc.evidence["isolation"]["reason"]
+
+
+def _pipeline_rows(busy, held, dt=0.5, t0=NOW - 60, t1=NOW):
+    """A 3-stage pipeline, one rank per node: busy(node) / held(node) -> the share of the step its rank computes
+    its stage / is held off the CPU outside any wait; the rest of the step it waits for its neighbours in the
+    schedule's exchanges (pipeline_s less stage_busy_s; blocked there, as a rank blocked in a receive is), a
+    little in collectives (wait_s)."""
+    rows, step, t = [], 0, t0
+    nodes = ("node1", "node2", "node3")
+    while t <= t1:
+        for i, n in enumerate(nodes):
+            b, h, w = busy(n) * dt, held(n) * dt, 0.05 * dt
+            exchange = dt - b - h - w
+            rows.append({"node": n, "ts": t, "job_id": 1, "rank": i, "step": step, "tokens_per_s": 1000.0,
+                         "step_time_s": dt, "payload": {"wait_s": w, "blocked_s": w + exchange + h,
+                                                        "pipeline_s": b + exchange, "stage_busy_s": b}})
+        step, t = step + 1, t + dt
+    return rows
+
+
+def test_a_pipeline_s_busier_last_stage_is_no_straggler_and_a_held_one_is():
+    """The last stage computes the head and the loss, so the others wait for it in every step: that is the
+    pipeline, not a straggler. Its rank stopped 30 % of the time (held off the CPU) is one."""
+    from sigma.controller.detect.laggard import wait_shares, waited_for_node
+
+    nodes = ["node1", "node2", "node3"]
+    usual = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.0)
+    assert wait_shares(usual)["node3"] < min(wait_shares(usual)[n] for n in ("node1", "node2")) - 0.2
+    assert waited_for_node(nodes, usual)[0] is None
+    stopped = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.3 if n == "node3" else 0.0)
+    assert waited_for_node(nodes, stopped)[0] == "node3"
 
 
 def test_a_declared_pause_is_no_hang_until_its_max_and_counts_as_progress():
