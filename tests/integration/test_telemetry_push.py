@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sigma.chaos.inject import kernel_log_line
 from sigma.paths import configs_dir
 from sigma.store import connect
 from sigma.telemetry import wire
@@ -111,13 +112,13 @@ def test_four_sidecars_survive_a_killed_controller(cluster, slurm, tmp_path):
     try:
         wait_for(lambda: controller_nodes(db) == set(nodes), what="batches from all four nodes")
         with cluster.kernel_log("node3").open("a") as f:
-            f.write("kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n")
+            f.write(kernel_log_line("node3", "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."))
         time.sleep(1.0)
 
         controller.send_signal(signal.SIGKILL)  # mid-stream: batches in flight are lost with it
         controller.wait()
         with cluster.kernel_log("node1").open("a") as f:
-            f.write("kernel: NVRM: Xid (PCI:0000:07:00): 48, pid=77, DBE (double bit error)\n")
+            f.write(kernel_log_line("node1", "NVRM: Xid (PCI:0000:07:00): 48, pid=77, DBE (double bit error)"))
         job_dir = kpi_dir / f"job-{job_id}"
         job_dir.mkdir(parents=True, exist_ok=True)
         with (job_dir / "rank-0.node2.jsonl").open("a") as f:
