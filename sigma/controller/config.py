@@ -45,7 +45,7 @@ class IsolationConfig:
     min_score: float = 6.0  # combined robust z-score the top node must reach
     dominance: float = 1.5  # ... and exceed the runner-up by this factor
     rounds: int = 2  # consecutive rounds the same node must be the dominant outlier before acting
-    verify_after_s: float = 600.0  # after this long, check whether the requeued job recovered
+    verify_after_s: float = 600.0  # the requeued job must recover within this long of its restart
     recover_fraction: float = 0.8  # recovered = throughput back to this fraction of the pre-fault baseline
 
 
@@ -94,6 +94,8 @@ class Playbook:
     command: list[str] = field(default_factory=list)  # kind command: argv ('{node}' is replaced)
     webhook: str = ""  # kind ticket: URL the evidence is POSTed to (empty: journal only)
     timeout_s: float = 900.0  # reboot/command must finish within this long, else it counts as a failure
+    then: str = ""  # once this playbook's repair failed (validation, timeout), retry with that playbook instead
+    # (a reboot that did not bring the node back healthy: a part for hands to replace, not another reboot)
 
 
 @dataclass
@@ -120,6 +122,9 @@ class RemediationConfig:
         names = [p.name for p in self.playbooks]
         if self.default_playbook not in names:
             raise ValueError(f"default_playbook {self.default_playbook!r} is not one of the playbooks {names}")
+        for p in self.playbooks:
+            if p.then and p.then not in names:
+                raise ValueError(f"playbook {p.name!r}: then {p.then!r} is not one of the playbooks {names}")
 
     def playbook_for(self, rule_id: str, category: str, action: str) -> Playbook:
         by_name = {p.name: p for p in self.playbooks}

@@ -584,11 +584,16 @@ class Controller:
             verify = inc.evidence.get("verify")
             if not verify or inc.evidence.get("verification"):
                 continue
-            # only the run after the decision counts: steps of the old run (on the culprit) say nothing
+            # only the run after the decision counts: steps of the old run (on the culprit) say nothing; nor does
+            # a run that isolation found another culprit in (the job landed on a second faulty node): the run
+            # after that decision does
+            later = self.conn.execute(
+                "SELECT MAX(opened_at) FROM incidents WHERE source='isolation' AND job_id = ? AND opened_at > ? AND"
+                " status IN ('acted', 'resolved', 'confirmed')", (verify["job_id"], inc.opened_at)).fetchone()[0]
             restart = self.conn.execute(
                 "SELECT MIN(ts) FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts > ? AND"
                 " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
-                (inc.opened_at, verify["job_id"])).fetchone()[0]
+                (later or inc.opened_at, verify["job_id"])).fetchone()[0]
             rows = [] if restart is None else [dict(r) for r in self.conn.execute(
                 f"SELECT {KPI_COLUMNS} FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
                 (verify["job_id"], restart))]
@@ -598,12 +603,24 @@ class Controller:
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})
                 self.incidents.set_status(inc.id, "confirmed", note, close=inc.status == "resolved")
                 self.log.event("verify", f"CONFIRMED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
-            elif now - inc.opened_at > iso.verify_after_s:
-                note = f"job {verify['job_id']} did not recover within {iso.verify_after_s:.0f}s; node returned"
+            elif (since := self._verify_since(inc, restart)) is not None and now - since > iso.verify_after_s:
+                note = (f"job {verify['job_id']} did not recover within {iso.verify_after_s:.0f}s of "
+                        f"{'its restart' if since == restart else 'the decision'}; node returned")
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "misdiagnosed", "note": note})
                 self.incidents.set_status(inc.id, "misdiagnosed", note, close=True)
                 self.remediator.return_node(inc.node, f"misdiagnosed by isolation (incident {inc.id})")
                 self.log.event("verify", f"MISDIAGNOSED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
+
+    def _verify_since(self, inc, restart: float | None) -> float | None:
+        """When the time to recover starts: the job's restart (its trainer's start or resume event after the
+        decision) for a job that announces its starts (a start event before the decision), since loading a large
+        checkpoint can outlast verify_after_s and a job not restarted yet is no evidence; for a job that announces
+        nothing, the decision."""
+        announces = self.conn.execute(
+            "SELECT 1 FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts <= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) LIMIT 1",
+            (inc.opened_at, inc.evidence["verify"]["job_id"])).fetchone()
+        return restart if announces else inc.opened_at
 
     def _housekeeping(self, now: float, jobs: list[Job]) -> None:
         """Passive incidents close once their evidence has aged out of every rule window, or once the job run they

@@ -26,6 +26,7 @@ from sigma.controller.loop import Controller
 from sigma.findings import Finding
 from sigma.simulate.faults import KINDS
 from sigma.simulate.slurm import KILL_WAIT_S, REQUEUE_BEGIN_S, SLURMD_TIMEOUT_S, SimJob, SimSlurm
+from sigma.simulate.timeline import Timelines, duration
 from sigma.simulate.trace import Outage
 from sigma.simulate.workload import JobSpec
 
@@ -69,6 +70,9 @@ class Result:
     incidents: dict = field(default_factory=dict)
     escalations: int = 0
     detect_s: list[float] = field(default_factory=list)  # fault -> the controller has what names the node
+    timelines: list[dict] = field(default_factory=list)  # the slowest faults, step by step
+    episodes: list = field(default_factory=list)  # every fault's Episode (sigma.simulate.timeline)
+    latent: int = 0  # faults seen only through a job that no job met before the end (on idle nodes)
     ticks: int = 0
     events: int = 0
 
@@ -103,6 +107,13 @@ class SimLog(DecisionLog):
         self.count += 1
         if what == "decision" or (what == "lifecycle" and fields.get("to_state") not in TERMINAL):
             self.next_step = True
+        tl = self.engine.tl
+        node = fields.get("node") or fields.get("target")
+        if node:
+            if what == "lifecycle":
+                tl.state(node, fields["to_state"], fields["to_state"] in TERMINAL)
+            if human:
+                tl.note(node, f"controller: {human}")
         if what == "waiting_for_admin":
             self.engine.ticket(fields["node"], f"manual:{fields['node']}")
         if self.engine.verbose and human:
@@ -124,10 +135,12 @@ class SimController(Controller):
 class Engine:
     def __init__(self, *, arm: str, names: list[str], outages: list[Outage], specs: list[JobSpec], start: float,
                  end: float, rng: np.random.Generator, params: Params, policy=None, log_events=None,
-                 db: str = ":memory:", verbose: bool = False):
+                 db: str = ":memory:", verbose: bool = False, timelines: int = 3):
         self.arm, self.names, self.start, self.end = arm, names, start, end
         self.rng, self.p, self.verbose = rng, params, verbose
         self.now = start
+        self.tl = Timelines(lambda: self.now)
+        self.timelines = timelines
         self.heap: list = []
         self.seq = 0
         self.dirty = False
@@ -187,6 +200,10 @@ class Engine:
             if j.state == "RUNNING" and j.validation_of is None:
                 self._end_run(j, "end of simulation")
         self.result.jobs = [j for j in self.slurm.job_map.values() if j.validation_of is None]
+        self.result.timelines = self.tl.slowest(self.timelines, self.end)
+        self.result.episodes = self.tl.all
+        self.result.latent = sum(1 for f in self.faults.values() if KINDS[f.kind].job_only and f.detected_at is None
+                                 and f.noticed_at is None)
         if self.ctrl is not None:
             from sigma.controller.report.metrics import automation, recycling
 
@@ -295,6 +312,7 @@ class Engine:
             s.set_node(n, state="allocated", alloc_cpus=s.node_map[n].cpus)
         self.changed()
         if j.validation_of is not None:
+            self.tl.note(j.validation_of, f"validation job {j.job_id} starts ({duration(self.p.validation_s)})")
             self.at(self.now + self.p.validation_s, self._validation_done, j, j.run)
             return
         run = {"start": self.now, "first_step": self.now + j.restart_s, "fault": None, "speed": 1.0,
@@ -309,27 +327,42 @@ class Engine:
         self.at(run["first_step"], self._first_step, j, j.run)
 
     def _first_step(self, j: SimJob, run: int) -> None:
-        """The trainer's first KPIs after a (re)start: a start event and a few steps (isolation verifies on them)."""
-        if self.ctrl is None or j.run != run or j.state != "RUNNING" or j.runs[-1]["fault"] is not None:
+        """The trainer's first KPIs after a (re)start: a start event and a few steps (isolation verifies on them);
+        on a node with a fault only a job shows (a hang, a slow part) the trainer starts, then hangs or crawls."""
+        if self.ctrl is None or j.run != run or j.state != "RUNNING":
+            return
+        faulted = j.runs[-1]["fault"] is not None
+        if faulted and not KINDS[j.runs[-1]["fault_kind"]].job_only:
             return
         conn, jid = self.ctrl.conn, json.dumps([j.job_id])
         with conn:
             conn.execute("INSERT INTO events (node, ts, source, kind, job_ids) VALUES (?,?,'kpi','start',?)",
                          (j.nodes[0], self.now, jid))
-            conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
-                             "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
-                                                     TOKENS_PER_S) for i in range(6)])
+            if not faulted:
+                conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
+                                 "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
+                                                         TOKENS_PER_S) for i in range(6)])
         self.at(self.now + 61.0, self.changed)  # isolation's verification reads these steps on a tick
+        self.at(self.now + self.ctrl.cfg.isolation.verify_after_s + 1.0, self.changed)  # ... or its deadline passes
 
     def _degrade(self, j: SimJob, f: Fault) -> None:
         run = j.runs[-1]
         kind = KINDS[f.kind]
+        if kind.speed >= 1.0:
+            return  # the job does not feel it (a fan or power supply alarm)
         if run["fault"] is None:
             run["fault"] = max(self.now, run["first_step"]) if kind.speed else self.now
             run["fault_kind"] = f.kind
         run["speed"] = min(run["speed"], kind.speed)
-        if kind.detect in ("watchdog", "isolation") and self.arm == "policy":
-            self.at(self.now + self._delay(kind), self._outcome, j, j.run, f)
+        if kind.job_only:
+            node = self.names[f.outage.node]
+            if self.now > f.start:
+                self.tl.note(node, f"job {j.job_id} starts on the node: the fault shows")
+            self.tl.shown(node)
+            if self.arm == "policy":  # the watchdog and isolation read the job's steps: none before its first
+                self.at(max(self.now, run["first_step"]) + self._delay(kind), self._outcome, j, j.run, f)
+            else:
+                self._notice(node, f)
 
     def _end_run(self, j: SimJob, why: str, completed: bool = False) -> None:
         run = j.runs[-1]
@@ -390,6 +423,7 @@ class Engine:
             return
         healthy = j.validation_of not in self.faults
         j.state = "COMPLETED" if healthy else "FAILED"
+        self.tl.note(j.validation_of, f"validation job {j.job_id} {'passes' if healthy else 'fails: the fault is still there'}")
         self._record(j, j.state, 0 if healthy else 1)
         self._free(j.nodes)
         j.nodes = ()
@@ -407,19 +441,30 @@ class Engine:
         node = self.names[o.node]
         n = self.slurm.node_map[node]
         self.result.faults += 1
+        what = f"{o.kind}{f' ({o.detail})' if o.detail else ''} [{o.origin}]"
         if node in self.faults or node in self.repairing or not n.responding:
             self.result.absorbed.append(o.origin)  # already down or under repair: one outage, counted
+            self.tl.note(node, f"another fault while out, counted with this outage: {what}")
             return
         f = self.faults[node] = Fault(o, o.kind, self.now)
         kind = KINDS[o.kind]
-        for j in list(self.slurm.live.values()):
-            if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
-                self._degrade(j, f)
+        on = [j for j in self.slurm.live.values() if j.state == "RUNNING" and node in j.nodes and j.validation_of is None]
+        self.tl.fault(node, o.kind, o.detail, o.origin, f"fault: {what}; "
+                      f"{'jobs ' + str([j.job_id for j in on]) + ' on the node' if on else 'the node is idle'}; "
+                      f"{'a reboot fixes it' if kind.reboot_fixes else 'hands-on repair: ' + duration(self._hands_on(f))}")
+        for j in on:
+            self._degrade(j, f)
         if kind.detect == "slurm":
             self.at(self.now + self._delay(kind), self._not_responding, node, f)
-        elif self.arm == "policy" and kind.detect == "log":
+        elif self.arm == "policy" and kind.detect in ("log", "health"):
             self.at(self.now + self._delay(kind), self._ingest, node, f)
-        if self.arm == "manual":
+        if kind.detect == "people" or (self.arm == "manual" and not kind.job_only):
+            self._notice(node, f)  # job-only faults: noticed once a job shows them (_degrade)
+
+    def _notice(self, node: str, f: Fault) -> None:
+        """A person will notice the fault after their delay (nothing Sigma reads shows a `people` fault, so they do
+        in both arms; in the manual arm they notice every fault)."""
+        if f.noticed_at is None:
             f.noticed_at = self.now + self._human()
             self.at(f.noticed_at, self.human_repair, node, f)
 
@@ -434,7 +479,8 @@ class Engine:
         return float(self.rng.lognormal(math.log(self.p.human_median_min * 60.0), self.p.human_sigma))
 
     def _ingest(self, node: str, f: Fault) -> None:
-        """The fault's log line, as the real sidecar turns it into an event, arrives in the controller database."""
+        """The fault's log line or health verdict, as the real sidecar turns it into an event, arrives in the
+        controller database."""
         if self.faults.get(node) is not f:
             return
         e = self.log_events[f.kind]
@@ -444,19 +490,20 @@ class Engine:
             self.ctrl.conn.execute("INSERT INTO events (node, ts, source, kind, severity, message, fields, job_ids)"
                                    " VALUES (?,?,?,?,?,?,?,?)", (node, f.start, e["source"], e["kind"], e["severity"],
                                                                  e["message"], fields, json.dumps(jobs)))
-        self._detected(f)
+        self._detected(node, f, f"the sidecar's {e['source']} event reaches the controller: {str(e['message'])[:80]}")
         self.changed()
 
-    def _detected(self, f: Fault) -> None:
+    def _detected(self, node: str, f: Fault, how: str) -> None:
         f.detected_at = self.now
         self.result.detect_s.append(self.now - f.start)
+        self.tl.detected(node, f"detected: {how}")
 
     def _not_responding(self, node: str, f: Fault) -> None:
         if self.faults.get(node) is not f:
             return
         self.slurm.add_flag(node, "NOT_RESPONDING")
         if self.arm == "policy":
-            self._detected(f)
+            self._detected(node, f, "SLURM flags the node NOT_RESPONDING")
         self.at(self.now + SLURMD_TIMEOUT_S - (self.now - f.start), self._slurmd_timeout, node, f)
         self.changed()
 
@@ -466,6 +513,7 @@ class Engine:
             return
         n = self.slurm.node_map[node]
         self.slurm.set_node(node, state="down", reason=n.reason or "Not responding")
+        self.tl.note(node, "SLURM sets the node DOWN (SlurmdTimeout)")
         self.node_down(node)
 
     def node_down(self, node: str) -> None:
@@ -498,7 +546,7 @@ class Engine:
                                                "watchdog-throughput-drop", "baseline": None if hang else
                                                TOKENS_PER_S}})
         self.pending_outcomes.setdefault(j.job_id, []).append((self.now, finding))
-        self._detected(f)
+        self._detected(node, f, f"{rule_id}: {summary}")
         self.changed()
 
     def outcomes_for(self, job, now: float) -> list[Finding]:
@@ -513,11 +561,15 @@ class Engine:
     def _reboot(self, node: str) -> None:
         self.slurm.drop_flag(node, "REBOOT_REQUESTED")
         self.slurm.add_flag(node, "REBOOT_ISSUED")
+        self.tl.note(node, f"reboot starts ({duration(self.p.reboot_s)})")
         self.at(self.now + self.p.reboot_s, self._booted, node)
 
     def _booted(self, node: str) -> None:
         f = self.faults.get(node)
-        if f is not None and KINDS[f.kind].reboot_fixes:
+        fixed = f is not None and KINDS[f.kind].reboot_fixes
+        self.tl.note(node, "rebooted: " + ("the fault is gone" if fixed else "no fault left" if f is None else
+                                           f"the fault is still there ({f.kind}: a reboot does not fix it)"))
+        if fixed:
             self._fixed(node, f)
         n = self.slurm.node_map[node]
         flags = tuple(x for x in n.flags if x not in ("REBOOT_ISSUED", "REBOOT_REQUESTED", "NOT_RESPONDING"))
@@ -538,10 +590,14 @@ class Engine:
         repair time and marked repaired (`sigma nodes --repaired`); an escalation is handled by hand."""
         if key.startswith("escalate:"):
             self.result.escalations += 1
+            self.tl.note(node, "escalated to people: they repair it by hand")
             self.at(self.now + self._human(), self.human_repair, node, self.faults.get(node))
             return
         f = self.faults.get(node)
-        self.at(self.now + self._repair_time(f), self._repaired, node, f)
+        took = self._repair_time(f)
+        self.tl.note(node, f"ticket to people: repaired in {duration(took)}"
+                           f"{' (the recorded repair)' if f is not None and not KINDS[f.kind].reboot_fixes else ''}")
+        self.at(self.now + took, self._repaired, node, f)
 
     def _repair_time(self, f: Fault | None) -> float:
         """A ticket's time to repaired: a reboot-fixable fault waits for someone, then a reboot; a hardware fault
@@ -561,6 +617,7 @@ class Engine:
         self.slurm.set_node(node, slurmd_start_time=int(self.now))
         try:
             self.ctrl.remediator.mark_repaired(node, by="admin")
+            self.tl.note(node, "people mark it repaired (sigma nodes --repaired)")
         except ValueError:
             lc = self.ctrl.remediator.get(node)
             if lc is not None and lc.state in ("drained", "waiting_jobs"):
@@ -576,17 +633,25 @@ class Engine:
         n = self.slurm.node_map[node]
         if not n.drained or n.drained_by_sigma:
             self.slurm.admin_drain(node, "admin: repair")
+        requeued = []
         for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes and j.validation_of is None:
                 self.requeue(j)
+                requeued.append(j.job_id)
         if f is not None:
             f.repair_start = self.now
-        self.at(self.now + self._hands_on(f), self._human_done, node, f)
+        took = self._hands_on(f)
+        if f is not None and f.detected_at is None:
+            self.tl.detected(node, "a person notices")
+        self.tl.note(node, f"a person drains it, requeues {requeued or 'no jobs'} and repairs it "
+                           f"({'a reboot' if took == self.p.reboot_s else 'hands-on'}: {duration(took)})")
+        self.at(self.now + took, self._human_done, node, f)
 
     def _human_done(self, node: str, f: Fault | None) -> None:
         if f is not None and self.faults.get(node) is f:
             self._fixed(node, f)
         self.repairing.discard(node)
+        self.tl.note(node, "the person resumes it")
         self.slurm.set_node(node, state="down" if node in self.faults else "idle")
         self.slurm.resume([node], force=True)
         self.result.recycle.append({"node": node, "detect_s": (f.noticed_at or self.now) - f.start if f else None,

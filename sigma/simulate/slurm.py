@@ -103,9 +103,11 @@ class SimSlurm:
 
     # ---------- node actions ----------
     def set_node(self, name: str, **changes) -> None:
-        self.node_map[name] = dataclasses.replace(self.node_map[name], **changes)
+        n = self.node_map[name] = dataclasses.replace(self.node_map[name], **changes)
         self._nodes_cache = None
         self.version += 1
+        if name in self.engine.tl.open:  # a fault's timeline runs until the node is back in service
+            self.engine.tl.service(name, n.available and name not in self.reserved)
 
     def add_flag(self, name: str, flag: str) -> None:
         self.set_node(name, flags=tuple(sorted(set(self.node_map[name].flags) | {flag})))
