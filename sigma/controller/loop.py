@@ -99,6 +99,7 @@ class Controller:
         self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
                                          " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
+        self._placed: tuple | None = None  # (where jobs run, node -> their job ids)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -228,11 +229,7 @@ class Controller:
         after them in the list)."""
         since = self.node_back.read()
         since_job = {int(job): ts for job, ts in self.job_requeued.read().items()}
-        running = [j for j in jobs if j.state in RUNNING_STATES]
-        jobs_on_node: dict[str, list[int]] = {}
-        for j in running:
-            for n in j.nodes:
-                jobs_on_node.setdefault(n, []).append(j.job_id)
+        running, jobs_on_node = self._placement(jobs)
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
                                          on_error=self._rule_failed)
@@ -276,6 +273,22 @@ class Controller:
                 self.healthy.update(now, running, findings, self.remediator.active)
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
+
+    def _placement(self, jobs: list[Job]) -> tuple[list[Job], dict[str, list[int]]]:
+        """The running jobs, and node -> their job ids rebuilt only when where jobs run changed: on a quiet tick
+        of a 1,000-node cluster building the mapping was a quarter of the tick."""
+        running = [j for j in jobs if j.state in RUNNING_STATES]
+        key = tuple((j.job_id, j.nodes) for j in running)
+        if self._placed is None or self._placed[0] != key:
+            jobs_on_node: dict[str, list[int]] = {}
+            for j in running:
+                for n in j.nodes:
+                    if n in jobs_on_node:
+                        jobs_on_node[n].append(j.job_id)
+                    else:
+                        jobs_on_node[n] = [j.job_id]
+            self._placed = (key, jobs_on_node)
+        return running, self._placed[1]
 
     def _not_responding(self, nodes: dict[str, Node], now: float) -> list[Finding]:
         """A node whose slurmd stopped answering (dead host, crashed daemon): SLURM would mark it DOWN after

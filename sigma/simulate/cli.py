@@ -52,7 +52,9 @@ def register(sub) -> None:
     p.add_argument("--plots", metavar="DIR", help="write utilisation.png and recovery.png there")
     p.add_argument("--db", default=":memory:", help="keep the simulated controller database here (sigma incidents "
                                                     "--db / sigma explain --db read it); default in memory")
-    p.add_argument("--fit", action="store_true", help="print the LANL fits (per system, pooled, held-out) and exit")
+    p.add_argument("--fit", action="store_true",
+                   help="print the LANL fits (per system, pooled, held-out) and exit; with --failures "
+                        "fault_trace.json also the model checked across fleets, both ways")
     p.add_argument("--verbose", action="store_true", help="print the controller's decision lines as they happen")
     p.set_defaults(func=run)
 
@@ -68,14 +70,32 @@ def lanl_path(arg: str | None) -> Path:
     return Path(data) / "lanl" / "failures-systems-2-10.csv"
 
 
+def fits(args: argparse.Namespace) -> dict:
+    """The LANL fits (per system, pooled, leave one system out) and, with a trace file in --failures, the model
+    checked across fleets both ways."""
+    from sigma.simulate import infinitehbd
+    from sigma.simulate.fit import across_fleets, fit_systems
+    from sigma.simulate.trace import BadRows, TraceError, read_lanl
+
+    bad = BadRows(skip=args.bad_rows == "skip")
+    systems = read_lanl(lanl_path(args.lanl), POOLED_SYSTEMS + [7], bad)
+    out = fit_systems(systems, POOLED_SYSTEMS)
+    if args.failures not in ("lanl",) and not args.failures.startswith(("lanl:", "replay:")):
+        if not infinitehbd.looks_like(args.failures):
+            raise TraceError(f"{args.failures}: --fit checks the model across fleets on InfiniteHBD's "
+                             f"fault_trace.json; a CSV trace is not read here")
+        other, _ = infinitehbd.read(args.failures, bad)
+        out["across_fleets"] = across_fleets(systems, POOLED_SYSTEMS, "infinitehbd", other)
+    if bad.skipped:
+        out["skipped_rows"] = bad.skipped
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from sigma.simulate.runner import simulate
 
     if args.fit:
-        from sigma.simulate.fit import fit_systems
-        from sigma.simulate.trace import read_lanl
-
-        print(json.dumps(fit_systems(read_lanl(lanl_path(args.lanl)), POOLED_SYSTEMS), indent=1))
+        print(json.dumps(fits(args), indent=1))
         return 0
     t0 = time.process_time()
     out = simulate(args)

@@ -126,10 +126,16 @@ class SimController(Controller):
     engine: "Engine"
 
     def _watch(self, job, now, rule_findings, since_job):
+        if job.job_id not in self.engine.pending_outcomes:
+            return []
         return self.engine.outcomes_for(job, now)
 
     def _snapshot(self, nodes, jobs, now):
         """Node snapshots feed `sigma report`'s utilisation; the simulation integrates utilisation exactly."""
+
+    def _newest_data(self, nodes):
+        """No node sends telemetry samples in the simulation: the answer the real query gives here, without it."""
+        return {}
 
 
 class Engine:
@@ -149,11 +155,12 @@ class Engine:
         self.faults: dict[str, Fault] = {}
         self.repairing: set[str] = set()  # nodes a person is repairing
         self.pending_outcomes: dict[int, list[tuple[float, Finding]]] = {}
+        self.verifying: set[int] = set()  # jobs isolation named a culprit in: their restarts are verified
         self.result = Result(arm, start, end, len(names))
         self._last_account = start
-        self._counted = (-1, 0, 0)  # (SimSlurm.version, available, allocated)
         self.user_jobs: list[SimJob] = []
-        self._training_nodes = 0
+        self._training = (-1, 0.0)  # (jobs' version, node-equivalents training): recounted only after a change
+        self._jobs_version = 0  # bumped when a job starts, reaches its first step, slows, or stops
         self.log_events = log_events or {}
         for o in outages:
             if start <= o.start < end:
@@ -179,6 +186,10 @@ class Engine:
 
     def changed(self) -> None:
         self.dirty = True
+
+    def due(self) -> None:
+        """A time SLURM's scheduler looks again (a BeginTime passes): the loop schedules after every event; the
+        controller ticks only if a job starts."""
 
     def run(self) -> Result:
         while self.heap and self.heap[0][0] <= self.end:
@@ -256,14 +267,12 @@ class Engine:
         dt = t - self._last_account
         if dt <= 0:
             return
-        if self._counted[0] != self.slurm.version:
-            reserved = self.slurm.reserved
-            nodes = [n for n in self.slurm.node_map.values() if n.name not in reserved]
-            self._counted = (self.slurm.version, sum(1 for n in nodes if n.available),
-                             sum(1 for n in nodes if n.alloc_cpus))
-        _, avail, alloc = self._counted
-        training = sum(len(j.nodes) * (j.runs[-1]["speed"] if j.runs[-1]["first_step"] <= self._last_account else 0)
-                       for j in self.user_jobs if j.state == "RUNNING")
+        avail, alloc = self.slurm.available, self.slurm.allocated
+        if self._training[0] != self._jobs_version:
+            self._training = (self._jobs_version, sum(
+                len(j.nodes) * (j.runs[-1]["speed"] if j.runs[-1]["first_step"] <= self._last_account else 0)
+                for j in self.user_jobs if j.state == "RUNNING"))
+        training = self._training[1]
         self.result.node_s["available"] += avail * dt
         self.result.node_s["allocated"] += alloc * dt
         series = self.result.series
@@ -282,13 +291,12 @@ class Engine:
         """SLURM's scheduler: pending jobs in submission order onto free, available nodes outside reservations;
         a validation job onto its node inside its reservation."""
         s = self.slurm
-        pending = [j for j in s.live.values() if j.state == "PENDING"]
+        pending = [j for j in s.live.values() if j.state == "PENDING" and j.begin_at <= self.now
+                   and j.reason in ("None", "BeginTime", "Priority", "Resources")]
         if not pending:
             return
-        free = [n for n in self.names if s.node_map[n].available and not s.node_map[n].alloc_cpus]
+        free = sorted(s.free)  # names sort as the nodes are numbered
         for j in pending:
-            if j.begin_at > self.now or j.reason not in ("None", "BeginTime", "Priority", "Resources"):
-                continue
             if j.validation_of is not None:
                 node = j.validation_of
                 if node in free and s.reserved.get(node) == j.reservation:
@@ -301,13 +309,16 @@ class Engine:
                 for n in chosen:
                     free.remove(n)
                 self._start(j, chosen)
-            else:
+            elif j.reason != "Resources":
                 j.reason = "Resources"
+                s.jobs_changed()
 
     def _start(self, j: SimJob, nodes: tuple[str, ...]) -> None:
         s = self.slurm
         j.state, j.reason, j.nodes, j.start_time = "RUNNING", "None", nodes, self.now
         j.run += 1
+        self._jobs_version += 1
+        s.jobs_changed()
         for n in nodes:
             s.set_node(n, state="allocated", alloc_cpus=s.node_map[n].cpus)
         self.changed()
@@ -329,6 +340,7 @@ class Engine:
     def _first_step(self, j: SimJob, run: int) -> None:
         """The trainer's first KPIs after a (re)start: a start event and a few steps (isolation verifies on them);
         on a node with a fault only a job shows (a hang, a slow part) the trainer starts, then hangs or crawls."""
+        self._jobs_version += 1  # training starts now
         if self.ctrl is None or j.run != run or j.state != "RUNNING":
             return
         faulted = j.runs[-1]["fault"] is not None
@@ -342,14 +354,16 @@ class Engine:
                 conn.executemany("INSERT INTO kpis (node, ts, job_id, rank, step, step_time_s, tokens_per_s) VALUES "
                                  "(?,?,?,0,?,10.0,?)", [(j.nodes[0], self.now + 10.0 * (i + 1), j.job_id, i + 1,
                                                          TOKENS_PER_S) for i in range(6)])
-        self.at(self.now + 61.0, self.changed)  # isolation's verification reads these steps on a tick
-        self.at(self.now + self.ctrl.cfg.isolation.verify_after_s + 1.0, self.changed)  # ... or its deadline passes
+        if j.job_id in self.verifying:  # isolation's verification reads these steps on a tick, or its deadline passes
+            self.at(self.now + 61.0, self.changed)
+            self.at(self.now + self.ctrl.cfg.isolation.verify_after_s + 1.0, self.changed)
 
     def _degrade(self, j: SimJob, f: Fault) -> None:
         run = j.runs[-1]
         kind = KINDS[f.kind]
         if kind.speed >= 1.0:
             return  # the job does not feel it (a fan or power supply alarm)
+        self._jobs_version += 1
         if run["fault"] is None:
             run["fault"] = max(self.now, run["first_step"]) if kind.speed else self.now
             run["fault_kind"] = f.kind
@@ -376,12 +390,15 @@ class Engine:
             kept = min(kept, j.work_s - j.saved_s)
         run.update(end=end, why=why, progress=progress, kept=kept)
         j.saved_s += kept
+        self._jobs_version += 1
 
     def _complete(self, j: SimJob, run: int) -> None:
         if j.run != run or j.state != "RUNNING" or j.runs[-1]["fault"] is not None:
             return
         self._end_run(j, "completed", completed=True)
         j.state, j.end_time = "COMPLETED", self.now
+        self.slurm.jobs_changed()
+        self.changed()
         self._free(j.nodes)
         j.nodes = ()
 
@@ -391,11 +408,12 @@ class Engine:
         self._end_run(j, "requeued")
         nodes = j.nodes
         j.state, j.reason, j.nodes = "PENDING", "JobHeldAdmin" if hold else "BeginTime", ()
+        self.slurm.jobs_changed()
         j.restarts += 1
         j.requeued_at = self.now
         j.begin_at = self.now + REQUEUE_BEGIN_S
         self.at(self.now + KILL_WAIT_S, self._free, nodes)
-        self.at(j.begin_at, self.changed)
+        self.at(j.begin_at, self.due)
         self.changed()
 
     def cancel(self, j: SimJob) -> None:
@@ -404,11 +422,14 @@ class Engine:
                 self._end_run(j, "cancelled")
             self._free(j.nodes)
         j.state, j.nodes = "CANCELLED", ()
+        self.slurm.jobs_changed()
         if j.validation_of is not None:
             self._record(j, "CANCELLED", 0)
         self.changed()
 
     def _free(self, nodes) -> None:
+        """Jobs' processes left these nodes. The controller ticks if one is out of service (it may be waiting for
+        the node to empty); the scheduler looks at the others after this event anyway."""
         s = self.slurm
         for n in nodes:
             busy = any(n in j.nodes and j.state == "RUNNING" for j in s.live.values())
@@ -416,13 +437,16 @@ class Engine:
                 s.set_node(n, alloc_cpus=0, state="down" if s.node_map[n].state == "down" else "idle")
                 if "REBOOT_REQUESTED" in s.node_map[n].flags:
                     self._reboot(n)
-        self.changed()
+            node = s.node_map[n]
+            if not node.available or n in s.reserved or node.flags:
+                self.changed()
 
     def _validation_done(self, j: SimJob, run: int) -> None:
         if j.run != run or j.state != "RUNNING":
             return
         healthy = j.validation_of not in self.faults
         j.state = "COMPLETED" if healthy else "FAILED"
+        self.slurm.jobs_changed()
         self.tl.note(j.validation_of, f"validation job {j.job_id} {'passes' if healthy else 'fails: the fault is still there'}")
         self._record(j, j.state, 0 if healthy else 1)
         self._free(j.nodes)
@@ -509,9 +533,9 @@ class Engine:
 
     def _slurmd_timeout(self, node: str, f: Fault) -> None:
         """SLURM sets the silent node DOWN and requeues what still runs there."""
-        if self.faults.get(node) is not f:
-            return
         n = self.slurm.node_map[node]
+        if self.faults.get(node) is not f or n.state == "down":
+            return  # repaired, or already DOWN (the controller's set_down): nothing left for SLURM to do
         self.slurm.set_node(node, state="down", reason=n.reason or "Not responding")
         self.tl.note(node, "SLURM sets the node DOWN (SlurmdTimeout)")
         self.node_down(node)
@@ -546,6 +570,7 @@ class Engine:
                                                "watchdog-throughput-drop", "baseline": None if hang else
                                                TOKENS_PER_S}})
         self.pending_outcomes.setdefault(j.job_id, []).append((self.now, finding))
+        self.verifying.add(j.job_id)
         self._detected(node, f, f"{rule_id}: {summary}")
         self.changed()
 
