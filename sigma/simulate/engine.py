@@ -52,6 +52,7 @@ class Fault:
     noticed_at: float | None = None  # manual arm: the person saw it
     repaired_at: float | None = None
     repair_start: float | None = None
+    due: float | None = None  # a fault that arrived while its node was out: its repair is done no sooner than this
 
 
 @dataclass
@@ -154,6 +155,7 @@ class Engine:
         self.slurm = SimSlurm(names, self)
         self.faults: dict[str, Fault] = {}
         self.repairing: set[str] = set()  # nodes a person is repairing
+        self.joined: dict[str, list[Outage]] = {}  # faults that arrived while their node was out (hands-on)
         self.pending_outcomes: dict[int, list[tuple[float, Finding]]] = {}
         self.verifying: set[int] = set()  # jobs isolation named a culprit in: their restarts are verified
         self.result = Result(arm, start, end, len(names))
@@ -321,7 +323,6 @@ class Engine:
         s.jobs_changed()
         for n in nodes:
             s.set_node(n, state="allocated", alloc_cpus=s.node_map[n].cpus)
-        self.changed()
         if j.validation_of is not None:
             self.tl.note(j.validation_of, f"validation job {j.job_id} starts ({duration(self.p.validation_s)})")
             self.at(self.now + self.p.validation_s, self._validation_done, j, j.run)
@@ -432,11 +433,11 @@ class Engine:
         the node to empty); the scheduler looks at the others after this event anyway."""
         s = self.slurm
         for n in nodes:
-            busy = any(n in j.nodes and j.state == "RUNNING" for j in s.live.values())
-            if not busy:
-                s.set_node(n, alloc_cpus=0, state="down" if s.node_map[n].state == "down" else "idle")
-                if "REBOOT_REQUESTED" in s.node_map[n].flags:
-                    self._reboot(n)
+            if not s.node_map[n].alloc_cpus or any(n in j.nodes and j.state == "RUNNING" for j in s.live.values()):
+                continue  # freed already (set DOWN), or another job runs there
+            s.set_node(n, alloc_cpus=0, state="down" if s.node_map[n].state == "down" else "idle")
+            if "REBOOT_REQUESTED" in s.node_map[n].flags:
+                self._reboot(n)
             node = s.node_map[n]
             if not node.available or n in s.reserved or node.flags:
                 self.changed()
@@ -467,15 +468,23 @@ class Engine:
         self.result.faults += 1
         what = f"{o.kind}{f' ({o.detail})' if o.detail else ''} [{o.origin}]"
         if node in self.faults or node in self.repairing or not n.responding:
-            self.result.absorbed.append(o.origin)  # already down or under repair: one outage, counted
-            self.tl.note(node, f"another fault while out, counted with this outage: {what}")
+            # already down or under repair: one outage, which a fault needing hands lengthens if its own repair
+            # ends later (the people at the node fix both; neither arm loses the second fault's repair)
+            self.result.absorbed.append(o.origin)
+            hands = not KINDS[o.kind].reboot_fixes and o.end is not None
+            if hands:
+                self.joined.setdefault(node, []).append(o)
+                self.tl.hands_on(node, o.end)
+            self.tl.note(node, f"another fault on the node before it is repaired, joins this outage: {what}"
+                               f"{'; its repair ends ' + duration(o.end - self.now) + ' from now' if hands else ''}")
             return
         f = self.faults[node] = Fault(o, o.kind, self.now)
         kind = KINDS[o.kind]
         on = [j for j in self.slurm.live.values() if j.state == "RUNNING" and node in j.nodes and j.validation_of is None]
         self.tl.fault(node, o.kind, o.detail, o.origin, f"fault: {what}; "
                       f"{'jobs ' + str([j.job_id for j in on]) + ' on the node' if on else 'the node is idle'}; "
-                      f"{'a reboot fixes it' if kind.reboot_fixes else 'hands-on repair: ' + duration(self._hands_on(f))}")
+                      f"{'a reboot fixes it' if kind.reboot_fixes else 'hands-on repair: ' + duration(self._hands_on(f))}",
+                      0.0 if kind.reboot_fixes else self._hands_on(f))
         for j in on:
             self._degrade(j, f)
         if kind.detect == "slurm":
@@ -598,17 +607,31 @@ class Engine:
             self._fixed(node, f)
         n = self.slurm.node_map[node]
         flags = tuple(x for x in n.flags if x not in ("REBOOT_ISSUED", "REBOOT_REQUESTED", "NOT_RESPONDING"))
-        if f is not None and f is self.faults.get(node) and f.kind == "node-death":
+        left = self.faults.get(node)
+        if left is not None and left.kind == "node-death":
             flags += ("NOT_RESPONDING",)  # a dead host does not come back from a reboot
         self.slurm.set_node(node, state="down", flags=tuple(sorted(set(flags) | {"DRAIN"})),
                             slurmd_start_time=int(self.now), boot_time=int(self.now))
         self.at(self.now + REBOOT_SETTLE_S + 0.5, self.changed)
         self.changed()
 
-    def _fixed(self, node: str, f: Fault) -> None:
+    def _fixed(self, node: str, f: Fault) -> Fault | None:
+        """The fault is repaired; a fault that joined the outage and is not repaired yet is now the node's
+        (returned: the people at the node go on with it)."""
         f.repaired_at = self.now
         self.faults.pop(node, None)
         self.slurm.drop_flag(node, "NOT_RESPONDING")
+        left = [o for o in self.joined.pop(node, []) if o.end > self.now]
+        if not left:
+            return None
+        o = max(left, key=lambda o: o.end)
+        nf = self.faults[node] = Fault(o, o.kind, o.start, detected_at=f.detected_at, noticed_at=f.noticed_at,
+                                       due=o.end)
+        if o.kind == "node-death":
+            self.slurm.add_flag(node, "NOT_RESPONDING")
+        self.tl.note(node, f"still faulty: the fault that joined ({o.kind} [{o.origin}]) is repaired in "
+                           f"{duration(o.end - self.now)}")
+        return nf
 
     def ticket(self, node: str, key: str) -> None:
         """A ticket or a manual playbook reaches the people: a remediation one is repaired after the fault's
@@ -634,11 +657,16 @@ class Engine:
     def _hands_on(self, f: Fault | None) -> float:
         if f is None or KINDS[f.kind].reboot_fixes or not f.outage.repair_s:
             return self.p.reboot_s
+        if f.due is not None:  # joined an outage: repaired by its own recorded end
+            return max(60.0, f.due - self.now)
         return f.outage.repair_s
 
     def _repaired(self, node: str, f: Fault | None) -> None:
         if f is not None and self.faults.get(node) is f:
-            self._fixed(node, f)
+            left = self._fixed(node, f)
+            if left is not None:  # the people go on with the fault that joined before they call it repaired
+                self.at(self.now + self._hands_on(left), self._repaired, node, left)
+                return
         self.slurm.set_node(node, slurmd_start_time=int(self.now))
         try:
             self.ctrl.remediator.mark_repaired(node, by="admin")
@@ -666,15 +694,24 @@ class Engine:
         if f is not None:
             f.repair_start = self.now
         took = self._hands_on(f)
+        kind = KINDS[f.kind] if f is not None else None
+        first = kind is not None and kind.tried_first and not kind.reboot_fixes
+        if first:  # they do what the symptom says first, as the policy does: a reboot that does not fix it
+            took += self.p.reboot_s
         if f is not None and f.detected_at is None:
             self.tl.detected(node, "a person notices")
         self.tl.note(node, f"a person drains it, requeues {requeued or 'no jobs'} and repairs it "
-                           f"({'a reboot' if took == self.p.reboot_s else 'hands-on'}: {duration(took)})")
+                           f"({'a reboot' if took == self.p.reboot_s else 'hands-on'}"
+                           f"{' after a reboot that did not fix it' if first else ''}: {duration(took)})")
         self.at(self.now + took, self._human_done, node, f)
 
     def _human_done(self, node: str, f: Fault | None) -> None:
         if f is not None and self.faults.get(node) is f:
-            self._fixed(node, f)
+            left = self._fixed(node, f)
+            if left is not None:  # a fault that joined the outage: the person goes on with it
+                left.repair_start = f.repair_start
+                self.at(self.now + self._hands_on(left), self._human_done, node, left)
+                return
         self.repairing.discard(node)
         self.tl.note(node, "the person resumes it")
         self.slurm.set_node(node, state="down" if node in self.faults else "idle")

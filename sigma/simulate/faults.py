@@ -31,6 +31,12 @@ class Kind:
     reboot_fixes: bool  # a reboot repairs it; otherwise hands-on repair (repair time from the model or trace)
     speed: float = 0.0  # how fast a job on the node still trains (a straggler slows it, the rest stop it)
     what: str = ""  # the fault, in a few words (docs, --help)
+    reboot_first: bool | None = None  # what its symptom's published guidance says to try first (a person reads
+    # the same Xid as the policy: NVIDIA says reset for Xid 48/64 before a GPU is replaced); default reboot_fixes
+
+    @property
+    def tried_first(self) -> bool:
+        return self.reboot_fixes if self.reboot_first is None else self.reboot_first
 
     @property
     def job_only(self) -> bool:
@@ -40,8 +46,8 @@ class Kind:
 
 KINDS = {k.name: k for k in (
     Kind("xid", "log", "gpu-xid-79", LOG_DELAY_S, True, what="GPU fell off the bus: a reboot brings it back"),
-    Kind("gpu-memory", "log", "gpu-xid-repair", LOG_DELAY_S, False,
-         what="GPU memory past its retirement limit (Xid 64): the GPU is replaced"),
+    Kind("gpu-memory", "log", "gpu-xid-repair", LOG_DELAY_S, False, reboot_first=True,
+         what="GPU memory past its retirement limit (Xid 64): reset first, as NVIDIA says; then a new GPU"),
     Kind("software", "log", "kernel-hung-task", LOG_DELAY_S, True, what="kernel or driver hang: a reboot clears it"),
     Kind("memory", "log", "memory-uncorrectable", LOG_DELAY_S, False, what="host DIMM: replaced"),
     Kind("cpu", "log", "cpu-machine-check", LOG_DELAY_S, False, what="CPU or board machine check: hands-on"),

@@ -56,6 +56,9 @@ def figures(r: Result) -> dict:
         "node_recycle_s": stages,
         # the same measure in both arms, from each fault's timeline: every fault that took its node out of service
         "fault_out_of_service_s": _stats([e.out_s(r.end) for e in r.episodes if e.out_at is not None]),
+        # ... less the repair by hand the fault needed (its recorded time): what detection, triage, reboots,
+        # tickets and validation added, the part automation can change
+        "fault_overhead_s": _stats([e.overhead_s(r.end) for e in r.episodes if e.back_at is not None]),
         "fault_detect_s": _stats([e.detect_s for e in r.episodes]),
         "fault_latent_s": _stats([e.shown_at - e.start for e in r.episodes if e.shown_at is not None]),
         "automation": r.automation or {"automatic": 0, "manual": len(r.recycle), "ratio": 0.0 if r.recycle else None},

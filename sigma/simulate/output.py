@@ -31,6 +31,8 @@ def rows(out: dict) -> list[tuple[str, list[str]]]:
         ("fault detected, p99 (s)", stat("fault_detect_s", "p99")),
         ("fault -> back in service, median (s)", stat("fault_out_of_service_s")),
         ("fault -> back in service, p99 (s)", stat("fault_out_of_service_s", "p99")),
+        ("  beyond the repair by hand, median (s)", stat("fault_overhead_s")),
+        ("  beyond the repair by hand, p99 (s)", stat("fault_overhead_s", "p99")),
     ]
     for stage in ("detect", "triage", "repair", "validate", "total"):
         table.append((f"node recycle: {stage}, median (s)", get(lambda a: _fmt(a["node_recycle_s"][stage].get("median")))))

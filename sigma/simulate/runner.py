@@ -46,8 +46,9 @@ def simulate(args) -> dict:
                      "recovery": [b["first_step"] - a["fault"] for j in result.jobs for a, b in zip(j.runs, j.runs[1:])
                                   if a.get("fault") is not None]}
         if result.absorbed:
-            notes.append(f"{arm}: {len(result.absorbed)} faults hit a node already out of service (counted once "
-                         f"with its outage): {', '.join(result.absorbed[:3])}{' ...' if len(result.absorbed) > 3 else ''}")
+            notes.append(f"{arm}: {len(result.absorbed)} faults hit a node already out of service (they joined its "
+                         f"outage, lengthened by a repair by hand that ends later): {', '.join(result.absorbed[:3])}"
+                         f"{' ...' if len(result.absorbed) > 3 else ''}")
     return {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "accelerators": args.nodes * args.gpus_per_node,
             "days": args.days, "start": _iso(start), "seed": args.seed, "failures": args.failures,
             "outages_in_period": sum(1 for o in outages if start <= o.start < end), "model": model,

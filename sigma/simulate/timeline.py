@@ -15,6 +15,7 @@ class Episode:
     detail: str
     origin: str
     start: float
+    hands_on_until: float = 0.0  # when the repairs by hand of its faults end, as recorded (start: none needed)
     events: list[tuple[float, str]] = field(default_factory=list)
     out_at: float | None = None  # the node left service (drained, down or reserved)
     back_at: float | None = None  # ... and came back
@@ -22,6 +23,12 @@ class Episode:
     shown_at: float | None = None  # a fault only a job shows: when a job first met it (idle until then)
     states: dict[str, float] = field(default_factory=dict)  # seconds in each remediation state
     _state: tuple[str, float] | None = None
+
+    def overhead_s(self, end: float) -> float:
+        """Out of service beyond the repair by hand its faults needed (as recorded): what detection, triage,
+        reboots, tickets and validation added, the part automation can change."""
+        return (self.back_at if self.back_at is not None else end) - max(self.hands_on_until,
+                                                                          self.shown_at or self.start)
 
     def out_s(self, end: float) -> float:
         """Fault until back in service (the end of the run if it never came back), from when it could first be
@@ -53,13 +60,14 @@ class Timelines:
         self.all: list[Episode] = []
         self._closed: dict[str, Episode] = {}  # node -> its episode that ended this instant (its last notes)
 
-    def fault(self, node: str, kind: str, detail: str, origin: str, text: str) -> Episode:
+    def fault(self, node: str, kind: str, detail: str, origin: str, text: str, hands_on_s: float = 0.0) -> Episode:
         """A fault starts an episode, or joins the one under way (the node not yet back from an earlier fault)."""
         ep = self.open.get(node)
         if ep is not None:
             ep.events.append((self.clock(), f"another fault before it is back in service: {text}"))
+            self.hands_on(node, self.clock() + hands_on_s)
             return ep
-        ep = Episode(node, kind, detail, origin, self.clock())
+        ep = Episode(node, kind, detail, origin, self.clock(), self.clock() + hands_on_s)
         self.open[node] = ep
         self.all.append(ep)
         ep.events.append((ep.start, text))
@@ -70,10 +78,16 @@ class Timelines:
         if ep is not None and (ep.back_at is None or ep.back_at == self.clock()):
             ep.events.append((self.clock(), text))
 
+    def hands_on(self, node: str, until: float) -> None:
+        ep = self.open.get(node)
+        if ep is not None:
+            ep.hands_on_until = max(ep.hands_on_until, until)
+
     def shown(self, node: str) -> None:
         ep = self.open.get(node)
         if ep is not None and ep.shown_at is None:
             ep.shown_at = self.clock()
+            ep.hands_on_until += ep.shown_at - ep.start  # nobody could start the repair before
 
     def detected(self, node: str, text: str) -> None:
         ep = self.open.get(node)
