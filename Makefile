@@ -7,7 +7,7 @@ TEST_PACKAGES := chromium postgresql  # headless browser the HTML report test re
 BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test soak soak-full unit integration demo bench clean cluster-down
+.PHONY: install system-packages test soak soak-full unit integration demo bench gpu-check clean cluster-down
 
 install: system-packages $(VENV)/.installed
 
@@ -55,6 +55,11 @@ bench: install
 	@failed=""; for b in bench/*.py; do echo "== $$b"; \
 	  SIGMA_DATA=$(SIGMA_DATA) $(VENV)/bin/python $$b || failed="$$failed $$b"; done; \
 	if [ -n "$$failed" ]; then echo "benches that failed:$$failed"; exit 1; fi
+
+# every GPU path (trainer bf16 + MFU, MoE layer vs HF, JIT checkpoint, NVML, health checks, numerics) in at most
+# 8 minutes, one report in gpu-check/; on a machine without a GPU it lists each part as skipped, in seconds
+gpu-check: install
+	$(VENV)/bin/python bench/gpu_check.py --out gpu-check
 
 cluster-down:
 	$(VENV)/bin/sigma cluster down

@@ -10,6 +10,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["sigma", "sigma.*"]),
     include_package_data=True,
+    package_data={"sigma.telemetry": ["months.json"]},  # month names of every locale (logformats)
     install_requires=[
         "PyYAML>=6.0,<7",
         "numpy>=1.26,<3",

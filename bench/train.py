@@ -142,7 +142,9 @@ def layer_variants(args, ours: MoELayer, device: torch.device, bf16: bool) -> di
     return variants
 
 
-def bench_layers(args, device: torch.device) -> None:
+def bench_layers(args, device: torch.device) -> list[dict]:
+    """Print the layer table; return its rows (bench/gpu_check.py keeps them in its report)."""
+    rows = []
     print(f"\nMoE layer forward+backward, {args.tokens} tokens, {torch.get_num_threads()} threads, device {device}, "
           f"best of {args.rounds} interleaved rounds ({args.clock} clock); bf16 = autocast over fp32 master weights, "
           "as training runs")
@@ -161,9 +163,17 @@ def bench_layers(args, device: torch.device) -> None:
             x32 = torch.randn(1, args.tokens, dim, device=device)
             inputs = {dt: x32.to(dt).requires_grad_() for dt in (torch.float32, torch.bfloat16)}
             grad = torch.randn_like(x32)
+            for name, (fn, dt, amp) in list(variants.items()):  # warm-up
+                try:
+                    time_fwd_bwd(fn, inputs[dt], grad, amp)
+                except (RuntimeError, NotImplementedError, ValueError) as exc:
+                    if name == "ours":
+                        raise
+                    print(f"  ({name} skipped: it fails on {device}: {str(exc).splitlines()[0][:160]})")
+                    rows.append({"shape": label, "dtype": "bf16" if bf16 else "fp32", "variant": name,
+                                 "error": str(exc).splitlines()[0][:300]})
+                    del variants[name]
             times: dict[str, list[float]] = {name: [] for name in variants}
-            for name, (fn, dt, amp) in variants.items():  # warm-up
-                time_fwd_bwd(fn, inputs[dt], grad, amp)
             for _ in range(args.rounds):
                 for name, (fn, dt, amp) in variants.items():
                     times[name].append(time_fwd_bwd(fn, inputs[dt], grad, amp))
@@ -173,8 +183,12 @@ def bench_layers(args, device: torch.device) -> None:
             for name in variants:
                 ratio = f"{rate['ours'] / rate[name]:9.2f}x" if name != "ours" else ""
                 print(f"{label:34} {dtype:5} {name:26} {rate[name]:10.0f} {ratio:>10}")
+                rows.append({"shape": label, "dtype": dtype, "variant": name, "tokens_per_s": round(rate[name])})
             print(f"{label:34} {dtype:5} -> strongest baseline {strongest}: ours is "
                   f"{rate['ours'] / rate[strongest]:.2f}x", flush=True)
+            rows.append({"shape": label, "dtype": dtype, "strongest": strongest,
+                         "ours_vs_strongest": round(rate["ours"] / rate[strongest], 3)})
+    return rows
 
 
 def bench_models(args, device: torch.device) -> None:

@@ -13,11 +13,20 @@ class Answer:
     sql: str = ""
     params: list | dict = field(default_factory=list)
     tier: str = ""            # fast | llm | none
-    intent: str = ""          # the fast tier's intent, or "sql" for the LLM tier
-    clarify: bool = False     # the answer is a question back (missing or unknown node/job)
+    intent: str = ""          # the fast tier's entity, or "sql" for the LLM tier
+    status: str = "fact"      # fact: every part understood and answered | model: a language model's query, shown
+    #                           as such | partial: some words not understood (no table) | clarify: a question back
+    #                           | cannot: nothing the data can answer
+    understood: str = ""      # how the question was read, in slots
+    not_understood: list[str] = field(default_factory=list)
+    units: dict[str, str] = field(default_factory=dict)   # column -> s, time, %, bytes, ...
     truncated: bool = False   # more rows than the row limit
     latency_s: float = 0.0
     attempts: int = 0         # LLM tier: queries tried (repairs included)
+
+    @property
+    def clarify(self) -> bool:
+        return self.status == "clarify"
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -20,6 +20,7 @@ def ask_route(db_path: str, ingest):
     from sigma.companion.ask import ask
     from sigma.companion.llm import LLMConfig, LLMTier
     from sigma.companion.safe_sql import open_readonly
+    from sigma.companion.say import site_tz
 
     def handle(req):
         refused = ingest.verify(req.context, req.body, req.peer)
@@ -35,7 +36,7 @@ def ask_route(db_path: str, ingest):
         cfg = LLMConfig.from_env() if data.get("llm", True) else None
         conn = open_readonly(db_path)
         try:
-            answer = ask(conn, question, llm=LLMTier(cfg) if cfg else None)
+            answer = ask(conn, question, llm=LLMTier(cfg) if cfg else None, tz=site_tz())
         finally:
             conn.close()
         return json_response(200, {"ok": True, "asked_by": req.context.node, **answer.to_json()})

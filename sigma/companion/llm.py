@@ -95,13 +95,16 @@ class LLMTier:
         except (AttributeError, IndexError, TypeError):
             raise LLMError(f"LLM endpoint {self.cfg.base_url} sent a reply with no message") from None
 
-    def answer(self, conn: sqlite3.Connection, question: str, *, now: float | None = None) -> Answer:
+    def answer(self, conn: sqlite3.Connection, question: str, *, now: float | None = None,
+               understood: str = "") -> Answer:
+        """The model's answer; `understood` is what the fast tier made of the question (a hint, may be empty)."""
         now = time.time() if now is None else now
         messages = [{"role": "system", "content": SYSTEM.format(now=now, schema=schema_document())}]
         for q, sql in FEW_SHOT:
             messages += [{"role": "user", "content": q},
                          {"role": "assistant", "content": f"```sql\n{sql.format(now=f'{now:.0f}')}\n```"}]
-        messages.append({"role": "user", "content": question})
+        messages.append({"role": "user", "content": question + (
+            f"\n(A parser without a model read parts of it as: {understood})" if understood else "")})
         error = ""
         for attempt in range(1, self.cfg.max_attempts + 1):
             reply = self._chat(messages)
@@ -118,10 +121,11 @@ class LLMTier:
             raise LLMError(f"no runnable query after {self.cfg.max_attempts} attempts; last error: {error}")
         if result.columns == ["answer"] and result.rows and str(result.rows[0][0]).startswith("cannot answer"):
             return Answer(text=str(result.rows[0][0]).capitalize() + ".", sql=sql, tier="llm", intent="sql",
-                          attempts=attempt)
+                          status="cannot", attempts=attempt)
         shown = json.dumps([list(r) for r in result.rows[:20]], default=str)
         text = self._chat([{"role": "user", "content": ANSWER.format(
             question=question, columns=result.columns, rows=shown, n=len(result.rows))}]).strip()
-        return Answer(text=text or "(the model gave no summary; see the table)", columns=result.columns,
-                      rows=result.rows, sql=sql, tier="llm", intent="sql", truncated=result.truncated,
+        return Answer(text="Language model's answer (its query is below, check it): "
+                           + (text or "(no summary; see the table)"), columns=result.columns, rows=result.rows,
+                      sql=sql, tier="llm", intent="sql", status="model", truncated=result.truncated,
                       attempts=attempt)

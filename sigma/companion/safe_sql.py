@@ -22,7 +22,7 @@ from sqlglot import exp
 # (`batches`, `detector_state`) say nothing a question needs.
 ALLOWED_TABLES = frozenset({
     "incidents", "actions", "node_lifecycle", "lifecycle_transitions", "node_snapshots",
-    "events", "kpis", "samples"})
+    "events", "kpis", "samples", "checkpoint_requests", "job_losses"})
 
 # Table-valued functions a query may read from (json_each(job_ids) lists a sample's jobs).
 TABLE_FUNCTIONS = frozenset({"json_each", "json_tree"})

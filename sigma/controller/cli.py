@@ -28,8 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = common(csub.add_parser("run", help="run the controller (ingest + detection + remediation + /metrics)"))
     run.add_argument("--once", action="store_true", help="one tick, then exit (no HTTP server)")
     run.set_defaults(func=_run)
-    rules = common(csub.add_parser("rules", help="load and list the failure-signature rules (validates them)"))
+    rules = common(csub.add_parser(
+        "rules", help="load and list the failure-signature rules (validates them)",
+        description="Every rule with its effective action and where that action comes from: the shipped rule file "
+                    "or the site's override (rule_overrides, default /etc/sigma/rules.d)."))
     rules.add_argument("--rules", default=None, help="rules directory or file (default: the config's)")
+    rules.add_argument("--overrides", default=None, help="site overrides directory or file (default: the config's "
+                                                         "rule_overrides)")
     rules.add_argument("--check", action="store_true",
                        help="only validate (the rules, the playbooks, and rule ids the policy or playbooks name): "
                             "report every problem, exit 1 on any (or on an empty knowledge base)")
@@ -57,9 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     explain = common(sub.add_parser(
         "explain", help="why an incident happened and every action it caused",
-        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores), the full "
-                    "drain reason, every journaled action and the node's remediation steps, with times."))
-    explain.add_argument("incident", type=int, help="incident id (see sigma incidents)")
+        description="The whole story of one incident: its evidence (log lines, KPIs, isolation scores, the culprit "
+                    "rank or host a job's line names), the full drain reason, every journaled action and the node's "
+                    "remediation steps, with times, and the lines on that node that read like faults but were not "
+                    "acted on because their writer was not established. --node NODE shows those lines for a node "
+                    "without an incident (why was this line not acted on?)."))
+    explain.add_argument("incident", type=int, nargs="?", help="incident id (see sigma incidents)")
+    explain.add_argument("--node", help="without an incident: the node's log lines that were not acted on")
+    explain.add_argument("--since", help="with --node: since (default 24h)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
@@ -156,10 +166,12 @@ def _rules(args) -> int:
 
     cfg = _config(args)
     location = resolve(args.rules or cfg.rules)
+    overrides = args.overrides if args.overrides is not None else cfg.rule_overrides
+    overrides = resolve(overrides) if overrides else None
     if args.check:
         errors: list[ConfigError] = []
         try:
-            rules = load_rules(location, errors)
+            rules = load_rules(location, errors, overrides=overrides)
         except ConfigError as exc:  # no files at all: nothing else to report
             rules, errors = [], [exc]
         if rules:  # the policy's and the playbooks' references to rule ids
@@ -176,7 +188,7 @@ def _rules(args) -> int:
             print(f"error: {exc}")
         print(f"{location}: {len(rules)} valid rules, {len(errors)} problem(s)")
         return 1 if errors else 0
-    rules = load_rules(location)
+    rules = load_rules(location, overrides=overrides)
     disabled = _disabled_rules(cfg.db)
     rows = []
     for r in rules:
@@ -185,16 +197,21 @@ def _rules(args) -> int:
                   else "disabled" if not r.enabled else "ok")
         rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
                      "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
-                     "description": r.description, "status": status})
+                     "action_from": f"override {r.overridden}" if r.overridden else r.origin.split(" [")[0],
+                     "shipped_action": r.shipped_action or r.action, "description": r.description, "status": status})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"{len(rules)} rules")
-    for col in ("id", "v", "scope", "match", "severity", "action", "description", "status"):
+    n_over = sum(1 for r in rules if r.overridden)
+    table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else ""))
+    for col in ("id", "v", "scope", "match", "severity", "action", "action from", "description", "status"):
         table.add_column(col)
     for row in rows:
-        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"],
-                      row["action"] + (" (shadow)" if row["shadow"] else ""), row["description"], row["status"])
+        action = row["action"] + (" (shadow)" if row["shadow"] else "")
+        if row["shipped_action"] != row["action"]:
+            action += f" (shipped: {row['shipped_action']})"
+        table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"], action,
+                      row["action_from"], row["description"], row["status"])
     _console().print(table)
     return 0
 
@@ -296,7 +313,11 @@ def _explain(args) -> int:
     from sigma.controller.act.incidents import Incidents
     from sigma.slurm.client import sigma_reason
 
+    if (args.incident is None) == (args.node is None):
+        raise CommandError("give an incident id, or --node NODE for the lines a node did not act on")
     conn = _conn(args)
+    if args.incident is None:
+        return _explain_node(conn, args)
     inc = Incidents(conn).get(args.incident)
     if inc is None:
         raise CommandError(f"no incident {args.incident}")
@@ -304,9 +325,11 @@ def _explain(args) -> int:
     moves = [dict(r) for r in conn.execute("SELECT * FROM lifecycle_transitions WHERE incident_id = ? ORDER BY id",
                                            (inc.id,))]
     costs = [dict(r) for r in conn.execute("SELECT * FROM job_losses WHERE incident_id = ?", (inc.id,))]
+    unattributed = _unattributed(conn, inc.node, inc.fault_ts - 3600.0, max(inc.updated_at, inc.opened_at) + 600.0) \
+        if inc.node else []
     if args.json:
-        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs},
-                         indent=2, default=str))
+        print(json.dumps({"incident": inc.__dict__, "actions": acts, "lifecycle": moves, "job_losses": costs,
+                          "unattributed": unattributed}, indent=2, default=str))
         return 0
     c = _console()
     target = " ".join(x for x in (inc.node or "", f"job {inc.job_id}" if inc.job_id else "") if x)
@@ -319,7 +342,11 @@ def _explain(args) -> int:
     if ev.get("events"):
         c.print("  evidence (events):")
         for e in ev["events"][-5:]:
-            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}")
+            c.print(f"    {_ts(e.get('ts'))} {e.get('node')} {e.get('source')}/{e.get('kind')}: {e.get('message')}",
+                    markup=False, highlight=False)  # log text: its brackets are not rich markup
+            culprit = _culprit(e.get("fields") or {})
+            if culprit:
+                c.print(f"      named in the line: {culprit}", markup=False, highlight=False)
     if ev.get("isolation"):
         iso = ev["isolation"]
         c.print(f"  isolation: {iso.get('reason')}; ranked: "
@@ -337,6 +364,8 @@ def _explain(args) -> int:
                 f"{cost['time_lost_s']:.1f}s", highlight=False)
     if inc.job_id and inc.category in ("performance", "isolation", "noise"):
         _explain_noise(conn, inc, c)
+    if unattributed:
+        _print_unattributed(c, unattributed, f"on {inc.node} around the incident")
     if acts:
         table = Table(title="actions (journal)")
         for col in ("planned", "kind", "target", "state", "result"):
@@ -351,6 +380,55 @@ def _explain(args) -> int:
         for m in moves:
             table.add_row(_ts(m["ts"]), m["from_state"] or "", m["to_state"], m["note"])
         c.print(table)
+    return 0
+
+
+CULPRIT_FIELDS = (("rank", "rank"), ("host", "host"), ("device", "device"), ("peer", "peer"),
+                  ("peer_rank", "peer rank"), ("process", "process"), ("pid", "pid"), ("gpu_instance", "MIG instance"))
+
+
+def _culprit(fields: dict) -> str:
+    """Who a log line names: the rank, host and peer of a job's line, the process or MIG instance of an Xid."""
+    return ", ".join(f"{label} {fields[key]}" for key, label in CULPRIT_FIELDS if key in fields)
+
+
+def _unattributed(conn, node: str, since: float, until: float, limit: int = 20) -> list[dict]:
+    """Lines on the node that a pattern matched but that were not acted on: their writer was not established."""
+    rows = conn.execute("SELECT ts, message, fields FROM events WHERE node = ? AND source = 'sidecar' AND "
+                        "kind = 'log_unattributed' AND ts >= ? AND ts <= ? ORDER BY ts DESC LIMIT ?",
+                        (node, since, until, limit)).fetchall()
+    return [{"ts": r[0], "line": r[1], **{k: v for k, v in json.loads(r[2] or "{}").items()
+                                         if k in ("reason", "pattern", "source", "suppressed")}}
+            for r in reversed(rows)]
+
+
+def _print_unattributed(c, rows: list[dict], where: str = "") -> None:
+    c.print(f"  not acted on{' ' + where if where else ''} (the writer of each line was not established):")
+    for r in rows:
+        if "suppressed" in r:
+            c.print(f"    {_ts(r['ts'])} {r['suppressed']} more such lines, counted only", highlight=False)
+        else:
+            c.print(f"    {_ts(r['ts'])} [{r.get('reason')}; would be {r.get('pattern')}] {r['line']}", markup=False,
+                    highlight=False, soft_wrap=True)
+
+
+def _explain_node(conn, args) -> int:
+    since = parse_since(args.since or "24h")
+    rows = _unattributed(conn, args.node, since, time.time() + 60.0, limit=200)
+    if args.json:
+        print(json.dumps({"node": args.node, "since": since, "unattributed": rows}, indent=2, default=str))
+        return 0
+    c = _console()
+    if not rows:
+        _check_known_node(conn, args.node)
+        c.print(f"{args.node}: every log line that read like a fault since {_ts(since)} came from a known writer")
+        return 0
+    by_reason: dict[str, int] = {}
+    for r in rows:
+        by_reason[r.get("reason", "?")] = by_reason.get(r.get("reason", "?"), 0) + 1
+    c.print(f"[bold]{args.node}[/bold]: {len(rows)} line(s) since {_ts(since)} read like faults but were not acted on "
+            f"({', '.join(f'{n} {reason}' for reason, n in sorted(by_reason.items()))})")
+    _print_unattributed(c, rows)
     return 0
 
 

@@ -63,6 +63,8 @@ class IngestConfig:
 class ControllerConfig:
     db: str = "/var/lib/sigma/controller.db"  # controller SQLite database (ingest writes, controller decides)
     rules: str = "configs/rules"  # knowledge base: a directory of rule files or one file
+    rule_overrides: str = "/etc/sigma/rules.d"  # the site's changes to shipped rules (sigma.rules.overrides):
+    # a directory of YAML files or one file; nothing there = none
     remediation: str = "configs/remediation.yaml"  # remediation playbooks
     listen: str = "0.0.0.0:8470"  # ingest + /metrics HTTP address (host:port; port 0 picks a free one)
     ingest_keys_file: str = "/etc/sigma/ingest-keys.json"  # per-node ingest keys (`sigma keys`); "" = none

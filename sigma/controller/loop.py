@@ -62,10 +62,11 @@ class Controller:
         self.root = root
         self.conn = conn if conn is not None else open_db(cfg.db)
         self.slurm = slurm or Slurm(cfg.slurm_conf or None)
-        self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root))
-        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit)
+        self.rules = rules if rules is not None else load_rules(resolve(cfg.rules, root), overrides=self._overrides(cfg))
+        # a knowledge base read from disk is re-read when its files change (a promoted learned rule, an edit, a site
+        # override)
         self._rules_path = None if rules is not None else resolve(cfg.rules, root)
-        self._rules_stamp = rules_stamp(self._rules_path)
+        self._rules_stamp = self._stamp()
         self.rcfg = remediation or load_remediation_config(resolve(cfg.remediation, root))
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
@@ -140,7 +141,7 @@ class Controller:
         swap them in; if any is bad, keep the running set and say why."""
         try:
             cfg = load_controller_config(config_path) if config_path else self.cfg
-            rules = load_rules(resolve(cfg.rules, self.root))
+            rules = load_rules(resolve(cfg.rules, self.root), overrides=self._overrides(cfg))
             rcfg = (load_remediation_config(resolve(cfg.remediation, self.root)) if self._remediation_from_disk
                     else self.rcfg)
         except (ConfigError, OSError) as exc:
@@ -158,7 +159,7 @@ class Controller:
         self.rules, self.disabled = rules, {}
         if self._rules_path is not None:
             self._rules_path = resolve(cfg.rules, self.root)
-            self._rules_stamp = rules_stamp(self._rules_path)
+            self._rules_stamp = self._stamp()
         self._save_state("disabled_rules", self.disabled)
         old, self.windows = self.windows, EventWindows(self.rules)
         if self._backfill is not None and self._backfill[2] is None:
@@ -183,10 +184,19 @@ class Controller:
         would: a bad edit keeps the running rules."""
         if self._rules_path is None:
             return
-        stamp = rules_stamp(self._rules_path)
+        stamp = self._stamp()
         if stamp != self._rules_stamp:
             self._rules_stamp = stamp
             self.reload(None)
+
+    def _overrides(self, cfg: ControllerConfig) -> Path | None:
+        return resolve(cfg.rule_overrides, self.root) if cfg.rule_overrides else None
+
+    def _stamp(self) -> tuple:
+        if self._rules_path is None:
+            return ()
+        overrides = self._overrides(self.cfg)
+        return rules_stamp(self._rules_path), rules_stamp(overrides if overrides and overrides.exists() else None)
 
     # ---------- lifecycle ----------
     def start(self) -> None:

@@ -58,16 +58,19 @@ class Finding:
         return f"xid-{self.xid}" if self.xid is not None else self.kind
 
 
-def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS) -> Finding | None:
+def classify(line: str, fatal_xids=DEFAULT_FATAL_XIDS, *, writer_required: bool = False) -> Finding | None:
     """The fault a kernel-log line shows, in any envelope (syslog, dmesg, journal JSON; logformats); a line that
-    names another program than the kernel (a user's `logger` text) is none."""
+    names another program than the kernel (a user's `logger` text) is none. writer_required (a file's lines): a line
+    whose writer is not established as the kernel is none too, fail closed (logformats.unattributed)."""
     finding = _classify(line, fatal_xids)
     if finding is None:
         return None  # most lines: no envelope parsing needed
-    from sigma.telemetry.logformats import parse
+    from sigma.telemetry.logformats import parse, unattributed
 
     parsed = parse(line)
     if (parsed.ident and parsed.ident != "kernel") or (parsed.transport and parsed.transport != "kernel"):
+        return None
+    if writer_required and unattributed(parsed, ["kernel"]):
         return None
     return _classify(parsed.message, fatal_xids)
 
@@ -145,7 +148,7 @@ def scan_file(path: Path, mark: Mark | None, fatal_xids=DEFAULT_FATAL_XIDS, max_
             break  # a line being written: judge it next time
         pos += len(raw)
         scan.lines += 1
-        finding = classify(raw.decode(errors="replace"), fatal_xids)
+        finding = classify(raw.decode(errors="replace"), fatal_xids, writer_required=True)
         if finding is not None:
             scan.findings.append(finding)
         if not any(f.fatal for f in scan.findings):
@@ -191,7 +194,8 @@ def scan_kmsg(path: Path, mark: Mark | None, boot_id: str, fatal_xids=DEFAULT_FA
         if seq <= after:
             continue
         scan.lines += 1
-        finding = classify(message, fatal_xids)
+        from_kernel = not fields_[0].isdigit() or int(fields_[0]) >> 3 == 0  # facility 0: not text user space wrote
+        finding = classify(message, fatal_xids) if from_kernel else None
         if finding is not None:
             scan.findings.append(finding)
             fatal_seen = fatal_seen or finding.fatal

@@ -21,10 +21,12 @@ from sigma.telemetry import logformats
 
 # Where a fault's line is written, by the event kind its rule matches (the rest is the kernel's log), and the
 # telemetry section that reads it there.
-TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job"}
+TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job", "cuda_error": "job"}
 SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output"}
-# Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog.
-FORMATS_BY_TARGET = {"kernel": logformats.FORMATS, "dcgm": ("plain",), "job": ("plain",)}
+# Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog; a kernel
+# line without an envelope has no known writer and is not acted on (logformats.unattributed).
+FORMATS_BY_TARGET = {"kernel": tuple(f for f in logformats.FORMATS if f != "plain"), "dcgm": ("plain",),
+                     "job": ("plain",)}
 JOB_ID = 4242
 
 

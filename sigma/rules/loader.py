@@ -34,8 +34,10 @@ def rule_files(location: str | Path) -> list[Path]:
     raise ConfigError(str(location), "no such rules file or directory")
 
 
-def load_rules(location: str | Path, errors: list[ConfigError] | None = None) -> list[Rule]:
-    """Rules from one file or from every YAML file in a directory (sorted by name); ids must be unique.
+def load_rules(location: str | Path, errors: list[ConfigError] | None = None,
+               overrides: str | Path | None = None) -> list[Rule]:
+    """Rules from one file or from every YAML file in a directory (sorted by name); ids must be unique; then the
+    site's overrides (sigma.rules.overrides) at `overrides`, where there are any.
 
     errors: given a list, every problem is appended to it and the valid rules are returned (for `--check`, which
     reports all of them at once); without one, the first problem raises ConfigError.
@@ -62,4 +64,8 @@ def load_rules(location: str | Path, errors: list[ConfigError] | None = None) ->
             rules.append(rule)
     if not rules and not (errors or []):
         fail(ConfigError(str(location), f"the knowledge base holds no rules ({len(files)} file(s) read)"))
+    if overrides:
+        from sigma.rules.overrides import apply_overrides
+
+        rules = apply_overrides(rules, overrides, errors)
     return rules

@@ -100,7 +100,8 @@ class KpiMatch:
 
 @dataclass
 class Rule:
-    """One known fault. origin (set by the loader, not a YAML key) is 'file:line [rules.N.id]' for log lines."""
+    """One known fault. origin (set by the loader, not a YAML key) is 'file:line [rules.N.id]'; a site override
+    (sigma.rules.overrides) sets overridden and keeps the shipped action."""
 
     id: str  # stable identifier, used in drain reasons (`sigma: <id> ...`)
     description: str  # what the fault is, in one line
@@ -122,6 +123,8 @@ class Rule:
     references: list[str] = field(default_factory=list)  # public sources for the signature and the action (URLs)
     examples: list[str] = field(default_factory=list)  # real log lines this rule acts on (tests, sigma chaos)
     origin: str = field(default="", init=False, compare=False, repr=False)
+    overridden: str = field(default="", init=False, compare=False, repr=False)  # the site's override (where, why)
+    shipped_action: str = field(default="", init=False, compare=False, repr=False)  # the action before it
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", self.id):

@@ -1,22 +1,33 @@
-"""One log line in any of the formats nodes write, split into its own time, host, program and message.
+"""One log line in any of the formats nodes write: its own time, host, program and message, and who wrote it.
 
 The same kernel message reaches the sidecar wrapped in different envelopes, depending on how a site collects logs:
 
-    [ 5843.291473] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.                      dmesg
-    [Mon Nov 23 19:49:20 2026] NVRM: Xid ...                                                          dmesg -T
-    Nov 23 19:49:20 gpu01 kernel: [ 5843.291473] NVRM: Xid ...                                        syslog (RFC 3164)
-    <4>Nov 23 19:49:20 gpu01 kernel: NVRM: Xid ...                                                    the same, as sent
-    2026-11-23T19:49:20.123456+00:00 gpu01 kernel: NVRM: Xid ...                                      rsyslog RFC 3339 files
-    <4>1 2026-11-23T19:49:20.123456Z gpu01 kernel - - - NVRM: Xid ...                                 syslog (RFC 5424)
-    Nov 23 19:49:20.123456 gpu01 kernel: ...  /  1795974560.123456 gpu01 kernel: ...                  journalctl -o short-precise / short-unix
-    {"__REALTIME_TIMESTAMP": "1795974560123456", "_TRANSPORT": "kernel", "MESSAGE": "NVRM: Xid ..."}  journalctl -o json
-    4,1234,5843291473,-;NVRM: Xid ...                                                                 /dev/kmsg record
+    dmesg                    [ 5843.291473] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.
+    dmesg (caller id, -H)    [ 5843.291473][  T812] NVRM: Xid ...   /   [  +0.000041] NVRM: Xid ...
+    dmesg -T (any locale)    [Mon Nov 23 19:49:20 2026] NVRM: Xid ...   /   [wo jul 28 05:19:43 2021] ...
+    dmesg --time-format iso  2026-11-23T19:49:20,123456+01:00 NVRM: Xid ...
+    dmesg -x (--decode)      kern  :warn  : [ 5843.291473] NVRM: Xid ...
+    syslog (RFC 3164)        Nov 23 19:49:20 gpu01 kernel: [ 5843.291473] NVRM: Xid ...
+      as sent, any locale    <4>Nov 23 19:49:20 gpu01 kernel: NVRM: Xid ...   /   lis 27 19:49:20 gpu01 kernel: ...
+    rsyslog RFC 3339 files   2026-11-23T19:49:20.123456+00:00 gpu01 kernel: ...   /   ... gpu01 kern.warning kernel: ...
+    syslog (RFC 5424)        <4>1 2026-11-23T19:49:20.123456Z gpu01 kernel - - - NVRM: Xid ...
+    journalctl short-precise Nov 23 19:49:20.123456 gpu01 kernel: ...
+    journalctl short-unix    1795974560.123456 gpu01 kernel: ...
+    journalctl short-monotonic  [ 5843.291473] gpu01 kernel: NVRM: Xid ...
+    journalctl -o json       {"__REALTIME_TIMESTAMP": "1795974560123456", "_TRANSPORT": "kernel", "MESSAGE": "..."}
+    /dev/kmsg record         4,1234,5843291473,-;NVRM: Xid ...
+    logread (OpenWrt)        Mon Nov 23 19:49:20 2026 kern.err kernel: [ 5843.291473] NVRM: Xid ...
+    talosctl dmesg           10.0.0.5: kern: err: [2026-11-23T19:49:20.123456Z]: NVRM: Xid ...
+    SONiC syslog             2026 Nov 23 19:49:20.123456 gpu01 ERR kernel: [ 5843.291473] NVRM: Xid ...
+    loghub (BGL RAS, ...)    - 1118536327 2005.06.11 R04-M1-N4 2005-06-11-17.32.07.581048 R04-M1-N4 RAS KERNEL FATAL ...
 
-`parse()` returns the message with every envelope removed (so patterns see the same text in every format) and the
-line's own time in unix seconds where it has one: an event keeps the time the fault happened, not the time the
-line was read, so an old line read again is old. Times without a zone (RFC 3164, dmesg -T) are the node's local
-time; RFC 3164 has no year either: the year that puts the time closest to now, never more than a day ahead.
-Uptime stamps (dmesg, kmsg) need the boot time (/proc/stat btime).
+One parser per format: `parse()` tries each and returns the first that matches the whole envelope, or the line as a
+"plain" message when none does. Nothing is guessed: a line whose envelope no parser knows has no known writer, and
+`unattributed()` says so. The message has every envelope removed (patterns see the same text in every format); the
+line's own time is kept (an old line read again is old). Times without a zone (RFC 3164, dmesg -T) are the node's
+local time; RFC 3164 has no year either: the year that puts the time closest to now, never more than a day ahead; a
+month name that means several months in different locales (`lis`) is read the same way. Uptime stamps (dmesg, kmsg)
+need the boot time (/proc/stat btime).
 """
 
 from __future__ import annotations
@@ -26,16 +37,22 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-                                       "Dec"), start=1)}
+from sigma.telemetry.months import is_weekday, months
+
+_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp",
+               "ntp", "security", "console", "solaris-cron", "local0", "local1", "local2", "local3", "local4",
+               "local5", "local6", "local7")
 _PRI = r"(?:<(?P<pri>\d{1,3})>)?"
-_HOST_IDENT = r"(?:(?P<host>[^\s:\[]+) )?(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: "
-# RFC 3164 (and journalctl short / short-precise): "Nov 23 19:49:20[.123456] host ident[pid]: message"
-_RFC3164 = re.compile(_PRI + r"(?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)(?P<frac>\.\d+)? "
-                      + _HOST_IDENT)
+# host, then (rsyslog templates with %syslogfacility-text%.%syslogpriority-text%) "kern.warning", then the tag
+_HOST_IDENT = (r"(?:(?P<host>[^\s:\[]+) )?"
+               r"(?:(?P<hfac>[a-z0-9]+)\.(?P<hlvl>emerg|alert|crit|err|warning|notice|info|debug) )?"
+               r"(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?")
+_MON_DAY = r"(?P<mon>[^\s\d\[\]][^\s\[\]]*|\d{1,2}\S+) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)"
+# RFC 3164 (and journalctl short / short-precise, in any locale): "Nov 23 19:49:20[.123456] host ident[pid]: message"
+_RFC3164 = re.compile(_PRI + _MON_DAY + r"(?P<frac>\.\d+)? " + _HOST_IDENT)
 # RFC 3339 stamp first (rsyslog's high-precision file format, journalctl short-iso / short-iso-precise)
 _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _RFC3339 = re.compile(_PRI + r"(?P<iso>" + _ISO + r") " + _HOST_IDENT)
@@ -43,11 +60,34 @@ _RFC3339 = re.compile(_PRI + r"(?P<iso>" + _ISO + r") " + _HOST_IDENT)
 _RFC5424 = re.compile(r"<(?P<pri>\d{1,3})>1 (?P<iso>" + _ISO + r"|-) (?P<host>\S+) (?P<ident>\S+) (?P<pid>\S+) \S+ "
                       r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.)*\])+) ?")
 _UNIX = re.compile(r"(?P<unix>\d{9,11}\.\d+) " + _HOST_IDENT)  # journalctl -o short-unix
-_DMESG_T = re.compile(r"\[(?:[A-Z][a-z]{2} )?(?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d) "
-                      r"(?P<year>\d{4})\] ?")
-_UPTIME = re.compile(r"\[ *(?P<up>\d+\.\d+)\] ?")
-_SHORT_MONOTONIC_HOST = re.compile(r"(?P<host>[^\s:\[]+) (?P<ident>kernel): ")  # journalctl -o short-monotonic
+# busybox / OpenWrt logread: "Tue Aug 12 16:40:43 2025 kern.crit kernel: message"
+_LOGREAD = re.compile(r"(?P<wday>\S+) " + _MON_DAY + r" (?P<year>\d{4}) (?P<facility>[a-z0-9]+)\.(?P<level>[a-z]+) "
+                      + _HOST_IDENT)
+# talosctl dmesg: "[node: ]kern: warning: [2026-04-22T21:27:51.291660856Z]: message"
+_TALOS = re.compile(r"(?:\S+: )?(?P<facility>[a-z0-9]+): +(?P<level>[a-z]+): \[(?P<iso>" + _ISO + r")\]: ")
+# SONiC's rsyslog template: "2025 Jun 18 07:12:32.614365 host ERR kernel: message"
+_SONIC = re.compile(r"(?P<year>\d{4}) " + _MON_DAY + r"(?P<frac>\.\d+)? (?P<host>\S+) (?P<level>[A-Z]+) "
+                    r"(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: ?")
+# dmesg's stamps, any number of them in a row (dmesg prints several with repeated --time-format)
+_UPTIME = re.compile(r"\[ *(?P<up>\d+\.\d+)(?: <[ \d.]+>)?\] ?")
+_CALLER = re.compile(r"\[ *[TC]\d+\] ?")  # CONFIG_PRINTK_CALLER
+# dmesg -H, reltime, delta
+_RELATIVE = re.compile(r"\[(?: *\+\d+\.\d+| *< *\d+\.\d+>|[A-Z][a-z]{2}\d{1,2} \d\d:\d\d)\] ?")
+_DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*) {1,2}(?P<day>\d{1,2}) "
+                      r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?")
+_DMESG_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+(?:[+-]\d\d:?\d\d)?) ")  # util-linux: comma
+# dmesg -x / --decode: "kern  :warn  : " before the stamps (the facility is the ring buffer's own)
+_DECODE = re.compile(r"(?P<facility>[a-z0-9-]+) *:(?P<level>emerg|alert|crit|err|warn|notice|info|debug|) *: ")
+_AFTER_STAMP = re.compile(_HOST_IDENT)  # journalctl -o short-monotonic, or a program's text in the ring buffer
 _KMSG = re.compile(r"(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+# loghub's labelled system logs: "LABEL EPOCH YYYY.MM.DD NODE " before a Blue Gene/L RAS record or a syslog line
+_LOGHUB = re.compile(r"(?P<label>\S+) (?P<epoch>\d{9,10}) \d{4}\.\d\d\.\d\d \S+ ")
+_BGL_RAS = re.compile(r"\d{4}-\d\d-\d\d-\d\d\.\d\d\.\d\d\.\d+ \S+ RAS (?P<component>[A-Z_]+) (?P<level>[A-Z]+) ")
+_ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+# Formats only the kernel writes: their lines need no program name to be the kernel's (kmsg and talos name their
+# facility, checked apart). Everything else must name its program.
+KERNEL_FORMATS = frozenset({"dmesg", "dmesg-T", "dmesg-iso", "kmsg", "talos"})
 
 
 @dataclass
@@ -57,7 +97,8 @@ class LogLine:
     host: str = ""  # host name the line names, if any
     ident: str = ""  # the program that logged it (syslog tag, journal SYSLOG_IDENTIFIER), "" if unknown
     transport: str = ""  # journal _TRANSPORT (kernel, syslog, stdout, ...), "" when the format has none
-    format: str = "plain"  # which envelope it had: plain dmesg dmesg-T rfc3164 rfc3339 rfc5424 unix journal-json kmsg
+    format: str = "plain"  # which envelope it had (the parser that read it); plain: none known
+    facility: str = ""  # syslog facility where the envelope carries one (kern, user, daemon, ...)
 
 
 def boot_time(host_root: str = "/") -> float | None:
@@ -72,47 +113,197 @@ def boot_time(host_root: str = "/") -> float | None:
     return None
 
 
+def unattributed(line: LogLine, idents) -> str:
+    """Why the line cannot be trusted as written by one of `idents` ("" when it can). Fail closed: a line with no
+    known envelope, another program's name or facility, or a journal entry without its transport is not the kernel's,
+    whatever it says."""
+    if not idents:
+        return ""
+    if line.format == "plain":
+        return "envelope not recognised"
+    if line.facility and line.facility not in ("kern", "kernel"):
+        return f"facility {line.facility}"
+    if line.format == "journal-json":
+        if not line.transport:
+            return "journal entry without _TRANSPORT"
+        return "" if line.transport == "kernel" else f"journal _TRANSPORT={line.transport}"
+    if line.ident:
+        return "" if line.ident in idents else f"program {line.ident}"
+    return "" if line.format in KERNEL_FORMATS or line.facility else "program not named"
+
+
 def parse(line: str, *, now: float | None = None, booted: float | None = None) -> LogLine:
-    """Split a line; never raises: an unknown envelope is a plain message without a time."""
+    """Split a line; never raises: a line no parser reads whole is a plain message without a time."""
     line = line.rstrip("\r\n")
     now = time.time() if now is None else now
-    if line.startswith("{"):
-        parsed = _journal_json(line, booted)
+    for parser in _PARSERS:
+        parsed = parser(line, now, booted)
         if parsed is not None:
             return parsed
-    m = _KMSG.match(line)
-    if m:
-        ts = booted + int(m["usec"]) / 1e6 if booted is not None else None
-        return LogLine(line[m.end():], ts, ident="kernel", transport="kernel", format="kmsg")
-    m = _RFC5424.match(line)
-    if m:
-        ts = None if m["iso"] == "-" else _iso(m["iso"])
-        return _inner(LogLine(line[m.end():], ts, m["host"] or "", m["ident"], format="rfc5424"), booted)
-    m = _RFC3339.match(line)
-    if m:
-        return _inner(LogLine(line[m.end():], _iso(m["iso"]), m["host"] or "", m["ident"], format="rfc3339"), booted)
-    m = _RFC3164.match(line)
-    if m:
-        ts = _month_day(m["mon"], m["day"], m["hms"], None, now)
-        if ts is not None and m["frac"]:
-            ts += float(m["frac"])
-        return _inner(LogLine(line[m.end():], ts, m["host"] or "", m["ident"], format="rfc3164"), booted)
-    m = _UNIX.match(line)
-    if m:
-        return _inner(LogLine(line[m.end():], float(m["unix"]), m["host"] or "", m["ident"], format="unix"), booted)
-    m = _DMESG_T.match(line)
-    if m:
-        return LogLine(line[m.end():], _month_day(m["mon"], m["day"], m["hms"], int(m["year"]), now),
-                       format="dmesg-T")
-    m = _UPTIME.match(line)
-    if m:
-        rest = line[m.end():]
-        ts = booted + float(m["up"]) if booted is not None else None
-        h = _SHORT_MONOTONIC_HOST.match(rest)
-        if h:
-            return LogLine(rest[h.end():], ts, h["host"], "kernel", format="dmesg")
-        return LogLine(rest, ts, format="dmesg")
     return LogLine(line)
+
+
+def _journal_json(line, now, booted):
+    if not line.startswith("{"):
+        return None
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict) or "MESSAGE" not in entry:
+        return None
+    return journal_entry(entry, booted)
+
+
+def journal_entry(entry: dict, booted: float | None = None) -> LogLine:
+    """A `journalctl -o json` entry (binary messages come as byte arrays; a multi-line message is one line)."""
+    msg = entry.get("MESSAGE")
+    if isinstance(msg, list):
+        msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
+    ts = None
+    for key, scale in (("__REALTIME_TIMESTAMP", 1e-6), ("_SOURCE_REALTIME_TIMESTAMP", 1e-6)):
+        try:
+            ts = int(entry[key]) * scale
+            break
+        except (KeyError, TypeError, ValueError):
+            continue
+    facility = entry.get("SYSLOG_FACILITY")
+    parsed = LogLine(_one_line(str(msg if msg is not None else "")), ts, str(entry.get("_HOSTNAME", "")),
+                     str(entry.get("SYSLOG_IDENTIFIER", "")), str(entry.get("_TRANSPORT", "")), "journal-json",
+                     _facility(facility) if facility is not None else "")
+    return _inner(parsed, booted)
+
+
+def _kmsg(line, now, booted):
+    m = _KMSG.match(line)
+    if not m:
+        return None
+    ts = booted + int(m["usec"]) / 1e6 if booted is not None else None
+    text = _ESCAPED.sub(lambda e: chr(int(e.group(1), 16)), line[m.end():])
+    return LogLine(_one_line(text), ts, format="kmsg", facility=_facility(int(m["pri"]) >> 3))
+
+
+def _rfc5424(line, now, booted):
+    m = _RFC5424.match(line)
+    if not m:
+        return None
+    ts = None if m["iso"] == "-" else _iso(m["iso"])
+    return _inner(LogLine(line[m.end():], ts, m["host"], m["ident"], format="rfc5424", facility=_pri(m)), booted)
+
+
+def _rfc3339(line, now, booted):
+    m = _RFC3339.match(line)
+    if not m:
+        return None
+    return _inner(LogLine(line[m.end():], _iso(m["iso"]), m["host"] or "", m["ident"], format="rfc3339",
+                          facility=_pri(m)), booted)
+
+
+def _dmesg_iso(line, now, booted):
+    m = _DMESG_ISO.match(line)
+    if not m:
+        return None
+    return LogLine(line[m.end():], _iso(m["iso"].replace(",", ".")), format="dmesg-iso")
+
+
+def _rfc3164(line, now, booted):
+    m = _RFC3164.match(line)
+    if not m or not months(m["mon"]):
+        return None
+    ts = _month_day(m["mon"], m["day"], m["hms"], None, now)
+    if ts is not None and m["frac"]:
+        ts += float(m["frac"])
+    return _inner(LogLine(line[m.end():], ts, m["host"] or "", m["ident"], format="rfc3164", facility=_pri(m)),
+                  booted)
+
+
+def _unix(line, now, booted):
+    m = _UNIX.match(line)
+    if not m:
+        return None
+    return _inner(LogLine(line[m.end():], float(m["unix"]), m["host"] or "", m["ident"], format="unix",
+                          facility=_pri(m)), booted)
+
+
+def _logread(line, now, booted):
+    m = _LOGREAD.match(line)
+    if not m or not months(m["mon"]) or not is_weekday(m["wday"]) or m["facility"] not in _FACILITIES:
+        return None
+    ts = _month_day(m["mon"], m["day"], m["hms"], int(m["year"]), now)
+    return _inner(LogLine(line[m.end():], ts, m["host"] or "", m["ident"], format="logread",
+                          facility=m["facility"]), booted)
+
+
+def _talos(line, now, booted):
+    m = _TALOS.match(line)
+    if not m or m["facility"] not in _FACILITIES:
+        return None
+    return LogLine(line[m.end():], _iso(m["iso"]), format="talos", facility=m["facility"])
+
+
+def _sonic(line, now, booted):
+    m = _SONIC.match(line)
+    if not m or not months(m["mon"]):
+        return None
+    ts = _month_day(m["mon"], m["day"], m["hms"], int(m["year"]), now)
+    if ts is not None and m["frac"]:
+        ts += float(m["frac"])
+    return _inner(LogLine(line[m.end():], ts, m["host"], m["ident"], format="sonic"), booted)
+
+
+def _dmesg(line, now, booted):
+    """dmesg with any of its stamps, several in a row; after them, journalctl short-monotonic's host and program,
+    or a program's own tag (text user space wrote into the ring buffer)."""
+    rest, ts, fmt, facility = line, None, None, ""
+    m = _DECODE.match(line)
+    if m and m["facility"] in _FACILITIES:
+        rest, fmt, facility = line[m.end():], "dmesg", m["facility"]
+    while True:
+        m = _UPTIME.match(rest)
+        if m:
+            ts = booted + float(m["up"]) if ts is None and booted is not None else ts
+            rest, fmt = rest[m.end():], fmt or "dmesg"
+            continue
+        m = _CALLER.match(rest) if fmt else None
+        if m:
+            rest = rest[m.end():]
+            continue
+        m = _DMESG_T.match(rest)
+        if m and months(m["mon"]) and (m["wday"] is None or is_weekday(m["wday"])):
+            ts = _month_day(m["mon"], m["day"], m["hms"], int(m["year"]), now)
+            rest, fmt = rest[m.end():], "dmesg-T"
+            continue
+        m = _RELATIVE.match(rest)
+        if m:
+            rest, fmt = rest[m.end():], fmt or "dmesg"
+            continue
+        m = _DMESG_ISO.match(rest) if fmt else None
+        if m:
+            ts, rest = _iso(m["iso"].replace(",", ".")), rest[m.end():]
+            continue
+        break
+    if fmt is None:
+        return None
+    m = _AFTER_STAMP.match(rest)
+    if m and (m["ident"] == "kernel" or m["pid"]):
+        return LogLine(rest[m.end():], ts, m["host"] or "", m["ident"], format=fmt, facility=facility)
+    return LogLine(rest, ts, format=fmt, facility=facility)
+
+
+def _loghub(line, now, booted):
+    m = _LOGHUB.match(line)
+    if not m:
+        return None
+    rest, ts = line[m.end():], float(m["epoch"])
+    ras = _BGL_RAS.match(rest)
+    if ras:
+        return LogLine(rest[ras.end():], ts, format="bgl-ras", facility=ras["component"].lower())
+    inner = parse(rest, now=now, booted=booted)
+    return None if inner.format == "plain" else replace(inner, ts=ts, format=f"loghub-{inner.format}")
+
+
+_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _unix, _logread, _talos, _sonic, _loghub,
+            _dmesg)
 
 
 def _inner(parsed: LogLine, booted: float | None) -> LogLine:
@@ -125,31 +316,24 @@ def _inner(parsed: LogLine, booted: float | None) -> LogLine:
     return parsed
 
 
-def _journal_json(line: str, booted: float | None) -> LogLine | None:
+def _one_line(text: str) -> str:
+    """A multi-line record as one line (patterns search one line)."""
+    return " ".join(part.strip() for part in text.splitlines()) if "\n" in text else text
+
+
+def _facility(code) -> str:
     try:
-        entry = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(entry, dict) or "MESSAGE" not in entry:
-        return None
-    return journal_entry(entry, booted)
+        return _FACILITIES[int(code)]
+    except (IndexError, ValueError, TypeError):
+        return str(code)
 
 
-def journal_entry(entry: dict, booted: float | None = None) -> LogLine:
-    """A `journalctl -o json` entry (binary messages come as byte arrays)."""
-    msg = entry.get("MESSAGE")
-    if isinstance(msg, list):
-        msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
-    ts = None
-    for key, scale in (("__REALTIME_TIMESTAMP", 1e-6), ("_SOURCE_REALTIME_TIMESTAMP", 1e-6)):
-        try:
-            ts = int(entry[key]) * scale
-            break
-        except (KeyError, TypeError, ValueError):
-            continue
-    parsed = LogLine(str(msg if msg is not None else ""), ts, str(entry.get("_HOSTNAME", "")),
-                     str(entry.get("SYSLOG_IDENTIFIER", "")), str(entry.get("_TRANSPORT", "")), "journal-json")
-    return _inner(parsed, booted)
+def _pri(m) -> str:
+    """The facility the envelope names: its <pri>, or a "kern.warning" field before the tag."""
+    g = m.groupdict()
+    if g.get("pri"):
+        return _facility(int(g["pri"]) >> 3)
+    return g.get("hfac") if g.get("hfac") in _FACILITIES else ""
 
 
 def _iso(text: str) -> float | None:
@@ -167,21 +351,19 @@ def _month_day(mon: str, day: str, hms: str, year: int | None, now: float) -> fl
 
 @functools.lru_cache(maxsize=4096)
 def _month_day_cached(mon: str, day: str, hms: str, year: int | None, now: float) -> float | None:
-    month = _MONTHS.get(mon)
-    if month is None:
-        return None
     hh, mm, ss = (int(x) for x in hms.split(":"))
     years = [year] if year is not None else [time.localtime(now).tm_year + d for d in (1, 0, -1)]
     best = None
-    for y in years:
-        try:
-            ts = time.mktime((y, month, int(day), hh, mm, ss, 0, 0, -1))
-        except (OverflowError, ValueError):
-            continue
-        if year is None and ts > now + 3600 + 86400:
-            continue  # "Dec 31" read on Jan 1 is last year's
-        if best is None or abs(ts - now) < abs(best - now):
-            best = ts
+    for month in months(mon):
+        for y in years:
+            try:
+                ts = time.mktime((y, month, int(day), hh, mm, ss, 0, 0, -1))
+            except (OverflowError, ValueError):
+                continue
+            if year is None and ts > now + 3600 + 86400:
+                continue  # "Dec 31" read on Jan 1 is last year's
+            if best is None or abs(ts - now) < abs(best - now):
+                best = ts
     return best
 
 
@@ -191,8 +373,8 @@ def fingerprint(line: bytes | str) -> str:
     return hashlib.blake2b(data.rstrip(b"\r\n"), digest_size=8).hexdigest()
 
 
-
-FORMATS = ("plain", "dmesg", "dmesg-T", "rfc3164", "rfc3339", "rfc5424", "unix", "journal-json", "kmsg")
+FORMATS = ("plain", "dmesg", "dmesg-T", "dmesg-iso", "rfc3164", "rfc3339", "rfc5424", "unix", "journal-json", "kmsg",
+           "logread")
 
 
 def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: float = 5843.291473,
@@ -209,7 +391,11 @@ def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: fl
     if fmt == "rfc3164":
         return f"{time.strftime('%b', local)} {local.tm_mday:2d} {time.strftime('%H:%M:%S', local)} {host} kernel: " \
                f"[{uptime:12.6f}] {message}"
+    if fmt == "logread":
+        return f"{time.strftime('%a %b %e %H:%M:%S %Y', local)} kern.err kernel: [{uptime:12.6f}] {message}"
     iso = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
+    if fmt == "dmesg-iso":
+        return f"{iso.replace('.', ',', 1)} {message}"
     if fmt == "rfc3339":
         return f"{iso} {host} kernel: {message}"
     if fmt == "rfc5424":

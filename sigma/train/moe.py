@@ -86,8 +86,21 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.
 
 
 @functools.cache
-def _cuda_supports_grouped_mm(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (8, 0)
+def _cuda_supports_grouped_mm(index: int, dtype: torch.dtype) -> bool:
+    """Asked of the device once per dtype with a small forward and backward: which dtypes torch._grouped_mm runs
+    on CUDA depends on the torch release and the GPU (bf16 from sm80; float32 too on sm90 with torch 2.11)."""
+    if torch.cuda.get_device_capability(index) < (8, 0):
+        return False
+    device = torch.device("cuda", index)
+    try:
+        x = torch.ones(32, 16, dtype=dtype, device=device, requires_grad=True)
+        w = torch.ones(2, 16, 16, dtype=dtype, device=device, requires_grad=True)  # [E, out, in] as the layer's
+        offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
+        grouped_mm(x, w.transpose(1, 2), offs).sum().backward()
+        torch.cuda.synchronize(device)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype, *widths: int) -> bool:
@@ -101,7 +114,7 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype, *widths: int)
         return dtype in GROUPED_MM_CPU_DTYPES
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return dtype == torch.bfloat16 and _cuda_supports_grouped_mm(index)
+        return _cuda_supports_grouped_mm(index, dtype)
     return False
 
 
@@ -141,8 +154,9 @@ class GroupedExperts(nn.Module):
         if self.impl == "grouped_mm" and not ok:
             raise ValueError(
                 f"expert_impl=grouped_mm cannot run {x.dtype} on {x.device.type} with dim={self.dim}, "
-                f"expert_hidden={self.hidden}: torch._grouped_mm needs float32/bfloat16/float16 on CPU or bfloat16 "
-                "on CUDA (compute capability >= 8.0), matching input and weight dtypes, and rows of a multiple of "
+                f"expert_hidden={self.hidden}: torch._grouped_mm needs float32/bfloat16/float16 on CPU or a dtype "
+                "this CUDA device runs it in (bfloat16 from compute capability 8.0; float32 where torch and the GPU "
+                "support it), matching input and weight dtypes, and rows of a multiple of "
                 "16-byte (dim and expert_hidden multiples of 16 / element size); use expert_impl=auto or loop")
         if self.impl != "auto":
             return self.impl

@@ -40,8 +40,10 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, clu
         p.inject_line("node1", render("EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 "
                                       "(channel:1 slot:0 page:0x5e2a6 offset:0x0 grain:32 syndrome:0x0)",
                                       "dmesg-T", ts=now, host="node1"))
-        # a user's `logger` text in a syslog file: not the kernel's
+        # a user's `logger` text in a syslog file: not the kernel's, with an English or a Polish month
         p.inject_line("node4", f"{time.strftime('%b %d %H:%M:%S')} node4 mallory[4242]: NVRM: Xid "
+                               "(PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.")
+        p.inject_line("node4", f"lis {time.strftime('%d %H:%M:%S')} node4 mallory[4242]: NVRM: Xid "
                                "(PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.")
 
         def decided():
@@ -65,6 +67,9 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, clu
         events = p.query("SELECT node, ts, message FROM events WHERE source = 'log' AND kind != 'nccl_timeout' "
                          "ORDER BY node")
         assert [e["node"] for e in events] == ["node1", "node2", "node3"]  # nothing from node4
+        shown = wait_for(lambda: p.query("SELECT message, fields FROM events WHERE node = 'node4' AND "
+                                         "kind = 'log_unattributed'") or None, timeout=30, what="forged lines shown")
+        assert {json.loads(e["fields"])["reason"] for e in shown} == {"program mallory"} and len(shown) == 2
         node3 = next(e for e in events if e["node"] == "node3")
         assert abs(node3["ts"] - now) < 1e-3  # the journal entry's own time
 

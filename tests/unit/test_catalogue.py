@@ -19,22 +19,32 @@ SECTIONS = sidecar_sections(configs_dir() / "telemetry.yaml")
 CATALOGUE = [r for r in RULES if not (r.health or r.kpi or (r.log and r.log.source == "kpi"))]  # ours, not a vendor's
 
 
-def test_every_xid_code_has_exactly_one_rule():
-    codes = Counter()
+def test_every_xid_code_of_the_catalogue_has_exactly_one_bucket_rule():
+    """Codes 1-172 (the catalogue's newest): each in one rule of its resolution bucket; rules that refine a bucket by
+    what the line says (a message, an extracted field) come on top, and a newer code is reported."""
+    codes, refined = Counter(), set()
     for rule in RULES:
         if rule.log is not None and "xid" in rule.log.kinds:
-            codes.update(int(c) for c in rule.log.fields.get("xid", []))
-    assert sorted(codes) == list(range(1, 163))
+            xids = [int(c) for c in rule.log.fields.get("xid", [])]
+            if rule.log.message or set(rule.log.fields) - {"xid"}:
+                refined.update(xids)
+            else:
+                codes.update(xids)
+    assert sorted(codes) == [c for c in range(1, 173) if c not in (144, 145, 146, 147, 148, 149, 150, 154)]
     assert [c for c, n in codes.items() if n > 1] == []
+    assert refined == {94, 144, 145, 146, 147, 148, 149, 150, 154}
 
 
 @pytest.mark.parametrize("xid,rule,action", [
-    (79, "gpu-xid-79", "drain+reboot"), (160, "gpu-xid-restart-bm", "drain+reboot"),
-    (119, "gpu-xid-reset", "drain+reboot"), (46, "gpu-xid-reset", "drain+reboot"), (48, "gpu-xid-repair", "drain"),
-    (74, "gpu-xid-74", "drain+ticket"), (149, "gpu-xid-nvlink5", "drain+ticket"), (1, "gpu-xid-support", "drain+ticket"),
+    (79, "gpu-xid-79", "drain+reboot"), (151, "gpu-xid-restart-bm", "drain+reboot"),
+    (119, "gpu-xid-reset", "drain+reboot"), (46, "gpu-xid-reset", "drain+reboot"), (95, "gpu-xid-reset", "drain+reboot"),
+    (48, "gpu-xid-repair", "drain"), (171, "gpu-xid-repair", "drain"), (74, "gpu-xid-74", "drain+ticket"),
+    (149, "gpu-xid-nvlink5", "drain+ticket"), (1, "gpu-xid-support", "drain+ticket"),
     (54, "gpu-xid-mechanicals", "drain+ticket"), (13, "gpu-xid-restart-app", "requeue"),
     (94, "gpu-xid-restart-app", "requeue"), (43, "gpu-xid-record", "record"), (45, "gpu-xid-record", "record"),
-    (78, "gpu-xid-software", "notify")])
+    (160, "gpu-xid-record", "record"), (162, "gpu-xid-record", "record"), (78, "gpu-xid-software", "notify"),
+    (164, "gpu-xid-power-smoothing", "notify"), (167, "gpu-xid-restart-bm", "drain+reboot"),
+    (168, "gpu-xid-memory-capacity", "drain+ticket"), (199, "gpu-xid-unknown", "notify")])
 def test_xid_bucket_actions(xid, rule, action):
     """NVIDIA's resolution bucket decides: RESET_GPU is a node reboot, RESTART_APP a job restart, IGNORE a record."""
     line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=4242, name=python, text"
@@ -104,7 +114,8 @@ def test_public_loghub_samples_act_only_where_they_should(sample, expected):
 def test_every_xid_chaos_can_inject_is_acted_on_by_its_bucket():
     from sigma.chaos.inject import xid_line
 
-    rule_of = {int(c): r for r in RULES if r.log is not None and "xid" in r.log.kinds for c in r.log.fields["xid"]}
-    missed = [code for code in range(1, 163)
-              if not try_line(RULES, rule_of[code], xid_line(code), "rfc3164", SECTIONS).correct]
+    rule_of = {int(c): r for r in RULES if r.log is not None and "xid" in r.log.kinds and not r.log.message
+               and set(r.log.fields) == {"xid"} for c in r.log.fields["xid"]}
+    missed = [code for code in range(1, 173) if code not in (144, 145, 146, 147, 148, 149, 150, 154)
+              and not try_line(RULES, rule_of[code], xid_line(code), "rfc3164", SECTIONS).correct]
     assert missed == []

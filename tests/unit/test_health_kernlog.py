@@ -10,6 +10,7 @@ from sigma.health.checks import kernel_log
 from tests.unit.health_helpers import HEALTH, context, tree
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+KERN = "Nov 21 12:00:00 gpu01 kernel: "  # kern.log's envelope: a file's line counts only when it names the kernel
 
 
 @pytest.mark.parametrize("line, label, category, fatal", [
@@ -69,15 +70,15 @@ def test_fatal_line_sticks_until_acknowledged_then_only_newer_lines_count(tmp_pa
     log = root / "var/log/kern.log"
     ctx = context(root, "gpu01", tmp_path / "node")
     with log.open("a") as f:
-        f.write(XID79)
-        f.write("later benign line\n")
+        f.write(KERN + XID79)
+        f.write(KERN + "later benign line\n")
     assert run_check(ctx).status == "fail"
     assert run_check(ctx).status == "fail"  # the next job is refused too
     acked = kernel_log.acknowledge(ctx, {})
     assert [f.label for f in acked.findings if f.fatal] == ["xid-79"]
     assert run_check(ctx).status == "pass"
     with log.open("a") as f:
-        f.write("EDAC MC0: 1 UE memory read error\n")
+        f.write(KERN + "EDAC MC0: 1 UE memory read error\n")
     r = run_check(ctx)
     assert r.status == "fail" and r.category == "host-memory"
 
@@ -87,7 +88,7 @@ def test_truncation_and_rotation_reset_the_mark(tmp_path):
     log = root / "var/log/kern.log"
     ctx = context(root, "gpu01", tmp_path / "node")
     with log.open("a") as f:
-        f.write(XID79)
+        f.write(KERN + XID79)
     assert run_check(ctx).status == "fail"
     log.write_text("")  # truncated: the bad line is gone
     r = run_check(ctx)
@@ -107,7 +108,7 @@ def test_partial_last_line_waits_for_its_newline(tmp_path):
     ctx = context(root, "gpu01", tmp_path / "node")
     run_check(ctx)
     with log.open("a") as f:
-        f.write("NVRM: Xid (PCI:0000:3b:00): 7")
+        f.write(KERN + "NVRM: Xid (PCI:0000:3b:00): 7")
     assert run_check(ctx).status == "pass"
     with log.open("a") as f:
         f.write("9, GPU has fallen off the bus.\n")
@@ -163,3 +164,16 @@ def test_any_envelope_counts_but_only_the_kernels_lines():
 def test_lost_carrier_in_either_case():
     assert kernlog.classify("ib0: Lost carrier").kind == "ib-link-down"
     assert kernlog.classify("eno1: Lost carrier").kind == "link-down"
+
+
+def test_the_prolog_check_acts_only_on_lines_whose_writer_is_the_kernel(tmp_path):
+    """The same fail-closed reading as the sidecar: a forged line with a localized month, a line without an
+    envelope and user-space text in /dev/kmsg do not fail the node."""
+    root = tree(tmp_path, "healthy")
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write("lis 27 10:15:32 gpu01 mallory[4242]: " + XID79 + XID79)
+    ctx = context(root, "gpu01", tmp_path / "node")
+    assert run_check(ctx).status == "pass"
+    with open(root / "var/log/kern.log", "a") as f:
+        f.write("lis 27 10:15:33 gpu01 kernel: " + XID79)
+    assert run_check(ctx).status == "fail"

@@ -220,3 +220,23 @@ def test_malformed_binary_batches_get_400_with_a_reason(server, body, reason):
     assert status == 400 and reason in reply["error"], reply
     assert counts(server) == (0, 0, 0, 0)
     assert post(server, binary_batch(seq=2))[0] == 200
+
+
+def test_unattributed_log_lines_sidecars_report_are_counted_for_metrics(server):
+    """A sidecar's count of log lines it did not act on (writer not established) reaches /metrics by node and
+    reason, summed over batches; a retried batch is not counted twice."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sigma.controller.ingest.metrics import IngestCollector
+
+    def unattributed(seq, n):
+        samples = [(T0 + 100.0, "log.unattributed_lines", float(n), '{"reason":"program mallory","source":"kern.log"}',
+                    "[]"), (T0 + 100.0, "host.load1", 0.5, "{}", "[]")]
+        return wire.encode_batch("node1", seq, time.time(), samples, [], [])
+
+    for seq, n in ((1, 2), (2, 3), (2, 3)):
+        assert post(server, unattributed(seq, n))[0] == 200
+    reg = CollectorRegistry()
+    reg.register(IngestCollector(server))
+    text = generate_latest(reg).decode()
+    assert 'sigma_log_unattributed_lines_total{node="node1",reason="program mallory"} 5.0' in text

@@ -23,12 +23,13 @@ def xids(out) -> list[int]:
     return [json.loads(e[5])["xid"] for e in out.events if e[2] == "xid"]
 
 
-def line(n: int, xid: int | None = None) -> str:
-    """A kern.log line written now (its uptime stamp makes it unique)."""
+def line(n: int, xid: int | None = None, age: float = 0.0) -> str:
+    """A kern.log line written `age` seconds ago (its uptime stamp makes it unique)."""
     import time
 
     text = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=42, name=python" if xid else f"eth0: link up {n}"
-    return f"{time.strftime('%b %d %H:%M:%S')} node1 kernel: [{1000 + n:12.6f}] {text}\n"
+    stamp = time.strftime("%b %d %H:%M:%S", time.localtime(time.time() - age))
+    return f"{stamp} node1 kernel: [{1000 + n:12.6f}] {text}\n"
 
 
 def tail(log, positions=None, **params):
@@ -38,7 +39,7 @@ def tail(log, positions=None, **params):
 def test_rewrite_in_place_that_removes_a_line_ships_nothing_again(tmp_path):
     """What `sigma chaos undo` does: the file is rewritten without the injected line (same inode, shorter)."""
     log = tmp_path / "kern.log"
-    log.write_text("".join(line(i) for i in range(5)))
+    log.write_text("".join(line(i, age=3600) for i in range(5)))
     c = tail(log)
     run(c)
     injected = line(5, xid=79)
@@ -48,7 +49,8 @@ def test_rewrite_in_place_that_removes_a_line_ships_nothing_again(tmp_path):
     log.write_text(log.read_text().replace(injected, ""))  # undo: same inode, one line fewer
     out = run(c)
     assert xids(out) == []  # the Xid 48 line was shipped already: not again
-    assert samples(out)[("log.replayed_lines_skipped", (("source", str(log)),))] == 1
+    # skipped: the Xid 48 line and the five lines older than the last read (their second is never read as new)
+    assert samples(out)[("log.replayed_lines_skipped", (("source", str(log)),))] == 6
     with log.open("a") as f:
         f.write(line(7, xid=31))
     assert xids(run(c)) == [31]  # a line written later is new
@@ -202,7 +204,9 @@ def test_lines_from_other_programs_are_not_the_kernels(tmp_path):
                    "Nov 23 19:49:21 node1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, real\n")
     out = run(c)
     assert xids(out) == [48]
-    assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", str(log))))] == 1
+    assert samples(out)[("log.unattributed_lines", (("reason", "program mallory"), ("source", str(log))))] == 1
+    [shown] = [json.loads(e[5]) for e in out.events if e[2] == "log_unattributed"]
+    assert (shown["reason"], shown["pattern"]) == ("program mallory", "xid")
 
 
 def test_kmsg_sequence_from_an_earlier_boot_is_void(tmp_path):

@@ -96,3 +96,28 @@ def test_cuda_bf16_autocast_takes_the_grouped_path_without_host_sync():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         ref, _ = loop(x.detach())
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_float32_takes_the_grouped_path_where_the_device_runs_it_and_matches_the_loop():
+    from sigma.train.moe import grouped_mm_supported
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, dim=256, n_layers=1, n_heads=4, n_kv_heads=4, n_dense_layers=0, n_experts=16,
+                      top_k=4, expert_hidden=128)
+    layer = MoELayer(cfg).cuda()
+    x = torch.randn(4, 128, 256, device="cuda", requires_grad=True)
+    if not grouped_mm_supported(x.device, torch.float32, 256, 128):
+        assert layer.experts.resolved_impl(x) == "loop"
+        pytest.skip(f"torch {torch.__version__} runs no float32 torch._grouped_mm on this GPU: the loop serves")
+    assert layer.experts.resolved_impl(x) == "grouped_mm"
+    y, aux = layer(x)
+    (y.square().mean() + aux).backward()
+    loop = MoELayer(cfg).cuda()
+    loop.load_state_dict(layer.state_dict())
+    loop.experts.impl = "loop"
+    x2 = x.detach().requires_grad_()
+    ref, ref_aux = loop(x2)
+    (ref.square().mean() + ref_aux).backward()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-6)

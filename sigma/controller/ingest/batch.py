@@ -56,6 +56,7 @@ TEXT_TYPES = {str}
 NUM_OR_NONE = {int, float, type(None)}
 WAKE_SEVERITIES = frozenset(("warning", "error", "critical"))  # events the loop looks at at once (an Xid line)
 REFUSAL_EVENTS = ("kpi_refused", "key_error")  # what sidecars refused locally: counted per node for /metrics
+UNATTRIBUTED_METRIC = "log.unattributed_lines"  # log lines sidecars did not act on (writer not established)
 MAX_ROW_AGE_S = 30 * 86400.0  # rows older than this are dropped (the node store keeps 7 days by default)
 MAX_UNVERIFIED_BYTES = 1 << 20  # version 1 requests: read at most this much before the signature is checked
 
@@ -104,6 +105,7 @@ class Ingest:
         self.rejections: Counter = Counter()  # reason -> requests refused
         self.dropped_rows: Counter = Counter()  # reason -> rows dropped from otherwise stored batches
         self.node_refusals: Counter = Counter()  # (node, event kind) -> refusals sidecars reported
+        self.unattributed_lines: Counter = Counter()  # (node, reason) -> log lines not acted on, sidecars reported
         self.warn = RateLimitedLog(log)
         self._record_auth_mode()
 
@@ -305,11 +307,19 @@ class Ingest:
             for e in b["events"]:
                 if e[2] in REFUSAL_EVENTS:
                     self.node_refusals[(node, e[2])] += 1
+            self._count_unattributed(node, b)
         if any(e[3] in WAKE_SEVERITIES for e in b["events"]):
             self.wake.set()
         if b.get("dropped"):
             reply["dropped"] = b["dropped"]
         return reply
+
+    def _count_unattributed(self, node: str, b: dict) -> None:
+        wanted = {i: _label(s[1], "reason") for i, s in enumerate(b["series"]) if s[0] == UNATTRIBUTED_METRIC}
+        if wanted:  # rare: most batches carry no such series
+            for i, v in zip(b["s"], b["v"]):
+                if i in wanted:
+                    self.unattributed_lines[(node, wanted[i])] += int(v)
 
     @staticmethod
     def _write(conn, item: tuple[str, dict]) -> dict:
@@ -398,3 +408,10 @@ def _rows(batch: dict, name: str, fields: tuple, types: tuple) -> list:
             if not isinstance(value, tp) or (isinstance(value, bool)):
                 raise Rejected(400, f"{name}[{i}].{field} has the wrong type ({type(value).__name__})")
     return rows
+
+
+def _label(labels, key: str) -> str:
+    try:
+        return str((json.loads(labels) if isinstance(labels, str) else labels or {}).get(key, ""))
+    except (ValueError, AttributeError):
+        return ""

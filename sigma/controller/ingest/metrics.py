@@ -30,7 +30,8 @@ def key_ring(cfg) -> KeyRing:
 
 
 class IngestCollector(Collector):
-    """sigma_ingest_rejected_total{reason}, sigma_ingest_dropped_rows_total{reason}, stored records, connections."""
+    """sigma_ingest_rejected_total{reason}, sigma_ingest_dropped_rows_total{reason}, the refusals and unattributed log
+    lines sidecars reported, stored records, connections."""
 
     def __init__(self, server):
         self.server = server
@@ -52,6 +53,13 @@ class IngestCollector(Collector):
         for (node, kind), n in sorted(ingest.node_refusals.items()):
             node_refused.add_metric([node, kind], n)
         yield node_refused
+        unattributed = CounterMetricFamily(
+            "sigma_log_unattributed_lines", "Log lines sidecars matched no writer for and did not act on (no known "
+            "envelope, another program or facility, a journal field missing), by node and reason",
+            labels=["node", "reason"])
+        for (node, reason), n in sorted(ingest.unattributed_lines.items()):
+            unattributed.add_metric([node, reason], n)
+        yield unattributed
         stored = CounterMetricFamily("sigma_ingest_records", "Records stored, by kind", labels=["kind"])
         for kind in ("batches", "duplicates", "samples", "events", "kpis"):
             stored.add_metric([kind], ingest.stats[kind])

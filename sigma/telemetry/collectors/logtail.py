@@ -7,11 +7,18 @@ time. Each pattern is a regex searched in the message; a matching line becomes a
 gives {"xid": 79}). Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
 persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
 
-Who may speak: journal entries count only from `journal_transports` (the kernel's own, not `logger` text); a line
-naming its program counts only from `idents`; a file must belong to root (or the sidecar's own user) and be
-writable by no one else, in a directory others cannot replace it in: `untrusted_source: refuse` skips such a
-file, `flag` reads it and marks its events `untrusted`. Each is logged, reported as a `log_source_untrusted`
-event and counted in `log.rejected_lines{source,reason}`.
+A record dmesg or journalctl prints on several lines (its continuation lines indented, or after a ring-buffer record
+as older dmesg printed them) is matched as one line.
+
+Who may speak: with `idents` set (the kernel section), a line counts only when its writer is established: an envelope
+a parser reads whole that names one of `idents` (and the kern facility where the envelope carries one), a format
+only the kernel writes (dmesg, /dev/kmsg), or a journal entry of the kernel's transport (`journal_transports`). A
+line whose source cannot be established (no known envelope, another program's name or facility, a journal field
+missing) is never acted on as the kernel's: it is counted in `log.unattributed_lines{source,reason}` and, when a
+pattern would have matched it, reported as a `log_unattributed` event (source sidecar) with the line and the reason.
+A file must belong to root (or the sidecar's own user) and be writable by no one else, in a directory others cannot
+replace it in: `untrusted_source: refuse` skips such a file, `flag` reads it and marks its events `untrusted`. Each
+is logged, reported as a `log_source_untrusted` event and counted in `log.rejected_lines{source,reason}`.
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ import os
 import re
 import stat
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sigma.telemetry import logformats
 from sigma.telemetry.base import Collector, CollectorParams, Output, register
 from sigma.telemetry.tail import FileTailer
 
 MESSAGE_MAX = 2000
+RECORD_MAX = 2048  # the longest record the kernel's ring buffer keeps (PRINTK_MESSAGE_MAX): continuations stop there
+UNATTRIBUTED_EVENTS_PER_RUN = 20  # lines a pattern matched but no writer vouches for, reported one by one per run
 FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
 REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
 log = logging.getLogger("sigma.sidecar.logtail")
@@ -42,14 +51,29 @@ class Pattern:
     regex: str  # Python regex searched in each line; named groups become event fields
     severity: str = "warning"  # event severity: info, warning, error, critical
     fields: dict[str, str] = field(default_factory=dict)  # constant fields added to every match
+    extract: list[str] = field(default_factory=list)  # more regexes searched in a matching line: their named
+    # groups add fields where they match (a culprit rank or host, a subcode the line may or may not carry)
 
     def __post_init__(self):
         if not self.name:
             raise ValueError("pattern name must not be empty")
-        try:
-            self.compiled = re.compile(self.regex)
-        except re.error as exc:
-            raise ValueError(f"bad regex {self.regex!r}: {exc}") from None
+        self.compiled, *self.extractors = (_compile(r) for r in [self.regex, *self.extract])
+
+    def fields_of(self, m: re.Match, message: str) -> dict:
+        """The event's fields: the constants, then what the extra regexes find, then the pattern's own groups."""
+        fields = dict(self.fields)
+        for found in [e.search(message) for e in self.extractors] + [m]:
+            for k, v in (found.groupdict() if found else {}).items():
+                if v is not None:
+                    fields[k] = int(v) if v.isdigit() else v
+        return fields
+
+
+def _compile(regex: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as exc:
+        raise ValueError(f"bad regex {regex!r}: {exc}") from None
 
 
 @register("logtail")
@@ -62,7 +86,8 @@ class LogTailCollector(Collector):
         journal: bool = False  # read the systemd journal through journalctl
         journal_args: list[str] = field(default_factory=list)  # extra journalctl arguments, e.g. ["-k"]
         journal_transports: list[str] = field(default_factory=lambda: ["kernel"])  # journal _TRANSPORT values read
-        idents: list[str] = field(default_factory=list)  # programs whose lines count (syslog tag); empty = any
+        idents: list[str] = field(default_factory=list)  # writers whose lines count (syslog tag, journal identifier);
+        # set: lines whose writer cannot be established are not acted on (fail closed); empty = any line counts
         untrusted_source: str = "refuse"  # a file others can write: refuse (skip it) or flag (mark its events)
         job_id_from_path: str = ""  # regex with a (?P<job_id>...) group: a file's events belong to that job only
         start_at: str = "end"  # where to start a file or stream seen for the first time: end or start
@@ -94,6 +119,7 @@ class LogTailCollector(Collector):
         self.first_run = True
         self.untrusted: dict[str, str] = {}  # source -> why, while it is untrusted (reported once per change)
         self.saved: dict[str, str] = {}  # positions last handed to the store, to write only changes
+        self.last_record: dict[str, logformats.LogLine] = {}  # per source: the record a continuation line extends
 
     def _key(self, what: str) -> str:
         return f"logtail:{self.section}:{what}"
@@ -107,6 +133,8 @@ class LogTailCollector(Collector):
     def collect(self, out: Output) -> None:
         budget = [self.params.max_events_per_run, 0]  # remaining, suppressed
         self.rejected: dict[tuple[str, str], int] = {}
+        self.unattributed: dict[tuple[str, str], int] = {}
+        self.unattributed_budget = [UNATTRIBUTED_EVENTS_PER_RUN, 0]  # reported one by one, then only counted
         for path in self._paths():
             why = _untrusted_file(path)
             flagged = self._trust(out, path, why)
@@ -125,14 +153,14 @@ class LogTailCollector(Collector):
             where = {"file": path, **({"untrusted": True} if why else {})}
             job = self.params.job_path.search(path) if self.params.job_path else None
             job_ids = [int(job["job_id"])] if job and job["job_id"].isdigit() else None
-            for raw, maybe_seen in lines:
-                parsed = logformats.parse(raw.decode("utf-8", "replace"), now=out.ts, booted=self.booted)
-                if maybe_seen and (tailer.was_shipped(logformats.fingerprint(raw)) or (
+            for parsed, raws, maybe_seen in self._records(path, lines, out.ts):
+                if maybe_seen and (tailer.was_shipped(logformats.fingerprint(raws[0])) or (
                         parsed.ts is not None and parsed.ts < tailer.guard_ts - REWRITE_SLACK_S)):
                     replayed += 1  # a rewritten file shows a line already shipped (or older history): never again
                     continue
-                if self._match(out, parsed, where, budget, path, job_ids):
-                    tailer.remember(logformats.fingerprint(raw))
+                if self._match(out, parsed, where, budget, path, job_ids, raws[0]):
+                    for raw in raws:
+                        tailer.remember(logformats.fingerprint(raw))
             self._position(out, self._key(f"file:{path}"), tailer.position)
             out.sample("log.lines", len(lines), {"source": path})
             if replayed:
@@ -141,13 +169,19 @@ class LogTailCollector(Collector):
             records = self.kmsg.read()
             for text in records:
                 self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), {"stream": "kmsg"}, budget,
-                            "kmsg")
+                            "kmsg", raw=text)
             self._position(out, self._key("kmsg"), self.kmsg.position)
             out.sample("log.lines", len(records), {"source": "kmsg"})
         if self.params.journal:
             self._journal(out, budget)
         for (source, reason), n in self.rejected.items():
             out.sample("log.rejected_lines", n, {"source": source, "reason": reason})
+        for (source, reason), n in self.unattributed.items():
+            out.sample("log.unattributed_lines", n, {"source": source, "reason": reason})
+        if self.unattributed_budget[1]:
+            out.event("sidecar", "log_unattributed", f"{self.unattributed_budget[1]} more lines a pattern matched "
+                      f"but no writer vouches for in one run; counted, not listed", "warning",
+                      {"collector": self.section, "suppressed": self.unattributed_budget[1]})
         if budget[1]:
             out.event("sidecar", "log_flood", f"{budget[1]} more matching lines in one run than "
                       f"max_events_per_run={self.params.max_events_per_run}; counted, not stored",
@@ -186,31 +220,67 @@ class LogTailCollector(Collector):
         # a file that appears after the first run is new: read it from its beginning
         return paths
 
+    def _records(self, source: str, lines: list[tuple[bytes, bool]], now: float):
+        """(parsed record, its raw lines, maybe seen) per record: a line no parser reads extends the record before
+        it, and takes its writer, when it is indented (dmesg's and journalctl's continuation of a multi-line record)
+        or follows a record of the kernel's own ring buffer (older dmesg printed the record's newlines as they are),
+        up to the longest record the kernel keeps."""
+        record = None
+        for raw, maybe_seen in lines:
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            parsed = logformats.parse(text, now=now, booted=self.booted)
+            head = self.last_record.get(source)
+            if (parsed.format == "plain" and head is not None and len(head.message) + len(text) < RECORD_MAX
+                    and (text[:1] in (" ", "\t") or head.format in logformats.KERNEL_FORMATS and not head.ident)):
+                if record is not None:
+                    record[0].message += " " + text.strip()
+                    record[1].append(raw)
+                    continue
+                parsed = replace(head, message=text.strip())  # its record was read in an earlier run
+            if record is not None:
+                yield record
+            record = [parsed, [raw], maybe_seen]
+            self.last_record[source] = parsed
+        if record is not None:
+            yield record
+
     def _match(self, out: Output, line: logformats.LogLine, where: dict, budget: list, source: str,
-               job_ids: list[int] | None = None) -> bool:
+               job_ids: list[int] | None = None, raw: bytes | str = b"") -> bool:
         """The line as an event if a pattern matches; True when it matched (stored or counted)."""
+        why = logformats.unattributed(line, self.params.idents)
+        if why:
+            key = (source, why)
+            self.unattributed[key] = self.unattributed.get(key, 0) + 1
         for p in self.params.patterns:
             m = p.compiled.search(line.message)
             if m is None:
                 continue
-            if self.params.idents and line.ident and line.ident not in self.params.idents:
-                key = (source, f"ident:{line.ident}")  # e.g. a user's `logger` text in a syslog file
-                self.rejected[key] = self.rejected.get(key, 0) + 1
+            if why:
+                self._report_unattributed(out, p, line, raw, source, why)
                 return False
             if budget[0] <= 0:
                 budget[1] += 1
                 return True
             budget[0] -= 1
-            fields = {**where, **p.fields}
-            for k, v in m.groupdict().items():
-                if v is not None:
-                    fields[k] = int(v) if v.isdigit() else v
+            fields = {**where, **p.fields_of(m, line.message)}
             ts = line.ts if line.ts is not None and line.ts <= out.ts + FUTURE_SLACK_S else None
             if ts is not None and ts == int(ts) and 0 <= out.ts - ts < 1.0:
                 ts = None  # a whole-second stamp of the current second: the read time is as true, and finer
             out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)
             return True  # first matching pattern wins: one line is one event
         return False
+
+    def _report_unattributed(self, out: Output, pattern: Pattern, line: logformats.LogLine, raw, source: str,
+                             why: str) -> None:
+        """A line that reads like a fault but no writer vouches for: shown (sigma explain), never acted on."""
+        if self.unattributed_budget[0] <= 0:
+            self.unattributed_budget[1] += 1
+            return
+        self.unattributed_budget[0] -= 1
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        out.event("sidecar", "log_unattributed", (text.rstrip("\r\n") or line.message)[:MESSAGE_MAX], "warning",
+                  {"collector": self.section, "source": source, "reason": why, "pattern": pattern.name,
+                   "format": line.format})
 
     def _journal(self, out: Output, budget: list) -> None:
         argv = ["journalctl", "-o", "json", "--no-pager", *self.params.journal_args,
@@ -249,7 +319,8 @@ class LogTailCollector(Collector):
                                             f"{', '.join(self.params.journal_transports)}")
                 continue
             parsed = logformats.journal_entry(entry, self.booted)
-            self._match(out, parsed, {"stream": "journal", "unit": entry.get("_SYSTEMD_UNIT", "")}, budget, "journal")
+            self._match(out, parsed, {"stream": "journal", "unit": entry.get("_SYSTEMD_UNIT", "")}, budget, "journal",
+                        raw=line)
         if self.journal_cursor:
             self._position(out, self._key("journal"), self.journal_cursor)
         out.sample("log.lines", n, {"source": "journal"})

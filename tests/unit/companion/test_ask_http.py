@@ -36,8 +36,8 @@ def test_a_signed_question_gets_the_answer(controller, monkeypatch):
     srv, key_file, _ = controller
     monkeypatch.delenv("SIGMA_LLM_BASE_URL", raising=False)
     reply = ask_remote(f"http://127.0.0.1:{srv.port}", str(key_file), "which nodes were drained for xid errors?")
-    assert reply["ok"] and reply["asked_by"] == "companion" and reply["intent"] == "drained_nodes"
-    assert [r[0] for r in reply["rows"]] == ["node2"] and reply["sql"].startswith("SELECT")
+    assert reply["ok"] and reply["asked_by"] == "companion" and reply["intent"] == "drains" and reply["status"] == "fact"
+    assert [r[0] for r in reply["rows"]] == ["node2"] and reply["sql"].startswith("WITH")
 
 
 def post(srv, body: bytes, headers: dict) -> tuple[int, dict]:

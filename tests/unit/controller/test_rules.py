@@ -38,7 +38,7 @@ def test_knowledge_base_has_the_builtin_signatures():
 
 
 @pytest.mark.parametrize("xid,rule,action", [(79, "gpu-xid-79", "drain+reboot"), (48, "gpu-xid-repair", "drain"),
-                                             (64, "gpu-xid-repair", "drain"), (95, "gpu-xid-repair", "drain"),
+                                             (64, "gpu-xid-repair", "drain"), (95, "gpu-xid-reset", "drain+reboot"),
                                              (74, "gpu-xid-74", "drain+ticket"), (63, "gpu-xid-record", "record"),
                                              (92, "gpu-xid-record", "record")])
 def test_xid_buckets(xid, rule, action):

@@ -1,0 +1,321 @@
+"""A parsed query (sigma.companion.parse.Query) as one read-only SELECT, with the unit of each result column.
+
+The entity's rows come first, with its measures computed (`base`), then its filters (`rows`): references (nodes,
+jobs, rules), conditions, the time range on the entity's time column, a comparison on the measure. What is selected
+from them follows from the question's shape: a count, an aggregate of the measure (average, median, total, maximum,
+minimum, share), one row per node/job/rule/category ("which nodes ..."), per group or per time bucket, a ranking
+that keeps every row tied at the top, the latest or earliest row, a time, or the rows themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sigma.companion.parse import Query
+
+# Every node or job the controller knows, for "which nodes were never ...".
+UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
+AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
+
+
+class NotUnderstood(ValueError):
+    """The slots are understood one by one but do not make one question the data answers."""
+
+
+@dataclass
+class Built:
+    sql: str
+    params: list
+    units: dict[str, str] = field(default_factory=dict)   # result column -> unit (s, time, %, bytes, ...)
+    shape: str = "rows"                                   # rows scalar groups ranking latest hypo
+    value: str = ""                                       # the column holding the answer's number
+    showed: bool = False                                  # the columns the question asked for are in the result
+
+
+def _bucket_size(q: Query, now: float) -> int:
+    if q.bucket:
+        return q.bucket
+    span = now - q.since if q.since else 86400
+    return 60 if span <= 3 * 3600 else 3600 if span <= 3 * 86400 else 86400
+
+
+def compose(q: Query, now: float, tz_offset: float) -> Built:
+    built = _compose(q, now, tz_offset)
+    if q.show and not built.showed:   # a column asked for that this shape of answer would leave out
+        raise NotUnderstood(f"{', '.join(q.show)} together with a count, an aggregate or a grouping")
+    return built
+
+
+def _compose(q: Query, now: float, tz_offset: float) -> Built:
+    ent = q.entity
+    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
+    src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
+    base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
+    where, params = [], []
+    for ref, values in (("node", q.nodes), ("job", q.jobs)):
+        if not values:
+            continue
+        col = ent.refs.get(ref)
+        if col is None:
+            raise NotUnderstood(f"{ent.name} have no {ref}")
+        marks = ",".join("?" * len(values))
+        where.append(f"EXISTS (SELECT 1 FROM json_each({col[5:]}) jl WHERE jl.value IN ({marks}))"
+                     if col.startswith("list:") else f"{col} IN ({marks})")
+        params += values
+    if q.rules:
+        col = ent.refs.get("rule")
+        if col is None:
+            raise NotUnderstood(f"{ent.name} have no rule")
+        where.append("(" + " OR ".join(f"{col} LIKE ?" for _ in q.rules) + ")")
+        params += q.rules
+    for ref, values in q.exclude.items():   # "excluding xid", "except on node1": rows without a value count too
+        col = ent.refs.get(ref)
+        if col is None or col.startswith("list:"):
+            raise NotUnderstood(f"{ent.name} cannot exclude a {ref}")
+        if ref == "rule":
+            where.append("NOT COALESCE((" + " OR ".join(f"{col} LIKE ?" for _ in values) + "), 0)")
+        else:
+            where.append(f"COALESCE({col}, '') NOT IN ({','.join('?' * len(values))})")
+        params += values
+    asked = {c.column.rstrip("!") for c in q.conds}
+    if ent.default and ent.default.split()[0] not in asked:
+        where.append(ent.default)
+    share_conds = []       # "what share of X are Y": Y is the numerator, not a filter
+    metric_col = (ent.measure_names or {}).get("column")
+    by_column: dict[str, list] = {}
+    for c in q.conds:   # several values of one column ("warning or error events") are alternatives
+        by_column.setdefault(c.column or c.sql, []).append(c)
+    for column, conds in by_column.items():
+        joiner = " AND " if column.endswith("!") else " OR "   # "not A or B": neither
+        sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"
+        args = [a for c in conds for a in c.params]
+        if q.agg == "share" and column.rstrip("!") != metric_col:
+            share_conds.append((sql, args))
+        else:
+            where.append(sql)
+            params += args
+    if q.since is not None or q.until is not None:
+        if not ent.time:
+            raise NotUnderstood(f"{ent.name} have no time to filter on")
+        if q.since is not None:
+            where.append(f"{ent.time} >= ?")
+            params.append(q.since)
+        if q.until is not None:
+            where.append(f"{ent.time} < ?")
+            params.append(q.until)
+    m = q.measure
+    if q.qkind == "duration" and m is None:
+        m = next((c for c in ent.measures() if c.unit == "s"), None)
+        if m is None:
+            raise NotUnderstood(f"how long: {ent.name} have no duration")
+    if q.cmp:
+        op, value, unit = q.cmp
+        if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
+            raise NotUnderstood(f"'{op} {value:g}{' ' + unit if unit else ''}' without a measure of that kind")
+        where.append(f"{m.name} {op} ?")
+        params.append(value)
+    rows = "rows AS (SELECT * FROM base" + (" WHERE " + " AND ".join(where) if where else "") + ")"
+    head = f"WITH {base}, {rows} "
+    units = {c.name: ("time" if c.role == "time" else c.unit) for c in ent.columns.values()
+             if c.role in ("time", "measure") and (c.unit or c.role == "time")}
+    mname = m.name if m else None
+    if m:
+        units[mname] = m.unit
+    if ent.time:
+        units[ent.time] = "time"
+
+    def agg_of(agg: str, col: str | None) -> str:
+        if agg == "share":
+            if not share_conds:
+                raise NotUnderstood("a share of what")
+            cond = " AND ".join(s for s, _ in share_conds)
+            for _, p in share_conds:
+                params.extend(p)
+            return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
+        if agg == "count" or col is None:
+            if agg not in ("count", "") and col is None:
+                raise NotUnderstood(f"{agg} of what")
+            return "COUNT(*)"
+        return AGG_SQL[agg].format(col)
+
+    # ---- a hypothetical: which jobs an action on these nodes would hit ----
+    if q.hypo:
+        if ent.name != "nodes" or not q.nodes:
+            raise NotUnderstood("a what-if needs the node(s) it is about")
+        sql = head + ("SELECT rows.node, jl.value AS job_id FROM rows, json_each(rows.jobs) jl "
+                      "ORDER BY rows.node, jl.value")
+        return Built(sql, params, units, "hypo")
+    # ---- one row per group or time bucket ----
+    group = list(q.group)
+    bucket = None
+    if q.bucket is not None:
+        if not ent.time:
+            raise NotUnderstood(f"{ent.name} have no time to follow over time")
+        size = _bucket_size(q, now)
+        bucket = f"CAST(({ent.time} + {tz_offset:.0f}) / {size} AS INTEGER) * {size} - {tz_offset:.0f}"
+        units["period"] = "time"
+    proj = q.project
+    if proj and proj.startswith("list:"):
+        proj = proj[5:]
+    agg = q.agg or ("count" if q.qkind == "count" else "")
+    if agg == "count" and q.agg and m:
+        raise NotUnderstood(f"both a count and the {q.agg} of {m.name}")
+    if m and q.qkind == "count" and q.agg:
+        raise NotUnderstood(f"both a count and the {q.agg} of {m.name}")
+    if m and not agg and q.rank and (group or bucket is not None):
+        agg = q.rank
+    if m and not agg and (group or bucket is not None or (proj and q.rank and m)):
+        agg = m.agg if m.agg in AGG_SQL else ("" if (proj and q.rank) else "avg")
+    if agg == "median" and m is None:
+        raise NotUnderstood("a median of what")
+
+    def grouped(keys: list[str], value_agg: str) -> tuple[str, str]:
+        """SELECT keys, value ... GROUP BY keys (median through window functions)."""
+        cols = ", ".join(keys)
+        if value_agg == "median":
+            part = f"PARTITION BY {cols} " if keys else ""
+            body = (f"med AS (SELECT {cols + ', ' if keys else ''}{mname} AS v, ROW_NUMBER() OVER ({part}ORDER BY "
+                    f"{mname}) AS rn, COUNT(*) OVER ({part.strip()}) AS n FROM rows WHERE {mname} IS NOT NULL) ")
+            sel = (f"SELECT {cols + ', ' if keys else ''}AVG(v) AS median_{mname} FROM med WHERE rn IN ((n + 1) / 2, "
+                   f"(n + 2) / 2)" + (f" GROUP BY {cols}" if keys else ""))
+            units[f"median_{mname}"] = m.unit
+            return body, sel
+        name = "n" if value_agg == "count" or m is None else f"{value_agg}_{mname}"
+        if value_agg == "share":
+            name = "share"
+        if m is not None and value_agg not in ("count", "share"):
+            units[name] = m.unit
+        expr = agg_of(value_agg, mname)
+        plain = [k for k in keys if " AS " not in k]
+        known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in plain)) if plain else ""
+        return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name} FROM rows{known}" + (
+            f" GROUP BY {cols}" if keys else "")
+
+    if q.qkind == "when" and (group or proj) and bucket is None:
+        tcol = q.time_col or ent.time
+        keys = group or [proj]
+        fn = "MIN" if q.order == "earliest" else "MAX"
+        units[tcol] = "time"
+        sql = head + (f"SELECT {', '.join(keys)}, {fn}({tcol}) AS {tcol} FROM rows GROUP BY {', '.join(keys)} "
+                      f"ORDER BY {', '.join(keys)}")
+        return Built(sql, params, units, "groups", tcol)
+    if group and q.per_item and m and not q.agg:   # "how long did each validation take, per node"
+        cols = list(dict.fromkeys(group + [mname] + ([ent.time] if ent.time else [])))
+        return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {', '.join(group)}", params, units, "rows",
+                     mname)
+    if group or bucket is not None:
+        keys = group + ([f"{bucket} AS period"] if bucket is not None else [])
+        key_names = group + (["period"] if bucket is not None else [])
+        if q.rank and not agg:
+            agg = "count"
+        extra_cte, sel = grouped(key_names if bucket is None else keys, agg or "count")
+        if bucket is not None:
+            sel = sel.replace(f"GROUP BY {', '.join(keys)}", f"GROUP BY {', '.join(key_names)}")
+        if q.having:
+            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+        sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {', '.join(key_names)}"
+        return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
+
+    if q.anti:   # "which nodes were never drained": every one known, less those with such rows
+        universe = UNIVERSES.get(proj)
+        if universe is None:
+            raise NotUnderstood(f"'never' over {proj}")
+        sql = head + (f"SELECT DISTINCT {proj} FROM ({universe}) WHERE {proj} NOT IN "
+                      f"(SELECT {proj} FROM rows WHERE {proj} IS NOT NULL) ORDER BY {proj}")
+        return Built(sql, params, units, "rows")
+    if proj:
+        listed = proj if not (ent.refs.get("job", "").startswith("list:") and proj == ent.refs["job"][5:]) else None
+        if listed is None:  # "which jobs" over a JSON list of job ids
+            sql = head + f"SELECT DISTINCT jl.value AS job_id FROM rows, json_each(rows.{proj}) jl ORDER BY 1"
+            return Built(sql, params, units, "rows")
+        if q.rank and m and not q.agg:     # "which node was out of service the longest": the row(s) at the top
+            fn = "MAX" if q.rank == "max" else "MIN"
+            sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
+                          f"ORDER BY {proj}")
+            return Built(sql, params, units, "ranking", mname)
+        if m and not agg and not q.rank and q.qkind != "count":   # "which jobs lost more than 10 steps"
+            cols = list(dict.fromkeys([proj, mname] + ([ent.time] if ent.time else [])))
+            order = f" ORDER BY {ent.time}" if ent.time else ""
+            return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname)
+        if q.show and not (m or agg or q.rank or q.having):   # "which rules ..., and what would they have done"
+            keys = list(dict.fromkeys([proj] + q.show))
+            _, sel = grouped(keys, "count")
+            return Built(head + sel + f" ORDER BY {', '.join(keys)}", params, units, "groups", "n", showed=True)
+        value_agg = agg or "count"
+        extra_cte, sel = grouped([proj], value_agg)
+        name = sel.split(" AS ")[-1].split()[0] if value_agg != "median" else f"median_{mname}"
+        if q.having:
+            if value_agg != "count":
+                raise NotUnderstood("a count condition with another measure")
+            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+        if q.qkind == "count" and not q.rank and (q.count_distinct or q.having):   # "how many nodes were drained"
+            inner = head + (", " + extra_cte if extra_cte else "") + sel
+            sql = f"SELECT COUNT(*) AS n FROM ({inner})"
+            return Built(sql, params, units, "scalar", "n")
+        body = (", " + extra_cte if extra_cte else "") + sel
+        if q.rank:
+            fn = "MAX" if q.rank == "max" else "MIN"
+            if q.top:
+                sql = head + body + f" ORDER BY {name} {'DESC' if q.rank == 'max' else 'ASC'}, {proj} LIMIT {q.top}"
+            else:
+                inner = head + body
+                sql = f"SELECT * FROM ({inner}) g WHERE {name} = (SELECT {fn}({name}) FROM ({inner}))"
+                params = params + params
+            return Built(sql, params, units, "ranking", name)
+        sql = head + body + f" ORDER BY {proj}"
+        return Built(sql, params, units, "groups", name)
+
+    if q.qkind == "when":
+        tcol = q.time_col or ent.time
+        if not tcol:
+            raise NotUnderstood(f"{ent.name} have no time")
+        units[tcol] = "time"
+        if q.order or q.rank:
+            fn = "MAX" if (q.order == "latest" or q.rank == "max") else "MIN"
+            return Built(head + f"SELECT {fn}({tcol}) AS {tcol} FROM rows", params, units, "scalar", tcol)
+        cols = list(dict.fromkeys([tcol] + [c for c in ent.show if c != tcol]))
+        return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {tcol}", params, units, "rows")
+
+    if q.having:
+        raise NotUnderstood("more than N times: of what (per node, per job, ...)")
+    if q.qkind == "count" and not m:
+        return Built(head + "SELECT COUNT(*) AS n FROM rows", params, units, "scalar", "n")
+
+    if m and q.rank and not agg and q.which and not q.order:
+        fn = "MAX" if q.rank == "max" else "MIN"
+        cols = list(dict.fromkeys([c for c in ent.show if c] + [mname]))
+        sql = head + f"SELECT {', '.join(cols)} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows)"
+        return Built(sql, params, units, "ranking", mname)
+    if m and (agg or q.rank) and not q.order:
+        value_agg = agg or q.rank
+        extra_cte, sel = grouped([], value_agg)
+        name = sel.split(" AS ")[-1].split()[0] if value_agg != "median" else f"median_{mname}"
+        return Built(head + (", " + extra_cte if extra_cte else "") + sel, params, units, "scalar", name)
+    if agg == "share":
+        _, sel = grouped([], "share")
+        return Built(head + sel, params, units, "scalar", "share")
+    if agg and not m:
+        raise NotUnderstood(f"the {agg} of what")
+
+    if m and m.agg and not q.order and q.qkind not in ("duration",):
+        extra_cte, sel = grouped([], m.agg if m.agg in AGG_SQL else "avg") if m.agg != "latest" else ("", "")
+        if sel:
+            name = sel.split(" AS ")[-1].split()[0]
+            return Built(head + sel, params, units, "scalar", name)
+        q.order = "latest"
+    if q.show and not q.order and not m:
+        cols = list(dict.fromkeys([ent.label] + q.show + ent.show))
+        return Built(head + f"SELECT DISTINCT {', '.join(cols)} FROM rows ORDER BY {ent.label}", params, units,
+                     "rows", showed=True)
+    cols = list(dict.fromkeys([c for c in ent.show if c] + q.show + ([mname] if m else [])))
+    if q.order:
+        if not ent.time:
+            raise NotUnderstood(f"{ent.name} have no time to order by")
+        direction = "DESC" if q.order == "latest" else "ASC"
+        sql = head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {ent.time} {direction} LIMIT {q.top or 1}"
+        return Built(sql, params, units, "latest", mname or "", showed=True)
+    if q.rank and not m:
+        raise NotUnderstood("the most or least of what")
+    order = f" ORDER BY {ent.time}" if ent.time else ""
+    return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname or "", showed=True)

@@ -1,0 +1,92 @@
+"""Time ranges in the forms people write, read in the site's timezone: "in the last 3 hours", "past day", "today",
+"yesterday", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20", "between 10:00 and 10:30",
+"from 10:00 to 10:30", "before 10:00", "after 10:00". Each match says which characters of the question it used, so
+the parser knows those words are understood."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+UNITS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "m": 60, "hour": 3600, "hr": 3600, "h": 3600,
+         "day": 86400, "d": 86400, "week": 604800, "month": 30 * 86400}
+COUNT = r"(\d+|a|an|one|two|three|four|five|six|seven|eight|nine|ten|twelve|twenty-four|few|couple of)"
+COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+          "nine": 9, "ten": 10, "twelve": 12, "twenty-four": 24, "few": 3, "couple of": 2}
+CLOCK = r"(\d{1,2})(?::(\d{2}))?\s*(am|pm)?"
+UNIT = r"(seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?)"
+
+
+@dataclass
+class TimeRange:
+    since: float | None
+    until: float | None
+    words: str                       # the words it came from, for the answer
+    spans: list[tuple[int, int]]     # character spans of the question it used
+
+
+def _unit(word: str) -> int:
+    word = word.rstrip("s") if word not in ("s",) else word
+    return UNITS.get(word, UNITS.get(word + "s", 0)) or UNITS[word[:3]]
+
+
+def _clock(day: datetime, h: str, m: str | None, ampm: str | None) -> datetime:
+    hour = int(h) % 12 + (12 if ampm == "pm" else 0) if ampm else int(h)
+    return day.replace(hour=hour, minute=int(m or 0), second=0, microsecond=0)
+
+
+def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
+    """The time range in the normalised question q, or None."""
+    local = datetime.fromtimestamp(now, tz).astimezone(tz)
+    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    week = midnight - timedelta(days=midnight.weekday())
+
+    def out(m, since, until):
+        return TimeRange(since.timestamp() if since else None, until.timestamp() if until else None,
+                         m.group(0).strip(), [m.span()])
+
+    m = re.search(r"\b(?:between|from) " + CLOCK + r" (?:and|to|until|till|-) " + CLOCK + r"\b", q)
+    if m:
+        start, end = _clock(midnight, *m.group(1, 2, 3)), _clock(midnight, *m.group(4, 5, 6))
+        if start > local:  # a clock range later than now today means yesterday's
+            start, end = start - timedelta(days=1), end - timedelta(days=1)
+        return out(m, start, end if end > start else end + timedelta(days=1))
+    m = re.search(r"(?<!the )(?<!past )\blast week\b", q)
+    if m:  # the calendar week before this one ("in the last week" is the past 7 days)
+        return out(m, week - timedelta(days=7), week)
+    m = re.search(r"\b(?:in |over |during |within )?(?:the )?(?:last|past|previous) " + COUNT + r"? ?" + UNIT + r"\b",
+                  q)
+    if m:
+        n = COUNTS.get(m.group(1), None) if m.group(1) else 1
+        n = int(m.group(1)) if n is None else n
+        return TimeRange(now - n * _unit(m.group(2)), None, m.group(0).strip(), [m.span()])
+    m = re.search(r"\b(?:in the )?(?:last|past) (hour|day|week|month)\b", q)
+    if m:
+        return TimeRange(now - _unit(m.group(1)), None, m.group(0).strip(), [m.span()])
+    m = re.search(r"\b(?:so far )?today\b|\bthis morning\b", q)
+    if m:
+        return out(m, midnight, None)
+    m = re.search(r"\byesterday\b", q)
+    if m:
+        return out(m, midnight - timedelta(days=1), midnight)
+    m = re.search(r"\b(?:during |in )?this week\b", q)
+    if m:
+        return out(m, week, None)
+    m = re.search(r"\bsince (?:last )?(" + "|".join(WEEKDAYS) + r")\b", q)
+    if m:
+        back = (midnight.weekday() - WEEKDAYS.index(m.group(1))) % 7 or 7
+        return out(m, midnight - timedelta(days=back), None)
+    m = re.search(r"\b(since|after|before|until) (\d{4}-\d{2}-\d{2})(?:[t ](\d{1,2}):(\d{2}))?\b", q)
+    if m:
+        d = datetime.fromisoformat(m.group(2)).replace(tzinfo=tz)
+        d = d.replace(hour=int(m.group(3) or 0), minute=int(m.group(4) or 0))
+        return out(m, d, None) if m.group(1) in ("since", "after") else out(m, None, d)
+    m = re.search(r"\b(since|after|before|until) " + CLOCK + r"\b", q)
+    if m and (m.group(3) or m.group(4)):  # "since 10:30" or "after 9 pm", not "since 3" (a count)
+        t = _clock(midnight, *m.group(2, 3, 4))
+        if t > local:
+            t -= timedelta(days=1)
+        return out(m, t, None) if m.group(1) in ("since", "after") else out(m, None, t)
+    return None
