@@ -100,7 +100,8 @@ class Controller:
         self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
                                          " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
-        self._placed: tuple | None = None  # (where jobs run, node -> their job ids)
+        self._placed: tuple | None = None  # (squeue's answer, where jobs run, running jobs, node -> their job ids)
+        self._nodes: tuple | None = None  # (sinfo's answer, name -> node, the silent ones)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -211,7 +212,7 @@ class Controller:
         t0 = time.monotonic()
         now = self.clock()
         self._reload_rules()
-        nodes = {n.name: n for n in self.slurm.nodes()}
+        nodes = self._node_map(self.slurm.nodes())
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
         early: list[Finding] = []
@@ -284,12 +285,22 @@ class Controller:
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
 
+    def _node_map(self, listed: list[Node]) -> dict[str, Node]:
+        """name -> node; SLURM's answer handed back unchanged (a simulated cluster's between changes) is not
+        mapped again."""
+        if self._nodes is None or self._nodes[0] is not listed:
+            self._nodes = (listed, {n.name: n for n in listed},
+                           [n for n in listed if "NOT_RESPONDING" in n.flags and not n.rebooting])
+        return self._nodes[1]
+
     def _placement(self, jobs: list[Job]) -> tuple[list[Job], dict[str, list[int]]]:
         """The running jobs, and node -> their job ids rebuilt only when where jobs run changed: on a quiet tick
         of a 1,000-node cluster building the mapping was a quarter of the tick."""
+        if self._placed is not None and self._placed[0] is jobs:  # the same answer as last tick
+            return self._placed[2], self._placed[3]
         running = [j for j in jobs if j.state in RUNNING_STATES]
         key = tuple((j.job_id, j.nodes) for j in running)
-        if self._placed is None or self._placed[0] != key:
+        if self._placed is None or self._placed[1] != key:
             jobs_on_node: dict[str, list[int]] = {}
             for j in running:
                 for n in j.nodes:
@@ -297,15 +308,18 @@ class Controller:
                         jobs_on_node[n].append(j.job_id)
                     else:
                         jobs_on_node[n] = [j.job_id]
-            self._placed = (key, jobs_on_node)
-        return running, self._placed[1]
+        else:
+            jobs_on_node = self._placed[3]
+        self._placed = (jobs, key, running, jobs_on_node)
+        return running, jobs_on_node
 
     def _not_responding(self, nodes: dict[str, Node], now: float) -> list[Finding]:
         """A node whose slurmd stopped answering (dead host, crashed daemon): SLURM would mark it DOWN after
         SlurmdTimeout and requeue its jobs with a BeginTime; taking it out now (drain, requeue, then DOWN: decide.py)
         restarts them sooner."""
         out = []
-        for n in nodes.values():
+        silent = self._nodes[2] if self._nodes is not None and self._nodes[1] is nodes else nodes.values()
+        for n in silent:
             if "NOT_RESPONDING" not in n.flags or n.rebooting or self.remediator.active(n.name):
                 continue  # our own reboots stop slurmd too
             out.append(Finding(rule_id="slurm-node-not-responding", source="slurm", scope="node", severity="error",

@@ -555,11 +555,10 @@ class Engine:
         for j in list(self.slurm.live.values()):
             if j.state == "RUNNING" and node in j.nodes:
                 if j.validation_of is None:
-                    self.requeue(j)
+                    self.requeue(j)  # these tell the controller (changed)
                 else:
                     self.cancel(j)
         self._free([node])
-        self.changed()
 
     def _outcome(self, j: SimJob, run: int, f: Fault) -> None:
         """The watchdog / isolation outcome (the culprit), after the measured delay, for the controller's next
@@ -612,8 +611,7 @@ class Engine:
             flags += ("NOT_RESPONDING",)  # a dead host does not come back from a reboot
         self.slurm.set_node(node, state="down", flags=tuple(sorted(set(flags) | {"DRAIN"})),
                             slurmd_start_time=int(self.now), boot_time=int(self.now))
-        self.at(self.now + REBOOT_SETTLE_S + 0.5, self.changed)
-        self.changed()
+        self.at(self.now + REBOOT_SETTLE_S + 0.5, self.changed)  # the controller resumes no sooner (no tick now)
 
     def _fixed(self, node: str, f: Fault) -> Fault | None:
         """The fault is repaired; a fault that joined the outage and is not repaired yet is now the node's
