@@ -448,7 +448,8 @@ class Engine:
         healthy = j.validation_of not in self.faults
         j.state = "COMPLETED" if healthy else "FAILED"
         self.slurm.jobs_changed()
-        self.tl.note(j.validation_of, f"validation job {j.job_id} {'passes' if healthy else 'fails: the fault is still there'}")
+        self.tl.note(j.validation_of, f"validation job {j.job_id} "
+                                      f"{'passes' if healthy else 'fails: the fault is still there'}")
         self._record(j, j.state, 0 if healthy else 1)
         self._free(j.nodes)
         j.nodes = ()
@@ -480,11 +481,12 @@ class Engine:
             return
         f = self.faults[node] = Fault(o, o.kind, self.now)
         kind = KINDS[o.kind]
-        on = [j for j in self.slurm.live.values() if j.state == "RUNNING" and node in j.nodes and j.validation_of is None]
+        on = [j for j in self.slurm.live.values()
+              if j.state == "RUNNING" and node in j.nodes and j.validation_of is None]
+        hands = 0.0 if kind.reboot_fixes else self._hands_on(f)
         self.tl.fault(node, o.kind, o.detail, o.origin, f"fault: {what}; "
                       f"{'jobs ' + str([j.job_id for j in on]) + ' on the node' if on else 'the node is idle'}; "
-                      f"{'a reboot fixes it' if kind.reboot_fixes else 'hands-on repair: ' + duration(self._hands_on(f))}",
-                      0.0 if kind.reboot_fixes else self._hands_on(f))
+                      f"{'a reboot fixes it' if kind.reboot_fixes else 'hands-on repair: ' + duration(hands)}", hands)
         for j in on:
             self._degrade(j, f)
         if kind.detect == "slurm":
