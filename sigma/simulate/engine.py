@@ -235,7 +235,9 @@ class Engine:
         if self.ctrl.log.next_step:
             self._wake(self.now + self.p.poll_s)  # one state-machine step per tick: tick again
         elif self._timers_running():
-            self._wake(self.now + WATCH_S)  # timeouts and retries, minutes long
+            self._wake(self.now + WATCH_S, again=True)  # timeouts and retries, minutes long: WATCH_S after this tick
+        else:
+            self._wake_at = None  # nothing can time out: a wake-up still pending has nothing to do
         self.dirty = False
 
     def _timers_running(self) -> bool:
@@ -247,17 +249,18 @@ class Engine:
         return any(not (lc.state == "remediating" and rem._playbook(lc).kind in ("manual", "ticket"))
                    for lc in rem.unfinished())
 
-    def _wake(self, t: float) -> None:
-        """One pending wake-up at a time: an earlier one already due covers a later request."""
-        if self._wake_at is not None and self.now < self._wake_at <= t:
+    def _wake(self, t: float, again: bool = False) -> None:
+        """One pending wake-up at a time: an earlier one already due covers a later request, unless the tick just
+        done looked at what the earlier one was for (`again`)."""
+        if not again and self._wake_at is not None and self.now < self._wake_at <= t:
             return
         self._wake_at = t
         self.at(t, self._woken, t)
 
     def _woken(self, t: float) -> None:
-        if self._wake_at == t:
+        if self._wake_at == t:  # not one a later tick replaced or cancelled
             self._wake_at = None
-        self.changed()
+            self.changed()
 
     def stamp(self) -> str:
         import datetime as dt
