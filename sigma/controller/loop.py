@@ -667,9 +667,13 @@ class Controller:
         with self.conn:
             self.conn.execute(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
                               f" {passive}", (now, now - stale))
+            # one statement per job with such an incident open, not per running job (a thousand-node cluster's
+            # hundred jobs, every tick)
+            about = {r[0] for r in self.conn.execute(f"SELECT DISTINCT job_id FROM incidents WHERE closed_at IS NULL"
+                                                     f" AND job_id IS NOT NULL AND {passive}")}
             self.conn.executemany(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND job_id = ? AND"
                                   f" updated_at < ? AND rule_id != 'watchdog-crash-loop' AND {passive}",
-                                  [(now, j.job_id, j.start_time) for j in jobs if j.start_time])
+                                  [(now, j.job_id, j.start_time) for j in jobs if j.start_time and j.job_id in about])
 
     def _snapshot(self, nodes: dict[str, Node], jobs: list[Job], now: float) -> None:
         periodic = now - self._last_snapshot_ts >= self.cfg.snapshot_every_s
