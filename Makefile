@@ -2,12 +2,15 @@
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
-TEST_PACKAGES := chromium postgresql  # headless browser the HTML report test renders the page in; the server the
-# PostgreSQL store tests start
-BENCH_PACKAGES := prometheus-node-exporter  # bench/telemetry.py's baseline
+TEST_PACKAGES := chromium postgresql systemd debootstrap  # headless browser the HTML report test renders the page
+# in; the server the PostgreSQL store tests start; the journald the kernel-log tests run privately
+# (tests/journald.py); the root file systems of test-slurm-versions
+BENCH_PACKAGES := prometheus-node-exporter debootstrap  # bench/telemetry.py's baseline; bench/cluster.py's root
+# file systems for the other Slurm releases
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test soak soak-full unit integration demo bench gpu-check clean cluster-down
+.PHONY: install system-packages test soak soak-full unit integration demo bench gpu-check clean cluster-down \
+	rootfs test-slurm-versions
 
 install: system-packages $(VENV)/.installed
 
@@ -31,6 +34,25 @@ bench: EXTRA_PACKAGES = $(BENCH_PACKAGES)
 
 test: install
 	$(VENV)/bin/python -m pytest -q tests
+
+# The SLURM-level integration tests on the Slurm of Debian 13 (24.11, with the cgroup file systems mounted) and of
+# Debian unstable (26.05, without them), each in a root file system built once by debootstrap from Debian's packages
+# and kept under $(ROOTFS_DIR) for the next run (docs/slurm-versions.md).
+ROOTFS_DIR ?= /var/cache/sigma/rootfs
+SLURM_SUITES ?= trixie sid
+SLURM_VERSION_TESTS ?= tests/integration/test_cluster.py tests/integration/test_prolog.py \
+	tests/integration/test_controller.py::test_xid79_drains_requeues_reboots_validates_and_resumes
+
+rootfs: EXTRA_PACKAGES = debootstrap
+rootfs: install
+	@for s in $(SLURM_SUITES); do $(VENV)/bin/python -m sigma.slurm.rootfs --dir $(ROOTFS_DIR) build $$s || exit 1; done
+
+test-slurm-versions: rootfs
+	@failed=""; offset=0; for s in $(SLURM_SUITES); do echo "== Slurm of Debian $$s"; offset=$$((offset + 1000)); \
+	  case $$s in sid) flags=--no-cgroup;; *) flags=;; esac; \
+	  SIGMA_TEST_PORT_OFFSET=$$offset $(VENV)/bin/python -m sigma.slurm.rootfs --dir $(ROOTFS_DIR) run $$flags $$s \
+	    -- python -m pytest -q -p no:cacheprovider $(SLURM_VERSION_TESTS) || failed="$$failed $$s"; \
+	done; if [ -n "$$failed" ]; then echo "SLURM-level tests failed on:$$failed"; exit 1; fi
 
 soak: install
 	$(VENV)/bin/python bench/chaos_soak.py --minutes 20 --seed 3 --signatures 2

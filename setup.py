@@ -29,7 +29,9 @@ setup(
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40", "psycopg[binary]>=3.1,<4"],
+        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40", "psycopg[binary]>=3.1,<4", "cysystemd>=2.0.5,<3"],
+        # the sidecar reads the systemd journal through libsystemd (else through journalctl); a manylinux_2_34 wheel
+        "journal": ["cysystemd>=2.0.5,<3"],
         "llm": ["openai>=1.40"],
         "postgres": ["psycopg[binary]>=3.1,<4"],  # the controller database on PostgreSQL (db: postgresql://...)
     },

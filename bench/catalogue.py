@@ -23,6 +23,7 @@ previous release, 79a1320) in a subprocess, side by side. Failures are listed fo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,6 +39,13 @@ CORPUS = ROOT / "tests" / "fixtures" / "catalogue" / "corpus.yaml"
 DRAIN = ("drain", "drain+reboot", "drain+ticket")
 JOB_ID = 4242
 PREVIOUS_RELEASE = "79a1320"
+
+
+def files_only(params) -> dict:
+    """The settings that make a logtail section read its files only, in the code of this revision or of the
+    baseline's (which named its kernel-log sources `kmsg` and `journal` flags before `source`)."""
+    names = {f.name for f in dataclasses.fields(params)}
+    return {k: v for k, v in {"source": "files", "kmsg": False, "journal": False}.items() if k in names}
 
 
 def heldout(src: str) -> bool:
@@ -84,8 +92,8 @@ def evaluate(rows: list[dict], rules_dir: Path, telemetry: Path) -> list[dict]:
             path = root / f"job-{JOB_ID}" / f"out{i}.node1.log" if job else root / f"kern{i}.log"
             path.parent.mkdir(exist_ok=True)
             path.write_text(text + "\n")
-            params = replace(sections["job_output" if job else "kernel"], files=[str(path)], kmsg=False,
-                             journal=False, start_at="start")
+            base = sections["job_output" if job else "kernel"]
+            params = replace(base, files=[str(path)], start_at="start", **files_only(base))
             collector = LogTailCollector("job_output" if job else "kernel", params,
                                          Context(node="node1", node_dir=tmp, host_root=tmp))
             out = Output(ts=now)

@@ -8,7 +8,9 @@ telemetry.yaml with per-node placeholders, a key per node from the same code as 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,14 +47,19 @@ class Stack:
         return ["controller"] + [f"sidecar-{n}" for n in self.cluster.node_names()]
 
     def up(self, *, hang_timeout_s: float | None = None, settings: dict[str, object] | None = None,
-           timeout: float = 60.0) -> None:
-        """settings: controller config overrides, "section.key" -> value (e.g. "watchdog.recent_window_s": 30)."""
-        self.cluster.up()
-        self.provision_keys()
+           timeout: float = 60.0) -> str:
+        """settings: controller config overrides, "section.key" -> value (e.g. "watchdog.recent_window_s": 30).
+        Every setting is checked before anything is written. On a running controller the settings are applied to
+        its config and it reloads (SIGHUP); what it answers is returned ("" when nothing was running)."""
         overrides = dict(settings or {})
         if hang_timeout_s is not None:
             overrides["watchdog.hang_timeout_s"] = hang_timeout_s
-        self._write_controller_config(overrides)
+        if self.status().get("controller"):
+            return self._reload(overrides, timeout)
+        _check(_apply(yaml.safe_load((configs_dir() / "controller.yaml").read_text()), overrides))  # before any start
+        self.cluster.up()
+        self.provision_keys()
+        self._write_controller_config(self._controller_config(overrides))
         self._check_controller_port()
         env = {**os.environ, **self.cluster.env}
         self._start("controller", [sys.executable, "-m", "sigma.cli", "controller", "run",
@@ -63,6 +70,41 @@ class Stack:
                 sys.executable, "-m", "sigma.cli", "sidecar", "--config", str(configs_dir() / "telemetry.yaml"),
                 "--node", node, "--controller", f"{self.controller_url}/v1/ingest",
                 "--secret-file", str(self.node_key(node))], env)
+        return ""
+
+    def _reload(self, overrides: dict[str, object], timeout: float) -> str:
+        """--set on a running platform: the controller's config changes and it reloads, or nothing changes."""
+        from sigma.controller.loop import RESTART_KEYS
+
+        if not overrides:
+            return "already running; nothing to change"
+        current = yaml.safe_load(self.controller_config.read_text()) or {}
+        config = _apply(current, overrides)
+        restart = sorted({k.split(".")[0] for k in overrides} & set(RESTART_KEYS))
+        if restart:
+            raise ClusterError(f"--set {', '.join(restart)} needs a restart of the controller, not a reload: "
+                               f"`sigma stack down`, then `sigma stack up --set ...`; nothing changed")
+        self._write_controller_config(config)
+        log = self.state / "log" / "controller.jsonl"
+        seen = log.stat().st_size if log.exists() else 0
+        os.kill(_read_pid(self._pid_file("controller")), signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if log.exists() and log.stat().st_size > seen:
+                with open(log) as f:
+                    f.seek(seen)
+                    for line in f:
+                        try:
+                            record = json.loads(line)
+                        except ValueError:
+                            continue
+                        if record.get("event") == "reload":
+                            if record.get("result") != "applied":
+                                raise ClusterError(f"the controller kept its running config: {record.get('msg')}")
+                            return record.get("msg", "reloaded")
+            time.sleep(0.2)
+        raise ClusterError(f"the controller did not answer the reload within {timeout:.0f}s; "
+                           f"see {self.state}/log/controller.out")
 
     def node_key(self, node: str) -> Path:
         return self.keys_dir / f"{node}.key"
@@ -95,7 +137,8 @@ class Stack:
     def _pid_file(self, name: str) -> Path:
         return self.state / "run" / f"{name}.pid"
 
-    def _write_controller_config(self, overrides: dict[str, object]) -> None:
+    def _controller_config(self, overrides: dict[str, object]) -> dict:
+        """The shipped controller config with the stack's own paths and ports, and the overrides."""
         config = yaml.safe_load((configs_dir() / "controller.yaml").read_text())
         spec = self.cluster.load_spec()
         root = project_root()
@@ -110,17 +153,29 @@ class Stack:
         # Four emulated nodes and faults injected minutes apart: a breaker sized for a real cluster (a quarter of
         # the nodes per hour) would stop every second drain here.
         config.setdefault("breaker", {}).update(max_fraction=0.5, window_s=120)
-        for dotted, value in overrides.items():
-            *sections, key = dotted.split(".")
-            node = config
-            for section in sections:
-                node = node.setdefault(section, {})
-            node[key] = value
-        self.controller_config.write_text("# generated by `sigma stack up` from configs/controller.yaml\n"
-                                          + yaml.safe_dump(config, sort_keys=False))
-        from sigma.controller.config import load_controller_config
+        return _apply(config, overrides)
 
-        load_controller_config(self.controller_config)  # a misspelt --set key fails here, named, not at start-up
+    def _write_controller_config(self, config: dict) -> None:
+        """Checked first, written whole: a bad value is refused naming its key, and the file stays as it was."""
+        text = "# generated by `sigma stack up` from configs/controller.yaml\n" + yaml.safe_dump(config, sort_keys=False)
+        cfg = _check(config, text)
+        tmp = self.controller_config.with_suffix(".yaml.new")
+        tmp.write_text(text)
+        os.replace(tmp, self.controller_config)
+        self._write_health_config(cfg.mode)
+
+    def _write_health_config(self, mode: str) -> None:
+        """Observe mode reaches the local cluster's prolog and epilog too (warn only: exit 0, nothing drained)
+        through <state>/etc/health.yaml, which `sigma health` reads on the local cluster; act mode removes it."""
+        path = self.state / "etc" / "health.yaml"
+        if mode != "observe":
+            path.unlink(missing_ok=True)
+            return
+        health = yaml.safe_load((configs_dir() / "health.yaml").read_text())
+        for hook in ("prolog", "epilog"):
+            health.setdefault(hook, {})["mode"] = "observe"
+        path.write_text("# generated by `sigma stack up`: the controller runs in observe mode\n"
+                        + yaml.safe_dump(health, sort_keys=False))
 
     def _check_controller_port(self) -> None:
         """Refuse to start when another checkout's controller holds our port: its /healthz would answer for ours."""
@@ -173,9 +228,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
     p.add_argument("--hang-timeout", type=float, default=None, help="controller watchdog hang timeout (s)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="settings",
-                   help="up: override a controller setting, e.g. --set watchdog.recent_window_s=30 (repeatable)")
+                   help="up: override a controller setting, e.g. --set mode=observe (repeatable); checked before "
+                        "anything is written; on a running platform the controller reloads with it")
     p.add_argument("--with-cluster", action="store_true", help="down: also stop the SLURM cluster")
     p.set_defaults(func=_run)
+
+
+def _check(config: dict, text: str | None = None):
+    """The controller config these settings make, or a ClusterError naming the bad key (nothing is written)."""
+    from sigma.config import ConfigError, _Source, from_dict
+    from sigma.controller.config import ControllerConfig
+
+    text = text or yaml.safe_dump(config, sort_keys=False)
+    try:
+        return from_dict(ControllerConfig, config, _Source("sigma stack up --set", text))
+    except ConfigError as exc:
+        raise ClusterError(f"{exc}; nothing written, nothing started or changed") from None
+
+
+def _apply(config: dict, overrides: dict[str, object]) -> dict:
+    for dotted, value in overrides.items():
+        *sections, key = dotted.split(".")
+        node = config
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ClusterError(f"--set {dotted}: {section!r} is not a section; nothing written")
+        node[key] = value
+    return config
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
@@ -191,7 +271,10 @@ def _settings(pairs: list[str]) -> dict[str, object]:
 def _run(args) -> int:
     stack = Stack(LocalCluster(args.state_dir))
     if args.action == "up":
-        stack.up(hang_timeout_s=args.hang_timeout, settings=_settings(args.settings))
+        reloaded = stack.up(hang_timeout_s=args.hang_timeout, settings=_settings(args.settings))
+        if reloaded:
+            print(f"controller already running: {reloaded}")
+            return 0
         print(f"controller on {stack.controller_url} (database {stack.db}), sidecars on "
               f"{', '.join(stack.cluster.node_names())}; logs in {stack.state / 'log'}")
         print("tail the controller's decisions with:\n  tail -f " + str(stack.state / "log" / "decisions.log"))

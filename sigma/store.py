@@ -43,8 +43,37 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 30.0) 
     return conn
 
 
-def migrate(conn, migrations: Sequence[Migration]) -> list[str]:
-    """Apply migrations not yet recorded in the `migrations` table, in order; return the names applied."""
+class DatabaseTooNew(ValueError):
+    """The database was written by a newer version of sigma: its schema has migrations this version lacks."""
+
+
+def refuse_newer(conn, migrations: Sequence[Migration], also_known: Sequence[str] = (), where: str = "") -> None:
+    """Raise DatabaseTooNew when the database records migrations this version does not know (a downgrade): this
+    code would misread or damage what the newer one wrote. A database without a migrations table passes."""
+    try:
+        done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
+    except Exception:  # no table yet (a new database)
+        if hasattr(conn, "rollback"):
+            conn.rollback()  # PostgreSQL: the failed statement aborted the transaction
+        return
+    unknown = sorted(done - {name for name, _ in migrations} - set(also_known))
+    if unknown:
+        from sigma import __version__
+
+        raise DatabaseTooNew(
+            f"{where or 'the database'} was written by a newer sigma: its schema has {', '.join(unknown)}, which "
+            f"sigma {__version__} does not know; refusing to use it. Run the newer sigma again, or restore the copy "
+            f"of the database taken before the upgrade (docs/rollout.md, Rollback)")
+
+
+def migrate(conn, migrations: Sequence[Migration], also_known: Sequence[str] = (), where: str = "",
+            owner: bool = True) -> list[str]:
+    """Apply migrations not yet recorded in the `migrations` table, in order; return the names applied. The
+    database's owner (owner=True; False for a list of extra tables another module adds to it) refuses a database
+    with migrations neither in the list nor in also_known: a newer version wrote it (DatabaseTooNew), and nothing
+    is changed."""
+    if owner:
+        refuse_newer(conn, migrations, also_known, where)
     conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
     names = [name for name, _ in migrations]

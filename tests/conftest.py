@@ -41,7 +41,9 @@ def _test_cluster_location() -> tuple[Path, int]:
     """One cluster per checkout, on its own ports, so several checkouts can test side by side."""
     digest = int(hashlib.sha1(str(REPO).encode()).hexdigest()[:8], 16)
     state = Path(os.environ.get("SIGMA_TEST_CLUSTER_DIR", f"/tmp/sigma-test-cluster-{digest:08x}"))
-    return state, 20000 + (digest % 400) * 25
+    # the same checkout's tests on another Slurm (make test-slurm-versions) run beside it on ports of their own
+    offset = int(os.environ.get("SIGMA_TEST_PORT_OFFSET") or 0)
+    return state, 20000 + (digest % 400) * 25 + offset
 
 
 @pytest.fixture(scope="session")
@@ -53,11 +55,15 @@ def cluster():
     local = LocalCluster(state)
     local.down(keep_munge=True)  # a fresh start picks up config changes
     try:
-        local.up(ClusterSpec(nodes=4, port_base=port_base))
-    except ClusterError:
-        # slurmctld restored what a killed test session left in its saved state (a running job, a node down):
-        # cancel and resume as after every test, then go on
-        reset_cluster(Slurm(local.conf), local, timeout=120)
+        try:
+            local.up(ClusterSpec(nodes=4, port_base=port_base))
+        except ClusterError:
+            # slurmctld restored what a killed test session left in its saved state (a running job, a node down):
+            # cancel and resume as after every test, then go on
+            reset_cluster(Slurm(local.conf), local, timeout=120)
+    except BaseException:  # whatever failed (a traceback, Ctrl-C), no daemon of ours outlives the session
+        local.down(keep_munge=True)
+        raise
     yield local
     local.down(keep_munge=True)
 

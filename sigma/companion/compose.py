@@ -9,12 +9,17 @@ that keeps every row tied at the top, the latest or earliest row, a time, or the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from sigma.companion.model import Column
 from sigma.companion.parse import Query
 
 # Every node or job the controller knows, for "which nodes were never ...".
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
+UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
+         ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1}   # (the measure's unit, the one asked for): divide by
+RATE_UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
 
@@ -30,6 +35,7 @@ class Built:
     shape: str = "rows"                                   # rows scalar groups ranking latest hypo
     value: str = ""                                       # the column holding the answer's number
     showed: bool = False                                  # the columns the question asked for are in the result
+    extras: list[str] = field(default_factory=list)        # the columns answering the question's second part
 
 
 def _bucket_size(q: Query, now: float) -> int:
@@ -40,18 +46,60 @@ def _bucket_size(q: Query, now: float) -> int:
 
 
 def compose(q: Query, now: float, tz_offset: float) -> Built:
-    built = _compose(q, now, tz_offset)
+    if None in q.extras:
+        raise NotUnderstood(f"the second part of the question, of {q.entity.name}")
+    used: list[Extra] = []
+    built = _compose(q, now, tz_offset, used)
+    built.extras = [x.name for x in used]
     if q.show and not built.showed:   # a column asked for that this shape of answer would leave out
         raise NotUnderstood(f"{', '.join(q.show)} together with a count, an aggregate or a grouping")
+    if len(built.extras) != len(q.extras):
+        raise NotUnderstood("the second part of the question together with this kind of answer")
     return built
 
 
-def _compose(q: Query, now: float, tz_offset: float) -> Built:
+@dataclass
+class Extra:
+    """A second part of the question, asked of the first part's rows: one more column of the answer."""
+    sql: str
+    name: str
+    unit: str
+    params: list
+    plain: bool          # a column of each row ("and at which step"), not an aggregate over them
+
+
+def _extra(qb: Query) -> Extra:
+    """"..., and how many of them led to a drain" (a count of those rows that also meet its conditions), "and the
+    first time one opened" (a time), "and the average X" (an aggregate), "and at which step" (a column)."""
+    ent = qb.entity
+    if qb.group or qb.bucket is not None or qb.project or qb.having or qb.hypo:
+        raise NotUnderstood("a second part with its own grouping")
+    where, params, _ = _filters(qb, "rows")
+    if ent.default in where:
+        where.remove(ent.default)   # the first part's rows already are the entity's
+    cond = " AND ".join(where)
+    when = (lambda v: f"CASE WHEN {cond} THEN {v} END") if cond else (lambda v: v)  # noqa: E731
+    m = qb.measure
+    if qb.qkind == "when":
+        t = qb.time_col or ent.time
+        fn, word = ("MIN", "first") if qb.order == "earliest" else ("MAX", "last")
+        return Extra(f"{fn}({when(t)})", f"{word}_{t}", "time", params, False)
+    if m is not None and (qb.agg or qb.rank) and qb.agg not in ("count", "share", "median"):
+        fn = qb.agg or qb.rank
+        return Extra(AGG_SQL[fn].format(when(m.name)), f"{fn}_{m.name}", m.unit, params, False)
+    if qb.qkind == "count" and m is None and not qb.agg:
+        label = "_".join(re.findall(r"[a-z0-9]+", " ".join(c.label for c in qb.conds) or "all"))
+        return Extra(f"SUM(CASE WHEN {cond or '1'} THEN 1 ELSE 0 END)", f"n_{label}", "", params, False)
+    column = m.name if m is not None else (qb.show[0] if len(qb.show) == 1 else None)
+    if column and not cond and not qb.agg and not qb.rank:
+        return Extra(column, column, m.unit if m is not None else "", [], True)
+    raise NotUnderstood("a second part that is not a count, a time, an aggregate or a column")
+
+
+def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]]]:
+    """The predicates of the question's filters over the entity's rows (`row`: their alias, for relations), their
+    parameters, and the conditions that are a share's numerator rather than a filter."""
     ent = q.entity
-    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
-    extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
-    src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
-    base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
     where, params = [], []
     for ref, values in (("node", q.nodes), ("job", q.jobs)):
         if not values:
@@ -91,9 +139,9 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
         sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"
         args = [a for c in conds for a in c.params]
         if q.agg == "share" and column.rstrip("!") != metric_col:
-            share_conds.append((sql, args))
+            share_conds.append((sql.replace("{row}", "rows"), args))
         else:
-            where.append(sql)
+            where.append(sql.replace("{row}", row))   # a relation names the row it belongs to
             params += args
     if q.since is not None or q.until is not None:
         if not ent.time:
@@ -104,11 +152,48 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
         if q.until is not None:
             where.append(f"{ent.time} < ?")
             params.append(q.until)
+    return where, params, share_conds
+
+
+def _in_unit(q: Query) -> Column | None:
+    """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
+    if not q.unit:
+        return m
+    factor = UNITS.get((m.unit if m else "", q.unit))
+    if factor is None:
+        raise NotUnderstood(f"'in {q.unit}' for {m.name if m else 'no measure'}")
+    name = re.sub(r"_(s|bytes)$", "", m.name) + "_" + q.unit.lower()   # out_of_service_s -> out_of_service_min
+    return Column(name, f"({m.sql}) / {factor}", "measure", q.unit)
+
+
+def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built:
+    """The SELECT; `used` gets the second parts of the question it answers."""
+    ent = q.entity
+    m = _in_unit(q)
+    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    if m and m.name not in ent.columns and m.sql != f"src.{m.name}":
+        measures.append(m)   # a measure of the question's own: the time between two times, one in another unit
+    extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
+    src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
+    base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
+    where, params, share_conds = _filters(q, "base")
+    extras = [_extra(x) for x in q.extras]
+    aggregates, plain = [x for x in extras if not x.plain], [x for x in extras if x.plain]
+
+    def add(more: list[Extra]) -> str:
+        """The extra columns of a SELECT (their parameters in the order they appear)."""
+        for x in more:
+            params.extend(x.params)
+            units[x.name] = x.unit
+            used.append(x)
+        return "".join(f", {x.sql} AS {x.name}" for x in more)
     if q.qkind == "duration" and m is None:
         m = next((c for c in ent.measures() if c.unit == "s"), None)
         if m is None:
             raise NotUnderstood(f"how long: {ent.name} have no duration")
+    if q.qkind == "duration" and m.unit not in ("s", "min", "h"):
+        raise NotUnderstood(f"how long: {m.name} is not a duration")
     if q.cmp:
         op, value, unit = q.cmp
         if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
@@ -133,6 +218,8 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
             for _, p in share_conds:
                 params.extend(p)
             return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
+        if agg == "distinct":
+            return f"COUNT(DISTINCT {proj})"
         if agg == "count" or col is None:
             if agg not in ("count", "") and col is None:
                 raise NotUnderstood(f"{agg} of what")
@@ -146,6 +233,14 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
         sql = head + ("SELECT rows.node, jl.value AS job_id FROM rows, json_each(rows.jobs) jl "
                       "ORDER BY rows.node, jl.value")
         return Built(sql, params, units, "hypo")
+    # ---- a counter's rate: "how many steps per minute" (its rise over the time it took) ----
+    if m and m.agg == "max" and q.bucket and q.qkind == "count" and q.agg in ("", "avg") and not q.group:
+        if ent.refs.get("job") and not q.jobs:
+            raise NotUnderstood(f"a rate of {mname} over several jobs' counters")
+        name = f"{mname}_per_{RATE_UNITS.get(q.bucket, f'{q.bucket}_s')}"
+        sql = head + (f"SELECT {q.bucket} * (MAX({mname}) - MIN({mname})) / NULLIF(MAX({ent.time}) - "
+                      f"MIN({ent.time}), 0) AS {name} FROM rows")
+        return Built(sql, params, units, "scalar", name)
     # ---- one row per group or time bucket ----
     group = list(q.group)
     bucket = None
@@ -181,15 +276,16 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
                    f"(n + 2) / 2)" + (f" GROUP BY {cols}" if keys else ""))
             units[f"median_{mname}"] = m.unit
             return body, sel
-        name = "n" if value_agg == "count" or m is None else f"{value_agg}_{mname}"
+        name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
         if m is not None and value_agg not in ("count", "share"):
             units[name] = m.unit
         expr = agg_of(value_agg, mname)
-        plain = [k for k in keys if " AS " not in k]
-        known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in plain)) if plain else ""
-        return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name} FROM rows{known}" + (
+        more = add(aggregates)
+        named = [k for k in keys if " AS " not in k]
+        known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in named)) if named else ""
+        return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name}{more} FROM rows{known}" + (
             f" GROUP BY {cols}" if keys else "")
 
     if q.qkind == "when" and (group or proj) and bucket is None:
@@ -204,6 +300,11 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
         cols = list(dict.fromkeys(group + [mname] + ([ent.time] if ent.time else [])))
         return Built(head + f"SELECT {', '.join(cols)} FROM rows ORDER BY {', '.join(group)}", params, units, "rows",
                      mname)
+    if (group or bucket is not None) and proj and proj not in group:
+        if q.count_distinct and agg == "count":   # "how many different rules fired on node2 versus node1"
+            agg = "distinct"
+        else:   # "which rules fired, per node": one row per node and rule
+            group.append(proj)
     if group or bucket is not None:
         keys = group + ([f"{bucket} AS period"] if bucket is not None else [])
         key_names = group + (["period"] if bucket is not None else [])
@@ -234,10 +335,13 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
             sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
                           f"ORDER BY {proj}")
             return Built(sql, params, units, "ranking", mname)
-        if m and not agg and not q.rank and q.qkind != "count":   # "which jobs lost more than 10 steps"
-            cols = list(dict.fromkeys([proj, mname] + ([ent.time] if ent.time else [])))
+        if (m or plain) and not agg and not q.rank and q.qkind != "count":   # "which jobs lost more than 10 steps"
+            add(plain)   # "which nodes were drained, and how long until each came back"
+            cols = list(dict.fromkeys([proj] + ([mname] if m else []) + [x.name for x in plain]
+                                      + ([ent.time] if ent.time else [])))
             order = f" ORDER BY {ent.time}" if ent.time else ""
-            return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows", mname)
+            return Built(head + f"SELECT {', '.join(cols)} FROM rows{order}", params, units, "rows",
+                         mname or plain[0].name)
         if q.show and not (m or agg or q.rank or q.having):   # "which rules ..., and what would they have done"
             keys = list(dict.fromkeys([proj] + q.show))
             _, sel = grouped(keys, "count")
@@ -280,12 +384,15 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
     if q.having:
         raise NotUnderstood("more than N times: of what (per node, per job, ...)")
     if q.qkind == "count" and not m:
-        return Built(head + "SELECT COUNT(*) AS n FROM rows", params, units, "scalar", "n")
+        return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 
-    if m and q.rank and not agg and q.which and not q.order:
+    if m and q.rank and not agg and (q.which or plain) and not q.order:   # the row(s) at the top
         fn = "MAX" if q.rank == "max" else "MIN"
-        cols = list(dict.fromkeys([c for c in ent.show if c] + [mname]))
-        sql = head + f"SELECT {', '.join(cols)} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows)"
+        cols = [mname] if plain and not q.which else [c for c in ent.show if c] + [mname]
+        cols = list(dict.fromkeys(cols + [x.name for x in plain if x.name != mname]))
+        add(plain)
+        sql = head + (f"SELECT DISTINCT {', '.join(cols)} FROM rows WHERE {mname} = (SELECT {fn}({mname}) "
+                      "FROM rows)")
         return Built(sql, params, units, "ranking", mname)
     if m and (agg or q.rank) and not q.order:
         value_agg = agg or q.rank
@@ -298,7 +405,7 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
     if agg and not m:
         raise NotUnderstood(f"the {agg} of what")
 
-    if m and m.agg and not q.order and q.qkind not in ("duration",):
+    if m and m.agg and not q.order and q.qkind not in ("duration",) and not q.cmp:   # "lost more than 10": the rows
         extra_cte, sel = grouped([], m.agg if m.agg in AGG_SQL else "avg") if m.agg != "latest" else ("", "")
         if sel:
             name = sel.split(" AS ")[-1].split()[0]
@@ -308,7 +415,9 @@ def _compose(q: Query, now: float, tz_offset: float) -> Built:
         cols = list(dict.fromkeys([ent.label] + q.show + ent.show))
         return Built(head + f"SELECT DISTINCT {', '.join(cols)} FROM rows ORDER BY {ent.label}", params, units,
                      "rows", showed=True)
-    cols = list(dict.fromkeys([c for c in ent.show if c] + q.show + ([mname] if m else [])))
+    cols = list(dict.fromkeys([c for c in ent.show if c] + q.show + ([mname] if m else [])
+                              + [x.name for x in plain]))
+    add(plain)
     if q.order:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to order by")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+from collections import Counter
 from datetime import datetime, tzinfo
 
 from sigma.companion.answer import Answer
@@ -16,7 +17,7 @@ from sigma.companion.compose import NotUnderstood, compose
 from sigma.companion.model import Model, build
 from sigma.companion.parse import Parser
 from sigma.companion.safe_sql import UnsafeQuery, run_select
-from sigma.companion.say import say
+from sigma.companion.say import noun, reading, say, scope
 
 VAGUE = re.compile(r"\b(my|this|that) (job|node|run|training run|machine)\b(?! ?#?\d)")
 
@@ -37,16 +38,19 @@ def parser_for(conn: sqlite3.Connection) -> Parser:
 
 
 def describe(parsed) -> str:
-    q = parsed.query
-    if q is None:
+    if parsed.query is None:
         return ", ".join(parsed.understood)
+    return describe_query(parsed.query)
+
+
+def describe_query(q) -> str:
     bits = [q.entity.name.replace("_", " ")]
     bits += [f"{k} {', '.join(map(str, v))}" for k, v in (("node", q.nodes), ("job", q.jobs), ("rule", q.rules)) if v]
-    bits += [c.label for c in q.conds]
+    bits += [c.label for c in q.conds] + [f"not {k} {', '.join(map(str, v))}" for k, v in q.exclude.items()]
     for name, v in (("time", q.period), ("measure", q.measure.name if q.measure else ""), ("aggregate", q.agg),
                     ("superlative", q.rank), ("order", q.order), ("per", ", ".join(q.group)),
                     ("one row per", q.project), ("question", q.qkind if q.qkind != "list" else ""),
-                    ("what if", q.hypo)):
+                    ("what if", q.hypo), ("in", q.unit)):
         if v:
             bits.append(f"{name}: {v}")
     if q.cmp:
@@ -55,7 +59,65 @@ def describe(parsed) -> str:
         bits.append(f"count {q.having[0]} {q.having[1]:g}")
     if q.bucket is not None:
         bits.append("over time")
-    return " · ".join(bits)
+    return " · ".join(bits) + "".join(f" · and: {describe_query(x)}" if x else " · and: ?" for x in q.extras)
+
+
+def _alternatives(conn: sqlite3.Connection, queries: list, now: float, offset: float) -> list[tuple]:
+    """(query, built, columns, rows) of each other reading; built and rows None where it makes no query this tier
+    can run (a reading all the same: its answer is not known, so it is not the same as another's)."""
+    out = []
+    for q in queries:
+        try:
+            built = compose(q, now, offset)
+            result = run_select(conn, built.sql, tuple(built.params))
+        except (NotUnderstood, UnsafeQuery, sqlite3.Error):
+            out.append((q, None, [], None))
+            continue
+        out.append((q, built, result.columns, result.rows))
+    return out
+
+
+def _norm(v) -> str:
+    """A value as two readings are compared: numbers to one decimal, text without case."""
+    if isinstance(v, (int, float)):
+        return f"{float(v):.1f}"
+    return "" if v is None else str(v).strip().lower()
+
+
+def _answer_columns(q, built, columns: list[str]) -> list[str]:
+    """The columns that are the answer: the value of a scalar; the keys and value of groups (for "which nodes ..."
+    the nodes: a count beside each is extra); the rows' node/job/rule or label, and their measure."""
+    if built.shape == "scalar":
+        cols = [built.value] if built.value in columns else columns
+    elif built.shape in ("groups", "ranking"):
+        cols = columns[:-1] if q.which and built.shape == "groups" and len(columns) > 1 else columns
+    else:
+        label = q.project if q.project in columns else q.entity.label
+        cols = [c for c in (label, built.value) if c in columns] or columns
+    return [f"{q.entity.name}.id" if c == "id" else c for c in cols]   # ids of two tables are different things
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two readings give the same answer: both nothing, or the same answer columns with the same values."""
+    (qa, ba, ca, ra), (qb, bb, cb, rb) = a, b
+    if ra is None or rb is None:
+        return False
+    if not ra and not rb:
+        return True
+    wanted = _answer_columns(qa, ba, ca)
+    if sorted(wanted) != sorted(_answer_columns(qb, bb, cb)):
+        return False
+    values = lambda q, cols, rows: Counter(tuple(_norm(r[cols.index(c.split(".")[-1])]) for c in wanted)  # noqa: E731
+                                          for r in rows)
+    return values(qa, ca, ra) == values(qb, cb, rb)
+
+
+def _one_of_many(q, built, rows: list) -> bool:
+    """A question for one time or duration ("when did node1 come back", "how long did detection take") that several
+    rows answer, with no word saying which (each, first, last, average, total): a question back, not a pick."""
+    return (q.qkind in ("when", "duration") and built.shape == "rows" and len(rows) > 1
+            and not (q.agg or q.rank or q.order or q.per_item or q.group or q.project or q.extras or q.compare
+                     or q.bucket is not None))
 
 
 def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None, tz: tzinfo | None = None) -> Answer:
@@ -72,10 +134,6 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"I only read the controller's data; I do not {parsed.command} anything. Use the SLURM or "
                            "sigma commands for that (e.g. `scontrol`, `sigma nodes`).", tier="fast",
                       status="cannot", understood=understood, not_understood=[parsed.command])
-    if parsed.ambiguous:
-        names = " or ".join(n.replace("_", " ") for n in parsed.ambiguous)
-        return Answer(text=f"Do you mean {names}? The words ({understood}) fit each of them; name the one you mean.",
-                      tier="fast", status="clarify", understood=understood)
     if parsed.query is None:
         return Answer(text="I cannot answer that from the controller's data: I did not recognise what it asks "
                            f"about ({', '.join(parsed.unknown) or 'nothing I know'}).", tier="fast",
@@ -105,6 +163,20 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"I understood {understood}, but my query for it failed ({exc}).", sql=built.sql,
                       params=list(built.params), tier="fast", intent=q.entity.name, status="cannot",
                       understood=understood, not_understood=[str(exc)])
+    readings = [(q, built, result.columns, result.rows)] + _alternatives(conn, parsed.alternatives, now, offset)
+    distinct = [r for i, r in enumerate(readings) if not any(_same(r, o) for o in readings[:i])]
+    if len(distinct) > 1:   # the words fit readings whose answers differ: ask which, never pick one
+        names = "; or ".join(reading(r[0]) + (" (not one I can answer from the data)" if r[3] is None else "")
+                             for r in distinct)
+        return Answer(text=f"Your words fit {len(distinct)} readings with different answers: {names}. Which do you "
+                           "mean? Ask again with the words of that one.", tier="fast", intent=q.entity.name,
+                      status="clarify", understood=" | ".join(describe_query(r[0]) for r in distinct))
+    if _one_of_many(q, built, result.rows):   # "how long was node2 out of service?" over five outages
+        one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
+                               else ("duration", "each one's, their average or their total", "each, average, total"))
+        return Answer(text=f"{len(result.rows)} {noun(q, len(result.rows))}{scope(q)} match; you asked for one {one}: "
+                           f"do you mean {options}? Ask again with that word ({words}).", tier="fast",
+                      intent=q.entity.name, status="clarify", understood=understood)
     text = say(q, built, result.columns, result.rows, tz)
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,

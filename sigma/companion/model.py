@@ -41,6 +41,7 @@ class Column:
     agg: str = ""                     # default aggregate when a question names the measure without one
     values: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)  # category value -> its words
     keys: list[str] = field(default_factory=list)                           # JSON keys seen
+    learnt: bool = False              # its words come from its name, not from the schema document
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
         if not col.unit and col.role == "measure":
             col.unit = unit_of(name)
         if not col.words and col.role not in ("id", "json", "list"):
-            col.words = [_words_of_name(name)]
+            col.words, col.learnt = [_words_of_name(name)], True
     for col in ent.columns.values():
         for value, words in col.values.items():
             auto = phrase_stems(value.replace("_", " ").replace(".", " ").replace("-", " ").replace("+", " "))
@@ -228,3 +229,24 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
     return Model(entities, {k: [phrase_stems(w) for w in v] for k, v in voc["refs"].items()},
                  {tuple(s for w in k.split() for s in (("#",) if w == "#" else phrase_stems(w))): v
                   for k, v in voc["rule_words"].items()}, rule_ids, nodes)
+
+
+def _key(ent: Entity) -> str | None:
+    """The column other tables refer to one of this entity's rows by: incidents -> incident_id."""
+    if re.fullmatch(r"[a-z_]+s", ent.source) and "id" in ent.columns:
+        return ent.source[:-1] + "_id"
+    return None
+
+
+def link(a: Entity, b: Entity) -> str | None:
+    """How a row of `b` (alias o) belongs to the current row of `a` ({row}: named where the condition is used): b
+    refers to a, a refers to b, or both refer to the same incident. None when they are not related in the schema."""
+    ka, kb = _key(a), _key(b)
+    if ka and ka in b.columns:
+        return f"o.{ka} = {{row}}.id"
+    if kb and kb in a.columns:
+        return f"o.id = {{row}}.{kb}"
+    if "incident_id" in a.columns and "incident_id" in b.columns:
+        return "o.incident_id = {row}.incident_id"
+    return None
+

@@ -13,7 +13,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, unit_of
+from sigma.companion.model import Column, Cond, Entity, Model, link, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -23,6 +23,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "how long": ("q", "duration"), "how fast": ("q", "duration"), "how quickly": ("q", "duration"),
     "how much time": ("q", "duration"), "duration": ("q", "duration"),
     "when": ("q", "when"), "what time": ("q", "when"), "at what time": ("q", "when"),
+    "first time": ("q", "when-first"), "last time": ("q", "when-last"),
     "why": ("q", "why"), "reason": ("q", "why"), "cause": ("q", "why"), "caused": ("q", "why"),
     "because of": ("q", "why-filter"), "due to": ("q", "why-filter"), "for": ("for", ""),
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
@@ -51,14 +52,17 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
-    "been": ("past", ""),
+    "been": ("past", ""), "ended": ("past", ""), "ended up": ("past", ""), "end up": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
+    "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
+    "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
-    "in seconds": ("filler", ""), "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
+    "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
     "controller": ("filler", ""), "the controller": ("filler", ""), "sigma": ("filler", ""), "go": ("filler", ""),
     "there": ("filler", ""), "have we": ("filler", ""), "we have": ("filler", ""), "been": ("past", ""),
     "until": ("filler", ""), "till": ("filler", ""), "across": ("filler", ""), "reach": ("filler", ""),
@@ -66,6 +70,10 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "hit": ("filler", ""), "affect": ("filler", ""), "experience": ("filler", ""), "record": ("filler", ""),
     "spend": ("filler", ""), "run": ("filler", ""), "managed": ("filler", ""), "issue": ("filler", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
+    # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
+    "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
+    "resulted in": ("rel", ""), "result in": ("rel", ""), "ended in": ("rel", ""), "ended with": ("rel", ""),
+    "triggered": ("rel", ""), "without": ("rel", "not"), "with no": ("rel", "not"), "had no": ("rel", "not"),
 }
 YESNO_START = ("is", "are", "was", "were", "did", "does", "do", "has", "have", "had", "any", "can")
 CMP = re.compile(
@@ -92,6 +100,19 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
+# A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
+CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
+                    r"the (?:first|last|latest|earliest))\b)")
+REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
+RANK = ("neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json")   # senses, first first
+HOMES = {"node": "nodes", "job": "kpis", "rule": "incidents"}   # the entity a node, job or fault is, by itself
+CONTENT = ("entity", "cond", "measure", "metric", "column", "time", "json", "rule")   # what a word can mean
+WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was active|trained|run)"
+                       r"(?: on (?:it|there|that node))?\b")
+SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
+                     r"(?:between|from)|between)\b")
+QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -100,6 +121,7 @@ class Meaning:
     kind: str                 # entity cond measure time column ref dim rule json q agg rank order group bucket ...
     entity: str | None = None
     value: object = None
+    learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
 
 
 @dataclass
@@ -138,10 +160,14 @@ class Query:
     having: tuple[str, float] | None = None
     top: int | None = None
     hypo: str = ""
+    unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
+    search: list[str] = field(default_factory=list)   # quoted text the rows mention
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     understood: list[str] = field(default_factory=list)
+    extras: list[Query | None] = field(default_factory=list)   # "..., and how many of them led to a drain": a
+    #                                     second part asked of the same rows (None: one this entity cannot answer)
 
 
 @dataclass
@@ -151,7 +177,9 @@ class Parse:
     unknown_nodes: list[str] = field(default_factory=list)
     understood: list[str] = field(default_factory=list)
     command: str = ""                     # the question is an order ("drain node3"): the companion only reads
-    ambiguous: list[str] = field(default_factory=list)   # entities the words fit equally well
+    # other readings of the same words, each understood in full (sigma.companion.fast asks back when their answers
+    # differ from the query's)
+    alternatives: list[Query] = field(default_factory=list)
 
 
 class Lexicon:
@@ -174,28 +202,29 @@ class Lexicon:
         reserved |= {phrase_stems(w) for w in GRAMMAR}
         for ent in model.entities.values():
             for p in ent.words:
-                add(p, Meaning("entity", ent.name))
+                add(p, Meaning("entity", ent.name, learnt=not ent.explicit))
             for p, cond in ent.conds.items():
                 add(p, Meaning("cond", ent.name, cond))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
                     for p in col.words:
-                        add(p, Meaning(kind, ent.name, col.name))
+                        add(p, Meaning(kind, ent.name, col.name, learnt=col.learnt))
                 explicit = {c: {w for v in vals.values() for w in v} for c, vals in ent.explicit_values.items()}
                 for value, phrases in col.values.items():
+                    learnt = value not in ent.explicit_values.get(col.name, {})
                     if ent.measure_names and col.name == ent.measure_names["column"]:
                         for p in phrases:
-                            add(p, Meaning("metric", ent.name, value))
+                            add(p, Meaning("metric", ent.name, value, learnt))
                         continue
                     # set membership: equality for one value, and right for SLURM's comma-separated flags too
                     cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
                                 col.name, (f",{value},",))
                     for p in phrases:
                         if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond))
+                            add(p, Meaning("cond", ent.name, cond, learnt))
                 for key in col.keys:
-                    add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key)))
+                    add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
         self.longest = max(len(p) for p in self.phrases)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
@@ -205,11 +234,19 @@ class Lexicon:
                 bucket.append(meaning)
 
     def match(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, list[Meaning], list[float]]:
-        """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it)."""
-        for n in range(min(self.longest, len(stems) - i), 0, -1):
-            if not all(free[i:i + n]):
+        """The longest phrase starting at token i over free tokens: (length, meanings, numbers in it). Auxiliaries
+        inside it do not count ("steps were lost" is "steps lost")."""
+        for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
+            if not all(free[i:i + n]) or (n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX)):
                 continue
-            window = stems[i:i + n]
+            window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
+            if len(window) > self.longest:
+                continue
+            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost")
+                found = [m for m in self.phrases.get(tuple(window), []) if m.kind == "measure"]
+                if found:
+                    return n, found, []
+                continue
             nums = [_number(w) for w in window]
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
@@ -245,6 +282,16 @@ def _likes(value) -> list[str]:
     return [like.replace("#", str(int(nums[0]))) if nums else like for like in likes]
 
 
+def _bare_count(q: Query) -> bool:
+    """'how often', 'how many times': a count with nothing of its own."""
+    return q.qkind == "count" and not (q.conds or q.measure or q.agg or q.rules or q.nodes or q.jobs or q.exclude
+                                       or q.since is not None or q.until is not None)
+
+
+def _from(ent: Entity) -> str:
+    return f"({ent.source})" if ent.source.upper().startswith("SELECT") else ent.source
+
+
 def _json_cond(ent: Entity, value) -> Cond:
     (column, key), nums = value
     return Cond(ent.name, f"json_extract({column}, '$.{key}') = ?", f"{key} {nums[0]:g}", "", (nums[0],))
@@ -257,10 +304,34 @@ class Parser:
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
         q = normalise(question)
-        tokens = tokenize(q)
         command = COMMANDS.match(q)
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
+        first, *rest = CLAUSE.split(q, maxsplit=1)
+        parsed = self._parse(first, now, tz)
+        if rest and parsed.query is not None:   # a second part, asked of the same rows as the first
+            follow = self._parse(rest[0], now, tz, parsed.query.entity)
+            parsed.unknown += follow.unknown
+            parsed.understood += ["and"] + follow.understood
+            for query in [parsed.query] + parsed.alternatives:
+                other = follow if query is parsed.query else self._parse(rest[0], now, tz, query.entity)
+                if other.unknown:
+                    query.extras.append(None)
+                elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
+                    query.qkind = "count"
+                    if query.show and not query.project:
+                        query.project = query.show.pop(0)
+                else:
+                    query.extras.append(other.query)
+        elif rest:
+            parsed.unknown.append(rest[0])
+        return parsed
+
+    def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
+        """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
+        tokens = tokenize(q)
+        if only is not None:
+            tokens = [t for t in tokens if t.text not in REFERENTS]
         spans: list[Span] = []
         free = [True] * len(tokens)
 
@@ -271,6 +342,8 @@ class Parser:
                     free[i] = False
                 spans.append(Span(idx[0], idx[-1] + 1, q[start:end].strip(), [meaning]))
 
+        for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
+            claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
@@ -284,10 +357,14 @@ class Parser:
             for w in HYPO_WORDS:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
+        for m in SPAN_OF.finditer(q):   # "the time between the fault and the requeue": two times of one row
+            claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
         for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
             claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
+        for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
+            claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
             ids = [int(x) for x in re.findall(r"\d+", m.group(0))]
             claim(m.start(), m.end(), Meaning("job", None, ids))
@@ -314,7 +391,7 @@ class Parser:
                     free[k] = False
                 text = q[tokens[i].start:tokens[i + n - 1].end]
                 if nums:
-                    meanings = [Meaning(m.kind, m.entity, (m.value, nums)) for m in meanings]
+                    meanings = [Meaning(m.kind, m.entity, (m.value, nums), m.learnt) for m in meanings]
                 spans.append(Span(i, i + n, text, meanings))
                 i += n
             else:
@@ -326,7 +403,13 @@ class Parser:
             for s in spans:
                 if all(tokens[k].stem in WEAK_NOUNS for k in range(s.start, s.end)):
                     s.meanings = [Meaning("weak")] + s.meanings
+        for a, b in zip(spans, spans[1:]):   # the entity after a relation word is the related one, not the subject
+            names = tuple(m.entity for m in b.meanings if m.kind == "entity")
+            if a.meanings[0].kind == "rel" and names:
+                b.meanings = [Meaning("related", None, names)]
         yesno = bool(tokens) and tokens[0].text in YESNO_START
+        if only is not None:
+            return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)
         return self._interpret(spans, leftovers, tokens, yesno, unknown_nodes)
 
     # ---------- choosing the entity and filling the slots ----------
@@ -344,12 +427,16 @@ class Parser:
             return "rule" in ent.refs
         if m.kind in ("hypo", "hypo-word"):
             return ent.name == "nodes"
+        if m.kind == "related":
+            return any(n != ent.name and link(ent, self.model.entities[n]) for n in m.value)
+        if m.kind == "between":
+            return bool(ent.time)
         return True
 
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
-            t.text in PAST_FORMS for t in tokens)
+            t.text in PAST_FORMS or t.text in ("was", "were", "did", "had") for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
                    "hypo": 3, "rule": 1}
@@ -364,55 +451,131 @@ class Parser:
                         for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
-            if present and ent.now and score > 0:
-                score += 2
             misfits = sum(not f for f in fit) + (0 if tense_ok else 1)
             first = min((s.start for s in spans for m in s.meanings if m.kind == "entity" and m.entity == ent.name),
                         default=99)
-            key = (-misfits, score, -first, ent.explicit, -order)
+            # present tense or "now": the current state before a history that names the word ("is node3 drained")
+            key = (-misfits, int(present and ent.now), score, -first, ent.explicit, -order)
             if score > 0:
                 keys[ent.name] = key
             if score > 0 and (best_key is None or key > best_key):
                 best, best_key = ent, key
         if best is None:
             dims = [m.value for s in spans for m in s.meanings if m.kind == "dim"]
-            fallback = {"node": "nodes", "job": "kpis", "rule": "incidents"}
-            if dims and fallback.get(dims[0]) in model.entities:
-                best = model.entities[fallback[dims[0]]]
+            if dims and HOMES.get(dims[0]) in model.entities:
+                best = model.entities[HOMES[dims[0]]]
         understood = [s.text for s in spans if s.meanings[0].kind not in ("filler", "past", "present")]
-        named = {m.entity for s in spans for m in s.meanings if m.kind == "entity"}
-        measured = {m.entity for s in spans for m in s.meanings if m.kind == "measure"}
-        tied = [n for n, k in keys.items() if best is not None and n != best.name and k[:2] == best_key[:2]
-                and n in measured]
-        if tied and best.name in measured and best.name not in named and not named & set(tied):
-            # only a measure named it, and another entity has a measure of the same name: ask which
-            return Parse(None, [], unknown_nodes, understood=understood,
-                         ambiguous=[best.name] + tied)
         if best is None:
             return Parse(None, [s.text for s in spans if s.meanings[0].kind == "unknown-node"] + leftovers,
                          unknown_nodes, understood=understood)
-        return self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
+        parsed = self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
+        if not parsed.unknown:
+            others = [(best, pick) for pick in self._choices(best, spans)]
+            others += [(ent, None) for ent in self._readings(best, spans, keys, present)]
+            for ent, pick in others:
+                other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
+                if not other.unknown:
+                    parsed.alternatives.append(other.query)
+        return parsed
 
-    def _fill(self, ent: Entity, spans: list[Span], leftovers, tokens, yesno, unknown_nodes, past) -> Parse:
+    def _readings(self, best: Entity, spans: list[Span], keys: dict[str, tuple], present: bool) -> list[Entity]:
+        """The other entities every word of the question fits, in order of fit: each is another reading of the
+        question. A question that names its subject ("incidents", "drains") is read only as the entities it names;
+        one that names none but a measure ("steps lost"), as those the measure belongs to; otherwise each entity a
+        word means ("which node went down": SLURM states, a fault's incidents) is a reading. As past tense
+        rules out the current-state views, present tense read by one rules out the histories ("which nodes are
+        drained")."""
+        fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
+                   and not (present and best.now and not self.model.entities[n].now)
+                   and not self._outworded(self.model.entities[n], best, spans)]
+        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service")
+            named = {m.entity for s in spans if any(m.kind == kind for m in s.meanings) for m in s.meanings
+                     if m.kind == kind or (kind == "measure" and m.kind == "time")}
+            if named & (set(fitting) | {best.name}):
+                fitting = [n for n in fitting if n in named]
+                break
+        else:   # an entity a word means (a value, a condition of its own; a fault's incidents), not one a fault,
+            #     node or job merely filters ("went down": not every drain or reboot of that fault)
+            own = {m.entity for s in spans for m in s.meanings if m.kind in CONTENT and m.entity}
+            own |= {HOMES[m.kind] for s in spans for m in s.meanings if m.kind in HOMES}
+            fitting = [n for n in fitting if n in own]
+        return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
+
+    def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
+        """Some word fits `ent` only by a name or value learnt from the data, where the schema document gives it a
+        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided."""
+        def fits(e: Entity, s: Span, learnt: bool) -> bool:
+            return any(m.kind in CONTENT and m.learnt == learnt and self._fits(m, e) for m in s.meanings)
+        return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans)
+
+    def _senses(self, ent: Entity, s: Span) -> list[Meaning]:
+        """What a word can mean for this entity, most likely first; where the schema document gives it a meaning,
+        not the meanings learnt from names and values in the data."""
+        fitting = [m for m in s.meanings if self._fits(m, ent)]
+        if any(m.kind in CONTENT and not m.learnt for m in fitting):
+            fitting = [m for m in fitting if not (m.kind in CONTENT and m.learnt)]
+        return sorted(fitting, key=lambda m: RANK.index(m.kind) if m.kind in RANK else len(RANK))
+
+    def _choices(self, ent: Entity, spans: list[Span]) -> list[tuple[int, Meaning]]:
+        """Other senses of a word for this entity, each a reading of its own: (span index, sense). A word that names
+        the entity is read with all its senses at once ("in remediation": the entity and its state)."""
+        out = []
+        for n, s in enumerate(spans):
+            senses = self._senses(ent, s)
+            if senses and senses[0].kind in CONTENT and senses[0].kind != "entity":
+                out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
+        return out
+
+    def _fill(self, ent: Entity, spans: list[Span], leftovers, tokens, yesno, unknown_nodes, past,
+              pick: tuple[int, Meaning] | None = None) -> Parse:
+        """The slots of the question read as `ent`, each word in its first sense (or, `pick`, one word in another)."""
         q = Query(ent)
         unknown = list(leftovers)
         pending_group = False
-        negate = neg_column = ""
+        negate = neg_column = relation = searched = ""
+        timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
                 continue
-            fitting = [m for m in s.meanings if self._fits(m, ent)]
+            fitting = self._senses(ent, s)
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     unknown.append(s.text)
                 continue
-            rank = ["neg", "weak", "entity", "measure", "metric", "cond", "time", "dim", "column", "json"]
-            m = sorted(fitting, key=lambda m: rank.index(m.kind) if m.kind in rank else 9)[0]
+            m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
+            if kind == "between":   # the next two words name two times of the row: the measure is the second less
+                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
+                        for x in spans[n + 1:n + 3]]
+                if len(ends) < 2 or None in ends or q.measure is not None:
+                    unknown.append(s.text)
+                    continue
+                a, b = (ent.columns[t.value] for t in ends)
+                words = lambda c: re.sub(r"_(at|ts)$", "", c.name)   # noqa: E731
+                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"{b.sql} - {a.sql}", "measure", "s")
+                timed = {n + 1, n + 2}
+                continue
+            if n in timed:
+                continue
+            if kind == "rel":   # the next word names the related rows; "not followed by" and "without" negate
+                relation = "not" if value == "not" or negate else "with"
+                negate = ""
+                if not (n + 1 < len(spans) and spans[n + 1].meanings[0].kind == "related"):
+                    unknown.append(s.text)
+                continue
+            if kind == "related":
+                other = next(self.model.entities[x] for x in value
+                             if x != ent.name and link(ent, self.model.entities[x]))
+                sql = f"EXISTS (SELECT 1 FROM {_from(other)} AS o WHERE {link(ent, other)}"
+                anything = s.start and tokens[s.start - 1].text == "any"   # "any action": planned, skipped, shadow too
+                sql += f" AND ({other.default}))" if other.default and not anything else ")"
+                label = f"{'without' if relation == 'not' else 'with'} {other.name.replace('_', ' ')}"
+                q.conds.append(Cond(ent.name, f"NOT {sql}" if relation == "not" else sql, label, "rel:" + other.name))
+                continue
             if kind == "neg":
                 if negate:
                     unknown.append(negate)
@@ -449,6 +612,8 @@ class Parser:
             elif kind == "q":
                 if value == "why-filter":
                     continue
+                if value in ("when-first", "when-last"):   # "the first time one opened"
+                    q.order, value = ("earliest" if value == "when-first" else "latest"), "when"
                 if q.qkind in ("list", "yesno") or value == "count":
                     q.qkind = value
             elif kind == "agg":
@@ -458,6 +623,12 @@ class Parser:
                 most = most or value == "most"
             elif kind == "order":
                 q.order = value
+            elif kind == "unit":
+                q.unit = value
+            elif kind == "text":
+                q.search.append(value)
+            elif kind == "search":
+                searched = s.text
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
@@ -492,6 +663,8 @@ class Parser:
                     q.which = True
             elif kind == "cond":
                 q.conds.append(value)
+                if pending_group in ("each", "every", "for each", "for every") and value.column == ent.label:
+                    q.per_item, pending_group = True, False   # "each validation": one row per such stage
             elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
                 q.group.append(value)
             elif kind == "measure" or kind == "metric":
@@ -504,6 +677,10 @@ class Parser:
                     unknown.append(s.text)
                     continue
                 q.measure = col
+                before = spans[n - 1].meanings[0] if n else None
+                if col.agg == "sum" and before and before.kind == "q" and before.value == "count" \
+                        and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed
+                    q.qkind, q.agg = "list", "sum"
             elif kind == "time":
                 q.time_col = value
             elif kind == "column":
@@ -545,6 +722,16 @@ class Parser:
                 q.group.append(ent.refs[ref])
             else:
                 unknown.append("compare")
+        if q.search:   # text searched in the columns named ("in their summary"), else in every text column
+            named = [c for c in q.show if ent.columns[c].role in ("text", "category")]
+            cols = named or [c.name for c in ent.columns.values() if c.role == "text"]
+            q.show = [c for c in q.show if c not in named]
+            for text in q.search:
+                like = "%" + re.sub(r"([%_\\])", r"\\\1", text) + "%"
+                q.conds.append(Cond(ent.name, "(" + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols) + ")",
+                                    f"mentions '{text}'", "search:" + text, (like,) * len(cols)))
+        elif searched:
+            unknown.append(searched)
         if q.having and not q.project and not q.group:
             dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
             dims = [d for d in dims if d and not d.startswith("list:")]

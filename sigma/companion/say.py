@@ -16,7 +16,8 @@ NOUNS = {"incidents": "incident", "drains": "drain", "reboots": "reboot", "resta
          "out_of_service": "time out of service", "stages": "lifecycle stage", "remediation": "node in remediation",
          "nodes": "node", "snapshots": "SLURM state change", "health": "health-check result",
          "checkpoints": "checkpoint", "events": "event", "kpis": "KPI line", "samples": "sample",
-         "actions": "action"}
+         "actions": "action", "losses": "job loss as the controller recorded it",
+         "checkpoint_requests": "checkpoint request"}
 
 
 def site_tz(name: str | None = None) -> tzinfo | None:
@@ -61,12 +62,13 @@ def value(v, unit: str, tz: tzinfo | None) -> str:
     if unit == "/s":
         return f"{float(v):,.1f}/s"
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
+        v = f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return f"{v} {unit}" if unit in ("GiB", "MiB", "GB", "MB", "min", "h") else str(v)
 
 
 PLURALS = {"restart (requeue)": "restarts (requeues)", "time out of service": "times out of service",
-           "node in remediation": "nodes in remediation"}
+           "node in remediation": "nodes in remediation",
+           "job loss as the controller recorded it": "job losses as the controller recorded them"}
 
 
 def noun(q: Query, n: int | None = None) -> str:
@@ -95,9 +97,17 @@ def scope(q: Query) -> str:
     return (" (" + "; ".join(bits) + ")") if bits else ""
 
 
+def reading(q: Query) -> str:
+    """One reading of a question in words: what it counts or lists, filtered how, and its measure."""
+    measure = f", {column_words(q.measure.name)}" if q.measure else ""
+    means = [f"{r}: {plain(r)}" for r in q.rules if "%" not in r and plain(r) != r]
+    return f"{noun(q)}{scope(q)}{measure}" + (f" — {'; '.join(means)}" if means else "")
+
+
 def column_words(column: str) -> str:
-    """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery'."""
-    return re.sub(r"_(s|id|per_s)$", "", column).replace("_", " ")
+    """A column's name in words: requeued_at -> 'requeued at', recovery_s -> 'recovery', n_with_drains -> 'of them
+    with drains' (a count of some of the rows)."""
+    return re.sub(r"^n ", "of them ", re.sub(r"_(s|id|per_s)$", "", column).replace("_", " "))
 
 
 def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | None) -> str:
@@ -118,8 +128,10 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
         if b.value == "n":
             text = f"{v} {noun(q, v)}{scope(q)}."
+            text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
+                            for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:
-            label = b.value.replace("_", " ").replace(" s", "").replace("avg ", "average ")
+            label = column_words(b.value).replace("avg ", "average ")
             text = f"{label[0].upper() + label[1:]} — {what}: {fmt(b.value, v)}."
         if q.qkind == "yesno":
             text = ("Yes. " if v else "No. ") + text
@@ -127,10 +139,13 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
     if b.shape == "groups" or b.shape == "ranking":
         if not rows:
             return f"No {what}."
-        keys = " and ".join(column_words(c) for c in columns[:-1])
-        measure = "count" if columns[-1] == "n" else column_words(columns[-1]).replace("avg ", "average ")
+        width = len(columns) - len(b.extras)   # the second part's columns come last, beside the value
+        keys = " and ".join(column_words(c) for c in columns[:width - 1])
+        measure = "count" if columns[width - 1] == "n" else column_words(columns[width - 1]).replace("avg ", "average ")
         head = f"The most, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
-        parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:-1])) + f": {fmt(columns[-1], r[-1])}"
+        parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:width - 1]))
+                 + (": " if width > 1 else "") + fmt(columns[width - 1], r[width - 1])
+                 + "".join(f", {column_words(c)} {fmt(c, v)}" for c, v in zip(columns[width:], r[width:]))
                  for r in rows[:10]]
         more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
         return f"{head} — {what}: " + "; ".join(parts) + more + "."

@@ -196,18 +196,19 @@ def _rules(args) -> int:
         status = (f"disabled at run time: {off['error']}" if off and off.get("version") == r.version
                   else "disabled" if not r.enabled else "ok")
         rows.append({"id": r.id, "version": r.version, "scope": r.scope, "match": r.match_kind,
-                     "severity": r.severity, "action": r.action, "shadow": r.shadow or r.id in cfg.shadow_rules,
+                     "severity": r.severity, "action": r.action, "acts": cfg.rule_acts(r.id, r.shadow),
                      "action_from": f"override {r.overridden}" if r.overridden else r.origin.split(" [")[0],
                      "shipped_action": r.shipped_action or r.action, "description": r.description, "status": status})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     n_over = sum(1 for r in rules if r.overridden)
-    table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else ""))
+    table = Table(title=f"{len(rules)} rules" + (f", {n_over} with the site's action" if n_over else "")
+                  + f"; controller in {cfg.mode_line()}")
     for col in ("id", "v", "scope", "match", "severity", "action", "action from", "description", "status"):
         table.add_column(col)
     for row in rows:
-        action = row["action"] + (" (shadow)" if row["shadow"] else "")
+        action = row["action"] + ("" if row["acts"] or row["action"] in ("record", "notify") else " (observe)")
         if row["shipped_action"] != row["action"]:
             action += f" (shipped: {row['shipped_action']})"
         table.add_row(row["id"], str(row["version"]), row["scope"], row["match"], row["severity"], action,
@@ -254,18 +255,33 @@ def _nodes(args) -> int:
             raise CommandError(str(exc)) from None
         print(f"{args.repaired} marked repaired; the controller validates it next")
         return 0
+    from sigma.controller.report.detection import describe, kernel_logs
+
+    cfg = _config(args)
     conn = _conn(args)
-    rows = [dict(r) for r in conn.execute("SELECT * FROM node_lifecycle ORDER BY node")]
+    lifecycle = {r["node"]: dict(r) for r in conn.execute("SELECT * FROM node_lifecycle ORDER BY node")}
+    kernel = kernel_logs(conn)
+    rows = [{**lifecycle.get(node, {"node": node, "state": "in service"}), "kernel_log": kernel.get(node),
+             "detection": "degraded" if node in kernel and not kernel[node]["ok"] else
+             "ok" if node in kernel else "unknown"} for node in sorted(set(lifecycle) | set(kernel))]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"mode": cfg.mode, "act_rules": cfg.act_rules, "shadow_rules": cfg.shadow_rules,
+                          "nodes": rows}, indent=2))
         return 0
-    table = Table(title="nodes managed by the controller")
-    for col in ("node", "state", "since", "cycle", "failures", "rule", "playbook", "incident"):
+    table = Table(title=f"nodes: controller in {cfg.mode_line()}")
+    for col in ("node", "state", "since", "cycle", "failures", "rule", "playbook", "incident", "detection"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["node"], r["state"], _ts(r["entered_at"]), str(r["cycle"]), str(r["failures"]),
-                      r["rule_id"], r["playbook"], str(r["incident_id"] or ""))
-    _console().print(table if rows else "no node has been taken out of service")
+        out = r["state"] != "in service"
+        table.add_row(r["node"], r["state"], _ts(r["entered_at"]) if out else "", str(r["cycle"]) if out else "",
+                      str(r["failures"]) if out else "", r.get("rule_id", ""), r.get("playbook", ""),
+                      str(r.get("incident_id") or ""), describe(r["kernel_log"]))
+    c = _console()
+    c.print(table if rows else f"controller in {cfg.mode_line()}\nno node has reported or been taken out of service")
+    degraded = [r["node"] for r in rows if r["detection"] == "degraded"]
+    if degraded:
+        c.print(f"[bold red]kernel-log fault detection is OFF on {', '.join(degraded)}[/]: their sidecars can read "
+                f"no kernel log (docs/telemetry.md, Kernel log)")
     return 0
 
 

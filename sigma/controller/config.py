@@ -72,8 +72,11 @@ class ControllerConfig:
     log_dir: str = "/var/log/sigma"  # controller.jsonl (JSON lines) and decisions.log (one line per decision)
     poll_s: float = 1.0  # detection and remediation tick
     slurm_conf: str = ""  # SLURM_CONF for the SLURM commands; empty = the environment's
-    shadow: bool = False  # shadow mode for everything: decide and log, never act
-    shadow_rules: list[str] = field(default_factory=list)  # rule ids in shadow mode
+    mode: Literal["act", "observe"] = "act"  # observe: record what would be done (drains, requeues, remediation),
+    # change nothing in SLURM (a first rollout; docs/rollout.md); act: do it
+    act_rules: list[str] = field(default_factory=list)  # rule ids that act even in observe mode (enabled one by one)
+    shadow_rules: list[str] = field(default_factory=list)  # rule ids that only observe even in act mode
+    shadow: bool = False  # older spelling of mode: observe (kept so that older configs mean what they meant)
     adopt_drain_reasons: list[str] = field(default_factory=lambda: ["Prolog error", "Epilog error"])  # SLURM's
     # drains after our own prolog/epilog health checks: taken over (re-drained as sigma) when a rule confirms them
     max_action_attempts: int = 5  # a failing action is retried this many times
@@ -85,6 +88,33 @@ class ControllerConfig:
     isolation: IsolationConfig = field(default_factory=IsolationConfig)  # peer/temporal isolation
     ingest: IngestConfig = field(default_factory=IngestConfig)  # HTTP limits against abuse (docs/security.md)
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # database pruning and downsampling
+
+    def __post_init__(self):
+        if self.shadow:
+            self.mode = "observe"
+        clash = set(self.act_rules) & set(self.shadow_rules)
+        if clash:
+            raise ValueError(f"rule {sorted(clash)[0]!r} is in both act_rules and shadow_rules")
+
+    @property
+    def observing(self) -> bool:
+        return self.mode == "observe"
+
+    def rule_acts(self, rule_id: str, rule_shadow: bool = False) -> bool:
+        """Whether a finding of this rule may change SLURM: in act mode unless the rule is in shadow (its own
+        `shadow: true` or shadow_rules); in observe mode only the rules of act_rules."""
+        if rule_shadow or rule_id in self.shadow_rules:
+            return False
+        return not self.observing or rule_id in self.act_rules
+
+    def mode_line(self) -> str:
+        """One line saying what the controller may do, for its start line, `sigma nodes` and `sigma controller rules`."""
+        if self.observing:
+            acting = f"; acting rules: {', '.join(self.act_rules)}" if self.act_rules else ""
+            return (f"OBSERVE mode: records what it would do (drain, requeue, remediate) and changes nothing in SLURM"
+                    f"{acting}")
+        shadowed = f"; observing only: {', '.join(self.shadow_rules)}" if self.shadow_rules else ""
+        return f"ACT mode: drains, requeues and remediates{shadowed}"
 
 
 @dataclass
@@ -159,7 +189,7 @@ def load_remediation_config(path: str | Path) -> RemediationConfig:
 
 def unknown_rule_ids(cfg: ControllerConfig, rcfg: RemediationConfig, rule_ids: set[str],
                      controller_path: str | Path | None = None) -> list[ConfigError]:
-    """Rule ids the policy (shadow_rules) or the playbooks (rules) name but the knowledge base lacks: a typo there
+    """Rule ids the policy (act_rules, shadow_rules) or the playbooks (rules) name but the knowledge base lacks: a typo there
     would silently never match. Each error names the file, line and key."""
     def source(path: str | Path | None, fallback: str) -> _Source:
         if path and Path(path).exists():
@@ -168,9 +198,10 @@ def unknown_rule_ids(cfg: ControllerConfig, rcfg: RemediationConfig, rule_ids: s
 
     out = []
     ctl_src = source(controller_path, "controller config")
-    for i, rule_id in enumerate(cfg.shadow_rules):
-        if rule_id not in rule_ids:
-            out.append(ConfigError(ctl_src.where(("shadow_rules", i)), f"no rule {rule_id!r} in the knowledge base"))
+    for key in ("act_rules", "shadow_rules"):
+        for i, rule_id in enumerate(getattr(cfg, key)):
+            if rule_id not in rule_ids:
+                out.append(ConfigError(ctl_src.where((key, i)), f"no rule {rule_id!r} in the knowledge base"))
     rem_src = source(resolve(cfg.remediation) if cfg.remediation else None, cfg.remediation or "remediation")
     for i, playbook in enumerate(rcfg.playbooks):
         for j, rule_id in enumerate(playbook.rules):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from sigma.store import Migration, migrate, open_store
+from sigma.store import Migration, migrate, open_store, refuse_newer
 
 INGEST_MIGRATIONS: list[Migration] = [
     ("0001_ingest", """
@@ -142,6 +142,8 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS
+# applied to this database by other code of this version (sigma.rules.learn.history: admin labels for rule learning)
+ALSO_KNOWN = ("0200_rule_labels",)
 
 # kpis' columns, for reads instead of `*`: on PostgreSQL the table also has its arrival order as a column, rowid
 # (sigma.pgstore), which SQLite keeps implicit; rows read the same on both
@@ -151,6 +153,12 @@ KPI_COLUMNS = "node, ts, job_id, rank, step, loss, step_time_s, tokens_per_s, mf
 def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     """The controller database: an SQLite file, or PostgreSQL for a postgresql:// URL (same migrations)."""
     conn = open_store(path, readonly=readonly)
-    if not readonly:
-        migrate(conn, MIGRATIONS)
+    try:
+        if readonly:
+            refuse_newer(conn, MIGRATIONS, ALSO_KNOWN, f"controller database {path}")
+        else:
+            migrate(conn, MIGRATIONS, ALSO_KNOWN, f"controller database {path}")
+    except Exception:
+        conn.close()
+        raise
     return conn

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.report.detection import kernel_logs
 from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
 from sigma.controller.config import (ControllerConfig, RemediationConfig, load_controller_config,
@@ -50,6 +51,7 @@ HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
+KERNEL_LOG_CHECK_S = 30.0  # how often the nodes' kernel-log reports are looked at
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
 
@@ -73,7 +75,8 @@ class Controller:
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
                                                         jit_gate=JitGate(self.conn, clock)),
                                clock=clock,
-                               max_attempts=cfg.max_action_attempts, on_change=self._action_changed)
+                               max_attempts=cfg.max_action_attempts, on_change=self._action_changed,
+                               observed=self._observed)
         self.incidents = Incidents(self.conn, clock)
         self.remediator = Remediator(self.conn, self.journal, self.incidents, self.rcfg, self.log, self.slurm,
                                      clock=clock, root=root, adopt_reasons=tuple(cfg.adopt_drain_reasons))
@@ -106,6 +109,17 @@ class Controller:
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
         self.last_tick_s = 0.0
+        self._kernel_logs: dict[str, tuple] = {}  # node -> (reads its kernel log, source), as last said
+        self._kernel_logs_at = float("-inf")
+
+    def _observed(self, incident_id: int | None) -> bool:
+        """In observe mode, whether an incident's actions are only recorded: all but those of act_rules."""
+        if not self.cfg.observing:
+            return False
+        row = None if incident_id is None else self.conn.execute(
+            "SELECT rule_id FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        rule = next((r for r in self.rules if row and r.id == row[0]), None)
+        return row is None or not self.cfg.rule_acts(row[0], rule.shadow if rule else False)
 
     def counts(self) -> Counter:
         """Everything counted for /metrics: guard trips, rule errors, reloads, capped evidence."""
@@ -176,8 +190,9 @@ class Controller:
         self._warn_unknown_rule_ids(config_path)
         self._counts["reload", "applied"] += 1
         self.log.event("reload", f"RELOAD applied: {len(rules)} rules, policy {config_path or '(unchanged)'}"
-                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else ""),
-                       result="applied", rules=len(rules), restart_needed=kept)
+                       + (f"; {', '.join(kept)} need a restart, running values kept" if kept else "")
+                       + f"; {self.cfg.mode_line()}",
+                       result="applied", rules=len(rules), restart_needed=kept, mode=self.cfg.mode)
         return True
 
     def _reload_rules(self) -> None:
@@ -204,8 +219,10 @@ class Controller:
         """After a restart: finish what the journal says was planned but never confirmed done."""
         self._warn_unknown_rule_ids(None)
         pending = self.journal.pending()
-        self.log.event("start", f"START controller: {len(self.rules)} rules, {len(pending)} pending actions to replay",
-                       rules=len(self.rules), pending=[p.key for p in pending])
+        self.log.event("start", f"START controller in {self.cfg.mode_line()}: {len(self.rules)} rules, "
+                                f"{len(pending)} pending actions to replay",
+                       rules=len(self.rules), pending=[p.key for p in pending], mode=self.cfg.mode,
+                       act_rules=self.cfg.act_rules, shadow_rules=self.cfg.shadow_rules)
         self.journal.replay()
 
     def tick(self) -> list[Finding]:
@@ -228,10 +245,27 @@ class Controller:
         self._release_held(jobs)
         self._verify(now)
         self._housekeeping(now, jobs)
+        self._watch_kernel_logs(now)
         record_losses(self.conn, now)  # steps and time each requeue cost (report/losses.py)
         self.ticks += 1
         self.last_tick_s = time.monotonic() - t0
         return findings
+
+    def _watch_kernel_logs(self, now: float) -> None:
+        """Say in the controller's own log when a node's detection loses (or regains) its kernel log."""
+        if now - self._kernel_logs_at < KERNEL_LOG_CHECK_S:
+            return
+        self._kernel_logs_at = now
+        for node, state in sorted(kernel_logs(self.conn).items()):
+            if self._kernel_logs.get(node, (None,))[0] == state["ok"]:
+                continue
+            if not state["ok"]:
+                self.log.event("detection_degraded", f"DEGRADED {node}: kernel-log fault detection is OFF, its "
+                               f"sidecar reads no kernel log ({state['detail']})", node=node, detail=state["detail"])
+            elif node in self._kernel_logs:
+                self.log.event("detection_restored", f"RESTORED {node}: kernel log from {state['source']}",
+                               node=node, source=state["source"])
+            self._kernel_logs[node] = (state["ok"], state["source"])
 
     # ---------- detection ----------
     def detect(self, now: float, nodes: dict[str, Node], jobs: list[Job],
@@ -453,12 +487,14 @@ class Controller:
             "SELECT ts FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts >= ? AND"
             " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
             (now - w.crash_loop_window_s, job.job_id))]
-        node_requeues = [r[0] for r in self.conn.execute(
-            "SELECT a.created_at FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue'"
-            " AND a.target=? AND a.state='done' AND i.scope='node'", (str(job.job_id),))]
+        # restarts that followed our own requeues are not the job restarting by itself: those for a node fault are
+        # the platform's, those for a job fault are counted by their signature where they are decided (decide.py)
+        our_requeues = [r[0] for r in self.conn.execute(
+            "SELECT created_at FROM actions WHERE kind='requeue' AND target=? AND state='done' AND created_at >= ?",
+            (str(job.job_id), now - w.crash_loop_window_s))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = judge(info, view, now, w, ever_reported=ever, history_median=self._history(job, view.last(5), now),
-                      start_times=own_restarts(distinct_starts(starts), node_requeues))
+                      start_times=own_restarts(distinct_starts(starts), our_requeues))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
@@ -756,10 +792,10 @@ def distinct_starts(times: list[float], gap_s: float = 60.0) -> list[float]:
     return out
 
 
-def own_restarts(starts: list[float], node_requeues: list[float]) -> list[float]:
-    """Starts minus the restart that followed each requeue for a bad node (the job did not fail by itself)."""
+def own_restarts(starts: list[float], our_requeues: list[float]) -> list[float]:
+    """Starts minus the restart that followed each of our requeues (the job did not restart by itself)."""
     out = sorted(starts)
-    for r in sorted(node_requeues):
+    for r in sorted(our_requeues):
         after = [t for t in out if t > r]
         if after:
             out.remove(after[0])

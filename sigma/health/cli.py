@@ -143,11 +143,13 @@ def _hook(args, kind: str) -> int:
 
         config = _config(args)
         hook = config.hook(kind)
-        policy = hook.tool_failure
+        policy = "ignore" if hook.mode == "observe" else hook.tool_failure
         report, code = execute(config, kind, hook, started=_T0, node=args.node, root=args.root,
                                node_dir=args.node_dir, job_id=_job_id(None))
         summary = ", ".join(f"{i['check']}={i['status']}" for i in report["issues"]) or "all checks passed"
-        print(f"sigma {kind}: {report['verdict']} ({summary}) in {report['duration_s']:.2f}s", file=sys.stderr)
+        observed = " [OBSERVE mode: exit 0]" if hook.mode == "observe" else ""
+        print(f"sigma {kind}: {report['verdict']} ({summary}) in {report['duration_s']:.2f}s{observed}",
+              file=sys.stderr)
         _exit_now(code)  # an abandoned check thread (stuck in a read) must not delay the exit
     except BaseException as exc:  # noqa: BLE001 - a sigma bug must follow the policy, never crash the hook
         import traceback

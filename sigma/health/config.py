@@ -53,6 +53,8 @@ class HookConfig:
     drop_caches_mode: int = 3  # 1 page cache, 2 dentries/inodes, 3 both
     kill_job_processes: bool = False  # epilog: kill processes the finished job left behind
     tool_failure: Literal["ignore", "reject"] = "ignore"  # sigma's own error/timeout: keep node (ignore) or drain
+    mode: Literal["act", "observe"] = "act"  # observe: run and record every check, exit 0 whatever they find
+    # (SLURM drains nothing), leave the job's leftover processes alone (docs/rollout.md)
 
 
 @dataclass
@@ -124,6 +126,9 @@ def default_config_path() -> Path:
     env = os.environ.get("SIGMA_HEALTH_CONFIG")
     if env:
         return Path(env)
+    cluster = os.environ.get("SIGMA_CLUSTER_DIR")  # the local platform's own (sigma stack up in observe mode)
+    if cluster and (Path(cluster) / "etc" / "health.yaml").exists():
+        return Path(cluster) / "etc" / "health.yaml"
     site = Path("/etc/sigma/health.yaml")
     return site if site.exists() else configs_dir() / "health.yaml"
 

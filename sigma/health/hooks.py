@@ -24,12 +24,15 @@ def execute(config: HealthConfig, suite: str, hook: HookConfig, *, started: floa
     ctx = Context.create(config, node, root, node_dir, job_id, suite)
     t_wall = time.time()
     deadline = started + hook.budget_s
-    tool_exit = EXIT_REJECT if hook.tool_failure == "reject" else EXIT_ACCEPT
+    observe = hook.mode == "observe"  # warn only: record what the verdict would do, never fail the hook
+    tool_exit = EXIT_REJECT if hook.tool_failure == "reject" and not observe else EXIT_ACCEPT
     dog = _watchdog(ctx, suite, job_id, started, deadline, tool_exit, record, t_wall)
     try:
-        report: dict = {"node": ctx.node, "ts": t_wall, "suite": suite, "job_id": job_id}
+        report: dict = {"node": ctx.node, "ts": t_wall, "suite": suite, "job_id": job_id,
+                        **({"mode": "observe"} if observe else {})}
         if hook.kill_job_processes and job_id is not None and str(ctx.root) == "/":
-            report["killed_job_processes"] = kill_job_processes(ctx, job_id)
+            key = "left_job_processes" if observe else "killed_job_processes"
+            report[key] = kill_job_processes(ctx, job_id, kill=not observe)
         if hook.drop_caches:
             from sigma.health.dropcache import drop_page_cache
 
@@ -50,6 +53,10 @@ def execute(config: HealthConfig, suite: str, hook: HookConfig, *, started: floa
                                         f"{'' if issue['blocking'] else ' (not blocking)'}: {issue['message']}")
         if record:
             report["result_file"] = str(reporting.write_result(ctx.node_dir, report))
+        if outcome.verdict == "reject" and observe:
+            reporting.log(ctx.node_dir, f"{suite}: OBSERVE mode: node {ctx.node} would be REJECTED (job {job_id}); "
+                                        f"exit 0, SLURM drains nothing")
+            return report, EXIT_ACCEPT
         if outcome.verdict == "reject":
             reporting.log(ctx.node_dir, f"{suite}: node {ctx.node} REJECTED (job {job_id})")
         return report, EXIT_REJECT if outcome.verdict == "reject" else EXIT_ACCEPT
@@ -79,18 +86,22 @@ def _watchdog(ctx: Context, suite: str, job_id, started_at: float, deadline: flo
     return timer
 
 
-def kill_job_processes(ctx: Context, job_id: int) -> list[int]:
-    """Epilog: processes of the finished job still alive on this node (daemonised, reparented to init)."""
+def kill_job_processes(ctx: Context, job_id: int, kill: bool = True) -> list[int]:
+    """Epilog: processes of the finished job still alive on this node (daemonised, reparented to init); killed
+    unless kill=False (observe mode: only named)."""
     from sigma.health import facts
-    from sigma.health.checks.stray_processes import kill
+    from sigma.health.checks.stray_processes import kill as kill_all
 
     conf = os.environ.get("SLURM_CONF")  # job ids repeat across clusters sharing one host (local clusters)
     mine = [p for p in facts.processes(ctx) if p.env.get("SLURM_JOB_ID") == str(job_id)
             and p.env.get("SLURMD_NODENAME", ctx.node) == ctx.node and "SLURM_SCRIPT_CONTEXT" not in p.env
             and (not conf or p.env.get("SLURM_CONF", conf) == conf) and p.pid != os.getpid()]
     ctx.forget("processes")  # the process table changed
-    if mine:
-        survivors = kill(mine)
+    if mine and not kill:
+        reporting.log(ctx.node_dir, f"OBSERVE mode: would kill {len(mine)} leftover process(es) of job {job_id}: "
+                                    f"{', '.join(f'{p.pid}:{p.name}' for p in mine)}")
+    elif mine:
+        survivors = kill_all(mine)
         reporting.log(ctx.node_dir, f"killed {len(mine) - len(survivors)} leftover process(es) of job {job_id}: "
                                     f"{', '.join(f'{p.pid}:{p.name}' for p in mine)}")
     return [p.pid for p in mine]

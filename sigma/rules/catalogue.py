@@ -97,9 +97,9 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
         path.write_text("")
         base = sections[section]
         if fmt == "kmsg":
-            params = replace(base, files=[], kmsg=True, kmsg_path=str(path), start_at="start")
+            params = replace(base, files=[], source="kmsg", kmsg_path=str(path), start_at="start")
         else:
-            params = replace(base, files=[str(path)], kmsg=False, journal=False, start_at="start")
+            params = replace(base, files=[str(path)], source="files", start_at="start")
         collector = LogTailCollector(section, params, Context(node="node1", node_dir=tmp, host_root=tmp))
         path.write_text("".join(line + "\n" for line in lines))
         out = Output(ts=now)
@@ -139,7 +139,7 @@ def act_on_file(rules: list[Rule], sections: dict[str, object], path: str | Path
     from sigma.telemetry.collectors.logtail import LogTailCollector
 
     now = time.time() if now is None else now
-    params = replace(sections[section], files=[str(path)], kmsg=False, journal=False, start_at="start",
+    params = replace(sections[section], files=[str(path)], source="files", start_at="start",
                      max_events_per_run=1_000_000)
     with tempfile.TemporaryDirectory() as tmp:
         collector = LogTailCollector(section, params, Context(node="node1", node_dir=tmp, host_root=tmp))

@@ -90,6 +90,8 @@ def _status(args) -> int:
     print(f"cluster '{info['name']}' under {info['state_dir']}")
     for daemon, alive in info["daemons"].items():
         print(f"  {daemon:14} {'running' if alive else 'stopped'}")
+    if info["metrics"]:
+        print(f"  slurmctld OpenMetrics: {info['metrics']}{{jobs,nodes,partitions,scheduler}}")
     for n in nodes:
         flags = f" [{','.join(n['flags'])}]" if n["flags"] else ""
         reason = f"  reason: {n['reason']}" if n["reason"] else ""

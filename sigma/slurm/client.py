@@ -8,11 +8,13 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from sigma.slurm import formats
 from sigma.slurm.command import DEFAULT_TIMEOUT_S, SlurmError, run
 from sigma.slurm.types import SIGMA_REASON_PREFIX, AccountingRecord, Job, Node
 
 NEXT_STATES = ("RESUME", "DOWN", "DRAIN")
 REQUEUE_SETTLE_S = 1.1  # see start_now: one second of slurmctld's clock, and a margin
+REQUEUE_COMPLETING_TIMEOUT_S = 60.0  # start_now waits this long for a requeue to complete (KillWait is 30 s)
 NOTHING_FOUND = 9003  # sacct's "Nothing found with query" is an empty answer, not a failure
 
 
@@ -23,34 +25,60 @@ class Slurm:
         self.env = {"SLURM_CONF": str(conf)} if conf else {}
         self.timeout = timeout
         self._requeued_at: dict[int, float] = {}
+        self._family = None
+
+    @property
+    def family(self) -> formats.FamilyBase:
+        """The JSON format family of this cluster's Slurm, from `scontrol --version` on first use."""
+        if self._family is None:
+            argv = ("scontrol", "--version")
+            out = self._run(*argv)
+            try:
+                release = formats.parse_release(out)
+            except ValueError as exc:
+                raise SlurmError(argv, 0, str(exc)) from None
+            self._family = formats.family_for(release, argv)
+        return self._family
+
+    @property
+    def version(self) -> str:
+        """This cluster's Slurm release as its clients report it, e.g. 24.11.5."""
+        return self.family.release
 
     def _run(self, *argv: str, timeout: float | None = None, input: str | None = None) -> str:
         return run(argv, env=self.env, timeout=timeout or self.timeout, input=input).stdout
 
-    def _json(self, *argv: str) -> dict:
-        out = self._run(*argv, "--json")
+    def _json(self, argv: Sequence[str], key: str):
+        """Run a --json query; return its records under key, each with where it came from."""
+        out = self._run(*argv)
         try:
             data = json.loads(out)
         except json.JSONDecodeError as exc:
             raise SlurmError(argv, 0, f"unparsable JSON ({exc}): {out[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise SlurmError(argv, 0, f"JSON that is not an object: {out[:200]!r}")
         errors = [e for e in data.get("errors") or () if e.get("error_number") != NOTHING_FOUND]
         if errors:
             raise SlurmError(argv, 0, f"SLURM reported errors: {errors}")
-        return data
+        family = self.family
+        return family.top(data, family.source(argv, data), key)
 
     # ---------- queries ----------
     def nodes(self) -> list[Node]:
-        return [Node.from_json(n) for n in self._json("sinfo")["nodes"]]
+        family = self.family
+        return [family.node(r) for r in self._json(family.nodes_argv, "nodes")]
 
     def node(self, name: str) -> Node:
         for n in self.nodes():
             if n.name == name:
                 return n
-        raise SlurmError(["sinfo"], 0, f"no node named {name!r}")
+        raise SlurmError(self.family.nodes_argv, 0, f"no node named {name!r}")
 
     def jobs(self, job_ids: Iterable[int] = ()) -> list[Job]:
+        """Jobs slurmctld still knows, finished ones included (until MinJobAge), optionally only job_ids."""
         wanted = {int(j) for j in job_ids}
-        jobs = [Job.from_json(j) for j in self._json("squeue")["jobs"]]
+        family = self.family
+        jobs = [family.job(r) for r in self._json(family.jobs_argv, "jobs")]
         return [j for j in jobs if not wanted or j.job_id in wanted]
 
     def job(self, job_id: int) -> Job | None:
@@ -59,7 +87,7 @@ class Slurm:
 
     def accounting(self, job_ids: Iterable[int] = (), since: str | None = None,
                    duplicates: bool = False) -> list[AccountingRecord]:
-        argv = ["sacct"]
+        argv = list(self.family.accounting_argv)
         ids = ",".join(str(j) for j in job_ids)
         if ids:
             argv += ["-j", ids]
@@ -67,7 +95,9 @@ class Slurm:
             argv += ["--starttime", since]
         if duplicates:
             argv.append("--duplicates")
-        return [AccountingRecord.from_json(j) for j in self._json(*argv)["jobs"]]
+        records = self._json(argv, "jobs")
+        text_argv = self.family.exit_codes_argv(argv)
+        return self.family.runs(records, self._run(*text_argv) if text_argv else None)
 
     # ---------- node actions ----------
     def drain(self, nodes: Sequence[str], reason: str) -> None:
@@ -131,8 +161,14 @@ class Slurm:
     def release(self, job_id: int) -> None:
         self._run("scontrol", "release", str(job_id))
 
-    def start_now(self, job_id: int, requeued_at: float | None = None) -> None:
+    def start_now(self, job_id: int, requeued_at: float | None = None,
+                  completing_timeout: float = REQUEUE_COMPLETING_TIMEOUT_S) -> None:
         """Clear the ~2-minute BeginTime SLURM puts on a requeued job so it can start at once.
+
+        Only once the requeue has completed: while the old run's processes end, the job is pending and COMPLETING
+        (["PENDING", "COMPLETING"] from 23.02 on, COMPLETING in 22.05), and when they have ended slurmctld sets the
+        BeginTime anew, undoing a StartTime=now given before (reported on 24.11 and 26.05: 161 s to the first
+        step instead of 12 s). So wait, up to completing_timeout, until the job is no longer COMPLETING.
 
         slurmd revokes the previous run's credential with one-second resolution; a relaunch whose credential is
         created in the same second as the revocation is killed ("Job credential revoked") and the job is lost.
@@ -144,6 +180,13 @@ class Slurm:
         its caller saw it pending, so waiting REQUEUE_SETTLE_S from now is enough.
         """
         requeued_at = requeued_at or self._requeued_at.get(int(job_id)) or time.time()
+        deadline = time.monotonic() + completing_timeout
+        while (job := self.job(job_id)) is not None and job.state == "COMPLETING":
+            if time.monotonic() > deadline:
+                raise SlurmError(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], 0,
+                                 f"job {job_id} still COMPLETING after {completing_timeout:.0f} s: its requeue has not "
+                                 f"finished, and a BeginTime cleared now would be set again when it does")
+            time.sleep(0.2)
         time.sleep(max(0.0, requeued_at + REQUEUE_SETTLE_S - time.time()))
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 

@@ -18,8 +18,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sigma.paths import configs_dir, default_cluster_dir, default_port_base, project_root
+from sigma.paths import PACKAGE_DIR, configs_dir, default_cluster_dir, default_port_base, project_root
 from sigma.slurm.command import SlurmError, run
+from sigma.slurm.formats import parse_release, release_text
 
 DEBIAN_PACKAGES = "slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server"
 REQUIRED_PROGRAMS = {
@@ -160,7 +161,13 @@ class LocalCluster:
         daemons = {d: self._alive(d) for d in self._daemons(spec)}
         daemons["munged"] = munge_works()
         return {"state_dir": str(self.state_dir), "configured": True, "name": spec.name,
-                "conf": str(self.conf), "daemons": daemons}
+                "conf": str(self.conf), "daemons": daemons, "metrics": self.metrics_url(spec)}
+
+    def metrics_url(self, spec: ClusterSpec | None = None) -> str | None:
+        """Where slurmctld serves OpenMetrics (Slurm 25.11 on, see release_lines), else None."""
+        spec = spec or self.load_spec()
+        metrics = self.conf.exists() and "MetricsType=metrics/openmetrics" in self.conf.read_text()
+        return f"http://127.0.0.1:{spec.port_base}/metrics/" if spec and metrics else None
 
     def wait_idle(self, spec: ClusterSpec | None = None, timeout: float = 90.0, registered_since: float = 0) -> None:
         """Wait until every node's slurmd has registered (after registered_since) and the node is settled."""
@@ -171,6 +178,8 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         last = "no answer from slurmctld"
         while time.monotonic() < deadline:
+            self._check_alive(["slurmctld"] + [f"slurmd-{n}" for n in self.node_names(spec)],
+                              missing_pid_file_too=time.monotonic() > deadline - timeout + 5)
             try:
                 nodes = slurm.nodes()
             except SlurmError as exc:
@@ -183,6 +192,14 @@ class LocalCluster:
         raise ClusterError(f"nodes not ready after {timeout:.0f}s ({last}); see {self.state_dir}/log/")
 
     # ---------- internals ----------
+    def _check_alive(self, daemons: list[str], missing_pid_file_too: bool) -> None:
+        """A daemon that exited during start-up fails `up` at once, with the end of its log."""
+        for daemon in daemons:
+            if (self._pid_file(daemon).exists() or missing_pid_file_too) and not self._alive(daemon):
+                log = self.state_dir / "log" / f"{daemon}.log"
+                tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-5:]) if log.exists() else ""
+                raise ClusterError(f"{daemon} exited while starting; the end of {log}:\n{tail}")
+
     def _all_nodes_responding(self, spec: ClusterSpec) -> bool:
         from sigma.slurm.client import Slurm
 
@@ -218,15 +235,25 @@ class LocalCluster:
                 line for line in (spec.prolog and f"Prolog={spec.prolog}",
                                   spec.epilog and f"Epilog={spec.epilog}") if line),
         )
+        release = slurm_release()
+        values.update(release_lines(release))
         template_dir = configs_dir() / "slurm"
         self.conf.write_text((template_dir / "slurm.conf.in").read_text().format(**values))
+        cgroup = cgroup_conf(release, os.path.ismount("/sys/fs/cgroup"))
+        if cgroup:
+            (self.conf.parent / "cgroup.conf").write_text(cgroup)
+        else:
+            (self.conf.parent / "cgroup.conf").unlink(missing_ok=True)
         dbd = self.conf.parent / "slurmdbd.conf"
         dbd.write_text((template_dir / "slurmdbd.conf.in").read_text().format(**values))
         dbd.chmod(0o600)
 
     def _write_reboot_program(self) -> Path:
         script = self.state_dir / "bin" / "reboot-node"
+        # slurmd may run it with no PATH (Slurm 26.05): every path is absolute, and sigma importable as it is here
         script.write_text(f"#!/bin/sh\n# RebootProgram of the local cluster: restarts this node's slurmd with -b.\n"
+                          f"PATH=${{PATH:-{SBIN_PATH}:/usr/local/bin:/usr/bin:/bin}}; export PATH\n"
+                          f"PYTHONPATH={PACKAGE_DIR.parent}; export PYTHONPATH\n"
                           f"exec {sys.executable} -m sigma.slurm.reboot --state-dir {self.state_dir} \"$@\"\n")
         script.chmod(0o755)
         return script
@@ -267,13 +294,16 @@ class LocalCluster:
                 [_which("mariadbd"), "--no-defaults", "--user=root", f"--datadir={datadir}", f"--socket={sock}",
                  f"--tmpdir={tmpdir}", f"--port={spec.port_base + 2}", "--bind-address=127.0.0.1",
                  f"--pid-file={self._pid_file('mariadb')}",
-                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2"],
+                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2",
+                 # Slurm 26.05 refuses snapshot isolation (MariaDB 11.6+ default); `loose-`: older servers lack it
+                 "--loose-innodb-snapshot-isolation=OFF", "--innodb-lock-wait-timeout=900"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
         sql = "".join(
             f"CREATE USER IF NOT EXISTS 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
             f"ALTER USER 'slurm'@'{host}' IDENTIFIED BY '{spec.mysql_password}';"
             f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{host}';" for host in ("localhost", "127.0.0.1"))
+        sql = "CREATE DATABASE IF NOT EXISTS slurm_acct_db;" + sql
         self._retry(lambda: run(["mariadb", f"--socket={sock}", "-uroot", "-e", sql], timeout=10),
                     30, "MariaDB to accept connections", "mariadb.log")
 
@@ -349,6 +379,47 @@ def check_packages() -> None:
     if missing:
         raise ClusterError(f"missing system packages: {' '.join(missing)}. Install them with:\n"
                            f"  apt-get install -y {DEBIAN_PACKAGES}\n(`make install` does this for you)")
+
+
+def slurm_release() -> tuple[int, int, int]:
+    """The release of the slurmd here (`slurmd -V` needs no configuration, unlike the clients from 24.11 on)."""
+    out = run([_which("slurmd"), "-V"], timeout=10).stdout
+    try:
+        return parse_release(out)
+    except ValueError as exc:
+        raise ClusterError(f"cannot tell which Slurm this is: {exc}") from None
+
+
+def release_lines(release: tuple[int, int, int]) -> dict[str, str]:
+    """slurm.conf settings that exist from Slurm 25.11 on (empty before).
+
+    requeue_delay: a job SLURM requeues itself (node failure, failed prolog) may start again after 2 s instead of
+    the ~121 s BeginTime every earlier release sets (2 s keeps a relaunch out of the second its old credential was
+    revoked in; sigma's start_now still clears the BeginTime of the requeues it makes). MetricsType: slurmctld
+    serves OpenMetrics (jobs, nodes, partitions, scheduler) on SlurmctldPort under /metrics/.
+    """
+    if release[:2] < (25, 11):
+        return {"scheduler_since_25_11": "", "metrics_since_25_11": ""}
+    return {"scheduler_since_25_11": ",requeue_delay=2",
+            "metrics_since_25_11": "# OpenMetrics on http://SlurmctldHost:SlurmctldPort/metrics/ (Slurm 25.11+)\n"
+                                   "MetricsType=metrics/openmetrics\n"}
+
+
+def cgroup_conf(release: tuple[int, int, int], cgroup_fs: bool) -> str:
+    """cgroup.conf for the local cluster ("" for none).
+
+    slurmd of 24.11 and 26.05 (and, untested, 23.02 to 25.11) initialises a cgroup plugin whatever ProctrackType
+    and TaskPlugin say, and exits ("No filesystem mounted on /sys/fs/cgroup") where there is none: there,
+    CgroupPlugin=disabled. Where one is mounted,
+    the plugin sites use (autodetect: cgroup/v1 or cgroup/v2), with IgnoreSystemd since `sigma cluster up` starts
+    slurmd itself, not as a systemd unit with its own scope. 22.05 starts without any.
+    """
+    if release[:2] <= (22, 5):
+        return ""
+    head = f"# cgroup.conf of the local cluster, written by `sigma cluster up` for Slurm {release_text(release)}\n"
+    if not cgroup_fs:
+        return head + "# no cgroup file system is mounted on /sys/fs/cgroup here\nCgroupPlugin=disabled\n"
+    return head + "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
 
 
 def munge_works() -> bool:

@@ -1,4 +1,6 @@
-"""Typed views of `sinfo --json`, `squeue --json` and `sacct --json` (Slurm 22.05+, openapi v0.0.38)."""
+"""Typed results of SLURM queries, the same for the same cluster state on every Slurm sigma knows (22.05 to 26.05).
+
+The JSON each version prints is read by its format family in sigma/slurm/formats/."""
 
 from __future__ import annotations
 
@@ -51,22 +53,12 @@ class Node:
         """Schedulable: up, responding, not drained, not waiting for a reboot."""
         return self.responding and not self.drained and "REBOOT_REQUESTED" not in self.flags
 
-    @classmethod
-    def from_json(cls, d: dict) -> "Node":
-        return cls(
-            name=d["name"], state=str(d.get("state", "")).lower(), flags=tuple(d.get("state_flags") or ()),
-            reason=d.get("reason") or "", reason_user=d.get("reason_set_by_user") or "",
-            reason_time=int(d.get("reason_changed_at") or 0), cpus=int(d.get("cpus") or 0),
-            alloc_cpus=int(d.get("alloc_cpus") or 0), partitions=tuple(d.get("partitions") or ()),
-            boot_time=int(d.get("boot_time") or 0), slurmd_start_time=int(d.get("slurmd_start_time") or 0),
-        )
-
 
 @dataclass(frozen=True)
 class Job:
     job_id: int
     name: str
-    state: str  # PENDING, RUNNING, COMPLETED, ...
+    state: str  # as squeue prints it: PENDING, RUNNING, COMPLETING (also a requeued job not yet pending), ...
     reason: str = ""
     nodes: tuple[str, ...] = ()
     restarts: int = 0
@@ -87,20 +79,6 @@ class Job:
         """Still holds or waits for resources (squeue also lists recently finished jobs)."""
         return self.state in ACTIVE_JOB_STATES
 
-    @classmethod
-    def from_json(cls, d: dict) -> "Job":
-        return cls(
-            job_id=int(d["job_id"]), name=d.get("name") or "", state=d.get("job_state") or "",
-            reason=d.get("state_reason") or "", nodes=tuple(expand_hostlist(d.get("nodes") or "")),
-            restarts=int(d.get("restart_cnt") or 0), user=d.get("user_name") or "",
-            user_id=int(d["user_id"]) if isinstance(d.get("user_id"), int) else -1,
-            partition=d.get("partition") or "", submit_time=int(d.get("submit_time") or 0),
-            start_time=int(d.get("start_time") or 0), end_time=int(d.get("end_time") or 0),
-            requeue=bool(d.get("requeue", True)), batch_host=d.get("batch_host") or "",
-            command=d.get("command") or "", work_dir=d.get("current_working_directory") or "",
-            stdout=d.get("standard_output") or "",
-        )
-
 
 @dataclass(frozen=True)
 class AccountingRecord:
@@ -108,28 +86,29 @@ class AccountingRecord:
 
     job_id: int
     name: str
-    state: str
+    state: str  # as sacct prints it: COMPLETED, FAILED, REQUEUED (a run that was requeued), ...
     nodes: tuple[str, ...] = ()
     submit_time: int = 0
     start_time: int = 0
     end_time: int = 0
     elapsed_s: int = 0
-    return_code: int | None = None
-    exit_status: str = ""
-    steps: tuple[str, ...] = field(default=())
+    return_code: int | None = None  # the batch script's exit code; None when it was killed by a signal
+    exit_status: str = ""  # SUCCESS, ERROR, SIGNALED, ...
+    signal: int | None = None  # the signal that ended it, if one did
+    steps: tuple[str, ...] = field(default=())  # step ids without the job id: batch, extern, 0, ...
 
-    @classmethod
-    def from_json(cls, d: dict) -> "AccountingRecord":
-        t = d.get("time") or {}
-        ec = d.get("exit_code") or {}
-        return cls(
-            job_id=int(d["job_id"]), name=d.get("name") or "", state=(d.get("state") or {}).get("current", ""),
-            nodes=tuple(expand_hostlist(d.get("nodes") or "")), submit_time=int(t.get("submission") or 0),
-            start_time=int(t.get("start") or 0), end_time=int(t.get("end") or 0),
-            elapsed_s=int(t.get("elapsed") or 0), return_code=ec.get("return_code"),
-            exit_status=ec.get("status") or "",
-            steps=tuple(s["step"]["id"] for s in d.get("steps") or () if "step" in s),
-        )
+
+# The order in which Slurm's job_state_string() names a job state whose flags are set: the state squeue prints.
+JOB_STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                        "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
+def job_state_name(states: tuple[str, ...]) -> str:
+    """One name for a job state given as a base state and flags (["PENDING", "COMPLETING"] -> COMPLETING)."""
+    for flag in JOB_STATE_FLAG_ORDER:
+        if flag in states:
+            return flag
+    return states[0] if states else ""
 
 
 def expand_hostlist(expr: str) -> list[str]:

@@ -45,9 +45,21 @@ def _sidecar(args) -> int:
 
             loaded = load(config, args.node, args.node_dir, overrides)
             print(f"node {loaded.config.node}; store {loaded.config.store.path}; push {loaded.config.push.url}")
+            blind = []
             for section, (kind, params) in loaded.collectors.items():
                 state = f"every {params.interval_s:g} s" if params.enabled else "disabled"
                 print(f"  {section} ({kind}): {state}")
+                if kind == "logtail" and params.enabled and params.source != "files":
+                    found = _kernel_log(params, loaded.config.host_root)
+                    skipped = f" (not {found.why_none()})" if found.reasons else ""
+                    print(f"    kernel log: {found.describe()}{skipped}" if found.kind else
+                          f"    NO KERNEL LOG: kernel-log fault detection would be OFF ({found.why_none()})")
+                    if not found.kind:
+                        blind.append(section)
+            if blind:
+                print(f"error: no kernel log for {', '.join(blind)}: make one readable (docs/telemetry.md, "
+                      f"Kernel log) or detection on this node is degraded")
+                return 1
             return 0
         from sigma.telemetry.agent import Sidecar
 
@@ -55,3 +67,16 @@ def _sidecar(args) -> int:
     except (ConfigError, KeyFileError) as exc:
         raise CommandError(str(exc)) from None
     return sidecar.run()
+
+
+def _kernel_log(params, host_root: str):
+    """What the collector would read now (sigma.telemetry.logsources.choose), without keeping it open."""
+    from sigma.telemetry import logsources
+
+    found = logsources.choose(params.order, files=params.files, kmsg_path=params.kmsg_path,
+                              journal_dir=params.journal_dir, journal_reader=params.journal_reader,
+                              transports=tuple(params.journal_transports), cursor=None, from_end=True,
+                              host_root=host_root)
+    if found.journal is not None:
+        found.journal.close()
+    return found

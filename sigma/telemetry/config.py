@@ -119,6 +119,10 @@ def load(path: str | Path, node: str | None = None, node_dir: str | None = None,
             raise ConfigError(where, f"unknown collector {kind!r}; known collectors: {', '.join(sorted(registry))}")
         params = from_dict(registry[kind].Params, raw, source, key)
         _expand(params, variables)
+        if kind == "logtail" and params.source == "auto" and variables["cluster_dir"]:
+            # an emulated node of the local cluster: its kernel log is its kern.log, never the host's journal,
+            # /dev/kmsg or syslog files, which are not that node's
+            params.auto_order, params.files = ["files"], [variables["kernel_log"]]
         collectors[section] = (kind, params)
     return Loaded(cfg, collectors, variables, path)
 

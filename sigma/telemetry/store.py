@@ -73,7 +73,7 @@ class NodeStore:
         conn = self.conn
         if not self.path.exists() or conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
-        migrate(conn, MIGRATIONS)
+        migrate(conn, MIGRATIONS, where=f"node store {self.path}")
         with conn:
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', ?)", (str(int(time.time() * 1000)),))
             stored = self.meta("node")

@@ -216,13 +216,13 @@ def test_kmsg_sequence_from_an_earlier_boot_is_void(tmp_path):
     (root / "proc" / "stat").write_text("cpu 0 0 0 0\nbtime 1700000000\n")
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("3,5,2500000,-;NVRM: Xid (PCI:0000:3b:00): 79, after the reboot\n")
-    c = make("logtail", {"kmsg": True, "kmsg_path": str(kmsg), "patterns": [XID]}, host_root=str(root),
+    c = make("logtail", {"source": "kmsg", "kmsg_path": str(kmsg), "patterns": [XID]}, host_root=str(root),
              positions={"logtail:logtail:kmsg": {"boot": "boot-1", "seq": 900}})
     from sigma.telemetry.base import Output
     out = Output(ts=1700000100.0)
     c.collect(out)
-    assert [(e[0], json.loads(e[5])["xid"]) for e in out.events] == [(1700000002.5, 79)]  # boot time + uptime
-    assert saved_positions(out)["logtail:logtail:kmsg"] == {"boot": "boot-2", "seq": 5}
+    assert [(e[0], json.loads(e[5])["xid"]) for e in out.events if e[2] == "xid"] == [(1700000002.5, 79)]  # boot time + uptime
+    assert saved_positions(out)["logtail:logtail:kmsg"] == {"boot": "boot2", "seq": 5}
 
 
 def test_history_skipped_at_the_first_start_stays_skipped_after_a_rewrite(tmp_path):

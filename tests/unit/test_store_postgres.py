@@ -55,7 +55,7 @@ def test_failed_migration_leaves_nothing(url):
     conn = open_db(url)
     with pytest.raises(psycopg.Error):
         migrate(conn, [("9001_good", "CREATE TABLE a (x INTEGER);"),
-                       ("9002_bad", "CREATE TABLE b (y INTEGER); SELECT nope FROM nowhere;")])
+                       ("9002_bad", "CREATE TABLE b (y INTEGER); SELECT nope FROM nowhere;")], owner=False)
     tables = {r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                                          "current_schema()")}
     assert "a" in tables and "b" not in tables

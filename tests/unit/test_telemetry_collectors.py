@@ -125,15 +125,15 @@ def test_logtail_copytruncate(tmp_path):
 def test_logtail_kmsg_records_and_sequence(tmp_path):
     kmsg = tmp_path / "kmsg"
     kmsg.write_text((FIXTURES / "telemetry" / "kmsg").read_text())
-    c = make("logtail", {"kmsg": True, "kmsg_path": str(kmsg), "start_at": "start", "patterns": [XID, OOM]})
+    c = make("logtail", {"source": "kmsg", "kmsg_path": str(kmsg), "start_at": "start", "patterns": [XID, OOM]})
     out = run(c)
-    assert [e[2] for e in out.events] == ["xid", "oom_kill"]
+    assert [e[2] for e in out.events if e[1] == "log"] == ["xid", "oom_kill"]
     assert json.loads(out.events[0][5])["stream"] == "kmsg"
     assert run(c).events == []  # sequence numbers already seen
     with kmsg.open("a") as f:
         f.write("3,103,5300000,-;NVRM: Xid (PCI:0000:3b:00): 94, later\n")
-    c2 = make("logtail", {"kmsg": True, "kmsg_path": str(kmsg), "patterns": [XID]}, positions=saved_positions(out))
-    assert [json.loads(e[5])["xid"] for e in run(c2).events] == [94]
+    c2 = make("logtail", {"source": "kmsg", "kmsg_path": str(kmsg), "patterns": [XID]}, positions=saved_positions(out))
+    assert [json.loads(e[5])["xid"] for e in run(c2).events if e[2] == "xid"] == [94]
 
 
 def test_logtail_flood_is_counted(tmp_path):
@@ -238,60 +238,22 @@ def test_nvml_reports_gpus():
 
 
 def test_logtail_real_kernel_ring_buffer():
-    """A line written to /dev/kmsg (root) comes back as an event; skipped where the ring buffer is closed."""
+    """The real /dev/kmsg: what root writes there is read, but it is not the kernel's (the kernel gives it the user
+    facility), so it is counted and never acted on; skipped where the ring buffer is closed."""
     import uuid
     if not (os.access("/dev/kmsg", os.R_OK | os.W_OK)):
         pytest.skip("/dev/kmsg is not readable and writable here (needs root)")
-    c = make("logtail", {"kmsg": True, "patterns": [{"name": "sigma_probe", "regex": r"sigma-probe (?P<token>\w+)"}]})
+    c = make("logtail", {"source": "kmsg", "patterns": [{"name": "sigma_probe", "regex": r"sigma-probe (?P<token>\w+)"}]})
     try:
         run(c)  # start_at end: skip the history
         token = uuid.uuid4().hex
         with open("/dev/kmsg", "w") as f:
-            f.write(f"<6>sigma-probe {token}\n")
-        events = [json.loads(e[5]) for e in run(c).events if e[2] == "sigma_probe"]
-        assert [e["token"] for e in events] == [token] and events[0]["stream"] == "kmsg"
+            f.write(f"<0>sigma-probe {token}\n")  # asks for the kernel's facility 0: the kernel makes it user (1)
+        out = run(c)
+        assert [e for e in out.events if e[2] == "sigma_probe"] == []
+        assert samples(out)[("log.rejected_lines", (("reason", "facility:1"), ("source", "kmsg")))] >= 1
     finally:
         c.close()
-
-
-def test_logtail_journal_through_journalctl_with_cursor(tmp_path, monkeypatch):
-    """journalctl is run with the saved cursor; a fake journalctl on PATH stands in for a host journal."""
-    entries = tmp_path / "entries.jsonl"
-    entries.write_text("".join(json.dumps({"__CURSOR": f"c{i}", "MESSAGE": msg, "_TRANSPORT": "kernel"}) + "\n"
-                               for i, msg in enumerate(["boot", "NVRM: Xid (PCI:0000:3b:00): 79, x"])))
-    fake = tmp_path / "bin" / "journalctl"
-    fake.parent.mkdir()
-    fake.write_text(f"""#!{sys.executable}
-import json, sys
-args = sys.argv[1:]
-open({str(tmp_path / 'argv.log')!r}, 'a').write(' '.join(args) + '\\n')
-lines = open({str(entries)!r}).read().splitlines()
-after = next((a.split('=', 1)[1] for a in args if a.startswith('--after-cursor=')), None)
-if after is not None:
-    idx = [json.loads(l)['__CURSOR'] for l in lines].index(after)
-    lines = lines[idx + 1:]
-elif '-n' in args and args[args.index('-n') + 1] == '1':
-    lines = lines[-1:]
-print('\\n'.join(lines))
-""")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    c = make("logtail", {"journal": True, "journal_args": ["-k"], "patterns": [XID]})
-    out = run(c)
-    assert out.events == [] and saved_positions(out) == {"logtail:logtail:journal": "c1"}  # start_at end
-    with entries.open("a") as f:
-        f.write(json.dumps({"__CURSOR": "c2", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 94, y", "_TRANSPORT": "kernel",
-                            "__REALTIME_TIMESTAMP": "990500000"}) + "\n")
-        # a plain user's `logger "NVRM: Xid ..."`: the syslog transport, never read as the kernel's
-        f.write(json.dumps({"__CURSOR": "c3", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, z", "_TRANSPORT": "syslog",
-                            "SYSLOG_IDENTIFIER": "mallory"}) + "\n")
-    out = run(c)
-    xids = [(json.loads(e[5])["xid"], json.loads(e[5])["stream"], e[0]) for e in out.events if e[1] == "log"]
-    assert xids == [(94, "journal", 990.5)]  # the entry's own time
-    assert [json.loads(e[5])["reason"] for e in out.events if e[2] == "log_source_untrusted"] == [
-        "entry with _TRANSPORT=syslog, not one of kernel"]
-    assert samples(out)[("log.rejected_lines", (("reason", "transport:syslog"), ("source", "journal")))] == 1
-    assert "-k _TRANSPORT=kernel --after-cursor=c1" in (tmp_path / "argv.log").read_text()
 
 
 def test_host_keeps_procfs_files_open_and_rereads_them_fresh(tmp_path):

@@ -32,12 +32,20 @@ def test_shipped_config_loads_with_local_cluster_placeholders(monkeypatch, tmp_p
     assert loaded.collectors["health"][1].dir == f"{node_dir}/health"
 
 
+def test_an_emulated_nodes_kernel_log_is_its_kern_log_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("SIGMA_CLUSTER_DIR", str(tmp_path))
+    kernel = load(configs_dir() / "telemetry.yaml", node="node3").collectors["kernel"][1]
+    assert (kernel.order, kernel.files) == (["files"], [str(tmp_path / "nodes" / "node3" / "kern.log")])
+
+
 def test_real_node_defaults(monkeypatch):
     for var in ("SIGMA_CLUSTER_DIR", "SIGMA_KPI_DIR", "SIGMA_NODE_DIR"):
         monkeypatch.delenv(var, raising=False)
     loaded = load(configs_dir() / "telemetry.yaml", node="gpu001")
     assert loaded.config.store.path == "/var/lib/sigma/telemetry.db"
-    assert loaded.collectors["kernel"][1].files == ["/var/log/kern.log"]
+    kernel = loaded.collectors["kernel"][1]
+    assert (kernel.source, kernel.order) == ("auto", ["journal", "kmsg", "files"])
+    assert kernel.files == ["/var/log/kern.log", "/var/log/messages"]
     assert loaded.collectors["kpi"][1].dir == "/var/spool/sigma/kpi"
 
 
@@ -51,7 +59,7 @@ def test_real_node_defaults(monkeypatch):
      "unknown key 'colour'"),
     ("store:\n  max_bytes: 1.5\n", ":2 [store.max_bytes]", "expected int"),
     ("jobs:\n  sources: [proc, crystal_ball]\n", ":1 [jobs]", "unknown job source 'crystal_ball'"),
-    ("collectors:\n  k:\n    type: logtail\n    interval_s: 1\n", ":2 [collectors.k]", "at least one source"),
+    ("collectors:\n  k:\n    type: logtail\n    interval_s: 1\n", ":2 [collectors.k]", "logtail needs something to read"),
     ("collectors:\n  x:\n    type: command\n    commands:\n      - metric: m\n        argv: [/bin/true]\n"
      "        parse: regex\n        regex: '(?P<v>1)'\n", ":5 [collectors.x.commands.0]", "(?P<value>"),
 ])

@@ -12,7 +12,8 @@ from sigma.controller.config import ControllerConfig, RemediationConfig
 from sigma.controller.act import jit
 from sigma.controller.act.decisionlog import DecisionLog
 from sigma.findings import Finding
-from sigma.controller.act.guards import admin_hold, breaker_limit, breaker_trips, in_shadow, wave_trips
+from sigma.controller.act.guards import (NODE_FAULT_S, admin_hold, breaker_limit, breaker_trips, own_failures,
+                                         wave_trips)
 from sigma.controller.act.incidents import Incident, Incidents
 from sigma.controller.act.journal import Journal
 from sigma.controller.act.reason import drain_reason
@@ -49,7 +50,7 @@ class Decider:
             # 'open' = decided but not finished (the controller died in between): decide again; every action key
             # contains the incident id, so what was already planned is found, not planned twice
             self._inc = existing or self.incidents.open(f, "open")
-            shadow = in_shadow(f.rule_id, f.shadow, self.cfg.shadow, self.cfg.shadow_rules)
+            shadow = not self.cfg.rule_acts(f.rule_id, f.shadow)
             if f.action in DRAIN_ACTIONS:
                 inc = self._drain(f, shadow, nodes, jobs)
             elif f.action == "requeue":
@@ -97,7 +98,7 @@ class Decider:
             if n.silent and on_node:
                 self.journal.plan(f"set_down:{node}:i{inc.id}", "set_down", node, incident_id=inc.id, shadow=True,
                                   params={"reason": self._reason(f)})
-            inc = self._status("shadow", "shadow mode: nothing done")
+            inc = self._status("shadow", self._observed_note())
             self._say(inc, f"SHADOW {node} ({f.rule_id}): would drain ({f.summary})"
                            f"{' and requeue ' + str([j.job_id for j in on_node]) if on_node and f.requeue_jobs else ''}")
             return inc
@@ -213,7 +214,7 @@ class Decider:
         if shadow:
             self.journal.plan(f"requeue:{job.job_id}:i{inc.id}", "requeue", str(job.job_id), incident_id=inc.id,
                               shadow=True, params={"restarts_before": job.restarts})
-            inc = self._status("shadow", "shadow mode: nothing done")
+            inc = self._status("shadow", self._observed_note())
             self._say(inc, f"SHADOW job {job.job_id} ({f.rule_id}): would requeue ({f.summary})")
             return inc
         self.incidents.add_evidence(inc.id, jobs=[{"job_id": job.job_id, "start_time": job.start_time,
@@ -225,7 +226,8 @@ class Decider:
         else:
             w = self.cfg.watchdog
             inc = self._status("escalated", f"job {job.job_id} requeued {w.crash_loop_restarts} times in "
-                                            f"{w.crash_loop_window_s:.0f}s: crash loop, left for a human")
+                                            f"{w.crash_loop_window_s:.0f}s for {f.rule_id}: crash loop, left for a "
+                                            f"human")
             self._say(inc, f"ESCALATE job {job.job_id} ({f.rule_id}): {f.summary}; crash loop, not requeued")
         return inc
 
@@ -240,11 +242,18 @@ class Decider:
                                  (str(job.job_id), inc.id)).fetchone()[0]
         if last is not None and last >= job.start_time:
             return True  # another incident already requeued this run; SLURM has not restarted it yet
-        # A crash loop is the job failing by itself: restarts because a bad node was taken out do not count.
-        recent = self.conn.execute(
-            "SELECT COUNT(*) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind='requeue' AND"
-            " a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND i.scope = 'job' AND"
-            " a.incident_id != ?", (str(job.job_id), self.clock() - w.crash_loop_window_s, inc.id)).fetchone()[0]
+        # A crash loop is the job failing by itself, the same way each time: requeues because a bad node was taken
+        # out, and earlier faults of other kinds, do not count (guards.own_failures)
+        since = self.clock() - w.crash_loop_window_s
+        requeues = [(r[0], r[1], _run_nodes(r[2], job.job_id)) for r in self.conn.execute(
+            "SELECT a.created_at, i.rule_id, i.evidence FROM actions a JOIN incidents i ON i.id = a.incident_id"
+            " WHERE a.kind='requeue' AND a.target=? AND a.state IN ('done','planned') AND a.created_at >= ? AND"
+            " i.scope = 'job' AND a.incident_id != ?", (str(job.job_id), since, inc.id))]
+        node_faults = self.conn.execute(
+            "SELECT i.opened_at, i.node FROM incidents i JOIN actions a ON a.incident_id = i.id WHERE"
+            " i.scope = 'node' AND a.kind = 'drain' AND a.state = 'done' AND i.opened_at >= ?",
+            (since - NODE_FAULT_S,)).fetchall() if requeues else []
+        recent = own_failures(requeues, inc.rule_id, [(r[0], r[1]) for r in node_faults])
         if crash_guard and recent >= w.crash_loop_restarts:
             return False
         params = {"restarts_before": job.restarts, **({"restart_failed": True} if restart_failed else {})}
@@ -291,6 +300,9 @@ class Decider:
                     **params, "avoid_nodes": avoid, "expires_at": self.clock() + REQUEUE_FOLLOWUP_S}))
 
     # ---------- helpers ----------
+    def _observed_note(self) -> str:
+        return "observe mode: nothing done" if self.cfg.observing else "rule in shadow: nothing done"
+
     @staticmethod
     def _reason(f: Finding) -> str:
         return drain_reason(f.rule_id, f.summary)
@@ -302,3 +314,15 @@ class Decider:
     def _say(self, inc: Incident, human: str) -> None:
         self.log.event("decision", human, incident=inc.id, rule=inc.rule_id, node=inc.node, job=inc.job_id,
                        status=self.incidents.get(inc.id).status, severity=inc.severity)
+
+
+def _run_nodes(evidence: str, job_id: int) -> list[str]:
+    """The nodes the requeued run had, from its incident's evidence (jobs: [...], or the watchdog's nodes)."""
+    try:
+        ev = json.loads(evidence or "{}")
+    except ValueError:
+        return []
+    for j in ev.get("jobs") or ():
+        if isinstance(j, dict) and j.get("job_id") == job_id:
+            return list(j.get("nodes") or ())
+    return list(ev.get("nodes") or ())

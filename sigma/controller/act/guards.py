@@ -49,8 +49,25 @@ def admin_hold(node: Node, own_reasons: Iterable[str] = ()) -> str | None:
     return reason
 
 
-def in_shadow(rule_id: str, rule_shadow: bool, global_shadow: bool, shadow_rules: Iterable[str]) -> bool:
-    return global_shadow or rule_shadow or rule_id in set(shadow_rules)
+NODE_FAULT_S = 600.0  # a node of the run taken out for a node fault this close to a requeue explains it
+
+
+def own_failures(requeues: Iterable[tuple[float, str, Iterable[str]]], rule_id: str,
+                 node_faults: Iterable[tuple[float, str]], explain_s: float = NODE_FAULT_S) -> int:
+    """How many earlier requeues were the job failing by itself in the same way: requeues (time, rule, the run's
+    nodes) for the same fault signature (rule) as now, that no node fault explains (one of the run's nodes drained
+    for a node fault within explain_s). Two unrelated faults (a hang, then a NaN) are not a loop; the same NaN
+    again and again is."""
+    faults = list(node_faults)
+    count = 0
+    for ts, rule, nodes in requeues:
+        if rule != rule_id:
+            continue
+        nodes = set(nodes)
+        if any(node in nodes and abs(ts - t) <= explain_s for t, node in faults):
+            continue
+        count += 1
+    return count
 
 
 def crash_looping(restart_times: Iterable[float], now: float, max_restarts: int, window_s: float) -> bool:

@@ -3,7 +3,7 @@
     planned --run ok--> done          (or skipped: nothing to do, e.g. the job already left)
        |  \\--NotYet--> planned        (precondition not met yet: retried on a later tick, until expires_at)
        |   \\--error--> planned/failed (retried until max_attempts)
-    shadow                             (shadow mode: recorded, never run)
+    shadow                             (observe mode, or a rule in shadow: recorded, never run)
 
 A crash between "planned" and "done" leaves a planned row; `replay()` on restart runs it again. Executors are
 idempotent (they look at SLURM's state first), so an action that did run before the crash is recognised and not
@@ -55,16 +55,22 @@ class ActionRow:
 
 class Journal:
     def __init__(self, conn: sqlite3.Connection, executor: Executor, *, clock: Callable[[], float] = time.time,
-                 max_attempts: int = 5, on_change: Callable[[ActionRow], None] | None = None):
+                 max_attempts: int = 5, on_change: Callable[[ActionRow], None] | None = None,
+                 observed: Callable[[int | None], bool] | None = None):
+        """observed(incident_id): True when the controller only observes that incident (observe mode): every
+        automatic action planned for it is recorded as shadow and never run, whichever code path plans it."""
         self.conn = conn
         self.executor = executor
         self.clock = clock
         self.max_attempts = max_attempts
         self.on_change = on_change or (lambda row: None)
+        self.observed = observed or (lambda incident_id: False)
 
     def plan(self, key: str, kind: str, target: str, *, params: dict | None = None, reason: str = "",
              incident_id: int | None = None, shadow: bool = False, automatic: bool = True) -> ActionRow:
-        """Record the intent (committed before anything runs); an existing key is returned unchanged."""
+        """Record the intent (committed before anything runs); an existing key is returned unchanged, except a row
+        only observed before (shadow), which is planned now that it may run (the controller left observe mode)."""
+        shadow = shadow or (automatic and self.observed(incident_id))
         now = self.clock()
         with self.conn:
             self.conn.execute(
@@ -72,6 +78,9 @@ class Journal:
                 " updated_at, automatic) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (key, incident_id, kind, target, json.dumps(params or {}), reason, "shadow" if shadow else "planned",
                  now, now, int(automatic)))
+            if not shadow:
+                self.conn.execute("UPDATE actions SET state = 'planned', updated_at = ? WHERE key = ? AND"
+                                  " state = 'shadow'", (now, key))
         return self.get(key)
 
     def get(self, key: str) -> ActionRow | None:

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sigma.controller.db import open_db
+from sigma.controller.report.detection import kernel_logs
 
 
 class ControllerCollector(Collector):
@@ -35,7 +36,12 @@ class ControllerCollector(Collector):
             lifecycle = GaugeMetricFamily("sigma_nodes_lifecycle", "Nodes per remediation state", labels=["state"])
             for r in conn.execute("SELECT state, COUNT(*) FROM node_lifecycle GROUP BY state"):
                 lifecycle.add_metric([r[0]], r[1])
-            yield from (incidents, actions, lifecycle)
+            kernel = GaugeMetricFamily("sigma_node_kernel_log_ok", "1 while the node's sidecar reads its kernel log, "
+                                       "0 while it reads none (kernel-log fault detection off there)",
+                                       labels=["node", "source"])
+            for node, state in sorted(kernel_logs(conn).items()):
+                kernel.add_metric([node, state["source"]], 1 if state["ok"] else 0)
+            yield from (incidents, actions, lifecycle, kernel)
         finally:
             conn.close()
         util = GaugeMetricFamily("sigma_utilisation_ratio", "Node-time utilisation over the window",

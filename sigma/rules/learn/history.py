@@ -36,7 +36,7 @@ RULE_HIT_STATUSES = ("acted", "resolved", "confirmed")
 
 
 def ensure_labels(conn: sqlite3.Connection) -> None:
-    migrate(conn, LABEL_MIGRATIONS)
+    migrate(conn, LABEL_MIGRATIONS, owner=False)  # extra tables of the controller database, which checks itself
 
 
 def add_label(conn: sqlite3.Connection, *, node: str, fault_ts: float, verdict: str, cause: str = "",

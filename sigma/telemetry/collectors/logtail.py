@@ -1,4 +1,5 @@
-"""Log lines -> structured events: files (rotation-safe tails), the kernel ring buffer (/dev/kmsg), the journal.
+"""Log lines -> structured events: files (rotation-safe tails) and a node's kernel log wherever it is (the systemd
+journal, /dev/kmsg, a syslog file: sigma.telemetry.logsources).
 
 Each line is first split from its envelope (dmesg, dmesg -T, syslog RFC 3164/5424, journal JSON, kmsg records:
 sigma.telemetry.logformats), so patterns see the same message in every format and the event keeps the line's own
@@ -7,10 +8,20 @@ time. Each pattern is a regex searched in the message; a matching line becomes a
 gives {"xid": 79}). Positions (file inode+offset+fingerprints, kmsg boot id+sequence number, journal cursor)
 persist with the events, so restarts, rotation and rewritten files neither lose nor repeat lines.
 
+`source: auto` finds the kernel log (the journal, else /dev/kmsg, else the first readable of `files`) and says
+which (event kernel_log_source); when it finds none it says so loudly (event kernel_log_unavailable, severity
+error, naming why for each candidate; sample log.kernel_source_ok = 0 every run) and looks again every recheck_s.
+
+Who may speak: journal entries count only from `journal_transports` (the kernel's own, facility 0, not `logger`
+text) and kmsg records only of the kernel's facility; a line naming its program counts only from `idents`; a file
+must belong to root (or the sidecar's own user) and be writable by no one else, in a directory others cannot
+replace it in: `untrusted_source: refuse` skips such a file, `flag` reads it and marks its events `untrusted`.
+Each is logged, reported as a `log_source_untrusted` event and counted in `log.rejected_lines{source,reason}`.
+
 A record dmesg or journalctl prints on several lines (its continuation lines indented, or after a ring-buffer record
 as older dmesg printed them) is matched as one line.
 
-Who may speak: with `idents` set (the kernel section), a line counts only when its writer is established: an envelope
+Who may speak, beyond that: with `idents` set (the kernel section), a line counts only when its writer is established: an envelope
 a parser reads whole that names one of `idents` (and the kern facility where the envelope carries one), a format
 only the kernel writes (dmesg, /dev/kmsg), or a journal entry of the kernel's transport (`journal_transports`). A
 line whose source cannot be established (no known envelope, another program's name or facility, a journal field
@@ -23,17 +34,15 @@ is logged, reported as a `log_source_untrusted` event and counted in `log.reject
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import logging
 import os
 import re
 import stat
-import subprocess
 from dataclasses import dataclass, field, replace
 
-from sigma.telemetry import logformats
+from sigma.telemetry import logformats, logsources
 from sigma.telemetry.base import Collector, CollectorParams, Output, register
 from sigma.telemetry.tail import FileTailer
 
@@ -41,6 +50,7 @@ MESSAGE_MAX = 2000
 RECORD_MAX = 2048  # the longest record the kernel's ring buffer keeps (PRINTK_MESSAGE_MAX): continuations stop there
 UNATTRIBUTED_EVENTS_PER_RUN = 20  # lines a pattern matched but no writer vouches for, reported one by one per run
 FUTURE_SLACK_S = 60.0  # a line stamped further ahead than this (a wrong year, a bad clock) gets the read time
+REPORT_AGAIN_S = 86400.0  # the kernel log status is said again daily: the controller's events outlive no retention
 REWRITE_SLACK_S = 1.0  # syslog stamps have whole seconds: a line of the second of the last read may be new
 log = logging.getLogger("sigma.sidecar.logtail")
 
@@ -76,15 +86,21 @@ def _compile(regex: str) -> re.Pattern:
         raise ValueError(f"bad regex {regex!r}: {exc}") from None
 
 
+SOURCES = ("files", "auto", "journal", "kmsg")
+
+
 @register("logtail")
 class LogTailCollector(Collector):
     @dataclass
     class Params(CollectorParams):
+        source: str = "files"  # files: follow `files`; auto: the kernel log wherever it is (auto_order); journal;
+        # kmsg: that one only (reported like auto when it cannot be read)
         files: list[str] = field(default_factory=list)  # paths or globs to follow (placeholders allowed)
-        kmsg: bool = False  # read the kernel ring buffer
+        auto_order: list[str] = field(default_factory=lambda: ["journal", "kmsg", "files"])  # what auto tries
+        recheck_s: float = 60.0  # with no kernel log found, look again this often
         kmsg_path: str = "/dev/kmsg"  # ring buffer device (a file of kmsg records in tests)
-        journal: bool = False  # read the systemd journal through journalctl
-        journal_args: list[str] = field(default_factory=list)  # extra journalctl arguments, e.g. ["-k"]
+        journal_dir: str = ""  # read the journal files of this directory (journalctl -D); "" = the system journal
+        journal_reader: str = "auto"  # native (libsystemd), journalctl, or auto: native where it loads
         journal_transports: list[str] = field(default_factory=lambda: ["kernel"])  # journal _TRANSPORT values read
         idents: list[str] = field(default_factory=list)  # writers whose lines count (syslog tag, journal identifier);
         # set: lines whose writer cannot be established are not acted on (fail closed); empty = any line counts
@@ -96,6 +112,13 @@ class LogTailCollector(Collector):
 
         def __post_init__(self):
             super().__post_init__()
+            if self.source not in SOURCES:
+                raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+            bad = [s for s in self.auto_order if s not in ("journal", "kmsg", "files")]
+            if bad or not self.auto_order:
+                raise ValueError(f"auto_order: {bad[0] if bad else 'empty'}; choose from journal, kmsg, files")
+            if self.journal_reader not in ("auto", "native", "journalctl"):
+                raise ValueError(f"journal_reader must be auto, native or journalctl, not {self.journal_reader!r}")
             if self.start_at not in ("end", "start"):
                 raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
             if self.untrusted_source not in ("refuse", "flag"):
@@ -106,16 +129,24 @@ class LogTailCollector(Collector):
                 raise ValueError(f"job_id_from_path: bad regex {self.job_id_from_path!r}: {exc}") from None
             if self.job_path is not None and "job_id" not in self.job_path.groupindex:
                 raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
-            if not (self.files or self.kmsg or self.journal):
-                raise ValueError("logtail needs at least one source: files, kmsg or journal")
+            if self.source == "files" and not self.files:
+                raise ValueError("logtail needs something to read: files, or source auto, journal or kmsg")
+
+        @property
+        def order(self) -> list[str]:
+            return self.auto_order if self.source == "auto" else [self.source]
 
     def __init__(self, section, params, ctx):
         super().__init__(section, params, ctx)
         self.tailers: dict[str, FileTailer] = {}
         self.booted = logformats.boot_time(ctx.host_root)
-        self.kmsg = KmsgReader(params.kmsg_path, ctx.positions.get(self._key("kmsg")), params.start_at == "end",
-                               _boot_id(ctx.host_root)) if params.kmsg else None
-        self.journal_cursor = ctx.positions.get(self._key("journal"))
+        self.boot_id = logsources.boot_id(ctx.host_root)
+        self.kmsg: logsources.KmsgReader | None = None
+        self.journal = None
+        self.choice: logsources.Choice | None = None  # the kernel log read (source != files)
+        self.reported: tuple | None = None  # the kernel log status last reported, and when
+        self.reported_at = 0.0
+        self.choose_at = 0.0  # when to look for the kernel log again while none is found
         self.first_run = True
         self.untrusted: dict[str, str] = {}  # source -> why, while it is untrusted (reported once per change)
         self.saved: dict[str, str] = {}  # positions last handed to the store, to write only changes
@@ -127,23 +158,154 @@ class LogTailCollector(Collector):
     def close(self) -> None:
         for t in self.tailers.values():
             t.close()
+        self._drop_kernel_source()
+
+    def _drop_kernel_source(self) -> None:
         if self.kmsg:
             self.kmsg.close()
+        if self.journal:
+            self.journal.close()
+        self.kmsg = self.journal = self.choice = None
 
     def collect(self, out: Output) -> None:
         budget = [self.params.max_events_per_run, 0]  # remaining, suppressed
         self.rejected: dict[tuple[str, str], int] = {}
         self.unattributed: dict[tuple[str, str], int] = {}
         self.unattributed_budget = [UNATTRIBUTED_EVENTS_PER_RUN, 0]  # reported one by one, then only counted
-        for path in self._paths():
+        if self.params.source == "files":
+            self._files(out, budget, self._paths())
+        else:
+            self._kernel(out, budget)
+        for (source, reason), n in self.rejected.items():
+            out.sample("log.rejected_lines", n, {"source": source, "reason": reason})
+        for (source, reason), n in self.unattributed.items():
+            out.sample("log.unattributed_lines", n, {"source": source, "reason": reason})
+        if self.unattributed_budget[1]:
+            out.event("sidecar", "log_unattributed", f"{self.unattributed_budget[1]} more lines a pattern matched "
+                      f"but no writer vouches for in one run; counted, not listed", "warning",
+                      {"collector": self.section, "suppressed": self.unattributed_budget[1]})
+        if budget[1]:
+            out.event("sidecar", "log_flood", f"{budget[1]} more matching lines in one run than "
+                      f"max_events_per_run={self.params.max_events_per_run}; counted, not stored",
+                      "warning", {"collector": self.section, "suppressed": budget[1]})
+        self.first_run = False
+
+    # ---------- the kernel log, wherever it is ----------
+    def _kernel(self, out: Output, budget: list) -> None:
+        if not (self.choice and self.choice.kind) and out.ts >= self.choose_at:
+            self._choose()
+        kind = self.choice.kind if self.choice else ""
+        try:
+            if kind == "journal":
+                self._journal(out, budget)
+            elif kind == "kmsg":
+                self._kmsg(out, budget)
+            elif kind == "file":
+                self._files(out, budget, [self.choice.path])
+                if logsources.file_unreadable(self.choice.path):  # removed, or no longer ours to read
+                    raise OSError(f"{self.choice.path}: {logsources.file_unreadable(self.choice.path)}")
+        except (OSError, logsources.JournalUnavailable) as exc:
+            lost = self.choice.describe()
+            self._drop_kernel_source()
+            self.choice = logsources.Choice("", reasons={lost: f"stopped working: {exc}"})
+            kind = ""
+        if kind == "":
+            self.choose_at = out.ts + self.params.recheck_s
+        self._report_kernel_source(out)
+
+    def _choose(self) -> None:
+        p = self.params
+        refuse = p.untrusted_source == "refuse"
+        # a journal first seen after the start (it became readable) starts at its end all the same: its history may
+        # be weeks of lines; the ring buffer holds this boot's only, read whole
+        self.choice = logsources.choose(
+            p.order, files=self._paths(), kmsg_path=p.kmsg_path, journal_dir=p.journal_dir,
+            journal_reader=p.journal_reader, transports=tuple(p.journal_transports),
+            cursor=self._saved_position("journal"), from_end=p.start_at == "end",
+            host_root=self.ctx.host_root, untrusted=(lambda path: _untrusted_file(path)) if refuse else (lambda _: ""))
+        if self.choice.kind == "journal":
+            self.journal = self.choice.journal
+        elif self.choice.kind == "kmsg":
+            self.kmsg = logsources.KmsgReader(p.kmsg_path, self._saved_position("kmsg"), self._from_end(),
+                                              self.boot_id)
+
+    def _saved_position(self, what: str):
+        """Where this source was left: as last handed to the store in this process, else as the store had it."""
+        key = self._key(what)
+        return json.loads(self.saved[key]) if key in self.saved else self.ctx.positions.get(key)
+
+    def _from_end(self) -> bool:
+        return self.first_run and self.params.start_at == "end"
+
+    def _report_kernel_source(self, out: Output) -> None:
+        choice = self.choice
+        ok = bool(choice and choice.kind)
+        out.sample("log.kernel_source_ok", 1 if ok else 0, {"source": choice.kind if ok else "none"})
+        state = (choice.kind, choice.path) if ok else ("", choice.why_none() if choice else "")
+        if state == self.reported and out.ts - self.reported_at < REPORT_AGAIN_S:
+            return
+        self.reported, self.reported_at = state, out.ts
+        fields = {"collector": self.section, "source": choice.kind if ok else "none"}
+        if ok:
+            msg = f"kernel log: reading {choice.describe()}"
+            if choice.reasons:
+                msg += f" (not {choice.why_none()})"
+            log.info("%s [collector %s]", msg, self.section)
+            out.event("sidecar", "kernel_log_source", msg, "info",
+                      {**fields, "path": choice.path, "skipped": choice.reasons})
+        else:
+            msg = (f"no kernel log can be read: kernel-log fault detection is OFF on this node "
+                   f"({choice.why_none() if choice else 'not looked for yet'}); looking again every "
+                   f"{self.params.recheck_s:g} s")
+            log.error("%s [collector %s]", msg, self.section)
+            out.event("sidecar", "kernel_log_unavailable", msg, "error",
+                      {**fields, "reasons": choice.reasons if choice else {}})
+
+    def _kmsg(self, out: Output, budget: list) -> None:
+        lines = self.kmsg.read()
+        for line in lines:
+            if not line.established:
+                self._reject("kmsg", line.writer)  # root's `echo >/dev/kmsg`, systemd at boot: not the kernel
+                continue
+            self._match(out, logformats.parse(line.text, now=out.ts, booted=self.booted), {"stream": "kmsg"},
+                        budget, "kmsg", raw=line.text)
+        self._position(out, self._key("kmsg"), self.kmsg.position)
+        out.sample("log.lines", len(lines), {"source": "kmsg"})
+
+    def _journal(self, out: Output, budget: list) -> None:
+        lines = self.journal.read()
+        transports = self.params.journal_transports
+        for line in lines:
+            transport = line.writer.split(":", 1)[1] if line.writer.startswith("transport:") else "kernel"
+            if transports and transport not in transports:
+                # the reader matched _TRANSPORT: an entry of another transport means a journal we cannot trust
+                self._trust(out, "journal", f"entry with _TRANSPORT={transport}, not one of {', '.join(transports)}")
+                self._reject("journal", line.writer)
+                continue
+            if not line.established and transport == "kernel":
+                self._reject("journal", line.writer)  # facility:N: a kernel-transport line user space wrote
+                continue
+            # another transport a site chose to read: the program it names, which `idents` may refuse
+            ident = "kernel" if line.established else line.ident
+            parsed = logformats.LogLine(line.text, line.ts, ident=ident, transport=transport, format="journal")
+            self._match(out, parsed, {"stream": "journal", **line.fields}, budget, "journal", raw=line.text)
+        if self.journal.cursor:
+            self._position(out, self._key("journal"), self.journal.cursor)
+        out.sample("log.lines", len(lines), {"source": "journal"})
+
+    def _reject(self, source: str, reason: str) -> None:
+        self.rejected[(source, reason)] = self.rejected.get((source, reason), 0) + 1
+
+    # ---------- files ----------
+    def _files(self, out: Output, budget: list, paths: list[str]) -> None:
+        for path in paths:
             why = _untrusted_file(path)
             flagged = self._trust(out, path, why)
             tailer = self.tailers.get(path)
             if tailer is None:
                 key = self._key(f"file:{path}")
                 saved = self.ctx.positions.get(key)
-                tailer = self.tailers[path] = FileTailer(path, saved,
-                                                         from_end=self.first_run and self.params.start_at == "end")
+                tailer = self.tailers[path] = FileTailer(path, saved, from_end=self._from_end())
             lines = tailer.read()
             if why and not flagged:  # refused: what anyone could have written meanwhile never counts, not even later
                 self.rejected[(path, "untrusted_file")] = self.rejected.get((path, "untrusted_file"), 0) + len(lines)
@@ -165,28 +327,6 @@ class LogTailCollector(Collector):
             out.sample("log.lines", len(lines), {"source": path})
             if replayed:
                 out.sample("log.replayed_lines_skipped", replayed, {"source": path})
-        if self.kmsg:
-            records = self.kmsg.read()
-            for text in records:
-                self._match(out, logformats.parse(text, now=out.ts, booted=self.booted), {"stream": "kmsg"}, budget,
-                            "kmsg", raw=text)
-            self._position(out, self._key("kmsg"), self.kmsg.position)
-            out.sample("log.lines", len(records), {"source": "kmsg"})
-        if self.params.journal:
-            self._journal(out, budget)
-        for (source, reason), n in self.rejected.items():
-            out.sample("log.rejected_lines", n, {"source": source, "reason": reason})
-        for (source, reason), n in self.unattributed.items():
-            out.sample("log.unattributed_lines", n, {"source": source, "reason": reason})
-        if self.unattributed_budget[1]:
-            out.event("sidecar", "log_unattributed", f"{self.unattributed_budget[1]} more lines a pattern matched "
-                      f"but no writer vouches for in one run; counted, not listed", "warning",
-                      {"collector": self.section, "suppressed": self.unattributed_budget[1]})
-        if budget[1]:
-            out.event("sidecar", "log_flood", f"{budget[1]} more matching lines in one run than "
-                      f"max_events_per_run={self.params.max_events_per_run}; counted, not stored",
-                      "warning", {"collector": self.section, "suppressed": budget[1]})
-        self.first_run = False
 
     def _position(self, out: Output, key: str, value) -> None:
         text = json.dumps(value)
@@ -282,49 +422,6 @@ class LogTailCollector(Collector):
                   {"collector": self.section, "source": source, "reason": why, "pattern": pattern.name,
                    "format": line.format})
 
-    def _journal(self, out: Output, budget: list) -> None:
-        argv = ["journalctl", "-o", "json", "--no-pager", *self.params.journal_args,
-                *(f"_TRANSPORT={t}" for t in self.params.journal_transports)]
-        if self.journal_cursor:
-            argv += [f"--after-cursor={self.journal_cursor}", "-n", "10000"]
-        elif self.params.start_at == "end":
-            argv += ["-n", "1"]  # only to learn the current cursor
-        else:
-            argv += ["-n", "10000"]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        except FileNotFoundError:
-            raise RuntimeError("journal: journalctl not found (set journal: false)") from None
-        except subprocess.TimeoutExpired:
-            raise RuntimeError("journal: journalctl took more than 10 s") from None
-        skip = self.journal_cursor is None and self.params.start_at == "end"
-        n = 0
-        for line in proc.stdout.splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(entry, dict):
-                continue
-            self.journal_cursor = entry.get("__CURSOR", self.journal_cursor)
-            if skip:
-                continue
-            n += 1
-            transport = str(entry.get("_TRANSPORT", ""))
-            if self.params.journal_transports and transport not in self.params.journal_transports:
-                # journalctl filtered on _TRANSPORT: an entry from another transport means a journal we cannot trust
-                key = ("journal", f"transport:{transport or 'none'}")
-                self.rejected[key] = self.rejected.get(key, 0) + 1
-                self._trust(out, "journal", f"entry with _TRANSPORT={transport or 'none'}, not one of "
-                                            f"{', '.join(self.params.journal_transports)}")
-                continue
-            parsed = logformats.journal_entry(entry, self.booted)
-            self._match(out, parsed, {"stream": "journal", "unit": entry.get("_SYSTEMD_UNIT", "")}, budget, "journal",
-                        raw=line)
-        if self.journal_cursor:
-            self._position(out, self._key("journal"), self.journal_cursor)
-        out.sample("log.lines", n, {"source": "journal"})
-
 
 def _untrusted_file(path: str) -> str:
     """Why others could have written this file's lines, or "" (also "" when it is not there yet)."""
@@ -344,88 +441,3 @@ def _untrusted_file(path: str) -> str:
     if parent.st_uid not in (0, os.geteuid()):
         return f"in a directory owned by uid {parent.st_uid}"
     return ""
-
-
-def _boot_id(host_root: str) -> str:
-    try:
-        with open(f"{host_root.rstrip('/')}/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-class KmsgReader:
-    """Records of the kernel ring buffer ('pri,seq,ts_us,flags;message'), tracked by boot id and sequence number
-    (sequence numbers start again at every boot: a number from an earlier boot says nothing)."""
-
-    def __init__(self, path: str, position, from_end: bool, boot_id: str = ""):
-        self.path = path
-        self.boot_id = boot_id
-        if isinstance(position, dict):
-            saved_boot, seq = position.get("boot", ""), position.get("seq")
-        else:
-            saved_boot, seq = "", position  # older positions: the number alone
-        if seq is not None and saved_boot and boot_id and saved_boot != boot_id:
-            seq = None  # rebooted since: every record of this boot is new
-            from_end = False
-        self.seq = seq if seq is not None else -1
-        self.from_end = seq is None and from_end
-        self.fd = None
-        self.device = stat.S_ISCHR(os.stat(path).st_mode)
-
-    @property
-    def position(self) -> dict:
-        return {"boot": self.boot_id, "seq": self.seq}
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def read(self) -> list[str]:
-        raw = self._read_device() if self.device else self._read_file()
-        messages = []
-        for record in raw:
-            parsed = parse_kmsg(record)
-            if parsed is None:
-                continue
-            seq, text = parsed
-            if seq <= self.seq:
-                continue
-            self.seq = seq
-            if not self.from_end:
-                messages.append(record.split("\n", 1)[0])  # the whole record: its uptime stamp is the line's time
-        self.from_end = False
-        return messages
-
-    def _read_device(self) -> list[str]:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        records = []
-        while len(records) < 10000:
-            try:
-                data = os.read(self.fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # overwritten before we read it; the next read continues
-                    continue
-                raise
-            if not data:
-                break
-            records.append(data.decode("utf-8", "replace"))
-        return records
-
-    def _read_file(self) -> list[str]:
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            return [line for line in f if line and not line.startswith(" ")]
-
-
-def parse_kmsg(record: str) -> tuple[int, str] | None:
-    head, sep, rest = record.partition(";")
-    if not sep:
-        return None
-    parts = head.split(",")
-    if len(parts) < 3 or not parts[1].isdigit():
-        return None
-    return int(parts[1]), rest.split("\n", 1)[0]

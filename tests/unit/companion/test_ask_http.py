@@ -35,9 +35,13 @@ def controller(tmp_path):
 def test_a_signed_question_gets_the_answer(controller, monkeypatch):
     srv, key_file, _ = controller
     monkeypatch.delenv("SIGMA_LLM_BASE_URL", raising=False)
-    reply = ask_remote(f"http://127.0.0.1:{srv.port}", str(key_file), "which nodes were drained for xid errors?")
+    reply = ask_remote(f"http://127.0.0.1:{srv.port}", str(key_file),
+                       "which nodes were drained for xid errors?")
     assert reply["ok"] and reply["asked_by"] == "companion" and reply["intent"] == "drains" and reply["status"] == "fact"
-    assert [r[0] for r in reply["rows"]] == ["node2"] and reply["sql"].startswith("WITH")
+    drained = load_dump(FIXTURES / "companion" / "soak.sql").execute(
+        "SELECT DISTINCT a.target FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind = 'drain' "
+        "AND a.state = 'done' AND i.rule_id LIKE 'gpu-xid-%' ORDER BY 1")
+    assert [r[0] for r in reply["rows"]] == [r[0] for r in drained] and reply["sql"].startswith("WITH")
 
 
 def post(srv, body: bytes, headers: dict) -> tuple[int, dict]:

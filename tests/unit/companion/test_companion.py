@@ -43,7 +43,7 @@ def q(conn, question, **kw):
 
 def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
     sets = {p.stem: load_questions(p) for p in sorted(SETS.glob("*.yaml"))}
-    assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3"}
+    assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6"}
     assert sum(map(len, sets.values())) >= 150
     built = {x.text for x in sets["built"]}
     for name, qs in sets.items():
@@ -87,7 +87,8 @@ def test_questions_back_and_refusals(conn):
     assert "Which job" in q(conn, "why did my job restart?").text
     a = q(conn, "drain node3 now")
     assert a.status == "cannot" and "only read" in a.text and not a.rows
-    assert q(conn, "what's the step of job 21?").status == "clarify"   # kpis and checkpoints both have a step
+    job = conn.execute("SELECT job_id FROM kpis GROUP BY job_id ORDER BY COUNT(*) DESC").fetchone()[0]
+    assert q(conn, f"what's the step of job {job}?").status == "clarify"   # kpis and checkpoints both have a step
     assert q(conn, "   ").status == "clarify"
     b = q(conn, "how many nodes were drained more than twice this year, per moon phase?")
     assert b.status != "fact"
@@ -95,34 +96,55 @@ def test_questions_back_and_refusals(conn):
 
 def test_compositions_over_the_schema(conn):
     a = q(conn, "which jobs were requeued more than once?")
-    assert a.status == "fact" and [r[0] for r in a.rows] == [21]
+    assert a.status == "fact" and sorted((r[0],) for r in a.rows) == values(
+        conn, "SELECT CAST(target AS INTEGER) FROM actions WHERE kind = 'requeue' AND state = 'done' GROUP BY target "
+              "HAVING COUNT(*) > 1")
     b = q(conn, "median time out of service per node in the last 3 hours")
-    assert b.status == "fact" and "median" in b.sql.lower() or "ROW_NUMBER" in b.sql
-    c = q(conn, "which node logged the most warning or error events?")
-    assert sorted(r[0] for r in c.rows) == ["node1", "node2"]   # both tied at the top, values as alternatives
+    assert b.status == "fact" and "ROW_NUMBER" in b.sql
+    c = q(conn, "which node logged the most warning or error events?")   # values as alternatives, ties all kept
+    assert sorted((r[0],) for r in c.rows) == values(
+        conn, "WITH n AS (SELECT node, COUNT(*) AS n FROM events WHERE severity IN ('warning', 'error') GROUP BY node) "
+              "SELECT node FROM n WHERE n = (SELECT MAX(n) FROM n)")
     d = q(conn, "how many Xid 79 events have we seen?")
-    assert d.rows == [(1,)] and "events" in d.sql
-    e = q(conn, "did any job lose more than 10 steps?")
-    assert e.status == "fact" and e.text.startswith("Yes") and len(e.rows) == 1
-    assert {21, 13} <= set(e.rows[0]) and "steps lost 13" in e.text
+    assert "events" in d.sql and d.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND json_extract(fields, '$.xid') = 79")
+    e = q(conn, "did any restart lose more than 10 steps?")
+    lost = values(conn, "SELECT a.id FROM actions a WHERE a.kind = 'requeue' AND a.state = 'done' AND (SELECT "
+                        "MAX(step) FROM kpis k WHERE k.job_id = CAST(a.target AS INTEGER) AND k.ts <= a.done_at) "
+                        "- (SELECT json_extract(e.fields, '$.step') FROM events e WHERE e.source = 'kpi' AND e.kind "
+                        "IN ('start', 'resume') AND e.ts > a.done_at AND EXISTS (SELECT 1 FROM json_each(e.job_ids) j "
+                        "WHERE j.value = CAST(a.target AS INTEGER)) ORDER BY e.ts LIMIT 1) > 10")
+    assert e.status == "fact" and len(e.rows) == len(lost) and e.text.startswith("Yes" if lost else "No")
 
 
 def test_negation_excludes_and_never_is_the_others(conn):
     a = q(conn, "how many incidents on node2 excluding xid?")
-    assert a.status == "fact" and a.rows == [(3,)] and "NOT COALESCE" in a.sql
+    assert a.status == "fact" and "NOT COALESCE" in a.sql and a.rows == values(
+        conn, "SELECT COUNT(*) FROM incidents WHERE node = 'node2' AND rule_id NOT LIKE 'gpu-xid-%'")
     b = q(conn, "list the incidents whose status is not resolved or confirmed")   # neither
-    assert sorted(r[0] for r in b.rows) == [1, 3, 5, 10, 11]
-    c = q(conn, "which jobs were never requeued?")
-    assert c.status == "fact" and [r[0] for r in c.rows] == [7, 9]
-    assert q(conn, "which incidents were not followed by any action?").status != "fact"
+    assert sorted((r[0],) for r in b.rows) == values(
+        conn, "SELECT id FROM incidents WHERE status NOT IN ('resolved', 'confirmed')")
+    c = q(conn, "which nodes were never drained?")
+    assert c.status == "fact" and sorted((r[0],) for r in c.rows) == values(
+        conn, "SELECT DISTINCT node FROM node_snapshots WHERE node NOT IN (SELECT target FROM actions WHERE "
+              "kind = 'drain' AND state = 'done')")
+
+
+def clock(ts: float, tz=BERLIN) -> str:
+    return datetime.fromtimestamp(ts, tz).strftime("%H:%M")
 
 
 def test_time_ranges_are_read_in_the_sites_timezone(conn):
-    berlin = q(conn, "which incidents opened between 20:56 and 20:58?")
-    assert berlin.status == "fact" and sorted(r[0] for r in berlin.rows) == [2, 3, 4]
-    utc = ask(conn, "which incidents opened between 19:56 and 19:58?", now=reference_time(conn), tz=ZoneInfo("UTC"))
-    assert sorted(r[0] for r in utc.rows) == [2, 3, 4]
-    assert "20:56:37 CET" in berlin.text     # and answered in it
+    opened = [r[0] for r in conn.execute("SELECT opened_at FROM incidents ORDER BY opened_at")]
+    start = opened[len(opened) // 2] // 60 * 60   # a window of three minutes in the middle of the data
+    want = values(conn, f"SELECT id FROM incidents WHERE opened_at >= {start} AND opened_at < {start + 180}")
+    berlin = q(conn, f"which incidents opened between {clock(start)} and {clock(start + 180)}?")
+    assert berlin.status == "fact" and sorted((r[0],) for r in berlin.rows) == want
+    utc = ask(conn, f"which incidents opened between {clock(start, ZoneInfo('UTC'))} and "
+                    f"{clock(start + 180, ZoneInfo('UTC'))}?", now=reference_time(conn), tz=ZoneInfo("UTC"))
+    assert sorted((r[0],) for r in utc.rows) == want
+    first = datetime.fromtimestamp(min(r[1] for r in berlin.rows), BERLIN).strftime("%H:%M:%S %Z")
+    assert first in berlin.text     # and answered in it
     now = datetime(2026, 11, 23, 20, 0, tzinfo=BERLIN).timestamp()  # a Monday
     for words, start, end in [("in the last 2 hours", "2026-11-23 18:00", None),
                               ("yesterday", "2026-11-22 00:00", "2026-11-23 00:00"),
@@ -135,10 +157,64 @@ def test_time_ranges_are_read_in_the_sites_timezone(conn):
 
 
 def test_what_a_drain_would_hit(conn):
-    a = q(conn, "if I drain node1 now, which jobs are affected?")
-    assert a.status == "fact" and a.rows == [("node1", 21)] and "Draining node1 now" in a.text
-    b = q(conn, "if I drain node2 now, which jobs are affected?")
-    assert b.status == "fact" and not b.rows and "no job" in b.text
+    jobs = {node: json.loads(js) for node, js in conn.execute(
+        "SELECT node, jobs FROM node_snapshots n WHERE ts = (SELECT MAX(ts) FROM node_snapshots m "
+        "WHERE m.node = n.node)")}
+    for node, running in sorted(jobs.items()):
+        a = q(conn, f"if I drain {node} now, which jobs are affected?")
+        assert a.status == "fact" and f"Draining {node} now" in a.text
+        assert a.rows == [(node, j) for j in sorted(running)] and (running or "no job" in a.text)
+
+
+def values(conn, sql):
+    return sorted(tuple(round(v, 3) if isinstance(v, float) else v for v in r) for r in conn.execute(sql))
+
+
+def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answered(conn):
+    a = q(conn, "which node went down?")   # a SLURM state (reboots too) or a node that stopped responding
+    assert a.status == "clarify" and not a.rows and not a.sql
+    assert "SLURM state" in a.text and "slurm-node-not-responding" in a.text
+    b = q(conn, "how long was node2 down?")   # the SLURM-state reading has no duration: said, not dropped
+    assert b.status == "clarify" and "not one I can answer" in b.text
+    c = q(conn, "which jobs reported a NaN loss?")   # incidents, restarts and actions of that rule agree
+    assert c.status == "fact"
+    d = q(conn, "what state is node3 in?")   # the schema document's "state" (SLURM's), not a learnt column name
+    assert d.status == "fact" and "node_snapshots" in d.sql
+    e = q(conn, "is node3 drained?")   # present tense: the current state, not the history of drains
+    now = values(conn, "SELECT node FROM node_snapshots n WHERE node = 'node3' AND flags LIKE '%DRAIN%' AND "
+                       "ts = (SELECT MAX(ts) FROM node_snapshots m WHERE m.node = n.node)")
+    assert e.status == "fact" and "node_snapshots" in e.sql and e.text.startswith("Yes" if now else "No")
+    outages = values(conn, "SELECT COUNT(*) FROM lifecycle_transitions WHERE node = 'node2' AND to_state = 'drained'")
+    f = q(conn, "how long was node2 out of service?")   # one duration asked, several rows: which one?
+    assert outages[0][0] > 1 and f.status == "clarify" and "average" in f.text and not f.rows
+    assert q(conn, "how long was node2 out of service in total?").status == "fact"
+
+
+def test_relations_second_parts_and_derived_measures_match_independent_sql(conn):
+    a = q(conn, "which incidents were not followed by any action?")
+    assert a.status == "fact" and sorted(r[0] for r in a.rows) == [r[0] for r in values(
+        conn, "SELECT id FROM incidents i WHERE NOT EXISTS (SELECT 1 FROM actions a WHERE a.incident_id = i.id)")]
+    b = q(conn, "how many incidents per rule, and how many of them led to a drain?")
+    assert b.status == "fact" and sorted(b.rows) == values(
+        conn, "SELECT rule_id, COUNT(*), SUM(EXISTS (SELECT 1 FROM actions a WHERE a.incident_id = i.id AND "
+              "a.kind = 'drain' AND a.state = 'done')) FROM incidents i GROUP BY rule_id")
+    c = q(conn, "what was the average time between the fault and the requeue?")
+    want = values(conn, "SELECT AVG(a.done_at - i.fault_ts) FROM actions a JOIN incidents i ON i.id = a.incident_id "
+                        "WHERE a.kind = 'requeue' AND a.state = 'done'")
+    assert c.status == "fact" and [tuple(round(v, 3) for v in c.rows[0])] == want
+    d = q(conn, "what is the minimum available memory on node3, in GiB?")
+    assert d.status == "fact" and "GiB" in d.text and round(d.rows[0][0], 3) == values(
+        conn, "SELECT MIN(value) / 1073741824.0 FROM samples WHERE node = 'node3' AND "
+              "metric = 'host.mem.available_bytes'")[0][0]
+    e = q(conn, "which incidents mention 'culprit' in their summary?")
+    assert e.status == "fact" and sorted(r[0] for r in e.rows) == [r[0] for r in values(
+        conn, "SELECT id FROM incidents WHERE summary LIKE '%culprit%'")]
+    f = q(conn, "how many different rules fired on node2 versus node1?")
+    assert f.status == "fact" and sorted(f.rows) == values(
+        conn, "SELECT node, COUNT(DISTINCT rule_id) FROM incidents WHERE node IN ('node1', 'node2') GROUP BY node")
+    for question in ("how many incidents per rule, and how many of them made coffee?",   # a part not understood
+                     "which incidents were followed by a moon landing?"):
+        assert q(conn, question).status != "fact", question
 
 
 def test_a_new_column_is_understood_without_new_code(soak_db, tmp_path):
@@ -151,7 +227,7 @@ def test_a_new_column_is_understood_without_new_code(soak_db, tmp_path):
     rw.close()
     conn = open_readonly(db)
     a = q(conn, "what was the highest gpu temp c of the incidents on node2?")
-    assert a.status == "fact" and a.rows == [(72.0,)]
+    assert a.status == "fact" and a.rows == values(conn, "SELECT MAX(60.0 + id) FROM incidents WHERE node = 'node2'")
 
 
 def test_the_schema_document_follows_the_migrations():
@@ -174,10 +250,12 @@ def test_cli_shows_how_it_read_the_question_and_the_sql(soak_db, capsys, monkeyp
     assert main(["ask", "--db", str(soak_db), "--tz", "Europe/Berlin", "--show-sql", "how", "many", "reboots",
                  "were", "there?"]) == 0
     out = capsys.readouterr().out
-    assert "2 reboots" in out and "read as: reboots" in out and "fast tier: WITH" in out
+    n = sqlite3.connect(soak_db).execute("SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done'")
+    assert f"{n.fetchone()[0]} reboot" in out and "read as: reboots" in out and "fast tier: WITH" in out
     assert main(["ask", "--db", str(soak_db), "--json", "what state is node3 in?"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["status"] == "fact" and data["rows"][0][0] == "node3" and "DRAIN" in data["rows"][0]
+    state = sqlite3.connect(soak_db).execute("SELECT state FROM node_snapshots WHERE node = 'node3' ORDER BY ts DESC")
+    assert data["status"] == "fact" and data["rows"][0][:2] == ["node3", state.fetchone()[0]]
 
 
 # ---------- the language-model tier, over the real OpenAI protocol, replaying recorded responses ----------
@@ -186,9 +264,11 @@ def test_llm_tier_replays_a_recording_repairs_the_query_and_labels_the_answer(co
     before = hashlib.sha256(soak_db.read_bytes()).hexdigest()
     with LocalLLM(FIXTURES / "companion" / "llm-recording-repair.json") as server:
         tier = LLMTier(LLMConfig(server.base_url, "recorded", api_key="k"))
-        a = q(conn, "how many incidents per rule, and how many of them led to a drain?", llm=tier)
+        a = q(conn, "how many incidents per rule, and how many of those ended up with their node drained?", llm=tier)
     assert a.tier == "llm" and a.status == "model" and a.attempts == 2
-    assert a.text.startswith("Language model's answer") and ("isolation-outlier", 2, 2) in a.rows
+    recorded = json.loads((FIXTURES / "companion" / "llm-recording-repair.json").read_text())["responses"][1]
+    sql = recorded["choices"][0]["message"]["content"].strip("`\nsql")
+    assert a.text.startswith("Language model's answer") and sorted(a.rows) == sorted(conn.execute(sql).fetchall())
     first = server.requests[0]
     assert first["model"] == "recorded" and server.headers[0]["authorization"] == "Bearer k"
     assert "TABLE incidents" in first["messages"][0]["content"]
@@ -200,11 +280,13 @@ def test_llm_tier_replays_a_recording_repairs_the_query_and_labels_the_answer(co
 def test_a_question_the_fast_tier_answers_never_waits_for_the_model(conn):
     with LocalLLM(replies=["```sql\nSELECT 1\n```"]) as server:
         a = q(conn, "how many reboots were there?", llm=LLMTier(LLMConfig(server.base_url, "m")))
-    assert a.tier == "fast" and a.rows == [(2,)] and server.requests == []
+    assert a.tier == "fast" and server.requests == [] and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done'")
 
 
 def test_a_hostile_model_changes_nothing_and_the_user_is_told(conn, soak_db):
     before = hashlib.sha256(soak_db.read_bytes()).hexdigest()
+    incidents = sqlite3.connect(soak_db).execute("SELECT COUNT(*) FROM incidents").fetchone()[0]
     replies = ["```sql\nDROP TABLE incidents\n```", "```sql\nATTACH DATABASE '/tmp/x' AS x\n```",
                "```sql\nSELECT readfile('/etc/passwd')\n```"]
     with LocalLLM(replies=replies) as server:
@@ -212,7 +294,7 @@ def test_a_hostile_model_changes_nothing_and_the_user_is_told(conn, soak_db):
         a = q(conn, "what is the meaning of the universe on node3?", llm=tier)
     assert a.status != "fact" and "could not answer" in a.text and "no runnable query after 3 attempts" in a.text
     assert hashlib.sha256(soak_db.read_bytes()).hexdigest() == before
-    assert sqlite3.connect(soak_db).execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 12
+    assert sqlite3.connect(soak_db).execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == incidents
 
 
 def test_a_slow_endpoint_times_out_into_a_plain_answer(conn):

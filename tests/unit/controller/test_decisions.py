@@ -93,6 +93,67 @@ def test_shadow_mode_records_but_does_not_act(tmp_path):
     assert "SHADOW node3 (gpu-xid-79): would drain" in (tmp_path / "log" / "decisions.log").read_text()
 
 
+def test_observe_mode_changes_nothing_in_slurm_but_act_rules_act(tmp_path):
+    """Observe mode: every action any code path plans is recorded, none runs (drain, requeue, release of held jobs);
+    a rule of act_rules acts, and its node goes through remediation as in act mode."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.mode = "observe"
+    slurm.run_job(7, ["node3"], start=clock() - 100)
+    slurm.run_job(5, ["node1"])
+    slurm.set_job(5, state="PENDING", reason="launch failed requeued held", restarts=1, nodes=())
+    xid79(ctl.conn, "node3", clock() - 1)
+    ctl.tick()
+    assert slurm.calls == []
+    assert actions(ctl.conn) == [("drain", "node3", "shadow"), ("requeue", "7", "shadow"), ("release", "5", "shadow")]
+    assert "observe mode" in ctl.incidents.query(node="node3")[0].status_note
+    ctl.cfg.act_rules = ["gpu-xid-79"]  # the rule enabled alone (a reload does the same)
+    clock.advance(400)
+    xid79(ctl.conn, "node2", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    assert slurm.node("node2").drained and slurm.count("release") == 0
+    ctl.cfg.mode = "act"  # what was only observed and is still wanted now runs: the held job is released
+    ctl.tick()
+    assert slurm.count("release") == 1 and ("release", "5", "done") in actions(ctl.conn)
+
+
+def test_a_node_without_kernel_log_is_said_in_the_controllers_log(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    add_event(ctl.conn, "node2", clock() - 1, source="sidecar", kind="kernel_log_unavailable", severity="error",
+              fields={"source": "none", "reasons": {"journal": "permission denied", "/dev/kmsg": "not there"}})
+    add_event(ctl.conn, "node3", clock() - 1, source="sidecar", kind="kernel_log_source", fields={"source": "journal"})
+    ctl.tick()
+    log = (tmp_path / "log" / "decisions.log").read_text()
+    assert ("DEGRADED node2: kernel-log fault detection is OFF, its sidecar reads no kernel log (journal: permission "
+            "denied; /dev/kmsg: not there)") in log and "node3" not in log
+    clock.advance(60)
+    add_event(ctl.conn, "node2", clock() - 1, source="sidecar", kind="kernel_log_source", fields={"source": "kmsg"})
+    ctl.tick()
+    assert "RESTORED node2: kernel log from kmsg" in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_the_start_line_says_the_mode(tmp_path):
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.mode, ctl.cfg.act_rules = "observe", ["gpu-xid-79"]
+    ctl.start()
+    assert ("START controller in OBSERVE mode: records what it would do (drain, requeue, remediate) and changes "
+            "nothing in SLURM; acting rules: gpu-xid-79") in (tmp_path / "log" / "decisions.log").read_text()
+
+
+def test_older_shadow_key_means_observe_mode(tmp_path):
+    from sigma.config import ConfigError
+    from sigma.controller.config import load_controller_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("shadow: true\n")
+    assert load_controller_config(path).mode == "observe"
+    path.write_text("mode: watch\n")
+    with pytest.raises(ConfigError, match="mode"):
+        load_controller_config(path)
+    path.write_text("act_rules: [a]\nshadow_rules: [a]\n")
+    with pytest.raises(ConfigError, match="both act_rules and shadow_rules"):
+        load_controller_config(path)
+
+
 def test_record_only_rule_does_nothing_to_slurm(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)
     add_event(ctl.conn, "node2", clock() - 1, kind="xid", fields={"xid": 63})
@@ -171,6 +232,43 @@ def test_requeue_only_rule_restarts_job_and_stops_on_crash_loop(tmp_path):
     xid79(ctl.conn, "node1", clock() - 1)
     ctl.tick()
     assert slurm.node("node1").drained and slurm.count("requeue") == 3
+
+
+def test_unrelated_job_faults_are_not_a_crash_loop(tmp_path):
+    """A NCCL timeout, then a NaN, then a NCCL timeout again within the hour: three faults of two kinds, each
+    requeued; the crash loop is the same fault coming back (crash_loop_restarts of them)."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.watchdog.crash_loop_restarts = 2
+    slurm.run_job(9, ["node1"], start=clock() - 50)
+    for kind, source in (("nccl_timeout", "log"), ("nan_loss", "kpi"), ("nccl_timeout", "log"),
+                         ("nan_loss", "kpi"), ("nan_loss", "kpi")):
+        add_event(ctl.conn, "node1", clock() - 1, source=source, kind=kind, job_ids=[9])
+        ctl.tick()
+        slurm.set_job(9, state="RUNNING", nodes=("node1",), start_time=int(clock()) + 1)
+        clock.advance(400)  # past the rules' windows, well inside the crash-loop window
+    assert [(i.rule_id, i.status) for i in ctl.incidents.query(job_id=9)] == [
+        ("nccl-watchdog-timeout", "acted"), ("kpi-nan-loss-event", "acted"), ("nccl-watchdog-timeout", "acted"),
+        ("kpi-nan-loss-event", "acted"), ("kpi-nan-loss-event", "escalated")]
+    assert slurm.count("requeue") == 4
+
+
+def test_a_requeue_a_node_fault_explains_is_not_the_jobs_failure(tmp_path):
+    """NaN twice on a run whose node was then drained for an Xid: the NaNs were the node's, not the job's."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.watchdog.crash_loop_restarts = 1
+    slurm.run_job(9, ["node1", "node2"], start=clock() - 50)
+    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+    ctl.tick()
+    slurm.set_job(9, state="RUNNING", nodes=("node1", "node2"), start_time=int(clock()) + 1)
+    clock.advance(60)
+    xid79(ctl.conn, "node2", clock() - 1)  # the node under the job was bad
+    ctl.tick()
+    slurm.set_job(9, state="RUNNING", nodes=("node1", "node3"), start_time=int(clock()) + 1)
+    clock.advance(400)
+    add_event(ctl.conn, "node1", clock() - 1, source="kpi", kind="nan_loss", job_ids=[9])
+    ctl.tick()
+    assert [i.status for i in ctl.incidents.query(job_id=9) if i.rule_id == "kpi-nan-loss-event"] == [
+        "acted", "acted"]
 
 
 def nan_failed_job(tmp_path, **seen_after_requeue):
@@ -511,9 +609,9 @@ def test_a_job_that_is_not_requeued_keeps_the_silent_node_up_to_slurm(tmp_path):
     assert "not set DOWN, job(s) [4] not requeued" in (tmp_path / "log" / "decisions.log").read_text()
 
 
-def test_shadow_mode_records_the_set_down_it_would_do(tmp_path):
+def test_observe_mode_records_the_set_down_it_would_do(tmp_path):
     ctl, slurm, clock = dead_node(tmp_path)
-    ctl.cfg.shadow = True
+    ctl.cfg.mode = "observe"
     ctl.tick()
     assert slurm.calls == []
     assert actions(ctl.conn) == [("drain", "node2", "shadow"), ("requeue", "4", "shadow"),

@@ -22,9 +22,9 @@ def test_requeues_for_bad_nodes_do_not_make_a_crash_loop(tmp_path):
 
 def test_restarts_after_node_requeues_are_not_the_jobs_own():
     starts = [100.0, 500.0, 900.0, 1300.0]  # first start, then three restarts
-    assert own_restarts(starts, node_requeues=[495.0, 890.0]) == [100.0, 1300.0]
-    assert own_restarts(starts, node_requeues=[]) == starts
-    assert own_restarts([100.0], node_requeues=[2000.0]) == [100.0]
+    assert own_restarts(starts, our_requeues=[495.0, 890.0]) == [100.0, 1300.0]
+    assert own_restarts(starts, our_requeues=[]) == starts
+    assert own_restarts([100.0], our_requeues=[2000.0]) == [100.0]
 
 
 def test_a_job_that_stopped_on_a_nan_loss_is_requeued(tmp_path):
