@@ -332,3 +332,28 @@ def test_cross_fleet_fit_both_ways(tmp_path, capsys):
         row = way["uptime_h"] if "uptime_h" in way else way
         for family in ("weibull", "lognormal"):
             assert 0 < row[family]["own"] <= row[family]["others"] + 1e-9
+
+
+def test_node_counts_kept_up_to_date_match_a_recount(tmp_path, monkeypatch):
+    """SimSlurm keeps the nodes in service, running jobs and free as they change (a fleet's year recounted them at
+    every event); at every step of a run with reboots, reservations, dead nodes and people they equal a recount."""
+    from sigma.simulate import engine
+
+    checked = []
+    account = engine.Engine._account
+
+    def recounted(self, t):
+        s = self.slurm
+        outside = [n for n in s.node_map.values() if n.name not in s.reserved]
+        assert (s.available, s.allocated) == (sum(n.available for n in outside),
+                                              sum(bool(n.alloc_cpus) for n in outside))
+        assert s.free == {n.name for n in s.node_map.values() if n.available and not n.alloc_cpus}
+        checked.append(t)
+        return account(self, t)
+
+    monkeypatch.setattr(engine.Engine, "_account", recounted)
+    path = trace(tmp_path, "node0001,2026-01-01T01:00,,xid", "node0002,2026-01-01T02:00,2026-01-01T05:00,node-death",
+                 "node0003,2026-01-01T03:00,2026-01-01T04:00,memory", "node0004,2026-01-01T03:30,,hang",
+                 "node0005,2026-01-01T04:00,2026-01-01T09:00,people")
+    simulate(args("--nodes", "8", "--days", "1", "--failures", path))
+    assert len(checked) > 50
