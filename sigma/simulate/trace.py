@@ -103,7 +103,8 @@ def read_lanl(path: str | Path, systems: int | Iterable[int] | None = None,
             out.setdefault(sys_id, []).append(Outage(node, start, end, lanl_kind(row), where, blame))
     for s in sorted(keep or ()):
         if s not in out:
-            raise TraceError(f"{path}: no usable records of system {s}")
+            raise TraceError(f"{path}: no usable records of system {s}" + (
+                f" ({len(bad.skipped)} skipped as unusable; the first: {bad.skipped[0]})" if bad.skipped else ""))
     return {k: sorted(v, key=lambda o: (o.start, o.node)) for k, v in out.items()}
 
 
