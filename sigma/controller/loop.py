@@ -103,6 +103,7 @@ class Controller:
         self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
                                          " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
+        self._active: list[Rule] | None = None  # active_rules, listed again after a rule fails or a reload
         self._placed: tuple | None = None  # (squeue's answer, where jobs run, running jobs, node -> their job ids)
         self._nodes: tuple | None = None  # (sinfo's answer, name -> node, the silent ones)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
@@ -133,12 +134,16 @@ class Controller:
 
     @property
     def active_rules(self) -> list[Rule]:
-        return [r for r in self.rules if r.enabled and r.id not in self.disabled]
+        """Read several times a tick; self.rules and self.disabled change only in reload and _rule_failed."""
+        if self._active is None:
+            self._active = [r for r in self.rules if r.enabled and r.id not in self.disabled]
+        return self._active
 
     def _rule_failed(self, rule: Rule, exc: Exception) -> None:
         """A rule that raises is disabled alone (until the next reload or restart); the others keep working."""
         error = f"{type(exc).__name__}: {exc}"
         self.disabled[rule.id] = {"error": error, "version": rule.version, "origin": rule.origin, "ts": self.clock()}
+        self._active = None
         self.windows.remove(rule.id)
         self._counts["rule_error", rule.id] += 1
         self._save_state("disabled_rules", self.disabled)
@@ -171,7 +176,7 @@ class Controller:
         self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
         self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
         self.journal.max_attempts = cfg.max_action_attempts
-        self.rules, self.disabled = rules, {}
+        self.rules, self.disabled, self._active = rules, {}, None
         if self._rules_path is not None:
             self._rules_path = resolve(cfg.rules, self.root)
             self._rules_stamp = self._stamp()
@@ -298,17 +303,16 @@ class Controller:
             behind = {}
             watched = [j for j in running if since_job.get(j.job_id, 0.0) < j.start_time]
             newest_by_node = self._newest_data({n for j in watched for n in j.nodes})
-            for job in running:
-                if since_job.get(job.job_id, 0.0) < job.start_time:  # not while a requeue is on its way
-                    newest = min(now, max([newest_by_node[n] for n in job.nodes if newest_by_node.get(n)],
-                                          default=now))
-                    if now - newest > INGEST_BEHIND_S:
-                        behind[job.job_id] = now - newest
-                    # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
-                    # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
-                    # nodes all fell silent for longer is judged as before
-                    at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
-                    findings += self._watch(job, at, findings, since_job)
+            for job in watched:  # not while a requeue is on its way
+                newest = min(now, max([newest_by_node[n] for n in job.nodes if newest_by_node.get(n)],
+                                      default=now)) if newest_by_node else now
+                if now - newest > INGEST_BEHIND_S:
+                    behind[job.job_id] = now - newest
+                # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
+                # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
+                # nodes all fell silent for longer is judged as before
+                at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
+                findings += self._watch(job, at, findings, since_job)
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
