@@ -1,18 +1,26 @@
-# `make demo` runs the main job on a local SLURM cluster; `make test` runs every test. Both install what they need.
+# `make demo` runs the main job on a local SLURM cluster; `make test` runs every test. Both install what they need:
+# the local cluster's Debian packages (SLURM, munge, MariaDB) and the tool in .venv. `make venv` installs the tool
+# alone; `make wheel` builds the package a site installs (docs/deploy.md), which never touches the site's SLURM.
 PYTHON ?= python3
 VENV := .venv
 SYSTEM_PACKAGES := slurm-wlm slurm-client munge libslurm-dev slurmdbd mariadb-server
-TEST_PACKAGES := chromium postgresql systemd debootstrap  # headless browser the HTML report test renders the page
-# in; the server the PostgreSQL store tests start; the journald the kernel-log tests run privately
-# (tests/journald.py); the root file systems of test-slurm-versions
+TEST_PACKAGES := chromium postgresql systemd debootstrap iproute2 procps  # headless browser the HTML report test
+# renders the page in; the server the PostgreSQL store tests start; the journald the kernel-log tests run privately
+# (tests/journald.py); the root file systems of test-slurm-versions; network namespaces and the process tools of the
+# deployment test's emulated hosts
 BENCH_PACKAGES := prometheus-node-exporter debootstrap  # bench/telemetry.py's baseline; bench/cluster.py's root
 # file systems for the other Slurm releases
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test soak soak-full unit integration demo bench gpu-check clean cluster-down \
+.PHONY: install venv wheel system-packages test soak soak-full unit integration demo bench gpu-check clean cluster-down \
 	rootfs test-slurm-versions
 
 install: system-packages $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+wheel: $(VENV)/.installed
+	$(VENV)/bin/pip wheel -q --no-deps -w dist .
 
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES) $(EXTRA_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -87,4 +95,4 @@ cluster-down:
 	$(VENV)/bin/sigma cluster down
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build dist

@@ -1,4 +1,22 @@
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# The files a site deploys beside the code (configs, rules, playbooks, systemd units, prolog/epilog wrappers, job
+# scripts): kept at the top of the checkout, carried in the wheel as sigma/share/<dir> (sigma/paths.py finds both).
+SHIPPED_DIRS = ("configs", "daemons", "prolog", "epilog", "sbatch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildWithShippedFiles(build_py):
+    def run(self):
+        super().run()
+        if self.editable_mode:  # an editable install reads them in the checkout
+            return
+        for name in SHIPPED_DIRS:
+            self.copy_tree(os.path.join(HERE, name), os.path.join(self.build_lib, "sigma", "share", name),
+                           preserve_mode=True)
 
 setup(
     name="sigma-slurm",
@@ -29,11 +47,16 @@ setup(
         "tokenizers>=0.19,<1",  # the BPE tokenizer `sigma train prepare` trains on the corpus
     ],
     extras_require={
-        "test": ["pytest>=8", "transformers>=4.45", "openai>=1.40", "psycopg[binary]>=3.1,<4", "cysystemd>=2.0.5,<3"],
+        # transformers + accelerate and lightning: the trainers of tests/integration/test_own_trainer.py
+        "test": ["pytest>=8", "transformers>=4.45", "accelerate>=1.0", "lightning>=2.4,<3",
+                 "openai>=1.40", "psycopg[binary]>=3.1,<4", "cysystemd>=2.0.5,<3"],
         # the sidecar reads the systemd journal through libsystemd (else through journalctl); a manylinux_2_34 wheel
         "journal": ["cysystemd>=2.0.5,<3"],
         "llm": ["openai>=1.40"],
         "postgres": ["psycopg[binary]>=3.1,<4"],  # the controller database on PostgreSQL (db: postgresql://...)
     },
     entry_points={"console_scripts": ["sigma=sigma.cli:main"]},
+    # next to `sigma` in the environment's bin/: slurm.conf's Prolog= and Epilog= (docs/deploy.md)
+    scripts=["prolog/sigma-prolog", "epilog/sigma-epilog"],
+    cmdclass={"build_py": BuildWithShippedFiles},
 )

@@ -2,6 +2,7 @@
 
     python bench/chaos_soak.py [--minutes 20] [--seed 0] [--state-dir DIR] [--kinds xid hang ...]
                                [--signatures all|N|NAME ...] [--shard I/N] [--no-jit | --compare] [--timeline]
+                               [--trainer sigma|hf|both]
 
 `--minutes 0 --kinds hang --timeline` is the quick form: one fault of each kind named, each followed by its
 timeline (where its lost time went), a few minutes in all.
@@ -17,6 +18,12 @@ Just-in-time checkpoints (docs/train.md) are on, as shipped, with in-memory repl
 the controller requeues at once (jit_checkpoint_timeout_s=0), the trainer neither polls for requests nor saves its
 last healthy step on a NaN, and keeps no replicas. --compare runs both, same seed, same machine, one after the other, and prints steps lost, time
 lost and effective training time side by side.
+
+--trainer hf trains a Hugging Face Trainer job instead of `sigma train` (sbatch/hf-trainer.sbatch: a tiny GPT-2 with
+the sigma.integrations.hf callback, checkpoint every 20 steps, the same step delay, the NaN fault hook on); --trainer
+both runs the Hugging Face soak and then the `sigma train` one, same seed, same machine, and prints steps lost, time
+lost and effective training time side by side. The Hugging Face job answers just-in-time requests between steps but
+not while a hung rank blocks it (no in-memory replicas), so a hang costs it the steps since its last checkpoint.
 
 Fault kinds (each injected at its source by `sigma chaos`, on a node of the running training job unless noted):
   xid         an Xid 79 line in the node's kernel log
@@ -186,7 +193,7 @@ class Soak:
     def __init__(self, state_dir: Path | None, seed: int, hang_timeout: float, settle_s: float,
                  fault_timeout: float, throughput_window: float = 30.0, say=print,
                  signatures: list[str] | None = None, per_round: int | None = None, jit: bool = True,
-                 timeline: bool = False):
+                 timeline: bool = False, trainer: str = "sigma"):
         """signatures: the catalogue rules the log kind injects (default: every one that can run here);
         per_round: how many of them each round samples (default: all that have not run yet)."""
         from sigma.chaos.inject import Chaos
@@ -197,6 +204,7 @@ class Soak:
         self.cluster = LocalCluster(state_dir)
         self.stack = Stack(self.cluster)
         self.rng = random.Random(seed)
+        self.trainer = trainer  # sigma (`sigma train`) or hf (a Hugging Face Trainer job, sbatch/hf-trainer.sbatch)
         self.hang_timeout = hang_timeout
         self.show_timeline = timeline  # print each fault's timeline (Soak.timeline) once it is handled
         self.lost_outside: list[tuple] = []  # set by effective_time
@@ -249,6 +257,8 @@ class Soak:
         self.db = open_db(self.stack.db, readonly=True)
 
     def submit_training(self) -> int:
+        if self.trainer == "hf":
+            return self._submit_hf()
         out = _sigma(self.env, "train", "--config", "configs/train/debug.yaml", "--nodes", "2", "--no-wait",
                      "name=soak", "parallel.ep=2", "steps=1000000", f"checkpoint.every={CHECKPOINT_EVERY}",
                      f"checkpoint.dir={self.run_dir}/checkpoints", f"launch.folder={self.run_dir}/submitit",
@@ -259,6 +269,21 @@ class Soak:
         job_id = int(match.group(1))
         self.job_ids.append(job_id)
         self.say(f"training job {job_id} submitted (2 nodes, checkpoint every {CHECKPOINT_EVERY} steps)")
+        return job_id
+
+    def _submit_hf(self) -> int:
+        from sigma.paths import project_root
+
+        sbatch = project_root() / "sbatch"
+        env = (f"ALL,SIGMA_KPI_DIR={self.cluster.env['SIGMA_KPI_DIR']},SIGMA_PYTHON={sys.executable},"
+               f"SIGMA_SBATCH_DIR={sbatch}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        job_id = self.slurm.submit(sbatch / "hf-trainer.sbatch", "-N2", "--ntasks-per-node=1", "-J", "soak-hf",
+                                   f"--output={self.run_dir}/hf-%j.out", f"--export={env}",
+                                   script_args=[str(self.run_dir / "hf"), "--steps", "1000000", "--save-steps",
+                                                str(CHECKPOINT_EVERY), "--step-delay", "0.05", "--fault-hooks"])
+        self.job_ids.append(job_id)
+        self.say(f"Hugging Face Trainer job {job_id} submitted (2 nodes, checkpoint every {CHECKPOINT_EVERY} steps)")
         return job_id
 
     @property
@@ -803,9 +828,11 @@ def print_result(res: SoakResult) -> None:
     print(res.report)
 
 
-def print_comparison(before: SoakResult, after: SoakResult) -> None:
-    """Steps and time lost per fault kind, and effective training time, without and with just-in-time
-    checkpoints (same seed, same machine)."""
+def print_comparison(before: SoakResult, after: SoakResult,
+                     title: str = "without (before) and with (after) just-in-time checkpoints, same seed:",
+                     names: tuple[str, str] = ("before", "after")) -> None:
+    """Steps and time lost per fault kind, and effective training time, of two soaks (same seed, same machine):
+    without and with just-in-time checkpoints, or `sigma train` and a Hugging Face Trainer job."""
     def per_kind(res: SoakResult) -> dict[str, list[FaultRow]]:
         out: dict[str, list[FaultRow]] = {}
         for r in res.rows:
@@ -819,9 +846,9 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
         return "-" if not vals else "/".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in vals)
 
     b, a = per_kind(before), per_kind(after)
-    head = ("kind", "steps lost before", "after", "time lost before (s)", "after", "detection before (s)",
-            "after", "acted on before (s)", "after", "lost - acted on before (s)", "after",
-            f"goal (after: <= {LOST_GOAL_S:.0f} s)")
+    x, y = names
+    head = ("kind", f"steps lost {x}", y, f"time lost {x} (s)", y, f"detection {x} (s)", y, f"acted on {x} (s)", y,
+            f"lost - acted on {x} (s)", y, f"goal ({y}: <= {LOST_GOAL_S:.0f} s)")
     table = [head]
     for kind in sorted(set(b) | set(a)):
         rb, ra = b.get(kind, []), a.get(kind, [])
@@ -833,12 +860,12 @@ def print_comparison(before: SoakResult, after: SoakResult) -> None:
                       cell(rb, lambda r: r.lost_after_detection_s), cell(ra, lambda r: r.lost_after_detection_s),
                       "-" if not extra else "met" if max(extra) <= LOST_GOAL_S else "NOT met"))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    print("without (before) and with (after) just-in-time checkpoints, same seed:")
+    print(title)
     for i, row in enumerate(table):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    for name, res in (("before", before), ("after", after)):
+    for name, res in ((x, before), (y, after)):
         lost = [r.steps_lost for r in res.rows if r.steps_lost is not None]
         print(f"{name}: steps lost {sum(lost)} in {len(lost)} faults (max {max(lost, default=0)}); effective "
               f"training time {100 * res.effective:.1f} % overall, {100 * res.effective_outside:.1f} % outside the "
@@ -868,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeline", action="store_true",
                    help="print each fault's timeline (detection, decisions, checkpoint request and answer, SLURM's "
                         "runs, the new run's start-up, first step); with --minutes 0, one round of --kinds")
+    p.add_argument("--trainer", choices=("sigma", "hf", "both"), default="sigma",
+                   help="what trains: `sigma train`, a Hugging Face Trainer job, or both one after the other")
     jit = p.add_mutually_exclusive_group()
     jit.add_argument("--no-jit", action="store_true", help="as before just-in-time checkpoints (see above)")
     jit.add_argument("--compare", action="store_true", help="run without, then with just-in-time checkpoints")
@@ -889,11 +918,12 @@ def main(argv: list[str] | None = None) -> int:
         say(f"shard {args.shard}: kinds {' '.join(k for k in kinds if k != 'log') or '-'}; "
             f"signatures {' '.join(signatures) or '-'}")
 
-    def soak_once(jit: bool, keep: bool) -> tuple[Soak, SoakResult]:
-        say(f"soak {'with' if jit else 'without'} just-in-time checkpoints, seed {args.seed}")
+    def soak_once(jit: bool, keep: bool, trainer: str = args.trainer) -> tuple[Soak, SoakResult]:
+        say(f"soak of {'`sigma train`' if trainer == 'sigma' else 'a Hugging Face Trainer job'} "
+            f"{'with' if jit else 'without'} just-in-time checkpoints, seed {args.seed}")
         soak = Soak(args.state_dir, args.seed, args.hang_timeout, args.settle, args.fault_timeout,
                     args.throughput_window, say=say, signatures=signatures, per_round=per_round, jit=jit,
-                    timeline=args.timeline)
+                    timeline=args.timeline, trainer=trainer)
         try:
             res = soak.run(args.minutes, kinds, args.port_base)
         finally:
@@ -902,7 +932,14 @@ def main(argv: list[str] | None = None) -> int:
         print_result(res)
         return soak, res
 
-    if args.compare:
+    if args.trainer == "both":
+        if args.compare or args.no_jit:
+            p.error("--trainer both compares the trainers, with just-in-time checkpoints: not with --compare/--no-jit")
+        soak, res = soak_once(True, False, "hf")  # the newer one first: a problem shows before the long half
+        _, ours = soak_once(True, args.keep, "sigma")
+        print_comparison(ours, res, "`sigma train` and a Hugging Face Trainer job (sigma.integrations.hf), same "
+                                    "seed, same machine:", ("sigma", "hf"))
+    elif args.compare:
         _, before = soak_once(False, False)
         soak, res = soak_once(True, args.keep)
         print_comparison(before, res)

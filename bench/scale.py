@@ -131,7 +131,7 @@ def serve(spec_path: str) -> None:
                            ingest=IngestConfig(max_unauthenticated=max(64, len(spec["nodes"]))))
     script = work / "validate.sbatch"
     script.write_text("#!/bin/sh\nexit 0\n")
-    rcfg = RemediationConfig(after_repair=[], validation=ValidationConfig(script=str(script)),
+    rcfg = RemediationConfig(ack_kernel_log=False, validation=ValidationConfig(script=str(script)),
                              playbooks=[Playbook(name="manual", kind="manual")])
     slurm = FakeSlurm(nodes=spec["nodes"])
     start = time.time() - 60  # the jobs started a minute before the stream: past their KPI grace

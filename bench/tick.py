@@ -86,7 +86,7 @@ def controller(workdir: Path, clock: Clock) -> tuple[Controller, FakeSlurm]:
                                                          wave_max_fraction=1.0))  # every fault drains
     script = workdir / "validate.sbatch"
     script.write_text("#!/bin/sh\nexit 0\n")
-    rcfg = RemediationConfig(after_repair=[], validation=ValidationConfig(script=str(script)),
+    rcfg = RemediationConfig(ack_kernel_log=False, validation=ValidationConfig(script=str(script)),
                              playbooks=[Playbook(name="manual", kind="manual")])
     slurm = FakeSlurm(nodes=NODES)
     ctl = Controller(cfg, conn=open_db(cfg.db), slurm=slurm, rules=load_rules(configs_dir() / "rules"),

@@ -15,7 +15,7 @@ import time
 
 # Modules with register(subparsers), in the order of `sigma --help`; ones not present yet are skipped.
 COMMAND_MODULES = tuple(f"sigma.{area}.cli" for area in (
-    "slurm", "health", "telemetry", "controller", "companion", "rules", "train", "tune", "chaos", "security", "simulate")) + (
+    "slurm", "health", "telemetry", "controller", "companion", "rules", "train", "tune", "chaos", "security", "simulate", "site")) + (
     "sigma.train.numerics.cli", "sigma.train.collapse", "sigma.stack", "sigma.demo")
 
 

@@ -1,28 +1,44 @@
-"""Where the project's files live: configs, scripts and the default state directories."""
+"""Where sigma's files live: the shipped files (configs, units, hooks, job scripts), the deployed layout on a
+cluster's hosts, and the local cluster's default state directories."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+SHIPPED_DIRS = ("configs", "daemons", "prolog", "epilog", "sbatch")  # setup.py carries these in the wheel
+
+# The deployed layout (docs/deploy.md), one for every host: the units, the prolog/epilog wrappers, cron lines and
+# the docs all use these paths.
+PREFIX = Path("/opt/sigma")  # the virtual environment the wheel is installed into
+BIN = PREFIX / "bin" / "sigma"  # ... and its commands: sigma, sigma-prolog, sigma-epilog
+ETC = Path("/etc/sigma")  # site configs and keys: a file here overrides the shipped one of the same name
+VAR_LIB = Path("/var/lib/sigma")  # controller database; a node's telemetry store and health results
+KPI_DIR = Path("/var/spool/sigma/kpi")  # job KPI files (world-writable, sticky)
+LOG_DIR = Path("/var/log/sigma")  # controller logs, rule learning's log
 
 
 def project_root() -> Path:
-    """The checkout (or installed share dir) that holds configs/, prolog/, epilog/ and sbatch/."""
-    for candidate in (PACKAGE_DIR.parent, Path(sys.prefix) / "share" / "sigma"):
+    """The directory that holds configs/, daemons/, prolog/, epilog/ and sbatch/: the checkout (an editable
+    install) or, in an installed wheel, the package's share/ directory."""
+    for candidate in (PACKAGE_DIR.parent, PACKAGE_DIR / "share"):
         if (candidate / "configs").is_dir():
             return candidate
     raise FileNotFoundError(
-        f"cannot find the sigma configs/ directory next to {PACKAGE_DIR} or in {sys.prefix}/share/sigma; "
-        "install with `make install` (an editable install from the checkout)"
-    )
+        f"the sigma package at {PACKAGE_DIR} lacks its shipped files (share/configs): it was not installed from a "
+        f"wheel built by setup.py; reinstall it (`pip install sigma_slurm-*.whl`, or `make install` in a checkout)")
 
 
 def configs_dir() -> Path:
     return project_root() / "configs"
+
+
+def config_file(name: str) -> Path:
+    """A config by name: the site's copy under /etc/sigma when there is one, else the shipped one."""
+    site = ETC / name
+    return site if site.exists() else configs_dir() / name
 
 
 def checkout_id() -> str:

@@ -16,6 +16,7 @@ The journal (<cluster dir>/chaos.jsonl) records each injection with its time so 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sigma.slurm.cluster import LocalCluster
+from sigma.telemetry.control import NAN_TRIGGER
 
 KINDS = ("log", "hang", "straggler", "node-death", "nan", "cpu-hog", "page-cache", "io-stall", "gc-pressure")
 NOISE_KINDS = ("cpu-hog", "page-cache", "io-stall")  # background processes of sigma.chaos.noise
@@ -245,7 +247,11 @@ class Chaos:
         if len(jobs) != 1:
             raise ChaosError(f"nan needs one job on {node}; found {sorted(jobs)}: pass --job")
         job = int(jobs.pop())
-        trigger = Path(os.environ.get("SIGMA_KPI_DIR", self.cluster.env["SIGMA_KPI_DIR"])) / f"job-{job}" / "inject-nan"
+        job_dir = Path(os.environ.get("SIGMA_KPI_DIR", self.cluster.env["SIGMA_KPI_DIR"])) / f"job-{job}"
+        refusal = nan_hook_missing(job_dir, job)
+        if refusal:
+            raise ChaosError(refusal)
+        trigger = job_dir / NAN_TRIGGER
         trigger.parent.mkdir(parents=True, exist_ok=True)
         trigger.write_text(f"{time.time()}\n")
         return self._record(Injection("nan", node, job_id=job, params={"trigger": str(trigger)}))
@@ -329,6 +335,36 @@ class Chaos:
                 Path(inj.params["file"]).unlink(missing_ok=True)
         inj.undone_ts = time.time()
         return self._record(inj)
+
+
+def nan_hook_missing(job_dir: Path, job: int) -> str:
+    """Why `chaos nan` cannot work on this job ('' when it can): the NaN is made by the trainer's testing-only fault
+    hook, which the newest start event of each rank names (`fault_hooks: ["nan"]`); a trainer without one would
+    ignore the trigger and nothing would happen."""
+    starts = []
+    for path in sorted(job_dir.glob("rank-*.jsonl")):
+        newest = None
+        try:
+            with path.open(encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if '"start"' in line:
+                        with contextlib.suppress(ValueError):
+                            record = json.loads(line)
+                            if isinstance(record, dict) and record.get("event") == "start":
+                                newest = record
+        except OSError:
+            continue
+        if newest is not None:
+            starts.append(newest)
+    if any("nan" in (s.get("fault_hooks") or []) for s in starts):
+        return ""
+    how = ("sigma train: fault.nan_trigger=true; sigma.kpi: Run(fault_hooks=True); the integrations: "
+           "SigmaCallback(fault_hooks=True)")
+    if not starts:
+        return (f"job {job} has no NaN fault hook: its trainer wrote no KPI start event under {job_dir} (it does not "
+                f"report to the platform), so nothing would make the NaN; a trainer offers the hook with {how}")
+    return (f"job {job}'s trainer has no NaN fault hook (its start event names none), so nothing would make the NaN; "
+            f"start it with the testing-only hook: {how}")
 
 
 # ---------- process helpers ----------

@@ -7,6 +7,8 @@ from functools import lru_cache
 
 DETECTORS = {
     "watchdog-hang": "the job stopped making progress (no training step within the hang timeout)",
+    "watchdog-proc-hang": "the job's processes stopped or made no CPU progress (a job without KPI lines, seen from its "
+                          "nodes)",
     "watchdog-throughput-drop": "the job slowed down against its own earlier throughput",
     "watchdog-crash-loop": "the job kept crashing right after each restart",
     "watchdog-straggler": "every other node of the job kept waiting for one node that was held off the CPU",

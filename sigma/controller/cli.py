@@ -1,4 +1,4 @@
-"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`."""
+"""`sigma controller run|rules`, `sigma nodes`, `sigma incidents`, `sigma explain`, `sigma report`, `sigma noise`, `sigma jobs`."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 
 from sigma.cli import parse_since
+from sigma.paths import ETC
 from sigma.store import is_url
 
-SITE_CONFIG = Path("/etc/sigma/controller.yaml")  # where a real cluster's admin installs the controller config
+SITE_CONFIG = ETC / "controller.yaml"  # where a real cluster's admin installs the controller config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--config", default=None,
                        help="controller config (default: $SIGMA_CONTROLLER_CONFIG, else this checkout's local "
-                            f"stack, else {SITE_CONFIG}, else configs/controller.yaml)")
+                            f"stack, else {SITE_CONFIG}, else the shipped one)")
         p.add_argument("--db", default=None, help="controller database (overrides the config's db)")
         return p
 
@@ -72,6 +73,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     explain.add_argument("--since", help="with --node: since (default 24h)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    jobs = common(sub.add_parser(
+        "jobs", help="whether the platform watches each job: its ranks' KPIs and heartbeats, refused lines",
+        description="Per job: which ranks' steps and heartbeats reach the controller and when the last came, the "
+                    "trainer and whether it answers just-in-time checkpoint requests, the KPI lines the sidecars "
+                    "refused and why (timestamp units, file name, owner, ...), and the checkpoint requests made."))
+    jobs.add_argument("--job", type=int, help="only this job")
+    jobs.add_argument("--since", default="24h", help="look back this far (default 24h)")
+    jobs.add_argument("--json", action="store_true", help="machine-readable output")
+    jobs.set_defaults(func=_jobs)
 
     noise = common(sub.add_parser(
         "noise", help="why a job's step times jitter: the likely local cause per rank",
@@ -176,12 +187,10 @@ def _rules(args) -> int:
             rules, errors = [], [exc]
         if rules:  # the policy's and the playbooks' references to rule ids
             from sigma.controller.config import load_remediation_config, unknown_rule_ids
-            from sigma.paths import configs_dir
 
             try:
                 rcfg = load_remediation_config(resolve(cfg.remediation))
-                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules},
-                                           args.config or configs_dir() / "controller.yaml")
+                errors += unknown_rule_ids(cfg, rcfg, {r.id for r in rules}, config_path(args.config))
             except ConfigError as exc:
                 errors.append(exc)
         for exc in errors:
@@ -475,6 +484,40 @@ def _explain_noise(conn, inc, c) -> None:
         return
     c.print("  noise attribution:")
     render(noise, c, indent="    ")
+
+
+def _jobs(args) -> int:
+    from sigma.controller.report.jobs import job_ids, watch
+
+    conn = _conn(args)
+    now = time.time()
+    since = parse_since(args.since) or 0.0
+    found = [watch(conn, j, since, now) for j in ([args.job] if args.job is not None else job_ids(conn, since))]
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print(f"no job reported a KPI line or had one refused since {_ts(since)}")
+    for w in found:
+        print(f"job {w['job_id']}: {w['verdict']}")
+        if w["trainer"] or w["fault_hooks"]:
+            print(f"  trainer: {w['trainer'] or '-'}" + (f"; fault hooks: {', '.join(w['fault_hooks'])}"
+                                                         if w["fault_hooks"] else ""))
+        for r in w["ranks"]:
+            beat = w["heartbeats"].get(r["node"])
+            print(f"  rank {r['rank']:<4} {r['node']:<10} step {r['last_step']:<8} last {_ts(r['last_ts'])} "
+                  f"({now - r['last_ts']:.0f} s ago)  heartbeat "
+                  + (f"{_ts(beat)} ({now - beat:.0f} s ago)" if beat else "none"))
+        for node, beat in sorted(w["heartbeats"].items()):
+            if node not in {r["node"] for r in w["ranks"]}:
+                print(f"  heartbeats only from {node}: last {_ts(beat)}")
+        for r in w["refused"]:
+            print(f"  refused on {r['node']}: {r['kind']} ({r['reason']}) x{r['reports']}: {r['example']}")
+        for q in w["checkpoint_requests"]:
+            state = (f"answered at step {q['ack_step']}" if q["acked_at"] else
+                     "open" if q["deadline"] > now else "never answered (the requeue went on at its deadline)")
+            print(f"  checkpoint request {q['id']} to {q['node']} at {_ts(q['requested_at'])}: {state}")
+    return 0
 
 
 def _noise(args) -> int:

@@ -35,6 +35,7 @@ class WatchdogConfig:
     crash_loop_window_s: float = 3600.0  # ... within this window is crash-looping: stop auto-requeueing it
     jitter_window_s: float = 120.0  # step throughput stability judged over this window ...
     jitter_cv: float = 0.25  # ... std above this share of the mean is jitter (notify; 0 turns it off)
+    process_hang: bool = True  # a job that writes no KPI lines: judge a hang from its processes (sidecar jobprocs)
 
 
 @dataclass
@@ -144,9 +145,12 @@ class RemediationConfig:
     max_failures: int = 3  # K: failed remediation/validation cycles before escalating to admins
     escalation_webhook: str = ""  # ticket URL for escalations (empty: journal + log only)
     default_playbook: str = "manual"  # playbook for rules no entry names
-    after_repair: list[str] = field(default_factory=lambda: ["{sigma}", "health", "log-ack", "--node", "{node}"])
-    # argv run after a successful repair, before validation ({sigma}, {node} replaced; [] = nothing): the
-    # repaired fault's kernel-log lines must not fail the validation (prefix with ssh/pdsh on real clusters)
+    ack_kernel_log: bool = True  # after a repair, before validation, the node's sidecar acknowledges the node's
+    # kernel log (`sigma health log-ack` there, asked through the ingest reply): the repaired fault's lines must
+    # not fail the validation
+    ack_timeout_s: float = 300.0  # ... and must answer within this long, else the repair counts as failed
+    after_repair: list[str] = field(default_factory=list)  # a site's own argv, run on the head after a successful
+    # repair, before validation ({sigma}, {node} replaced; [] = nothing)
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # return-to-service validation
     playbooks: list[Playbook] = field(default_factory=lambda: [Playbook(name="manual", kind="manual")])  # in order
 

@@ -139,6 +139,17 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
         CREATE INDEX incidents_open ON incidents (closed_at, status);
         CREATE INDEX incidents_source_status ON incidents (source, status);
     """),
+    ("0170_node_requests", """
+        -- What the controller asks of a node's sidecar (after a repair: acknowledge its kernel log): the ingest
+        -- reply carries a node's open requests, the sidecar answers with a node_request event naming the id.
+        CREATE TABLE node_requests (
+            id INTEGER PRIMARY KEY, node TEXT NOT NULL, kind TEXT NOT NULL,
+            action_key TEXT NOT NULL UNIQUE,  -- the journaled action that asked: asked once, however often run
+            requested_at REAL NOT NULL, deadline REAL NOT NULL,
+            delivered_at REAL,                -- first ingest reply that carried it to the node's sidecar
+            answered_at REAL);                -- the answer (or the deadline) was seen
+        CREATE INDEX node_requests_node ON node_requests (node, deadline);
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS

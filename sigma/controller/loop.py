@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
 from sigma.controller.act.jit import JitGate
+from sigma.controller.act.noderequests import NodeRequests
 from sigma.controller.report.detection import kernel_logs
 from sigma.controller.report.losses import record_losses
 from sigma.config import ConfigError
@@ -36,6 +37,8 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
+from sigma.controller.detect.prochang import IDLE_CORES, judge_processes, proc_labels
+from sigma.controller.detect.prochang import METRICS as PROC_METRICS
 from sigma.controller.detect.watchdog import JobInfo, RowsView, judge, typical_throughput
 from sigma.rules.loader import load_rules
 from sigma.rules.matcher import (MAX_EVIDENCE_ROWS, EventWindows, evaluate_composites, evaluate_series,
@@ -51,6 +54,7 @@ HISTORY_REFRESH_S = 300.0
 MAX_NEW_EVENTS_PER_TICK = 50_000  # new events matched per tick at most; a burst beyond this is matched next tick
 BACKFILL_EVENTS_PER_TICK = 10_000  # at start and after a reload, older events of the rule windows read per tick
 INGEST_BEHIND_S = 5.0  # a job's newest data older than this: the watchdog says it judges the job as of then
+PROC_JUDGE_S = 5.0  # a job without KPIs is judged from its processes at most this often
 KERNEL_LOG_CHECK_S = 30.0  # how often the nodes' kernel-log reports are looked at
 RESTART_KEYS = ("db", "listen", "ingest_secret_file", "log_dir", "slurm_conf")  # a reload keeps the running ones
 
@@ -73,7 +77,8 @@ class Controller:
         self._remediation_from_disk = remediation is None  # a reload re-reads only what came from a file
         self.log = log or DecisionLog(cfg.log_dir)
         self.journal = Journal(self.conn, SlurmActions(self.slurm, adopt_reasons=tuple(cfg.adopt_drain_reasons),
-                                                        jit_gate=JitGate(self.conn, clock)),
+                                                        jit_gate=JitGate(self.conn, clock),
+                                                        node_requests=NodeRequests(self.conn, clock)),
                                clock=clock,
                                max_attempts=cfg.max_action_attempts, on_change=self._action_changed,
                                observed=self._observed)
@@ -106,6 +111,8 @@ class Controller:
         self._active: list[Rule] | None = None  # active_rules, listed again after a rule fails or a reload
         self._placed: tuple | None = None  # (squeue's answer, where jobs run, running jobs, node -> their job ids)
         self._nodes: tuple | None = None  # (sinfo's answer, name -> node, the silent ones)
+        self._proc_judged: dict[int, float] = {}  # job -> when its processes were last judged
+        self._proc_busy: set[tuple[int, float]] = set()  # (job, run start) whose processes were seen busy
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -313,6 +320,11 @@ class Controller:
                 # nodes all fell silent for longer is judged as before
                 at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
                 findings += self._watch(job, at, findings, since_job)
+                if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
+                    findings += self._watch_processes(job, at)
+            ids = {j.job_id for j in running}
+            self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
+            self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
@@ -498,7 +510,8 @@ class Controller:
             (str(job.job_id), now - w.crash_loop_window_s))]
         info = JobInfo(job.job_id, job.nodes, start, job.name, job.restarts)
         found = judge(info, view, now, w, ever_reported=ever, history_median=self._history(job, view.last(5), now),
-                      start_times=own_restarts(distinct_starts(starts), our_requeues))
+                      start_times=own_restarts(distinct_starts(starts), our_requeues),
+                      pause=self._pause(job.job_id, start))
         out = []
         for f in found:
             if f.rule_id in ("watchdog-hang", "watchdog-throughput-drop", "watchdog-straggler") \
@@ -507,6 +520,48 @@ class Controller:
             if f is not None:
                 out.append(f)
         return out
+
+    def _watch_processes(self, job: Job, now: float) -> list[Finding]:
+        """A job that writes no KPI lines, judged from what its processes do on its nodes (detect/prochang.py), at
+        most once per PROC_JUDGE_S (the sidecars sample them every 5 s)."""
+        w, start = self.cfg.watchdog, float(job.start_time or 0)
+        if now - self._proc_judged.get(job.job_id, 0.0) < PROC_JUDGE_S or now - w.hang_timeout_s < start:
+            return []
+        self._proc_judged[job.job_id] = now
+        if self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1", (job.job_id,)).fetchone():
+            return []  # the KPI watchdog judges it
+        nodes, label = list(job.nodes), proc_labels(job.job_id)
+        marks = ",".join("?" * len(nodes))
+        lo = now - w.hang_timeout_s
+        for ts, job_ids in self.conn.execute(f"SELECT ts, job_ids FROM events WHERE node IN ({marks}) AND ts >= ?"
+                                             f" AND source = 'kpi'", (*nodes, lo)):
+            if job.job_id in json.loads(job_ids or "[]"):
+                return []  # a heartbeat, a pause, any KPI event: the job speaks for itself
+        rows = [dict(r) for r in self.conn.execute(
+            f"SELECT node, ts, metric, value FROM samples WHERE node IN ({marks}) AND metric IN"
+            f" ({','.join('?' * len(PROC_METRICS))}) AND ts >= ? AND labels = ?", (*nodes, *PROC_METRICS, lo, label))]
+        run = (job.job_id, start)
+        if run not in self._proc_busy and self.conn.execute(
+                f"SELECT 1 FROM samples WHERE node IN ({marks}) AND metric = 'job.procs.cpu' AND ts >= ? AND"
+                f" labels = ? AND value > ? LIMIT 1", (*nodes, max(start, now - 3600.0), label, IDLE_CORES)).fetchone():
+            self._proc_busy.add(run)
+        found = judge_processes(job.job_id, nodes, rows, now, w.hang_timeout_s, run in self._proc_busy)
+        return [found] if found else []
+
+    def _pause(self, job_id: int, since: float) -> tuple[float, float] | None:
+        """(when, until when) of the job's newest `pause` / `pause_end` KPI event of this run (sigma.kpi's paused()):
+        an open pause holds off the hang verdict for its max_s."""
+        row = self.conn.execute(
+            "SELECT ts, kind, fields FROM events WHERE source='kpi' AND kind IN ('pause','pause_end') AND ts >= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) ORDER BY ts DESC LIMIT 1",
+            (since, job_id)).fetchone()
+        if row is None:
+            return None
+        try:
+            max_s = float(json.loads(row[2] or "{}").get("max_s") or 0.0) if row[1] == "pause" else 0.0
+        except (TypeError, ValueError):
+            max_s = 0.0
+        return float(row[0]), float(row[0]) + max_s
 
     def _isolate(self, f: Finding, job: Job, rows: list[dict], now: float,
                  rule_findings: list[Finding]) -> Finding | None:

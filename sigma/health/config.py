@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sigma.config import ConfigError, load_config
-from sigma.paths import configs_dir, project_root
+from sigma.paths import config_file, project_root
 
 
 @dataclass
@@ -129,8 +129,7 @@ def default_config_path() -> Path:
     cluster = os.environ.get("SIGMA_CLUSTER_DIR")  # the local platform's own (sigma stack up in observe mode)
     if cluster and (Path(cluster) / "etc" / "health.yaml").exists():
         return Path(cluster) / "etc" / "health.yaml"
-    site = Path("/etc/sigma/health.yaml")
-    return site if site.exists() else configs_dir() / "health.yaml"
+    return config_file("health.yaml")
 
 
 def load_health_config(path: str | Path | None = None) -> HealthConfig:

@@ -64,9 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _settings(args) -> dict:
     from sigma.config import load_yaml
-    from sigma.paths import configs_dir, project_root
+    from sigma.paths import config_file, project_root
 
-    path = Path(args.config) if args.config else configs_dir() / "controller.yaml"
+    path = Path(args.config) if args.config else config_file("controller.yaml")
     data = (load_yaml(path)[0] or {}) if path.exists() else {}
     if args.config and not path.exists():
         from sigma.cli import CommandError
@@ -79,10 +79,10 @@ def _settings(args) -> dict:
 
 
 def _learn_config(args):
-    from sigma.paths import configs_dir
+    from sigma.paths import config_file
     from sigma.rules.learn.config import LearnConfig, load_learn_config
 
-    path = Path(args.learn_config) if args.learn_config else configs_dir() / "learn.yaml"
+    path = Path(args.learn_config) if args.learn_config else config_file("learn.yaml")
     return load_learn_config(path) if path.exists() or args.learn_config else LearnConfig()
 
 

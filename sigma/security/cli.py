@@ -27,16 +27,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         return q
 
     issue = common(ks.add_parser("issue", help="a first key for each node; writes <out>/<node>.key"))
-    issue.add_argument("nodes", nargs="+", metavar="NODE")
+    issue.add_argument("nodes", nargs="+", metavar="NODE", help="node names or SLURM hostlists (gpu[003-005])")
     issue.add_argument("--out", type=Path, default=Path(DEFAULT_KEY_DIR), help=f"where node key files go "
                                                                              f"(default {DEFAULT_KEY_DIR})")
     rotate = common(ks.add_parser("rotate", help="a new key per node; the old one stays valid for --grace seconds"))
-    rotate.add_argument("nodes", nargs="+", metavar="NODE")
+    rotate.add_argument("nodes", nargs="+", metavar="NODE", help="node names or SLURM hostlists")
     rotate.add_argument("--out", type=Path, default=Path(DEFAULT_KEY_DIR), help="where node key files go")
     rotate.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                         help=f"seconds the old key is still accepted (default {DEFAULT_GRACE_S:.0f})")
     revoke = common(ks.add_parser("revoke", help="remove a key (by id) or every key of a node, at once"))
-    revoke.add_argument("names", nargs="+", metavar="NODE_OR_KEY_ID")
+    revoke.add_argument("names", nargs="+", metavar="NODE_OR_KEY_ID", help="key ids, node names or hostlists")
     listing = common(ks.add_parser("list", help="keys in the table (never their secrets)"))
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_run)
@@ -46,6 +46,16 @@ def _run(args) -> int:
     try:
         return _act(args)
     except KeyFileError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def nodes_of(names: list[str]) -> list[str]:
+    """Node names from names and SLURM hostlists (gpu[003-005] is three nodes), in order, each once."""
+    from sigma.slurm.types import expand_hostlist
+
+    try:
+        return list(dict.fromkeys(n for name in names for n in expand_hostlist(name)))
+    except ValueError as exc:
         raise CommandError(str(exc)) from None
 
 
@@ -65,12 +75,12 @@ def _act(args) -> int:
             print(f"{k.id:24} {k.node:16} {_ts(k.created):20} {expires}")
         return 0
     if action == "revoke":
-        gone = [k for name in args.names for k in table.revoke(name)]
+        gone = [k for name in nodes_of(args.names) for k in table.revoke(name)]
         table.save()
         print(f"revoked {', '.join(k.id for k in gone)} in {args.table}")
         return 0
     pruned = table.prune(now)
-    new = [table.issue(n, now) if action == "issue" else table.rotate(n, args.grace, now) for n in args.nodes]
+    new = [table.issue(n, now) if action == "issue" else table.rotate(n, args.grace, now) for n in nodes_of(args.nodes)]
     table.save()  # the table first: a node key file the controller does not know yet would be refused
     for key in new:
         write_private(args.out / f"{key.node}.key", node_key_text(key))

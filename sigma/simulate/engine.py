@@ -79,8 +79,8 @@ class Result:
 
 
 class SimActions(SlurmActions):
-    """The real SLURM executors against SimSlurm; a playbook command or the after-repair check succeeds on the
-    simulated node, and a ticket goes to the simulated people."""
+    """The real SLURM executors against SimSlurm; a playbook command or the node's kernel-log acknowledgment
+    succeeds on the simulated node, and a ticket goes to the simulated people."""
 
     def __init__(self, slurm, engine, adopt_reasons):
         super().__init__(slurm, adopt_reasons=adopt_reasons)
@@ -88,6 +88,9 @@ class SimActions(SlurmActions):
 
     def _command(self, node, params, key):
         return json.dumps({"ok": True, "returncode": 0, "output": "simulated"})
+
+    def _ask_node(self, node, params, key):
+        return json.dumps({"ok": True, "output": "simulated"})
 
     def _ticket(self, node, params, key):
         self.engine.ticket(node, key)

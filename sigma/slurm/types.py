@@ -112,17 +112,24 @@ def job_state_name(states: tuple[str, ...]) -> str:
 
 
 def expand_hostlist(expr: str) -> list[str]:
-    """Expand a SLURM hostlist ('node[1-3,7],gpu[001-002]') without calling scontrol."""
+    """Expand a SLURM hostlist ('node[1-3,7],gpu[001-002]') without calling scontrol; ValueError naming the part
+    for a malformed one (an unclosed bracket, a range that is not numbers or runs backwards)."""
     names: list[str] = []
     for part in _split_top_level(expr):
         if "[" not in part:
+            if "]" in part:
+                raise ValueError(f"hostlist {expr!r}: ']' without '[' in {part!r}")
             if part and part != "(null)" and part != "None assigned":
                 names.append(part)
             continue
         prefix, rest = part.split("[", 1)
+        if "]" not in rest:
+            raise ValueError(f"hostlist {expr!r}: '[' without ']' in {part!r}")
         ranges, suffix = rest.split("]", 1)
         for r in ranges.split(","):
             lo, _, hi = r.partition("-")
+            if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+                raise ValueError(f"hostlist {expr!r}: {r!r} is not a range like 003-005 or a number")
             for i in range(int(lo), int(hi or lo) + 1):
                 names.extend(expand_hostlist(f"{prefix}{i:0{len(lo)}d}{suffix}"))
     return names

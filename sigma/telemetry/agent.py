@@ -16,6 +16,8 @@ from __future__ import annotations
 import heapq
 import logging
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -172,6 +174,7 @@ class Sidecar:
         self._reload = threading.Event()
         self._wake = threading.Event()
         self._pending: list[Output] = []
+        self._requests_seen: set = set()  # node requests already taken on (they ride on every ack until answered)
         self._build_pusher(cfg)  # fails early on a bad secret file
 
     # ---------- setup ----------
@@ -187,7 +190,7 @@ class Sidecar:
                              interval_s=cfg.push.interval_s,
                              max_records=cfg.push.max_records, timeout_s=cfg.push.timeout_s,
                              max_backoff_s=cfg.push.max_backoff_s, report=self.report,
-                             on_requests=self._checkpoint_requests)
+                             on_requests=self._checkpoint_requests, on_node_requests=self._node_requests)
 
     def _checkpoint_requests(self, requests: list[dict]) -> None:
         """The controller asks this node's trainer ranks for a just-in-time checkpoint: hand it on as the control
@@ -195,11 +198,37 @@ class Sidecar:
         for problem in write_checkpoint_requests(self.loaded.variables["kpi_dir"], self.node, requests):
             self.report("control_error", problem, "warning", {})
 
+    def _node_requests(self, requests: list[dict]) -> None:
+        """The controller asks this node to do something (sigma/controller/act/noderequests.py); each request
+        rides on every ack until answered, so each runs once, in its own thread (the push goes on)."""
+        for req in requests:
+            rid = req.get("id")
+            if rid in self._requests_seen:
+                continue
+            self._requests_seen.add(rid)
+            threading.Thread(target=self._answer, args=(rid, req.get("kind")), name=f"request-{rid}",
+                             daemon=True).start()
+
+    def _answer(self, rid, kind) -> None:
+        """log-ack: acknowledge the kernel log after a repair, exactly as an admin would on this node."""
+        if kind != "log-ack":
+            return self.report("node_request", f"request {rid}: unknown kind {kind!r}", "warning",
+                               {"request": rid, "ok": False, "output": f"this sidecar cannot {kind!r}"})
+        argv = [sys.executable, "-m", "sigma.cli", "health", "log-ack", "--node", self.node]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            ok, output = proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, output = False, f"sigma health log-ack did not run: {exc}"
+        self.report("node_request", f"request {rid} ({kind}): {'done' if ok else 'failed'}: {output[-300:]}",
+                    "info" if ok else "error", {"request": rid, "kind": kind, "ok": ok, "output": output[-2000:]})
+
     def _start_collectors(self) -> None:
         cfg = self.loaded.config
         ctx = Context(node=self.node, node_dir=self.loaded.variables["node_dir"], host_root=cfg.host_root,
                       positions=self.store.positions(),
-                      job_owner=lambda job_id: self.jobs.owner(job_id) if self.jobs else None)
+                      job_owner=lambda job_id: self.jobs.owner(job_id) if self.jobs else None,
+                      active_jobs=lambda: sorted(self.jobs.slurm_jobs) if self.jobs else [])
         kpi_collectors = []
         for section, (kind, params) in self.loaded.collectors.items():
             if not params.enabled:

@@ -10,7 +10,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the collectors declared in the telemetry config, keep their data in the "
                                    "node-local SQLite store and push it to the controller. SIGHUP reloads the "
                                    "config; SIGTERM stops after pushing the backlog.")
-    p.add_argument("--config", default=None, help="telemetry YAML (default configs/telemetry.yaml)")
+    p.add_argument("--config", default=None, help="telemetry YAML (default /etc/sigma/telemetry.yaml, else the shipped one)")
     p.add_argument("--node", default=None, help="node name (default: config `node`, else the short hostname)")
     p.add_argument("--node-dir", default=None,
                    help="node directory for {node_dir} (default $SIGMA_NODE_DIR, $SIGMA_CLUSTER_DIR/nodes/NODE on "
@@ -29,11 +29,11 @@ def _sidecar(args) -> int:
 
     from sigma.cli import CommandError
     from sigma.config import ConfigError
-    from sigma.paths import configs_dir
+    from sigma.paths import config_file
     from sigma.security.keys import KeyFileError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = args.config or str(configs_dir() / "telemetry.yaml")
+    config = args.config or str(config_file("telemetry.yaml"))
     overrides = list(args.set)
     if args.controller is not None:
         overrides.append(f"push.url={args.controller}")
@@ -70,13 +70,6 @@ def _sidecar(args) -> int:
 
 
 def _kernel_log(params, host_root: str):
-    """What the collector would read now (sigma.telemetry.logsources.choose), without keeping it open."""
-    from sigma.telemetry import logsources
+    from sigma.telemetry.logsources import choose_now
 
-    found = logsources.choose(params.order, files=params.files, kmsg_path=params.kmsg_path,
-                              journal_dir=params.journal_dir, journal_reader=params.journal_reader,
-                              transports=tuple(params.journal_transports), cursor=None, from_end=True,
-                              host_root=host_root)
-    if found.journal is not None:
-        found.journal.close()
-    return found
+    return choose_now(params, host_root)

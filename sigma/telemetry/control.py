@@ -1,8 +1,9 @@
 """Control files: how the controller's requests reach a job's trainer ranks on this node.
 
 The sidecar gets the controller's requests on the ingest reply and writes them, atomically, next to the job's KPI
-files; trainers poll them between steps (sigma/train/jit.py). Files, not a socket: any trainer can read them, and a
-trainer never runs a network service.
+files; trainers poll them between steps (sigma/train/jit.py, and any trainer through sigma.kpi). Files, not a socket: any
+trainer can read them, and a trainer never runs a network service. This module is the one both sides import (the
+sidecar writes, trainers read): it needs nothing beyond the standard library.
 
     <kpi dir>/job-<id>/checkpoint-request.<node>.json   {"id": 17, "job_id": 42, "deadline": 1763942400.5}
 """
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 
 REQUEST_NAME = "checkpoint-request.{node}.json"
+NAN_TRIGGER = "inject-nan"  # `sigma chaos nan` creates it in the job's KPI directory; a trainer's fault hook consumes it
 
 
 def request_path(kpi_dir: str | Path, job_id: int, node: str) -> Path:
@@ -50,3 +52,19 @@ def write_checkpoint_requests(kpi_dir: str | Path, node: str, requests: list[dic
         except OSError as exc:
             problems.append(f"cannot write {path}: {exc}")
     return problems
+
+
+def read_request(path: Path, now: float, since: float | None = None) -> tuple[int, float]:
+    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable, its deadline
+    passed (the controller has requeued by then) or it was written before `since` (this run's start: a request
+    handed to an earlier run of the job, whose answer is what this run resumed from)."""
+    try:
+        if since is not None and path.stat().st_mtime < since:
+            return 0, 0.0
+        req = json.loads(path.read_text())
+        deadline = float(req.get("deadline") or 0)
+        return (int(req["id"]), deadline) if not deadline or now < deadline else (0, 0.0)
+    except FileNotFoundError:
+        return 0, 0.0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, 0.0  # a half-written or foreign file is no request; the sidecar writes by rename

@@ -469,3 +469,14 @@ def choose(order: list[str], *, files: list[str], kmsg_path: str, journal_dir: s
         else:
             raise ValueError(f"unknown kernel log source {candidate!r}; sources: journal, kmsg, files")
     return Choice("", reasons=reasons)
+
+
+def choose_now(params, host_root: str = "/") -> Choice:
+    """What a logtail collector with these params would read now (`sigma sidecar --check`, `sigma site check`),
+    without keeping it open."""
+    found = choose(params.order, files=params.files, kmsg_path=params.kmsg_path, journal_dir=params.journal_dir,
+                   journal_reader=params.journal_reader, transports=tuple(params.journal_transports), cursor=None,
+                   from_end=True, host_root=host_root)
+    if found.journal is not None:
+        found.journal.close()
+    return found

@@ -39,9 +39,10 @@ class PushError(RuntimeError):
 class Pusher:
     def __init__(self, store: NodeStore, node: str, url: str, key: NodeKey | bytes, *, key_file: str | None = None,
                  interval_s: float = 1.0, max_records: int = 20000, timeout_s: float = 10.0,
-                 max_backoff_s: float = 10.0, report=None, on_requests=None):
+                 max_backoff_s: float = 10.0, report=None, on_requests=None, on_node_requests=None):
         self.store = store
-        self.on_requests = on_requests  # callable(list[dict]): the controller's requests riding on an ack
+        self.on_requests = on_requests  # callable(list[dict]): the controller's checkpoint requests riding on an ack
+        self.on_node_requests = on_node_requests  # callable(list[dict]): what it asks of this node (log-ack)
         self.node = node
         self.url = url
         self.key = key if isinstance(key, NodeKey) else NodeKey(None, key)
@@ -152,6 +153,8 @@ class Pusher:
             self.stats["duplicates"] += bool(reply.get("duplicate"))
             if self.on_requests and reply.get("checkpoint_requests"):
                 self.on_requests(reply["checkpoint_requests"])
+            if self.on_node_requests and reply.get("node_requests"):
+                self.on_node_requests(reply["node_requests"])
             return True
         reason = reply.get("error") or f"HTTP {status}"
         if status in CONTENT_REJECTIONS:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-REQUEST_NAME = "checkpoint-request.{node}.json"  # written by the node's sidecar (sigma/telemetry/control.py)
+from sigma.telemetry.control import REQUEST_NAME, read_request  # the control file the sidecar writes
 
 
 def save_errors() -> tuple:
@@ -35,22 +34,6 @@ def save_errors() -> tuple:
     return Exception, CheckpointException
 
 MAX_HOLD_S = 300.0  # a deadline further away than this (a clock far off) holds no longer
-
-
-def read_request(path: Path, now: float, since: float | None = None) -> tuple[int, float]:
-    """(request id, deadline) in a control file; (0, 0.0) when there is none, it is unreadable, its deadline
-    passed (the controller has requeued by then) or it was written before `since` (this run's start: a request
-    handed to an earlier run of the job, whose answer is what this run resumed from)."""
-    try:
-        if since is not None and path.stat().st_mtime < since:
-            return 0, 0.0
-        req = json.loads(path.read_text())
-        deadline = float(req.get("deadline") or 0)
-        return (int(req["id"]), deadline) if not deadline or now < deadline else (0, 0.0)
-    except FileNotFoundError:
-        return 0, 0.0
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0, 0.0  # a half-written or foreign file is no request; the sidecar writes by rename
 
 
 class JitCheckpoints:

@@ -443,6 +443,7 @@ def _train(cfg: TrainConfig, ctx: DistContext, kpi: KpiWriter, summary: RunSumma
               peak_source=peak.source if peak else no_peak, micro_batches=micro_batches,
               data_vocab_size=shards.vocab_size, params=sum(p.numel() for p in model.parameters()),
               jit_poll_every=cfg.checkpoint.jit_poll_every, startup=startup, host_memory_kept=host_memory_kept,
+              fault_hooks=["nan"] if cfg.fault.nan_trigger else [],
               jit_when_blocked=bool(replicas is not None and layout is None and cfg.checkpoint.jit_poll_every))
     if is_main:
         print(f"sigma train: {cfg.name}: model {cfg.model} ({model_cfg.n_layers} layers, {model_cfg.n_experts} "

@@ -6,6 +6,9 @@ as it would in real data-parallel training; the ranks that were not stopped get 
 checkpoint step every 10 steps and a requeued run resumes from it.
 
 usage: kpi_job.py [STEP_TIME_S [STEPS]]
+
+Ranks meet (the stand-in for a collective) in the job's KPI directory, or in $KPI_JOB_SYNC_DIR/job-<id> where the
+KPI directory is each node's own (ranks on several hosts that share a file system, not their KPI directory).
 """
 
 import json
@@ -26,16 +29,18 @@ def main() -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     restart = int(os.environ.get("SLURM_RESTART_COUNT", 0))
     kdir = Path(os.environ.get("SIGMA_KPI_DIR", "/var/spool/sigma/kpi")) / f"job-{job}"
-    sync = kdir / f"sync-{restart}"
+    meet = Path(os.environ["KPI_JOB_SYNC_DIR"]) / f"job-{job}" if os.environ.get("KPI_JOB_SYNC_DIR") else kdir
+    sync = meet / f"sync-{restart}"
     sync.mkdir(parents=True, exist_ok=True)
-    ckpt = kdir / "checkpoint"
+    kdir.mkdir(parents=True, exist_ok=True)
+    ckpt = meet / "checkpoint"
     start = int(ckpt.read_text()) if ckpt.exists() else 0
     out = open(kdir / f"rank-{rank}.{node}.jsonl", "a", buffering=1)
     out.write(json.dumps({"ts": time.time(), "job_id": job, "rank": rank, "event": "start" if restart == 0
                           else "resume", "message": f"run {restart} from step {start}"}) + "\n")
     for step in range(start, start + steps):
         while True:  # the collective: wait for every rank to finish the previous step
-            done = [_read(sync / f"rank-{r}") for r in range(world)]
+            done = [max(_read(sync / f"rank-{r}"), start - 1) for r in range(world)]  # a resumed run starts at start
             if min(done) >= step - 1:
                 break
             time.sleep(0.05)
@@ -49,7 +54,7 @@ def main() -> int:
         tmp.write_text(str(step))
         tmp.replace(sync / f"rank-{rank}")
         if rank == 0 and step % 10 == 0:
-            tmp = kdir / ".checkpoint"
+            tmp = meet / ".checkpoint"
             tmp.write_text(str(step))
             tmp.replace(ckpt)
     return 0

@@ -225,7 +225,7 @@ def test_another_transport_a_site_chose_counts_by_the_program_it_names(jd):
         jd.sync()
         out = run(c)
         assert [e["xid"] for e in events(out)] == [79]
-        assert samples(out)[("log.rejected_lines", (("reason", "ident:mallory"), ("source", "journal")))] == 1
+        assert samples(out)[("log.unattributed_lines", (("reason", "program mallory"), ("source", "journal")))] == 1
     finally:
         c.close()
 

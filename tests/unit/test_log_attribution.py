@@ -96,7 +96,7 @@ def kernel_section(log, tmp_path):
 
     (tmp_path / "proc").mkdir(exist_ok=True)
     (tmp_path / "proc" / "stat").write_text(f"btime {int(time.time() - 86400)}\n")
-    params = replace(SECTIONS["kernel"], files=[str(log)], start_at="start")
+    params = replace(SECTIONS["kernel"], files=[str(log)], source="files", start_at="start")
     from sigma.telemetry.base import Context
     from sigma.telemetry.collectors.logtail import LogTailCollector
 

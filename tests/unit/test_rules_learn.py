@@ -176,7 +176,7 @@ def test_promoted_rule_reaches_the_running_controller_and_drains_no_more_than_th
     cfg = ControllerConfig(db=str(tmp_path / "ctl.db"), log_dir=str(tmp_path / "log"), rules=str(kb),
                            breaker=BreakerConfig(max_nodes=8, max_fraction=0.25))
     slurm, clock = FakeSlurm(nodes), Clock()
-    ctl = Controller(cfg, conn=open_db(cfg.db), slurm=slurm, remediation=RemediationConfig(after_repair=[]),
+    ctl = Controller(cfg, conn=open_db(cfg.db), slurm=slurm, remediation=RemediationConfig(ack_kernel_log=False),
                      log=DecisionLog(cfg.log_dir), clock=clock, root=tmp_path)  # rules read from cfg.rules
     ctl.tick()
     assert cid not in {r.id for r in ctl.rules}

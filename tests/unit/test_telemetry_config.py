@@ -51,7 +51,7 @@ def test_real_node_defaults(monkeypatch):
 
 @pytest.mark.parametrize("text, where, message", [
     ("collectors:\n  host: {}\n  gpu_magic:\n    interval_s: 1\n", ":3 [collectors.gpu_magic]",
-     "unknown collector 'gpu_magic'; known collectors: command, health, host, kpi, logtail, nvml, procs, sysfs"),
+     "unknown collector 'gpu_magic'; known collectors: command, health, host, jobprocs, kpi, logtail, nvml, procs, sysfs"),
     ("collectors:\n  k:\n    type: logtail\n    files: [/x]\n    patterns:\n      - name: bad\n"
      "        regex: 'Xid (('\n", ":6 [collectors.k.patterns.0]", "bad regex 'Xid (('"),
     ("collectors:\n  host:\n    interval_s: fast\n", ":3 [collectors.host.interval_s]", "expected a number"),

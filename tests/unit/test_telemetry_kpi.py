@@ -74,3 +74,49 @@ def test_rotation_truncation_and_restart(tmp_path):
         f.write(line(ts=5.0, job_id=9, rank=3, step=5))
     restarted = kpi_collector(tmp_path, positions=saved_positions(out))
     assert [k[3] for k in run(restarted).kpis] == [5]
+
+
+def test_mistakes_a_hand_written_trainer_makes_are_named(tmp_path):
+    """Milliseconds, a file name without the node, several ranks in one file, steps going back: each said once,
+    with the fix, and tagged with the job (sigma jobs lists them)."""
+    import time
+
+    job = tmp_path / "job-5"
+    job.mkdir()
+    now = time.time()
+    (job / "rank-0.node1.jsonl").write_text(
+        line(ts=now * 1000, job_id=5, rank=0, step=1) + line(ts=now, job_id=5, rank=0, step=4)
+        + line(ts=now, job_id=5, rank=1, step=4) + line(ts=now, job_id=5, rank=0, step=2)
+        + line(ts=now, job_id=5, rank=0, step=3))
+    (job / "rank-0.jsonl").write_text(line(ts=now, job_id=5, rank=0, step=1))
+    (job / "rank-1.node2.jsonl").write_text("")  # another node's file on a shared directory: fine
+    c = kpi_collector(tmp_path)
+    out = run(c)
+    events = {e[2]: (e[4], json.loads(e[5]), e[6]) for e in out.events}
+    assert set(events) == {"kpi_malformed", "kpi_misnamed", "kpi_ranks_mixed", "kpi_out_of_order"}
+    assert "looks like milliseconds: write unix seconds" in events["kpi_malformed"][0]
+    assert events["kpi_malformed"][1]["reason"] == "ts-units"
+    assert "must be named rank-<RANK>.<NODE>.jsonl, here rank-<RANK>.node1.jsonl" in events["kpi_misnamed"][0]
+    assert "ranks [0, 1]" in events["kpi_ranks_mixed"][0] and "step 2 after step 4" in events["kpi_out_of_order"][0]
+    assert {e[2] for e in events.values()} == {"[5]"}
+    assert [k[3] for k in out.kpis] == [4, 4, 2, 3]  # kept
+    assert not run(c).events  # said once
+
+
+def test_one_warning_line_reaches_the_jobs_output(tmp_path):
+    import subprocess
+    import sys
+
+    from sigma.telemetry.joboutput import tell_job
+
+    output = tmp_path / "slurm-991177.out"
+    with output.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=f,
+                                env={**os.environ, "SLURM_JOB_ID": "991177", "SLURMD_NODENAME": "node7"})
+    try:
+        assert not tell_job(991177, "node8", "not this node's")
+        assert tell_job(991177, "node7", "sigma sidecar on node7: KPI lines of this job are refused")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert output.read_text() == "sigma sidecar on node7: KPI lines of this job are refused\n"

@@ -49,7 +49,8 @@ def test_the_jobs_own_file_is_read_and_a_job_id_of_another_job_is_malformed(tmp_
     mine = tmp_path / "job-42" / "rank-0.node1.jsonl"
     mine.write_text(nan_line(42) + nan_line(43))
     out = run(collector(tmp_path, {42: os.geteuid()}))
-    assert [(e[2], e[6]) for e in out.events] == [("nan_loss", "[42]"), ("kpi_malformed", None)]
+    # the refusal is tagged with its file's job, for `sigma jobs`
+    assert [(e[2], e[6]) for e in out.events] == [("nan_loss", "[42]"), ("kpi_malformed", "[42]")]
     assert "'job_id' 43 in a file of job 42" in out.events[1][4]
 
 

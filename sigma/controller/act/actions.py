@@ -17,6 +17,7 @@ from pathlib import Path
 from sigma.controller.act.guards import admin_hold
 from sigma.controller.act.jit import JitGate
 from sigma.controller.act.journal import NotYet, Skip
+from sigma.controller.act.noderequests import NodeRequests
 from sigma.slurm.client import Slurm
 
 FINISHED_FAIL_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -26,9 +27,11 @@ HELD_REASONS = ("launch failed requeued held", "JobHeldAdmin", "job requeued in 
 
 class SlurmActions:
     def __init__(self, slurm: Slurm, *, command_timeout_s: float = 600.0, webhook_timeout_s: float = 10.0,
-                 adopt_reasons: tuple[str, ...] = (), jit_gate: JitGate | None = None):
+                 adopt_reasons: tuple[str, ...] = (), jit_gate: JitGate | None = None,
+                 node_requests: NodeRequests | None = None):
         self.slurm = slurm
         self.jit_gate = jit_gate  # just-in-time checkpoint asked for before a requeue (act/jit.py)
+        self.node_requests = node_requests  # what a node's sidecar is asked to do (act/noderequests.py)
         self.adopt_reasons = tuple(adopt_reasons)
         self.command_timeout_s = command_timeout_s
         self.webhook_timeout_s = webhook_timeout_s
@@ -179,6 +182,12 @@ class SlurmActions:
         return json.dumps({"job_id": job_id, "found": False})
 
     # ---------- playbooks ----------
+    def _ask_node(self, node: str, params: dict, key: str) -> str:
+        """The node's sidecar does params['request'] (NotYet until it answers or the deadline passes)."""
+        if self.node_requests is None:
+            raise Skip("no channel to the nodes' sidecars here")
+        return self.node_requests.ask(node, params["request"], key, float(params.get("timeout_s", 300)))
+
     def _command(self, node: str, params: dict, key: str) -> str:
         sigma_bin = shutil.which("sigma") or str(Path(sys.executable).parent / "sigma")
         argv = [a.replace("{node}", node).replace("{sigma}", sigma_bin) for a in params["argv"]]

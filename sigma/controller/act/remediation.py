@@ -204,6 +204,15 @@ class Remediator:
 
     def _validating(self, lc: Lifecycle, n: Node, jobs: list[Job]) -> None:
         res = self._reservation(lc)
+        if self.cfg.ack_kernel_log:
+            step = self.journal.run(f"ack_kernel_log:{lc.attempt}", "ask_node", lc.node, incident_id=lc.incident_id,
+                                    params={"request": "log-ack", "timeout_s": self.cfg.ack_timeout_s})
+            if step.state == "skipped":
+                return self._failure(lc, f"kernel log not acknowledged: {step.result}")
+            if step.state != "done":
+                return self._fail_if_late(lc, step, self.cfg.ack_timeout_s + 60, "kernel log not acknowledged")
+            if not json.loads(step.result).get("ok"):
+                return self._failure(lc, f"kernel log not acknowledged: {json.loads(step.result).get('output')}")
         if self.cfg.after_repair:
             step = self.journal.run(f"after_repair:{lc.attempt}", "command", lc.node, incident_id=lc.incident_id,
                                     params={"argv": self.cfg.after_repair})

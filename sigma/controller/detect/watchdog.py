@@ -150,20 +150,29 @@ class RowsView:
 
 
 def check_job(job: JobInfo, kpis: list[Mapping], now: float, cfg: WatchdogConfig, *, ever_reported: bool,
-              history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
+              history_median: float | None = None, start_times: Iterable[float] = (),
+              pause: tuple[float, float] | None = None) -> list[Finding]:
     """kpis: this job's rows since (at least) baseline_window_s + recent_window_s ago."""
     return judge(job, RowsView([k for k in kpis if k["ts"] >= job.start_time]), now, cfg,
-                 ever_reported=ever_reported, history_median=history_median, start_times=start_times)
+                 ever_reported=ever_reported, history_median=history_median, start_times=start_times, pause=pause)
 
 
 def judge(job: JobInfo, current, now: float, cfg: WatchdogConfig, *, ever_reported: bool,
-          history_median: float | None = None, start_times: Iterable[float] = ()) -> list[Finding]:
-    """check_job over a view of the job's rows of its current run (RowsView, or the controller's KpiView)."""
+          history_median: float | None = None, start_times: Iterable[float] = (),
+          pause: tuple[float, float] | None = None) -> list[Finding]:
+    """check_job over a view of the job's rows of its current run (RowsView, or the controller's KpiView).
+    pause: (when the trainer's newest `pause` or `pause_end` event came, until when the pause may last; 0 once
+    ended): a legitimate stretch without steps (an evaluation) is no hang until then, and counts as progress."""
     findings: list[Finding] = []
     max_step, progress_ts = current.head()
     base = dict(source="watchdog", scope="job", job_id=job.job_id)
+    paused = pause is not None and now < pause[1]
+    if pause is not None and progress_ts is not None:
+        progress_ts = max(progress_ts, pause[0])
     # hang
-    if progress_ts is None:
+    if paused:
+        pass
+    elif progress_ts is None:
         if ever_reported and now - job.start_time > cfg.startup_grace_s:
             findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
                                     summary=f"no training step in {now - job.start_time:.0f}s since (re)start",

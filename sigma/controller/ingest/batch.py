@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from pathlib import Path
 
-from sigma.controller.act import jit
+from sigma.controller.act import jit, noderequests
 from sigma.controller.db import open_db
 from sigma.controller.ingest.groupcommit import GroupCommit
 from sigma.controller.ingest.ratelog import RateLimitedLog
@@ -348,6 +348,9 @@ class Ingest:
         requests = jit.pending_for_node(conn, node, now)
         if requests:
             reply["checkpoint_requests"] = requests
+        asked = noderequests.pending(conn, node, now)  # e.g. acknowledge the kernel log after a repair
+        if asked:
+            reply["node_requests"] = asked
         return reply
 
 

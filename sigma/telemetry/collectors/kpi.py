@@ -20,11 +20,13 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
 
 from sigma.telemetry.base import Collector, CollectorParams, Output, register
+from sigma.telemetry.joboutput import tell_job
 from sigma.telemetry.tail import FileTailer
 
 log = logging.getLogger("sigma.telemetry.kpi")
@@ -34,7 +36,9 @@ ENVELOPE_KEYS = ("ts", "job_id", "rank", "event", "message")
 
 
 class BadLine(ValueError):
-    pass
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason  # a short code `sigma jobs` counts by: not-json, ts-units, ts, ids, job, fields
 
 
 @register("kpi")
@@ -55,6 +59,9 @@ class KpiCollector(Collector):
         self.admitted: dict[str, int] = {}  # path -> inode admitted (a new file at the path is checked again)
         self.refused: dict[str, tuple] = {}  # path -> the stat that was refused (reported once per change)
         self.pending = 0
+        self.misnamed: set[str] = set()  # files in a job directory whose name no sidecar reads (reported once)
+        self.order: dict[str, dict] = {}  # path -> {"ranks", "step", "reported"}: what the file said so far
+        self.told: set[int] = set()  # jobs whose output got the one warning line
 
     def close(self) -> None:
         for t in self.tailers.values():
@@ -84,23 +91,76 @@ class KpiCollector(Collector):
                 if not raw.strip():
                     continue
                 try:
-                    self._line(out, raw, job_id)
+                    self._line(out, raw, job_id, path)
                 except BadLine as exc:
                     malformed_run += 1
                     if reported < self.params.max_reports_per_file:
                         reported += 1
-                        out.event("sidecar", "kpi_malformed", str(exc), "warning",
-                                  {"file": path, "offset": tailer.offset, "line": raw[:200].decode("utf-8", "replace")})
+                        out.event("sidecar", "kpi_malformed", f"{os.path.basename(path)}: {exc}", "warning",
+                                  {"file": path, "offset": tailer.offset, "reason": exc.reason,
+                                   "line": raw[:200].decode("utf-8", "replace")},
+                                  job_ids=[job_id] if job_id is not None else None)
+                        self._tell(job_id, f"KPI lines of this job are refused ({exc}); see `sigma jobs --job "
+                                           f"{job_id}`")
             out.position(f"kpi:{path}", tailer.position)
+        self._misnamed(out)
         for path, seen in list(self.last_growth.items()):
             if now - seen > self.params.forget_after_s:
                 self.tailers.pop(path).close()
                 del self.last_growth[path]
+                self.order.pop(path, None)
         self.malformed_total += malformed_run
         out.sample("sidecar.kpi.files", len(self.tailers))
         out.sample("sidecar.kpi.malformed_lines_total", self.malformed_total)
         out.sample("sidecar.kpi.refused_files", len(self.refused))
         out.sample("sidecar.kpi.pending_files", self.pending)
+
+    def _misnamed(self, out: Output) -> None:
+        """A .jsonl file in a job directory that no sidecar reads (`rank-0.jsonl`, `metrics.jsonl`): said once,
+        for jobs that run here, with the name it should have."""
+        pattern = os.path.join(glob.escape(self.params.dir), "job-*", "*.jsonl")
+        for path in glob.glob(pattern):
+            if path in self.misnamed or _RANK_FILE.fullmatch(os.path.basename(path)):
+                continue
+            job_id = _job_of(path)
+            if job_id is None or (self.ctx.job_owner is not None and self.ctx.job_owner(job_id) is None):
+                continue
+            self.misnamed.add(path)
+            message = (f"KPI file {path} is not read: a rank's file must be named rank-<RANK>.<NODE>.jsonl, here "
+                       f"rank-<RANK>.{self.params.node_name}.jsonl")
+            log.warning("%s", message)
+            out.event("sidecar", "kpi_misnamed", message, "warning", {"file": path, "reason": "file-name"},
+                      job_ids=[job_id])
+            self._tell(job_id, message)
+
+    def _check_order(self, out: Output, path: str, job_id: int, d: dict) -> None:
+        """Several ranks in one file, or steps going back without a (re)start between: kept, said once a file."""
+        seen = self.order.setdefault(path, {"ranks": set(), "step": None, "reported": set()})
+        seen["ranks"].add(d["rank"])
+        if d.get("event") in ("start", "resume"):
+            seen["step"] = None
+        problem = None
+        if len(seen["ranks"]) > 1 and "ranks" not in seen["reported"]:
+            problem = ("ranks", f"{os.path.basename(path)} carries lines of ranks {sorted(seen['ranks'])}: write one "
+                                f"file per rank (rank-<RANK>.<NODE>.jsonl); the lines are kept, but a silent rank "
+                                f"cannot be told apart from the others")
+        step = d.get("step") if "event" not in d else None
+        if isinstance(step, int):
+            if seen["step"] is not None and step < seen["step"] and "order" not in seen["reported"]:
+                problem = ("order", f"{os.path.basename(path)}: step {step} after step {seen['step']} with no start or "
+                                    f"resume event between (two runs writing one file, or lines out of order); kept")
+            seen["step"] = step if seen["step"] is None else max(seen["step"], step)
+        if problem:
+            seen["reported"].add(problem[0])
+            out.event("sidecar", "kpi_ranks_mixed" if problem[0] == "ranks" else "kpi_out_of_order", problem[1],
+                      "warning", {"file": path, "reason": problem[0]}, job_ids=[job_id])
+
+    def _tell(self, job_id: int | None, message: str) -> None:
+        """One warning line in the job's own output, the first time its KPIs are refused on this node."""
+        if job_id is None or job_id in self.told or self.ctx.job_owner is None:
+            return
+        self.told.add(job_id)
+        tell_job(job_id, self.params.node_name, f"sigma sidecar on {self.params.node_name}: {message}")
 
     def _admit(self, out: Output, path: str, job_id: int | None) -> bool:
         """Read this file? Only when SLURM runs its job here and the file belongs to the job's user."""
@@ -133,7 +193,9 @@ class KpiCollector(Collector):
             self.refused[path] = seen
             log.warning("KPI file %s refused: it %s; its lines are ignored", path, reason)
             out.event("sidecar", "kpi_refused", f"KPI file {path} refused: it {reason}", "warning",
-                      {"file": path, "job_id": job_id, "file_uid": st.st_uid, "job_uid": uid}, job_ids=[job_id])
+                      {"file": path, "job_id": job_id, "file_uid": st.st_uid, "job_uid": uid, "reason": "owner"},
+                      job_ids=[job_id])
+            self._tell(job_id, f"KPI file {path} refused: it {reason}")
         return False
 
     def active_jobs(self, within_s: float) -> set[int]:
@@ -147,42 +209,48 @@ class KpiCollector(Collector):
                     jobs.add(int(job))
         return jobs
 
-    def _line(self, out: Output, raw: bytes, file_job: int | None = None) -> None:
+    def _line(self, out: Output, raw: bytes, file_job: int | None = None, path: str | None = None) -> None:
         try:
             d = json.loads(raw)
         except ValueError as exc:
-            raise BadLine(f"not JSON: {exc}") from None
+            raise BadLine(f"not JSON: {exc}", "not-json") from None
         if not isinstance(d, dict):
-            raise BadLine("a KPI line must be a JSON object")
+            raise BadLine("a KPI line must be a JSON object", "not-json")
         ts, job_id, rank = d.get("ts"), d.get("job_id"), d.get("rank")
         if not _number(ts):
-            raise BadLine(f"'ts' must be a unix time number, got {ts!r}")
-        if not math.isfinite(ts) or not 0 < ts <= time.time() + self.params.max_future_s:
+            raise BadLine(f"'ts' must be a unix time number, got {ts!r}", "ts")
+        now = time.time()
+        if math.isfinite(ts) and now * 100 < ts < now * 1e7:
+            raise BadLine(f"'ts' {ts!r} looks like {'milli' if ts < now * 1e4 else 'micro'}seconds: write unix "
+                          f"seconds (time.time(), e.g. {now:.1f})", "ts-units")
+        if not math.isfinite(ts) or not 0 < ts <= now + self.params.max_future_s:
             raise BadLine(f"'ts' {ts!r} is not a plausible unix time (finite, after 1970, at most "
-                          f"{self.params.max_future_s:.0f} s ahead)")
+                          f"{self.params.max_future_s:.0f} s ahead)", "ts")
         if type(job_id) is not int or type(rank) is not int:
-            raise BadLine(f"'job_id' and 'rank' must be integers, got {job_id!r} and {rank!r}")
+            raise BadLine(f"'job_id' and 'rank' must be integers, got {job_id!r} and {rank!r}", "ids")
         if file_job is not None and job_id != file_job:
-            raise BadLine(f"'job_id' {job_id} in a file of job {file_job}")
+            raise BadLine(f"'job_id' {job_id} in a file of job {file_job}", "job")
+        if path is not None:
+            self._check_order(out, path, job_id, d)
         if "event" in d:
             event = d["event"]
             if not isinstance(event, str) or not event:
-                raise BadLine(f"'event' must be a non-empty string, got {event!r}")
+                raise BadLine(f"'event' must be a non-empty string, got {event!r}", "fields")
             fields = {k: v for k, v in d.items() if k not in ENVELOPE_KEYS}
             fields["rank"] = rank
             severity = "error" if event in ("nan_loss", "crash", "error") else "info"
             out.event("kpi", event, str(d.get("message", "")), severity, fields, ts=float(ts), job_ids=[job_id])
             return
         if "step" not in d:
-            raise BadLine("a line needs 'step' (metrics) or 'event'")
+            raise BadLine("a line needs 'step' (metrics) or 'event'", "fields")
         values = {}
         for key in METRIC_KEYS:
             v = d.get(key)
             if v is not None and not _number(v):
-                raise BadLine(f"{key!r} must be a number, got {v!r}")
+                raise BadLine(f"{key!r} must be a number, got {v!r}", "fields")
             values[key] = v
         if values["step"] is not None and not isinstance(values["step"], int):
-            raise BadLine(f"'step' must be an integer, got {values['step']!r}")
+            raise BadLine(f"'step' must be an integer, got {values['step']!r}", "fields")
         for key in ("loss", "grad_norm"):  # NaN/inf losses are data (collapse detection), stored as text payload
             v = values[key]
             if isinstance(v, float) and not math.isfinite(v):
@@ -191,6 +259,9 @@ class KpiCollector(Collector):
         payload = {k: v for k, v in d.items() if k not in METRIC_KEYS and k not in ENVELOPE_KEYS}
         out.kpi(float(ts), job_id, rank, values["step"], values["loss"], values["step_time_s"],
                 values["tokens_per_s"], values["mfu"], values["grad_norm"], payload)
+
+
+_RANK_FILE = re.compile(r"rank-\d+\..+\.jsonl")  # any node's file (a shared KPI directory holds every node's)
 
 
 def _job_of(path: str) -> int | None:

@@ -33,7 +33,7 @@ def make_controller(tmp_path, *, slurm=None, clock=None, rules=None, cfg=None, r
     cfg = cfg or ControllerConfig(db=str(tmp_path / "c.db"), log_dir=str(tmp_path / "log"),
                                   breaker=BreakerConfig(max_nodes=2, max_fraction=0.5))
     remediation = remediation or RemediationConfig(
-        max_failures=2, after_repair=[], validation=ValidationConfig(script=str(script), timeout_s=600),
+        max_failures=2, ack_kernel_log=False, validation=ValidationConfig(script=str(script), timeout_s=600),
         playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset", "hang"], timeout_s=300),
                    Playbook(name="manual", kind="manual")])
     ctl = Controller(cfg, conn=conn or open_db(cfg.db), slurm=slurm,

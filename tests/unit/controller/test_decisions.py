@@ -413,7 +413,7 @@ def test_after_repair_command_runs_before_validation(tmp_path):
     marker = tmp_path / "acked"
     script = tmp_path / "v.sbatch"
     script.write_text("#!/bin/sh\n")
-    rem = RemediationConfig(after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
+    rem = RemediationConfig(ack_kernel_log=False, after_repair=["sh", "-c", f"echo {{node}} > {marker}"],
                             validation=ValidationConfig(script=str(script)),
                             playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"]),
                                        Playbook(name="manual", kind="manual")])
@@ -663,7 +663,7 @@ def test_a_reboot_that_fails_validation_hands_the_node_to_people(tmp_path):
     """The reboot playbook's `then`: a node still failing validation after its reboot has a fault a reboot cannot
     fix (a part), so the next attempt waits for hands (manual), not for another reboot."""
     script = tmp_path / "validate.sbatch"
-    rcfg = RemediationConfig(max_failures=3, after_repair=[], validation=ValidationConfig(script=str(script)),
+    rcfg = RemediationConfig(max_failures=3, ack_kernel_log=False, validation=ValidationConfig(script=str(script)),
                              playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"],
                                                  then="manual"), Playbook(name="manual", kind="manual")])
     ctl, slurm, clock = make_controller(tmp_path, remediation=rcfg)

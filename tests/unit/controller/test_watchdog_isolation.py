@@ -898,3 +898,17 @@ def test_a_run_with_another_culprit_says_nothing_about_the_first(tmp_path):
         add_event(ctl.conn, n, clock() + 1, source="kpi", kind="start", job_ids=[1])
     _steps(ctl, clock, ("node1", "node4"), 8, 500.0)
     assert ctl.incidents.get(inc.id).status == "confirmed" and ctl.incidents.get(second.id).status == "confirmed"
+
+
+def test_a_declared_pause_is_no_hang_until_its_max_and_counts_as_progress():
+    """sigma.kpi's paused(): an evaluation of 10 minutes with heartbeats is no hang; an open pause past its max_s is;
+    the hang timer starts again at the pause's end."""
+    rows = kpi_rows(["node1", "node2"], NOW - 900, NOW - 600)
+    assert rule_ids(check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True)) == ["watchdog-hang"]
+    open_pause = (NOW - 599, NOW - 599 + 900)
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True, pause=open_pause) == []
+    past = (NOW - 599, NOW - 599 + 300)
+    assert rule_ids(check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True,
+                              pause=past)) == ["watchdog-hang"]
+    ended = (NOW - 60, NOW - 60)  # the pause_end a minute ago: 60 s without a step since, under the timeout
+    assert check_job(job(nodes=("node1", "node2")), rows, NOW, CFG, ever_reported=True, pause=ended) == []
