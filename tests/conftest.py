@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("SIGMA_DATA") or REPO.parent / "shared" / "data")  # $SIGMA_DATA: elsewhere
 
 
 def load_bench(name: str):

@@ -50,7 +50,7 @@ class IsolationConfig:
     # cluster's healthy rounds to keep within it; before its history supports that, a verdict only notifies
     comparable_ratio: float = 1.0  # a metric is judged against the peers where a node's deviation from them is
     # spread less than this times its own series, else against the node's own history alone
-    verify_after_s: float = 600.0  # after this long, check whether the requeued job recovered
+    verify_after_s: float = 600.0  # the requeued job must recover within this long of its restart
     recover_fraction: float = 0.8  # recovered = throughput back to this fraction of the pre-fault baseline
 
 
@@ -131,6 +131,8 @@ class Playbook:
     command: list[str] = field(default_factory=list)  # kind command: argv ('{node}' is replaced)
     webhook: str = ""  # kind ticket: URL the evidence is POSTed to (empty: journal only)
     timeout_s: float = 900.0  # reboot/command must finish within this long, else it counts as a failure
+    then: str = ""  # once this playbook's repair failed (validation, timeout), retry with that playbook instead
+    # (a reboot that did not bring the node back healthy: a part for hands to replace, not another reboot)
 
 
 @dataclass
@@ -160,6 +162,9 @@ class RemediationConfig:
         names = [p.name for p in self.playbooks]
         if self.default_playbook not in names:
             raise ValueError(f"default_playbook {self.default_playbook!r} is not one of the playbooks {names}")
+        for p in self.playbooks:
+            if p.then and p.then not in names:
+                raise ValueError(f"playbook {p.name!r}: then {p.then!r} is not one of the playbooks {names}")
 
     def playbook_for(self, rule_id: str, category: str, action: str) -> Playbook:
         by_name = {p.name: p for p in self.playbooks}

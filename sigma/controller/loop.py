@@ -119,6 +119,9 @@ class Controller:
         self.job_requeued = NewestPerKey(self.conn, "SELECT target, MAX(created_at) FROM actions WHERE kind = 'requeue'"
                                          " AND state != 'shadow' AND created_at >= ? GROUP BY target")
         self._behind_logged = 0.0
+        self._active: list[Rule] | None = None  # active_rules, listed again after a rule fails or a reload
+        self._placed: tuple | None = None  # (squeue's answer, where jobs run, running jobs, node -> their job ids)
+        self._nodes: tuple | None = None  # (sinfo's answer, name -> node, the silent ones)
         self._proc_judged: dict[int, float] = {}  # job -> when its processes were last judged
         self._proc_busy: set[tuple[int, float]] = set()  # (job, run start) whose processes were seen busy
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
@@ -149,12 +152,16 @@ class Controller:
 
     @property
     def active_rules(self) -> list[Rule]:
-        return [r for r in self.rules if r.enabled and r.id not in self.disabled]
+        """Read several times a tick; self.rules and self.disabled change only in reload and _rule_failed."""
+        if self._active is None:
+            self._active = [r for r in self.rules if r.enabled and r.id not in self.disabled]
+        return self._active
 
     def _rule_failed(self, rule: Rule, exc: Exception) -> None:
         """A rule that raises is disabled alone (until the next reload or restart); the others keep working."""
         error = f"{type(exc).__name__}: {exc}"
         self.disabled[rule.id] = {"error": error, "version": rule.version, "origin": rule.origin, "ts": self.clock()}
+        self._active = None
         self.windows.remove(rule.id)
         self._counts["rule_error", rule.id] += 1
         self._save_state("disabled_rules", self.disabled)
@@ -188,7 +195,7 @@ class Controller:
         self.rcfg = self.decider.rcfg = self.remediator.cfg = rcfg
         self.remediator.adopt_reasons = self.journal.executor.adopt_reasons = tuple(cfg.adopt_drain_reasons)
         self.journal.max_attempts = cfg.max_action_attempts
-        self.rules, self.disabled = rules, {}
+        self.rules, self.disabled, self._active = rules, {}, None
         if self._rules_path is not None:
             self._rules_path = resolve(cfg.rules, self.root)
             self._rules_stamp = self._stamp()
@@ -246,7 +253,7 @@ class Controller:
         t0 = time.monotonic()
         now = self.clock()
         self._reload_rules()
-        nodes = {n.name: n for n in self.slurm.nodes()}
+        nodes = self._node_map(self.slurm.nodes())
         jobs = self.slurm.jobs()
         self._snapshot(nodes, jobs, now)
         early: list[Finding] = []
@@ -294,11 +301,7 @@ class Controller:
         after them in the list)."""
         since = self.node_back.read()
         since_job = {int(job): ts for job, ts in self.job_requeued.read().items()}
-        running = [j for j in jobs if j.state in RUNNING_STATES]
-        jobs_on_node: dict[str, list[int]] = {}
-        for j in running:
-            for n in j.nodes:
-                jobs_on_node.setdefault(n, []).append(j.job_id)
+        running, jobs_on_node = self._placement(jobs)
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
                                          on_error=self._rule_failed)
@@ -322,19 +325,18 @@ class Controller:
             behind = {}
             watched = [j for j in running if since_job.get(j.job_id, 0.0) < j.start_time]
             newest_by_node = self._newest_data({n for j in watched for n in j.nodes})
-            for job in running:
-                if since_job.get(job.job_id, 0.0) < job.start_time:  # not while a requeue is on its way
-                    newest = min(now, max([newest_by_node[n] for n in job.nodes if newest_by_node.get(n)],
-                                          default=now))
-                    if now - newest > INGEST_BEHIND_S:
-                        behind[job.job_id] = now - newest
-                    # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
-                    # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
-                    # nodes all fell silent for longer is judged as before
-                    at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
-                    findings += self._watch(job, at, findings, since_job)
-                    if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
-                        findings += self._watch_processes(job, at)
+            for job in watched:  # not while a requeue is on its way
+                newest = min(now, max([newest_by_node[n] for n in job.nodes if newest_by_node.get(n)],
+                                      default=now)) if newest_by_node else now
+                if now - newest > INGEST_BEHIND_S:
+                    behind[job.job_id] = now - newest
+                # judged as of its data, so that ingest running behind (a backlog in the sidecars or here) does
+                # not look like a job that stopped stepping; at most hang_timeout_s behind now: a job whose
+                # nodes all fell silent for longer is judged as before
+                at = max(newest, now - self.cfg.watchdog.hang_timeout_s)
+                findings += self._watch(job, at, findings, since_job)
+                if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
+                    findings += self._watch_processes(job, at)
             ids = {j.job_id for j in running}
             self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
             self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
@@ -349,12 +351,41 @@ class Controller:
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
 
+    def _node_map(self, listed: list[Node]) -> dict[str, Node]:
+        """name -> node; SLURM's answer handed back unchanged (a simulated cluster's between changes) is not
+        mapped again."""
+        if self._nodes is None or self._nodes[0] is not listed:
+            self._nodes = (listed, {n.name: n for n in listed},
+                           [n for n in listed if "NOT_RESPONDING" in n.flags and not n.rebooting])
+        return self._nodes[1]
+
+    def _placement(self, jobs: list[Job]) -> tuple[list[Job], dict[str, list[int]]]:
+        """The running jobs, and node -> their job ids rebuilt only when where jobs run changed: on a quiet tick
+        of a 1,000-node cluster building the mapping was a quarter of the tick."""
+        if self._placed is not None and self._placed[0] is jobs:  # the same answer as last tick
+            return self._placed[2], self._placed[3]
+        running = [j for j in jobs if j.state in RUNNING_STATES]
+        key = tuple((j.job_id, j.nodes) for j in running)
+        if self._placed is None or self._placed[1] != key:
+            jobs_on_node: dict[str, list[int]] = {}
+            for j in running:
+                for n in j.nodes:
+                    if n in jobs_on_node:
+                        jobs_on_node[n].append(j.job_id)
+                    else:
+                        jobs_on_node[n] = [j.job_id]
+        else:
+            jobs_on_node = self._placed[3]
+        self._placed = (jobs, key, running, jobs_on_node)
+        return running, jobs_on_node
+
     def _not_responding(self, nodes: dict[str, Node], now: float) -> list[Finding]:
         """A node whose slurmd stopped answering (dead host, crashed daemon): SLURM would mark it DOWN after
         SlurmdTimeout and requeue its jobs with a BeginTime; taking it out now (drain, requeue, then DOWN: decide.py)
         restarts them sooner."""
         out = []
-        for n in nodes.values():
+        silent = self._nodes[2] if self._nodes is not None and self._nodes[1] is nodes else nodes.values()
+        for n in silent:
             if "NOT_RESPONDING" not in n.flags or n.rebooting or self.remediator.active(n.name):
                 continue  # our own reboots stop slurmd too
             out.append(Finding(rule_id="slurm-node-not-responding", source="slurm", scope="node", severity="error",
@@ -780,11 +811,16 @@ class Controller:
             verify = inc.evidence.get("verify")
             if not verify or inc.evidence.get("verification"):
                 continue
-            # only the run after the decision counts: steps of the old run (on the culprit) say nothing
+            # only the run after the decision counts: steps of the old run (on the culprit) say nothing; nor does
+            # a run that isolation found another culprit in (the job landed on a second faulty node): the run
+            # after that decision does
+            later = self.conn.execute(
+                "SELECT MAX(opened_at) FROM incidents WHERE source='isolation' AND job_id = ? AND opened_at > ? AND"
+                " status IN ('acted', 'resolved', 'confirmed')", (verify["job_id"], inc.opened_at)).fetchone()[0]
             restart = self.conn.execute(
                 "SELECT MIN(ts) FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts > ? AND"
                 " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?)",
-                (inc.opened_at, verify["job_id"])).fetchone()[0]
+                (later or inc.opened_at, verify["job_id"])).fetchone()[0]
             rows = [] if restart is None else [dict(r) for r in self.conn.execute(
                 f"SELECT {KPI_COLUMNS} FROM kpis WHERE job_id = ? AND ts > ? AND step IS NOT NULL ORDER BY ts",
                 (verify["job_id"], restart))]
@@ -794,12 +830,24 @@ class Controller:
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "confirmed", "note": note})
                 self.incidents.set_status(inc.id, "confirmed", note, close=inc.status == "resolved")
                 self.log.event("verify", f"CONFIRMED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
-            elif now - inc.opened_at > iso.verify_after_s:
-                note = f"job {verify['job_id']} did not recover within {iso.verify_after_s:.0f}s; node returned"
+            elif (since := self._verify_since(inc, restart)) is not None and now - since > iso.verify_after_s:
+                note = (f"job {verify['job_id']} did not recover within {iso.verify_after_s:.0f}s of "
+                        f"{'its restart' if since == restart else 'the decision'}; node returned")
                 self.incidents.add_evidence(inc.id, verification={"ts": now, "result": "misdiagnosed", "note": note})
                 self.incidents.set_status(inc.id, "misdiagnosed", note, close=True)
                 self.remediator.return_node(inc.node, f"misdiagnosed by isolation (incident {inc.id})")
                 self.log.event("verify", f"MISDIAGNOSED {inc.node} (incident {inc.id}): {note}", incident=inc.id)
+
+    def _verify_since(self, inc, restart: float | None) -> float | None:
+        """When the time to recover starts: the job's restart (its trainer's start or resume event after the
+        decision) for a job that announces its starts (a start event before the decision), since loading a large
+        checkpoint can outlast verify_after_s and a job not restarted yet is no evidence; for a job that announces
+        nothing, the decision."""
+        announces = self.conn.execute(
+            "SELECT 1 FROM events WHERE source='kpi' AND kind IN ('start','resume') AND ts <= ? AND"
+            " EXISTS (SELECT 1 FROM json_each(events.job_ids) WHERE value = ?) LIMIT 1",
+            (inc.opened_at, inc.evidence["verify"]["job_id"])).fetchone()
+        return restart if announces else inc.opened_at
 
     def _housekeeping(self, now: float, jobs: list[Job]) -> None:
         """Passive incidents close once their evidence has aged out of every rule window, or once the job run they
@@ -809,9 +857,13 @@ class Controller:
         with self.conn:
             self.conn.execute(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
                               f" {passive}", (now, now - stale))
+            # one statement per job with such an incident open, not per running job (a thousand-node cluster's
+            # hundred jobs, every tick)
+            about = {r[0] for r in self.conn.execute(f"SELECT DISTINCT job_id FROM incidents WHERE closed_at IS NULL"
+                                                     f" AND job_id IS NOT NULL AND {passive}")}
             self.conn.executemany(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND job_id = ? AND"
                                   f" updated_at < ? AND rule_id != 'watchdog-crash-loop' AND {passive}",
-                                  [(now, j.job_id, j.start_time) for j in jobs if j.start_time])
+                                  [(now, j.job_id, j.start_time) for j in jobs if j.start_time and j.job_id in about])
 
     def _snapshot(self, nodes: dict[str, Node], jobs: list[Job], now: float) -> None:
         periodic = now - self._last_snapshot_ts >= self.cfg.snapshot_every_s

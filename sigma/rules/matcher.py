@@ -218,6 +218,8 @@ class EventWindows:
         since, since_job, jobs_on_node = since or {}, since_job or {}, jobs_on_node or {}
         out: list[Finding] = []
         for rule in list(self.rules):
+            if not self.groups.get(rule.id):
+                continue  # nothing in its window: nothing to find (most rules on most ticks)
             try:
                 out += self._rule_findings(rule, now, since, jobs_on_node, since_job)
             except Exception as exc:  # noqa: BLE001

@@ -19,13 +19,19 @@ def register(sub) -> None:
     p.add_argument("--days", type=float, default=30.0, help="simulated days (default 30)")
     p.add_argument("--failures", default="lanl",
                    help="lanl (model fitted to the pooled LANL clusters), lanl:SYSTEM (fitted to one system), "
-                        "replay:SYSTEM (that system's real failure sequence), or a trace CSV (node,start,end,kind, "
-                        "or the LANL layout with --system)")
+                        "replay:SYSTEM (that system's real failure sequence), or a trace file: CSV node,start,end,"
+                        "kind, the LANL layout with --system, or InfiniteHBD's fault_trace.json")
     p.add_argument("--node-mtbf-h", type=float, default=None,
                    help="with a fitted model: keep its shape, scale the time between a node's failures to this mean "
                         "(a site's own rate; the rate differs tenfold between LANL systems, the shape much less)")
     p.add_argument("--system", type=int, help="with a LANL-layout trace file: the system to replay")
     p.add_argument("--lanl", default=None, help="the LANL failure records (default: $SIGMA_DATA/lanl, else ../shared/data/lanl)")
+    bad = p.add_mutually_exclusive_group()
+    bad.add_argument("--strict", dest="bad_rows", action="store_const", const="strict",
+                     help="a trace row that cannot be used is an error naming file, line and field (default)")
+    bad.add_argument("--skip-bad", dest="bad_rows", action="store_const", const="skip",
+                     help="skip such rows; the output says how many and which")
+    p.set_defaults(bad_rows="strict")
     p.add_argument("--overlaps", choices=("error", "merge"), default="error",
                    help="overlapping outages of one node in a trace: an error naming both rows, or merged")
     p.add_argument("--jobs", help="workload CSV (name,nodes,count,hours,checkpoint_min,restart_min,submit_h); "
@@ -39,11 +45,16 @@ def register(sub) -> None:
                    help="median minutes until a person notices a fault or picks up an escalation (lognormal)")
     p.add_argument("--reboot-min", type=float, default=10.0, help="reboot until slurmd is back (default 10)")
     p.add_argument("--validation-min", type=float, default=15.0, help="validation job length (default 15)")
+    p.add_argument("--timelines", type=int, default=3, metavar="N",
+                   help="print (and put in --json) the step-by-step timeline of the N faults longest out of "
+                        "service in each arm, and of its slowest detection and longest validation (default 3)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--plots", metavar="DIR", help="write utilisation.png and recovery.png there")
     p.add_argument("--db", default=":memory:", help="keep the simulated controller database here (sigma incidents "
                                                     "--db / sigma explain --db read it); default in memory")
-    p.add_argument("--fit", action="store_true", help="print the LANL fits (per system, pooled, held-out) and exit")
+    p.add_argument("--fit", action="store_true",
+                   help="print the LANL fits (per system, pooled, held-out) and exit; with --failures "
+                        "fault_trace.json also the model checked across fleets, both ways")
     p.add_argument("--verbose", action="store_true", help="print the controller's decision lines as they happen")
     p.set_defaults(func=run)
 
@@ -59,14 +70,32 @@ def lanl_path(arg: str | None) -> Path:
     return Path(data) / "lanl" / "failures-systems-2-10.csv"
 
 
+def fits(args: argparse.Namespace) -> dict:
+    """The LANL fits (per system, pooled, leave one system out) and, with a trace file in --failures, the model
+    checked across fleets both ways."""
+    from sigma.simulate import infinitehbd
+    from sigma.simulate.fit import across_fleets, fit_systems
+    from sigma.simulate.trace import BadRows, TraceError, read_lanl
+
+    bad = BadRows(skip=args.bad_rows == "skip")
+    systems = read_lanl(lanl_path(args.lanl), POOLED_SYSTEMS + [7], bad)
+    out = fit_systems(systems, POOLED_SYSTEMS)
+    if args.failures not in ("lanl",) and not args.failures.startswith(("lanl:", "replay:")):
+        if not infinitehbd.looks_like(args.failures):
+            raise TraceError(f"{args.failures}: --fit checks the model across fleets on InfiniteHBD's "
+                             f"fault_trace.json; a CSV trace is not read here")
+        other, _ = infinitehbd.read(args.failures, bad)
+        out["across_fleets"] = across_fleets(systems, POOLED_SYSTEMS, "infinitehbd", other)
+    if bad.skipped:
+        out["skipped_rows"] = bad.skipped
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from sigma.simulate.runner import simulate
 
     if args.fit:
-        from sigma.simulate.fit import fit_systems
-        from sigma.simulate.trace import read_lanl
-
-        print(json.dumps(fit_systems(read_lanl(lanl_path(args.lanl)), POOLED_SYSTEMS), indent=1))
+        print(json.dumps(fits(args), indent=1))
         return 0
     t0 = time.process_time()
     out = simulate(args)

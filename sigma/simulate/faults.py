@@ -8,7 +8,9 @@ Kernel-log faults other than the Xid take the same sidecar -> controller path as
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -16,47 +18,107 @@ from sigma.simulate.fit import FailureModel
 from sigma.simulate.trace import Outage
 
 
+LOG_DELAY_S = (1.0, 1.8)  # the soak's Xid row: a line on the node -> the sidecar -> the controller's tick
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
-    detect: str  # log: the rule's own line is ingested; slurm: slurmd stops answering; watchdog / isolation
-    rule: str  # the rule (log) or detector id that names the node
+    detect: str  # log / health: the rule's own event is ingested; slurm: slurmd stops answering; watchdog /
+    # isolation: seen only through a job running on the node; people: nothing Sigma reads sees it (people act)
+    rule: str  # the rule (log, health) or detector id that names the node
     delay_s: tuple[float, float]  # soak-measured detection delay range
     reboot_fixes: bool  # a reboot repairs it; otherwise hands-on repair (repair time from the model or trace)
     speed: float = 0.0  # how fast a job on the node still trains (a straggler slows it, the rest stop it)
+    what: str = ""  # the fault, in a few words (docs, --help)
+    reboot_first: bool | None = None  # what its symptom's published guidance says to try first (a person reads
+    # the same Xid as the policy: NVIDIA says reset for Xid 48/64 before a GPU is replaced); default reboot_fixes
+
+    @property
+    def tried_first(self) -> bool:
+        return self.reboot_fixes if self.reboot_first is None else self.reboot_first
+
+    @property
+    def job_only(self) -> bool:
+        """Shows only in a job's progress: on an idle node nobody (and no detector) can see it."""
+        return self.detect in ("watchdog", "isolation")
 
 
 KINDS = {k.name: k for k in (
-    Kind("xid", "log", "gpu-xid-79", (1.0, 1.8), True),
-    Kind("software", "log", "kernel-hung-task", (1.0, 1.8), True),
-    Kind("memory", "log", "memory-uncorrectable", (1.0, 1.8), False),
-    Kind("network", "log", "ib-port-down", (1.0, 1.8), False),
-    Kind("node-death", "slurm", "slurm-node-not-responding", (12.6, 26.0), False),
-    Kind("hang", "watchdog", "watchdog-hang", (6.8 - 20.0, 21.8 - 20.0), True),
-    Kind("straggler", "isolation", "isolation-outlier", (11.3, 15.6), True, speed=0.3),
+    Kind("xid", "log", "gpu-xid-79", LOG_DELAY_S, True, what="GPU fell off the bus: a reboot brings it back"),
+    Kind("gpu-memory", "log", "gpu-xid-repair", LOG_DELAY_S, False, reboot_first=True,
+         what="GPU memory past its retirement limit (Xid 64): reset first, as NVIDIA says; then a new GPU"),
+    Kind("software", "log", "kernel-hung-task", LOG_DELAY_S, True, what="kernel or driver hang: a reboot clears it"),
+    Kind("memory", "log", "memory-uncorrectable", LOG_DELAY_S, False, what="host DIMM: replaced"),
+    Kind("cpu", "log", "cpu-machine-check", LOG_DELAY_S, False, what="CPU or board machine check: hands-on"),
+    Kind("network", "log", "ib-port-down", LOG_DELAY_S, False, what="link, cable, transceiver or NIC: hands-on"),
+    Kind("health", "health", "health-prolog-failed", LOG_DELAY_S, False,
+         what="a health or stress check rejected the node: hands-on"),
+    Kind("node-death", "slurm", "slurm-node-not-responding", (12.6, 26.0), False,
+         what="the node went away (board, power, undetermined): hands-on"),
+    Kind("hang", "watchdog", "watchdog-hang", (6.8 - 20.0, 21.8 - 20.0), True, what="a rank hangs: a reboot clears it"),
+    Kind("straggler", "isolation", "isolation-outlier", (11.3, 15.6), True, speed=0.3,
+         what="the node slows its job (clocks, throttling): a reboot clears it"),
+    Kind("slow-part", "isolation", "isolation-outlier", (11.3, 15.6), False, speed=0.3,
+         what="a degraded part slows its job (PCIe or NIC link width or speed): hands-on"),
+    Kind("people", "people", "", (0.0, 0.0), False, speed=1.0,
+         what="nothing Sigma reads shows it (BMC sensors: fans, power supplies; planned work): people in both arms"),
 )}
 
 
 def log_events(rules) -> dict[str, dict]:
-    """For each log-detected kind, the event the real sidecar makes of its rule's first example line (through the
-    logtail collector, as bench/catalogue.py does); an error when the rule does not act on it."""
-    from sigma.rules.catalogue import FORMATS_BY_TARGET, sidecar_sections, target_of, try_line
+    """For each kind detected from its node's telemetry, the event the real sidecar makes of it: the rule's first
+    example line through the logtail collector (as bench/catalogue.py does), or a rejected health check through the
+    health collector; an error when the rule does not act on it."""
     from sigma.paths import configs_dir
+    from sigma.rules.catalogue import FORMATS_BY_TARGET, sidecar_sections, target_of, try_line
+    from sigma.rules.matcher import evaluate
 
     sections = sidecar_sections(configs_dir() / "telemetry.yaml")
     by_id = {r.id: r for r in rules}
     out = {}
     for kind in KINDS.values():
-        if kind.detect != "log":
+        if kind.detect not in ("log", "health"):
             continue
         rule = by_id.get(kind.rule)
-        if rule is None or not rule.examples:
+        if kind.detect == "health":
+            event = _health_event(rule, kind) if rule is not None and rule.health else None
+            acts = event is not None and any(f.rule_id == kind.rule for f in evaluate(
+                rules, now=event["ts"] + 1, events=[{**event, "id": 1, "node": "node1"}]))
+        elif rule is None or not rule.examples:
             raise ValueError(f"fault kind {kind.name}: the knowledge base has no rule {kind.rule!r} with an example")
-        outcome = try_line(rules, rule, rule.examples[0], FORMATS_BY_TARGET[target_of(rule)][0], sections)
-        if not outcome.events or not any(f.rule_id == rule.id for f in outcome.findings):
-            raise ValueError(f"fault kind {kind.name}: rule {rule.id} does not act on its own example line")
-        out[kind.name] = outcome.events[-1]
+        else:
+            outcome = try_line(rules, rule, rule.examples[0], FORMATS_BY_TARGET[target_of(rule)][0], sections)
+            event = outcome.events[-1] if outcome.events else None
+            acts = any(f.rule_id == rule.id for f in outcome.findings)
+        if not acts:
+            raise ValueError(f"fault kind {kind.name}: rule {kind.rule} does not act on the event it is known by")
+        out[kind.name] = event
     return out
+
+
+def _health_event(rule, kind: Kind) -> dict | None:
+    """The verdict event the real health collector makes of a rejected suite result (the suite the rule reads)."""
+    import tempfile
+
+    from sigma.telemetry.base import Context, Output
+    from sigma.telemetry.collectors.health import HealthCollector
+
+    suite = rule.health.suites[0] if rule.health.suites else "prolog"
+    with tempfile.TemporaryDirectory() as tmp:
+        collector = HealthCollector("health", HealthCollector.Params(dir=tmp, start_at="start"),
+                                    Context(node="node1", node_dir=tmp, host_root=tmp))
+        check = {"name": "gpu_burn", "status": "fail", "category": "accelerator", "message": kind.what}
+        (Path(tmp) / f"1000-{suite}.json").write_text(json.dumps({
+            "node": "node1", "ts": 1000.0, "suite": suite, "verdict": "reject", "checks": [check],
+            "issues": [{"check": "gpu_burn", "message": kind.what, "blocking": True, "category": "accelerator"}]}))
+        out = Output(ts=1000.0)
+        collector.collect(out)
+    for ts, source, kind_, severity, message, fields, job_ids in out.events:
+        if kind_ == f"suite.{suite}":
+            return {"ts": ts, "source": source, "kind": kind_, "severity": severity, "message": message,
+                    "fields": json.loads(fields), "job_ids": json.loads(job_ids) if job_ids else []}
+    return None
 
 
 def generate(model: FailureModel, nodes: int, start: float, end: float, rng: np.random.Generator) -> list[Outage]:

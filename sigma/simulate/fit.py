@@ -184,18 +184,38 @@ def fit_systems(systems: dict[int, list[Outage]], pooled: list[int]) -> dict:
     out["pooled"] = pooled_model("lanl", systems, pooled).to_dict()
     for s in pooled:
         rest = [o for t in pooled if t != s for o in systems[t]]
-        row = {}
-        for label, fn in (("uptime_h", uptimes_h), ("repair_h", repairs_h)):
-            held, train = fn(systems[s]), fn(rest)
-            if len(held) < 3:
-                continue
-            row[label] = {}
-            for f in FAMILIES:
-                others, own = fit(train, f), fit(held, f)
-                # the shape carried over, the level set by the held-out system's own median (its failure rate,
-                # which a site knows from its own records): does the *shape* generalise?
-                shape = others.scaled(float(np.median(held)) / others.median)
-                row[label][f] = {"others": round(ks(others, held), 4), "others_shape": round(ks(shape, held), 4),
-                                 "own": round(ks(own, held), 4)}
-        out["held_out"][s] = row
+        out["held_out"][s] = {label: scored(fn(rest), None, fn(systems[s]))
+                              for label, fn in (("uptime_h", uptimes_h), ("repair_h", repairs_h))
+                              if len(fn(systems[s])) >= 3}
+    return out
+
+
+def scored(train, weights, held) -> dict:
+    """Per family: the KS distance on `held` of the fit on `train` as is ("others"), of its shape at held's own
+    median ("others_shape": the level is the failure rate, which a site knows from its own records; does the
+    *shape* carry over?), and of held's own fit ("own", the floor)."""
+    row = {}
+    for f in FAMILIES:
+        others, own = fit(train, f, weights), fit(held, f)
+        shape = others.scaled(float(np.median(held)) / others.median)
+        row[f] = {"others": round(ks(others, held), 4), "others_shape": round(ks(shape, held), 4),
+                  "own": round(ks(own, held), 4)}
+    return row
+
+
+def across_fleets(systems: dict[int, list[Outage]], pooled: list[int], name: str, other: list[Outage]) -> dict:
+    """The failure model checked across fleets, both ways: fitted on the LANL clusters (each system weighing the
+    same, as `--failures lanl` does) and scored on another fleet's trace; fitted on that trace and scored on each
+    LANL system."""
+    out: dict = {"lanl_to_" + name: {}, name + "_to_lanl": {}}
+    for label, fn in (("uptime_h", uptimes_h), ("repair_h", repairs_h)):
+        parts = [fn(systems[s]) for s in pooled]
+        x = np.concatenate(parts)
+        w = np.concatenate([np.full(len(p), 1.0 / max(len(p), 1)) for p in parts])
+        held = fn(other)
+        out["lanl_to_" + name][label] = scored(x, w, held)
+        out[name + "_to_lanl"][label] = {s: scored(held, None, fn(systems[s])) for s in pooled
+                                         if len(fn(systems[s])) >= 3}
+    out[name] = {"outages": len(other), "nodes": len({o.node for o in other}),
+                 "uptime_h": best(uptimes_h(other)).to_dict(), "repair_h": best(repairs_h(other)).to_dict()}
     return out

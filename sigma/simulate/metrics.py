@@ -14,7 +14,7 @@ def _stats(values: list[float]) -> dict:
         return {"n": 0}
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
     return {"n": len(values), "mean": round(statistics.fmean(values), 1), "median": round(statistics.median(values), 1),
-            "p90": round(pick(0.9), 1), "max": round(values[-1], 1)}
+            "p90": round(pick(0.9), 1), "p99": round(pick(0.99), 1), "max": round(values[-1], 1)}
 
 
 def figures(r: Result) -> dict:
@@ -45,6 +45,7 @@ def figures(r: Result) -> dict:
         "nodes": r.nodes,
         "faults": r.faults,
         "faults_on_nodes_already_out": len(r.absorbed),
+        "faults_latent_at_end": r.latent,
         "utilisation": {"available": round(r.node_s["available"] / total, 4),
                         "allocated": round(r.node_s["allocated"] / total, 4),
                         "effective": round(kept / total, 4)},
@@ -53,6 +54,13 @@ def figures(r: Result) -> dict:
         "job_time_to_failure_s": _stats([run["fault"] - run["start"] for run in interrupted]),
         "job_recovery_s": _stats(recovery),
         "node_recycle_s": stages,
+        # the same measure in both arms, from each fault's timeline: every fault that took its node out of service
+        "fault_out_of_service_s": _stats([e.out_s(r.end) for e in r.episodes if e.out_at is not None]),
+        # ... less the repair by hand the fault needed (its recorded time): what detection, triage, reboots,
+        # tickets and validation added, the part automation can change
+        "fault_overhead_s": _stats([e.overhead_s(r.end) for e in r.episodes if e.back_at is not None]),
+        "fault_detect_s": _stats([e.detect_s for e in r.episodes]),
+        "fault_latent_s": _stats([e.shown_at - e.start for e in r.episodes if e.shown_at is not None]),
         "automation": r.automation or {"automatic": 0, "manual": len(r.recycle), "ratio": 0.0 if r.recycle else None},
         "escalations": r.escalations,
         "effective_training_time": round(job_kept / job_time, 4) if job_time else None,

@@ -26,6 +26,13 @@ def rows(out: dict) -> list[tuple[str, list[str]]]:
         ("job time to failure, median (h)", get(lambda a: _fmt((a["job_time_to_failure_s"].get("median") or 0) / 3600))),
         ("job recovery, median (s)", stat("job_recovery_s")),
         ("job recovery, p90 (s)", stat("job_recovery_s", "p90")),
+        ("job recovery, p99 (s)", stat("job_recovery_s", "p99")),
+        ("fault detected, median (s)", stat("fault_detect_s")),
+        ("fault detected, p99 (s)", stat("fault_detect_s", "p99")),
+        ("fault -> back in service, median (s)", stat("fault_out_of_service_s")),
+        ("fault -> back in service, p99 (s)", stat("fault_out_of_service_s", "p99")),
+        ("  beyond the repair by hand, median (s)", stat("fault_overhead_s")),
+        ("  beyond the repair by hand, p99 (s)", stat("fault_overhead_s", "p99")),
     ]
     for stage in ("detect", "triage", "repair", "validate", "total"):
         table.append((f"node recycle: {stage}, median (s)", get(lambda a: _fmt(a["node_recycle_s"][stage].get("median")))))
@@ -52,7 +59,28 @@ def table(out: dict) -> None:
     c.print(t)
     for note in out["notes"]:
         c.print(f"note: {note}")
+    for arm, a in out["arms"].items():
+        for line in timeline_lines(arm, a.get("timelines") or []):
+            c.print(line, markup=False, highlight=False)
     c.print(f"cpu {out.get('cpu_s', '-')} s")
+
+
+def timeline_lines(arm: str, timelines: list[dict]) -> list[str]:
+    """Each picked fault: why it was picked, then every step after the fault, as offsets from it."""
+    from sigma.simulate.timeline import duration
+
+    if not timelines:
+        return []
+    lines = [f"\n{arm} arm: the slowest faults, step by step"]
+    for t in timelines:
+        lines.append(f"- {t['why']}: {t['node']} {t['kind']}{' (' + t['detail'] + ')' if t['detail'] else ''} at "
+                     f"{t['start']} [{t['origin']}], out of service {duration(t['out_s'])}"
+                     f"{'' if t['back'] else ' (not back by the end)'}"
+                     + (f"; in remediation: {', '.join(f'{k} {duration(v)}' for k, v in t['states_s'].items())}"
+                        if t["states_s"] else ""))
+        for offset, text in t["events"]:
+            lines.append(f"    +{duration(offset):>12}  {text}")
+    return lines
 
 
 def plots(out: dict, directory: Path) -> list[Path]:

@@ -39,14 +39,16 @@ def simulate(args) -> dict:
         engine = Engine(arm=arm, names=names, outages=outages, specs=specs, start=start, end=end,
                         rng=np.random.default_rng(args.seed + 1), params=params, policy=policy,
                         log_events=log_events(rules) if arm == "policy" else None,
-                        db=args.db if arm == "policy" else ":memory:", verbose=args.verbose)
+                        db=args.db if arm == "policy" else ":memory:", verbose=args.verbose,
+                        timelines=args.timelines)
         result = engine.run()
-        arms[arm] = {**figures(result), "series": result.series,
+        arms[arm] = {**figures(result), "timelines": result.timelines, "series": result.series,
                      "recovery": [b["first_step"] - a["fault"] for j in result.jobs for a, b in zip(j.runs, j.runs[1:])
                                   if a.get("fault") is not None]}
         if result.absorbed:
-            notes.append(f"{arm}: {len(result.absorbed)} faults hit a node already out of service (counted once "
-                         f"with its outage): {', '.join(result.absorbed[:3])}{' ...' if len(result.absorbed) > 3 else ''}")
+            notes.append(f"{arm}: {len(result.absorbed)} faults hit a node already out of service (they joined its "
+                         f"outage, lengthened by a repair by hand that ends later): {', '.join(result.absorbed[:3])}"
+                         f"{' ...' if len(result.absorbed) > 3 else ''}")
     return {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "accelerators": args.nodes * args.gpus_per_node,
             "days": args.days, "start": _iso(start), "seed": args.seed, "failures": args.failures,
             "outages_in_period": sum(1 for o in outages if start <= o.start < end), "model": model,
@@ -56,39 +58,55 @@ def simulate(args) -> dict:
 
 
 def _failures(args, names):
+    from sigma.simulate import infinitehbd
     from sigma.simulate.cli import POOLED_SYSTEMS, lanl_path
     from sigma.simulate.faults import generate
     from sigma.simulate.fit import pooled_model
-    from sigma.simulate.trace import read_lanl, read_plain
+    from sigma.simulate.trace import BadRows, read_lanl, read_plain
 
     notes: list[str] = []
     spec = args.failures
     start = _start(args.start) if args.start else None
     rng = np.random.default_rng(args.seed)
+    bad = BadRows(skip=args.bad_rows == "skip")
     if spec == "lanl" or spec.startswith("lanl:"):
-        systems = read_lanl(lanl_path(args.lanl))
-        chosen = POOLED_SYSTEMS if spec == "lanl" else [_system(spec, systems)]
+        chosen = POOLED_SYSTEMS if spec == "lanl" else [_system(spec)]
+        systems = read_lanl(lanl_path(args.lanl), chosen, bad)
         model = pooled_model(spec, systems, chosen)
         if args.node_mtbf_h:  # the fitted shape, at the site's own failure rate
             model.uptime_h = model.uptime_h.scaled(args.node_mtbf_h / model.uptime_h.mean)
         start = start or _start(None)
         outages = generate(model, args.nodes, start, start + args.days * 86400.0, rng)
-        return outages, model.to_dict(), start, notes
+        return outages, model.to_dict(), start, _skipped(bad, notes)
     if spec.startswith("replay:"):
-        system = _system(spec, None)
-        outages = read_lanl(lanl_path(args.lanl), system)[system]
+        system = _system(spec)
+        outages = read_lanl(lanl_path(args.lanl), system, bad)[system]
     elif args.system is not None:
-        outages = read_lanl(spec, args.system)[args.system]
+        outages = read_lanl(spec, args.system, bad)[args.system]
+    elif infinitehbd.looks_like(spec):
+        outages, ids = infinitehbd.read(spec, bad)
+        if len(ids) > args.nodes:
+            raise TraceError(f"{spec}: the trace has {len(ids)} nodes; the cluster has {args.nodes} (pass --nodes "
+                             f"{len(ids)} or more)")
+        start = start or infinitehbd.DAY0
     else:
-        outages = read_plain(spec, names)
-        return _checked(outages, args, notes), None, start or min((o.start for o in outages), default=_start(None)), notes
+        outages = read_plain(spec, names, bad)
+        return (_checked(outages, args, notes), None,
+                start or min((o.start for o in outages), default=_start(None)), _skipped(bad, notes))
     too_big = [o for o in outages if o.node >= args.nodes]
     if too_big:
         raise TraceError(f"{too_big[0].origin}: node {too_big[0].node} does not exist in a cluster of {args.nodes} "
                          f"nodes (the trace has nodes up to {max(o.node for o in outages)}; pass --nodes "
                          f"{max(o.node for o in outages) + 1})")
     outages = _checked(outages, args, notes)
-    return outages, None, start or outages[0].start, notes
+    return outages, None, start or outages[0].start, _skipped(bad, notes)
+
+
+def _skipped(bad, notes: list[str]) -> list[str]:
+    if bad.skipped:
+        notes.insert(0, f"skipped {len(bad.skipped)} unusable rows (--skip-bad): {'; '.join(bad.skipped[:3])}"
+                        f"{' ...' if len(bad.skipped) > 3 else ''}")
+    return notes
 
 
 def _checked(outages, args, notes):
@@ -102,14 +120,11 @@ def _checked(outages, args, notes):
     return check(outages)
 
 
-def _system(spec: str, systems) -> int:
+def _system(spec: str) -> int:
     try:
-        system = int(spec.split(":", 1)[1])
+        return int(spec.split(":", 1)[1])
     except ValueError:
-        raise TraceError(f"--failures {spec}: the system must be a number (LANL systems 2-10)") from None
-    if systems is not None and system not in systems:
-        raise TraceError(f"--failures {spec}: no LANL system {system}; have {sorted(systems)}")
-    return system
+        raise TraceError(f"--failures {spec}: the system must be a number (a LANL system, 2-24)") from None
 
 
 def _start(text: str | None) -> float:

@@ -73,7 +73,12 @@ class SimSlurm:
         self.next_id = 1
         self.calls = 0
         self._nodes_cache: list[Node] | None = None
-        self.version = 0  # bumped on every node or reservation change (the engine caches its counts on it)
+        self._jobs_cache: list[Job] | None = None  # squeue's answer until the engine says something changed
+        self.version = 0  # bumped on every node or reservation change
+        # kept up to date on every change rather than counted over the whole cluster at each event
+        self.available = len(names)  # nodes in service outside a reservation
+        self.allocated = 0  # ... running a job
+        self.free = set(names)  # nodes a job may start on: in service, nothing running (reserved or not)
 
     # ---------- queries ----------
     def nodes(self) -> list[Node]:
@@ -87,8 +92,12 @@ class SimSlurm:
         return self.node_map[name]
 
     def jobs(self, job_ids=()) -> list[Job]:
-        ids = set(job_ids)
-        return [j.view() for j in self.live.values() if not ids or j.job_id in ids]
+        if job_ids:
+            ids = set(job_ids)
+            return [j.view() for j in self.live.values() if j.job_id in ids]
+        if self._jobs_cache is None:
+            self._jobs_cache = [j.view() for j in self.live.values()]
+        return self._jobs_cache
 
     def job(self, job_id: int) -> Job | None:
         j = self.live.get(int(job_id))
@@ -103,9 +112,19 @@ class SimSlurm:
 
     # ---------- node actions ----------
     def set_node(self, name: str, **changes) -> None:
-        self.node_map[name] = dataclasses.replace(self.node_map[name], **changes)
+        old = self.node_map[name]
+        n = self.node_map[name] = dataclasses.replace(old, **changes)
         self._nodes_cache = None
         self.version += 1
+        if name not in self.reserved:
+            self.available += n.available - old.available
+            self.allocated += bool(n.alloc_cpus) - bool(old.alloc_cpus)
+        if n.available and not n.alloc_cpus:
+            self.free.add(name)
+        else:
+            self.free.discard(name)
+        if name in self.engine.tl.open:  # a fault's timeline runs until the node is back in service
+            self.engine.tl.service(name, n.available and name not in self.reserved)
 
     def add_flag(self, name: str, flag: str) -> None:
         self.set_node(name, flags=tuple(sorted(set(self.node_map[name].flags) | {flag})))
@@ -173,13 +192,15 @@ class SimSlurm:
             # the real client waits REQUEUE_SETTLE_S after the requeue (a relaunch in the same second is killed)
             j.begin_at = max(self.engine.now, j.requeued_at + REQUEUE_SETTLE_S)
             j.reason = "None"
-            self.engine.at(j.begin_at, self.engine.changed)
+            self.jobs_changed()
+            self.engine.at(j.begin_at, self.engine.due)
             self.engine.changed()
 
     def release(self, job_id: int) -> None:
         j = self.job_map[int(job_id)]
         if j.state == "PENDING":
             j.reason = "None"
+            self.jobs_changed()
             self.engine.changed()
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:
@@ -191,8 +212,7 @@ class SimSlurm:
         self.calls += 1
         for n in nodes:
             self.res[name] = n
-            self.reserved[n] = name
-            self.version += 1
+            self._count_reserved(n, name)
             self.add_flag(n, "MAINTENANCE")
         self.engine.changed()
 
@@ -200,10 +220,22 @@ class SimSlurm:
         self.calls += 1
         node = self.res.pop(name, None)
         if node is not None:
-            self.reserved.pop(node, None)
-            self.version += 1
+            self._count_reserved(node, None)
             self.drop_flag(node, "MAINTENANCE")
         self.engine.changed()
+
+    def _count_reserved(self, node: str, reservation: str | None) -> None:
+        """A node enters (or leaves) a reservation: out of (back in) the counts of nodes in service."""
+        was = node in self.reserved
+        if reservation is None:
+            self.reserved.pop(node, None)
+        else:
+            self.reserved[node] = reservation
+        if was != (reservation is not None):
+            n, sign = self.node_map[node], -1 if reservation is not None else 1
+            self.available += sign * n.available
+            self.allocated += sign * bool(n.alloc_cpus)
+        self.version += 1
 
     def submit(self, script, *sbatch_args: str, wrap=None, script_args=()) -> int:
         """Only validation jobs are submitted by the controller: `--reservation=R -w NODE --job-name=N`."""
@@ -223,9 +255,15 @@ class SimSlurm:
         job.begin_at = self.engine.now
         self.job_map[job.job_id] = self.live[job.job_id] = job
         self.next_id += 1
+        self.jobs_changed()
         return job
 
     def retire(self, job: SimJob) -> None:
         """The job has left squeue for good (a finished validation job)."""
         job.state = "DONE"
         del self.live[job.job_id]
+        self.jobs_changed()
+
+    def jobs_changed(self) -> None:
+        """A job's state, reason, nodes or times changed (squeue's answer is built again when next asked)."""
+        self._jobs_cache = None

@@ -1,8 +1,9 @@
 """Failure traces: outages (node, start, end, kind) read from a file, every bad row named.
 
-Two layouts are read: the LANL failure records (`System,...,nodenumz,...,Prob Started,Prob Fixed,Down Time,<blame
-columns>`; one system chosen) and a plain CSV `node,start,end,kind` (times as epoch seconds or ISO dates, `end` the
-time the node was repaired, empty for a fault that needs no repair beyond a reboot).
+Layouts read: the LANL failure records as published (`System,...,nodenumz,...,Prob Started,Prob Fixed,Down Time,
+<blame columns>`, every system in one file; the systems asked for are kept), a plain CSV `node,start,end,kind`
+(times as epoch seconds or ISO dates, `end` the time the node was repaired, empty for a fault that needs no repair
+beyond a reboot), and StepFun's InfiniteHBD fault trace (sigma.simulate.infinitehbd).
 """
 
 from __future__ import annotations
@@ -11,13 +12,27 @@ import calendar
 import contextlib
 import csv
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 
-
 class TraceError(ValueError):
     """Bad input in a trace, workload or model file; the message names the file and row."""
+
+
+class BadRows:
+    """What a reader does with a row it cannot use: strict (the default) raises naming the file, line and field;
+    otherwise the row is skipped and kept here, so the run can say how many were skipped and which."""
+
+    def __init__(self, skip: bool = False):
+        self.skip = skip
+        self.skipped: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        if not self.skip:
+            raise TraceError(message + " (--skip-bad skips such rows and counts them)")
+        self.skipped.append(message)
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,7 @@ class Outage:
     end: float | None  # repaired at (None: no recorded repair time)
     kind: str  # fault kind (sigma.simulate.faults.KINDS)
     origin: str  # "file:line", for errors and the report
+    detail: str = ""  # the trace's own words for the fault (a LANL blame, an InfiniteHBD description)
 
     @property
     def repair_s(self) -> float | None:
@@ -44,10 +60,18 @@ def lanl_kind(row: dict) -> str:
     return "node-death"  # facilities, human error, undetermined: the node went away
 
 
-def read_lanl(path: str | Path, system: int | None = None) -> dict[int, list[Outage]]:
-    """Outages per LANL system (node = `nodenumz`); `system` keeps one. Bad timestamps raise naming the row;
-    overlaps are left to the caller (`check` or `merge_overlaps`): the public records have a few."""
+LANL_BLAME = ("Facilities", "Hardware", "Human Error", "Network", "Undetermined", "Software")
+
+
+def read_lanl(path: str | Path, systems: int | Iterable[int] | None = None,
+              bad: BadRows | None = None) -> dict[int, list[Outage]]:
+    """Outages per LANL system (node = `nodenumz`), the published file with every system or a part of it.
+    `systems` keeps those (default all); a row of another system is never judged beyond its System column (system
+    17 has no node numbers). A row that cannot be used is `bad` (default: an error naming file, line and field).
+    Overlaps are left to the caller (`check` or `merge_overlaps`): the public records have a few."""
     path = Path(path)
+    bad = bad or BadRows()
+    keep = None if systems is None else ({systems} if isinstance(systems, int) else set(systems))
     out: dict[int, list[Outage]] = {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -57,25 +81,39 @@ def read_lanl(path: str | Path, system: int | None = None) -> dict[int, list[Out
         for line, row in enumerate(reader, start=2):
             where = f"{path}:{line}"
             try:
-                sys_id, node = int(row["System"]), int(row["nodenumz"])
+                sys_id = int(row["System"])
             except (TypeError, ValueError):
-                raise TraceError(f"{where}: System and nodenumz must be integers, got {row['System']!r}, "
-                                 f"{row['nodenumz']!r}") from None
-            if system is not None and sys_id != system:
+                bad(f"{where}: System {row['System']!r} is not a system number")
                 continue
-            start = _lanl_time(row["Prob Started"], where, "Prob Started")
-            end = _lanl_time(row["Prob Fixed"], where, "Prob Fixed")
-            out.setdefault(sys_id, []).append(Outage(node, start, end, lanl_kind(row), where))
-    if system is not None and system not in out:
-        raise TraceError(f"{path}: no records of system {system}")
+            if keep is not None and sys_id not in keep:
+                continue
+            try:
+                node = int(row["nodenumz"])
+            except (TypeError, ValueError):
+                bad(f"{where}: nodenumz {row['nodenumz']!r} is not a node number (system {sys_id})")
+                continue
+            try:
+                start = _lanl_time(row["Prob Started"], where, "Prob Started")
+                end = _lanl_time(row["Prob Fixed"], where, "Prob Fixed")
+                _ordered(start, end, where)
+            except TraceError as exc:
+                bad(str(exc))
+                continue
+            blame = next((f"{c}: {row[c]}" for c in LANL_BLAME if row.get(c)), "")
+            out.setdefault(sys_id, []).append(Outage(node, start, end, lanl_kind(row), where, blame))
+    for s in sorted(keep or ()):
+        if s not in out:
+            raise TraceError(f"{path}: no usable records of system {s}" + (
+                f" ({len(bad.skipped)} skipped as unusable; the first: {bad.skipped[0]})" if bad.skipped else ""))
     return {k: sorted(v, key=lambda o: (o.start, o.node)) for k, v in out.items()}
 
 
-def read_plain(path: str | Path, node_names: list[str]) -> list[Outage]:
+def read_plain(path: str | Path, node_names: list[str], bad: BadRows | None = None) -> list[Outage]:
     """A `node,start,end,kind` CSV onto the simulated nodes (names as `sigma simulate` gives them: node0001...)."""
     from sigma.simulate.faults import KINDS
 
     path = Path(path)
+    bad = bad or BadRows()
     index = {n: i for i, n in enumerate(node_names)}
     out = []
     with open(path, newline="") as f:
@@ -85,23 +123,30 @@ def read_plain(path: str | Path, node_names: list[str]) -> list[Outage]:
             raise TraceError(f"{path}:1: missing columns {sorted(missing)} (a trace has node,start,end,kind)")
         for line, row in enumerate(reader, start=2):
             where = f"{path}:{line}"
-            if row["node"] not in index:
-                raise TraceError(f"{where}: unknown node {row['node']!r} (the cluster has {node_names[0]} .. "
-                                 f"{node_names[-1]})")
-            if row["kind"] not in KINDS:
-                raise TraceError(f"{where}: unknown fault kind {row['kind']!r}; valid: {', '.join(KINDS)}")
-            start = _plain_time(row["start"], where, "start")
-            end = _plain_time(row["end"], where, "end") if (row["end"] or "").strip() else None
+            try:
+                if row["node"] not in index:
+                    raise TraceError(f"{where}: unknown node {row['node']!r} (the cluster has {node_names[0]} .. "
+                                     f"{node_names[-1]})")
+                if row["kind"] not in KINDS:
+                    raise TraceError(f"{where}: unknown fault kind {row['kind']!r}; valid: {', '.join(KINDS)}")
+                start = _plain_time(row["start"], where, "start")
+                end = _plain_time(row["end"], where, "end") if (row["end"] or "").strip() else None
+                _ordered(start, end, where)
+            except TraceError as exc:
+                bad(str(exc))
+                continue
             out.append(Outage(index[row["node"]], start, end, row["kind"], where))
     return sorted(out, key=lambda o: (o.start, o.node))  # overlaps: `check` or `merge_overlaps`
 
 
+def _ordered(start: float, end: float | None, where: str) -> None:
+    if end is not None and end < start:
+        raise TraceError(f"{where}: outage ends before it starts ({_iso(end)} < {_iso(start)})")
+
+
 def check(outages: list[Outage]) -> list[Outage]:
-    """Sorted by start; an inverted outage or two overlapping outages of one node are errors naming both rows."""
+    """Sorted by start; two overlapping outages of one node are an error naming both rows."""
     last: dict[int, Outage] = {}
-    for o in outages:
-        if o.end is not None and o.end < o.start:
-            raise TraceError(f"{o.origin}: outage ends before it starts ({_iso(o.end)} < {_iso(o.start)})")
     for o in sorted(outages, key=lambda o: (o.node, o.start)):
         prev = last.get(o.node)
         if prev is not None and o.start < (prev.end if prev.end is not None else prev.start):
@@ -122,7 +167,8 @@ def merge_overlaps(outages: list[Outage]) -> tuple[list[Outage], list[str]]:
         i = last.get(o.node)
         if i is not None and o.start < (out[i].end if out[i].end is not None else out[i].start):
             prev = out[i]
-            out[i] = Outage(o.node, prev.start, max(prev.end or prev.start, o.end or o.start), prev.kind, prev.origin)
+            out[i] = Outage(o.node, prev.start, max(prev.end or prev.start, o.end or o.start), prev.kind, prev.origin,
+                            prev.detail)
             folded.append(o.origin)
             continue
         last[o.node] = len(out)

@@ -95,7 +95,7 @@ def test_shared_data_sets_are_found_through_sigma_data(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SIGMA_DATA", str(tmp_path))
     assert lanl_path(None) == tmp_path / "lanl" / "failures-systems-2-10.csv"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--nodes", "4", "--days", "1"],
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "simulate.py"), "--only", "speed"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and f"no LANL failure records at {tmp_path}/lanl" in proc.stderr
 

@@ -189,11 +189,20 @@ class Decider:
             limit = breaker_limit(total, b.max_nodes, b.max_fraction)
             return ("rule", f"circuit breaker: {len(same_rule | {node})} nodes with {f.rule_id} in "
                             f"{b.window_s:.0f}s exceeds {limit}; escalated instead of draining", sorted(same_rule))
-        out = self.incidents.nodes_out(window_start, DRAINED_STATUSES) | self.remediator.nodes_out()
-        if wave_trips(node, out, total, b.wave_max_nodes, b.wave_max_fraction):
+        # a wave is nodes taken out inside the window; nodes still in a long hands-on repair from before are not
+        # one (on a large cluster there are always some), but they count against the share of the cluster out
+        recent = self.incidents.nodes_out(window_start, DRAINED_STATUSES)
+        if wave_trips(node, recent, total, b.wave_max_nodes, b.wave_max_fraction):
             limit = breaker_limit(total, b.wave_max_nodes, b.wave_max_fraction)
-            return ("wave", f"global limit: {len(out | {node})} nodes out of service in {b.window_s:.0f}s (all "
-                            f"rules, watchdog, isolation) exceeds {limit}; escalated instead of draining", sorted(out))
+            return ("wave", f"global limit: {len(recent | {node})} nodes out of service in {b.window_s:.0f}s (all "
+                            f"rules, watchdog, isolation) exceeds {limit}; escalated instead of draining",
+                    sorted(recent))
+        out = recent | self.remediator.nodes_out()
+        if wave_trips(node, out, total, total, b.wave_max_fraction):
+            limit = breaker_limit(total, total, b.wave_max_fraction)
+            return ("wave", f"global limit: {len(out | {node})} nodes out of service (in remediation or taken out "
+                            f"in {b.window_s:.0f}s) exceeds {limit}, {b.wave_max_fraction:.0%} of the cluster; "
+                            f"escalated instead of draining", sorted(out))
         return None
 
     def _escalate(self, f: Finding, node: str, guard: str, note: str, nodes_out: list[str]) -> Incident:

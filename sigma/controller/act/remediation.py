@@ -298,7 +298,13 @@ class Remediator:
             if lc.incident_id:
                 self.incidents.set_status(lc.incident_id, "escalated", note)
         else:
-            self._move(lc, "remediating", f"{note}; retry {failures}/{self.cfg.max_failures}")
+            then = self._playbook(lc).then
+            if then and then != lc.playbook:  # what this playbook can do did not help: the next one's turn
+                with self.conn:
+                    self.conn.execute("UPDATE node_lifecycle SET playbook=? WHERE node=?", (then, lc.node))
+                lc.playbook = then
+            self._move(lc, "remediating", f"{note}; retry {failures}/{self.cfg.max_failures}"
+                                          f"{f' with playbook {then}' if then else ''}")
 
     def _fail_if_late(self, lc: Lifecycle, row, timeout_s: float, note: str) -> None:
         if row.state == "failed" or self.clock() - row.created_at > timeout_s:

@@ -7,7 +7,8 @@ et al., Microsoft, 2025, https://arxiv.org/abs/2512.13488), computed from the co
 - job recovery time: interruption (fault) -> first training step after the resume (KPIs), and the part after
   the requeue decision;
 - node recycling time (Table 5) split into detect (fault -> incident), triage (incident -> remediation starts:
-  drain + jobs leave), repair (-> validation starts), validate (-> resumed);
+  drain + jobs leave), repair (time in remediating), validate (time in validating); a failed validation sends the
+  node back to remediating, so a cycle's second repair counts as repair, not as validation;
 - automation ratio (Table 7): incidents handled end to end without a person / all that needed handling.
 """
 
@@ -101,7 +102,9 @@ def recycling(conn: sqlite3.Connection, since: float) -> list[dict]:
         c = cycles[(r["node"], r["cycle"])]
         c.setdefault(r["to_state"], r["ts"])
         c["incident"] = c.get("incident") or r["incident_id"]
-        c["last"] = r["to_state"]
+        if c.get("last") in ("remediating", "validating"):  # time in each state, added up over the cycle
+            c[f"in_{c['last']}"] = c.get(f"in_{c['last']}", 0.0) + r["ts"] - c["since"]
+        c["last"], c["since"] = r["to_state"], r["ts"]
     out = []
     for (node, cycle), c in cycles.items():
         inc = conn.execute("SELECT fault_ts, opened_at, rule_id FROM incidents WHERE id = ?",
@@ -112,9 +115,9 @@ def recycling(conn: sqlite3.Connection, since: float) -> list[dict]:
             if "remediating" in c:
                 row["triage_s"] = round(c["remediating"] - inc["opened_at"], 2)
         if "remediating" in c and "validating" in c:
-            row["repair_s"] = round(c["validating"] - c["remediating"], 2)
+            row["repair_s"] = round(c["in_remediating"], 2)
         if "validating" in c and "resumed" in c:
-            row["validate_s"] = round(c["resumed"] - c["validating"], 2)
+            row["validate_s"] = round(c["in_validating"], 2)
         if inc and "resumed" in c:
             row["total_s"] = round(c["resumed"] - inc["fault_ts"], 2)
         out.append(row)

@@ -174,3 +174,23 @@ def test_html_report_renders_in_headless_chromium(scenario, tmp_path):
     blended = np.round(255 - 0.35 * (255 - fill)).astype(int)
     painted = sum(int((np.abs(pixels - c).sum(axis=-1) <= 12).sum()) for c in (fill, blended))
     assert painted > 2000, f"the plots did not render: {painted} plot-coloured pixels in {shot}"
+
+
+def test_recycling_counts_a_second_repair_as_repair_not_validation(tmp_path):
+    """A validation that fails (a new fault, a repair that did not take) sends the node back to remediating: the
+    cycle's repair and validation are the time spent in each state, not first-entry to resumed."""
+    from sigma.controller.db import open_db
+    from sigma.controller.report.metrics import recycling
+
+    conn = open_db(str(tmp_path / "c.db"))
+    with conn:
+        conn.execute("INSERT INTO incidents (key, opened_at, updated_at, rule_id, source, scope, node, severity,"
+                     " action, summary, fault_ts, status) VALUES ('k', 100, 100, 'ib-port-down', 'rule', 'node',"
+                     " 'node1', 'error', 'drain+ticket', 'x', 99, 'resolved')")
+        for ts, to in ((100, "drained"), (101, "waiting_jobs"), (130, "remediating"), (3730, "validating"),
+                       (4630, "remediating"), (90_000, "validating"), (90_900, "resumed")):
+            conn.execute("INSERT INTO lifecycle_transitions (node, cycle, ts, to_state, incident_id) VALUES"
+                         " ('node1', 1, ?, ?, 1)", (ts, to))
+    (c,) = recycling(conn, 0)
+    assert (c["detect_s"], c["triage_s"], c["repair_s"], c["validate_s"]) == (1, 30, 3600 + 85_370, 900 + 900)
+    assert c["total_s"] == c["detect_s"] + c["triage_s"] + c["repair_s"] + c["validate_s"]

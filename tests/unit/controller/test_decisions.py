@@ -5,6 +5,7 @@ import json
 import pytest
 
 from sigma.controller.act.journal import Journal
+from sigma.controller.config import Playbook, RemediationConfig, ValidationConfig
 from sigma.controller.db import open_db
 from sigma.controller.act.guards import breaker_limit, breaker_trips, crash_looping
 
@@ -656,3 +657,32 @@ def test_a_node_set_down_comes_back_only_through_validation(tmp_path):
     slurm.finish_job(job.job_id, rc=0)
     assert run_until(ctl, clock, lambda: ctl.remediator.get("node2").state == "resumed")
     assert slurm.node("node2").available and slurm.count("set_down") == 1
+
+
+def test_a_reboot_that_fails_validation_hands_the_node_to_people(tmp_path):
+    """The reboot playbook's `then`: a node still failing validation after its reboot has a fault a reboot cannot
+    fix (a part), so the next attempt waits for hands (manual), not for another reboot."""
+    script = tmp_path / "validate.sbatch"
+    rcfg = RemediationConfig(max_failures=3, ack_kernel_log=False, validation=ValidationConfig(script=str(script)),
+                             playbooks=[Playbook(name="reboot", kind="reboot", categories=["gpu-reset"],
+                                                 then="manual"), Playbook(name="manual", kind="manual")])
+    ctl, slurm, clock = make_controller(tmp_path, remediation=rcfg)
+    xid79(ctl.conn, "node3", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    slurm.finish_reboot("node3", clock())
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    slurm.finish_job(next(j.job_id for j in slurm.jobs() if j.name.startswith("sigma-validate")), rc=1)
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node3").playbook == "manual")
+    for _ in range(5):
+        ctl.tick()
+        clock.advance(600)
+    assert slurm.count("reboot") == 1 and ctl.remediator.get("node3").state == "remediating"
+    assert "waiting for an admin" in (tmp_path / "log" / "decisions.log").read_text()
+    ctl.remediator.mark_repaired("node3")
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 2)
+    slurm.finish_job(next(j.job_id for j in slurm.jobs() if j.name == "sigma-validate-node3-c1-f1"), rc=0)
+    assert run_until(ctl, clock, lambda: ctl.remediator.get("node3").state == "resumed")
+    assert ctl.incidents.query(node="node3")[0].status == "resolved"
+    with pytest.raises(ValueError, match="then 'rma' is not one of the playbooks"):
+        RemediationConfig(playbooks=[Playbook(name="reboot", kind="reboot", then="rma"),
+                                     Playbook(name="manual", kind="manual")])

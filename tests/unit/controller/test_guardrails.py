@@ -9,6 +9,7 @@ from sigma.controller.config import BreakerConfig, ControllerConfig
 from sigma.findings import Finding
 from sigma.slurm.types import Node
 
+from tests.unit.controller.fakes import FakeSlurm
 from tests.unit.controller.helpers import add_event, make_controller, xid79
 
 
@@ -139,3 +140,30 @@ def test_an_escalation_is_visible_in_explain_and_on_metrics(tmp_path, capsys, mo
     reg = CollectorRegistry()
     reg.register(CountsCollector(ctl))
     assert 'sigma_controller_guard_total{guard="wave"} 1.0' in generate_latest(reg).decode()
+
+
+def test_nodes_in_a_long_repair_are_not_a_wave_but_count_against_the_share_out(tmp_path):
+    """A wave is nodes taken out inside the window: nodes still waiting for hands-on repair from days ago are
+    not one (a large cluster always has some), but they count toward wave_max_fraction of the cluster out."""
+    nodes = tuple(f"node{i}" for i in range(1, 9))
+    ctl, slurm, clock = make_controller(tmp_path, slurm=FakeSlurm(nodes), cfg=wave_cfg(
+        tmp_path, max_nodes=8, max_fraction=1.0, wave_max_nodes=2, wave_max_fraction=0.5))
+    for node in ("node1", "node2", "node3"):  # a day ago, still in remediation (manual playbook: parts)
+        add_event(ctl.conn, node, clock() - 1, kind="xid", fields={"xid": 74}, message="NVRM: Xid 74")
+    ctl.tick()
+    assert sum(n.drained for n in slurm.nodes()) == 2  # two at once: the wave limit
+    clock.advance(86400)
+    add_event(ctl.conn, "node3", clock() - 1, kind="xid", fields={"xid": 74}, message="NVRM: Xid 74 again")
+    xid79(ctl.conn, "node4", clock() - 1)
+    ctl.tick()
+    assert slurm.node("node4").drained  # node1, node2 still out since yesterday: not a wave
+    out = sorted(n.name for n in slurm.nodes() if n.drained)
+    assert len(out) == 3 and all(ctl.remediator.active(n) for n in out)
+    for node in ("node5", "node6"):  # hours apart: no wave; the 5th of 8 nodes out is more than half
+        clock.advance(7200)
+        xid79(ctl.conn, node, clock() - 1)
+        ctl.tick()
+    assert slurm.node("node5").drained
+    (inc,) = ctl.incidents.query(node="node6")
+    assert inc.status == "escalated" and not slurm.node("node6").drained
+    assert "5 nodes out of service" in inc.status_note and "50% of the cluster" in inc.status_note

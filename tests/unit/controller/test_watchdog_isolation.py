@@ -9,6 +9,8 @@ from sigma.controller.detect.samples import bucket_stats
 from sigma.controller.detect.isolation import Streaks, pick_outlier, score, score_nodes
 from sigma.controller.detect.watchdog import JobInfo, check_job
 
+from sigma.findings import Finding
+
 from tests.unit.controller.helpers import add_event, add_kpi, calibrated, make_controller
 
 NOW = 1_000_000.0
@@ -886,6 +888,73 @@ def test_a_pipeline_s_busier_last_stage_is_no_straggler_and_a_held_one_is():
     assert waited_for_node(nodes, usual)[0] is None
     stopped = _pipeline_rows(lambda n: 0.45 if n == "node3" else 0.2, lambda n: 0.3 if n == "node3" else 0.0)
     assert waited_for_node(nodes, stopped)[0] == "node3"
+
+
+def _straggler_decided(tmp_path, announce=True):
+    """node2 drained as the straggler of a 2-node job whose trainer announces its starts (a start event)."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    ctl.cfg.isolation.verify_after_s = 60
+    _two_node_job(ctl, slurm, clock, slow_wait=lambda t, n: 0.4 if n == "node1" else 0.02)
+    if announce:
+        for n in ("node1", "node2"):
+            add_event(ctl.conn, n, clock() - 900, source="kpi", kind="start", job_ids=[1])
+    for _ in range(2):
+        ctl.tick()
+        clock.advance(1)
+    (inc,) = [i for i in ctl.incidents.query() if i.rule_id == "isolation-outlier"]
+    assert inc.node == "node2" and slurm.node("node2").drained
+    return ctl, slurm, clock, inc
+
+
+def _steps(ctl, clock, nodes, n, tokens_per_s):
+    for k in range(n):
+        clock.advance(2)
+        for i, node in enumerate(nodes):
+            add_kpi(ctl.conn, node, clock(), 1, i, 2000 + k, tokens_per_s=tokens_per_s, step_time_s=2.0)
+        ctl.tick()
+
+
+def test_verification_waits_for_a_restart_longer_than_verify_after_s(tmp_path):
+    """A requeued job that takes longer than verify_after_s to load its checkpoint has shown nothing yet: the
+    deadline counts from its restart (the trainer's start event), so a slow restart is no misdiagnosis."""
+    ctl, slurm, clock, inc = _straggler_decided(tmp_path)
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3"), start_time=int(clock()) + 1)
+    for _ in range(5):  # five minutes loading the checkpoint, five times verify_after_s
+        clock.advance(60)
+        ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "acted" and slurm.node("node2").drained
+    for n in ("node1", "node3"):
+        add_event(ctl.conn, n, clock(), source="kpi", kind="start", job_ids=[1])
+    _steps(ctl, clock, ("node1", "node3"), 8, 500.0)
+    assert ctl.incidents.get(inc.id).status == "confirmed"
+    # a job whose trainer announces nothing is judged verify_after_s after the decision, as before
+    (tmp_path / "quiet").mkdir()
+    ctl, slurm, clock, inc = _straggler_decided(tmp_path / "quiet", announce=False)
+    clock.advance(61)
+    ctl.tick()
+    assert ctl.incidents.get(inc.id).status == "misdiagnosed"
+
+
+def test_a_run_with_another_culprit_says_nothing_about_the_first(tmp_path):
+    """The requeued job landed on a second faulty node and isolation took that one out too: that run is no
+    evidence against the first decision; the run after the second decision is."""
+    ctl, slurm, clock, inc = _straggler_decided(tmp_path)
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node3"), start_time=int(clock()) + 1)
+    for n in ("node1", "node3"):
+        add_event(ctl.conn, n, clock() + 1, source="kpi", kind="start", job_ids=[1])
+    clock.advance(20)
+    second = ctl.incidents.open(Finding(rule_id="isolation-outlier", source="isolation", scope="node",
+                                        severity="error", action="drain", summary="node3 is the culprit",
+                                        first_ts=clock(), last_ts=clock(), node="node3", job_id=1,
+                                        category="isolation", evidence={"verify": {"job_id": 1, "baseline": 500}}),
+                                "acted")
+    _steps(ctl, clock, ("node1", "node3"), 40, 1000.0 / 3)  # slow: node3 is faulty too; 80 s, past the deadline
+    assert ctl.incidents.get(inc.id).status == "acted"  # not misdiagnosed on node3's run
+    slurm.set_job(1, state="RUNNING", nodes=("node1", "node4"), start_time=int(clock()) + 1)
+    for n in ("node1", "node4"):
+        add_event(ctl.conn, n, clock() + 1, source="kpi", kind="start", job_ids=[1])
+    _steps(ctl, clock, ("node1", "node4"), 8, 500.0)
+    assert ctl.incidents.get(inc.id).status == "confirmed" and ctl.incidents.get(second.id).status == "confirmed"
 
 
 def test_a_declared_pause_is_no_hang_until_its_max_and_counts_as_progress():
