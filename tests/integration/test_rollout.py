@@ -77,3 +77,6 @@ def test_observe_then_one_rule_acts(slurm, cluster, tmp_path):
     finally:
         sigma("stack", "down")
         (cluster.state_dir / "etc" / "health.yaml").unlink(missing_ok=True)
+        for f in stack.db.parent.glob(stack.db.name + "*"):  # its observed incidents are no later test's
+            f.unlink()
+        stack.controller_config.unlink(missing_ok=True)
