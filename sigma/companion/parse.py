@@ -270,6 +270,23 @@ class Lexicon:
                     return n, self.phrases[k], [x for x, w in zip(nums, k) if w == "#"]
         return 0, [], []
 
+    def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
+        """A measure's verb and its object on either side of a superlative ("lost the most time" is "lost time",
+        ranked): (the superlative's length, the object's length, the measure meanings), or (0, 0, []). Only a
+        phrase that names a measure joins across it, so the object's word is never read apart from its verb."""
+        stems = [*stems[:i], *_determined(tuple(stems[i:]))]
+        for r in (2, 1):
+            if not (i + 1 + r < len(stems) and all(free[i:i + 1 + r]) and any(
+                    m.kind == "rank" for m in self.phrases.get(tuple(stems[i + 1:i + 1 + r]), []))):
+                continue
+            start = i + 1 + r
+            for k in range(min(self.longest - 1, len(stems) - start), 0, -1):
+                found = [m for m in self.phrases.get((stems[i], *stems[start:start + k]), []) if m.kind == "measure"]
+                if found and all(free[start:start + k]):
+                    return r, k, found
+            return 0, 0, []
+        return 0, 0, []
+
 
 def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
     """The phrase with each determiner as one word: "the deadline", "its deadline" and "their deadline" are one."""
@@ -295,6 +312,11 @@ def _cmp(m: re.Match) -> tuple[str, float, str]:
     if base == "step":
         return op, value, "steps"
     return op, value, "%" if unit in ("%", "percent") else ""
+
+
+def _kind_of(unit: str) -> str:
+    """A measure's unit as a comparison names it: a duration in seconds whatever its unit."""
+    return "s" if unit in ("s", "min", "h") else unit
 
 
 def _likes(value) -> list[str]:
@@ -416,6 +438,14 @@ class Parser:
             if not free[i]:
                 i += 1
                 continue
+            r, k, meanings = self.lexicon.split_measure(stems, i, free)
+            if k:   # the superlative between them stays free: it is read next, as itself
+                for x in (i, *range(i + 1 + r, i + 1 + r + k)):
+                    free[x] = False
+                obj = q[tokens[i + 1 + r].start:tokens[i + r + k].end]
+                spans.append(Span(i, i + 1 + r + k, f"{tokens[i].text} … {obj}", meanings))
+                i += 1
+                continue
             n, meanings, nums = self.lexicon.match(stems, i, free)
             if n:
                 for k in range(i, i + n):
@@ -429,7 +459,11 @@ class Parser:
                 i += 1
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
-        spans.sort(key=lambda s: s.start)
+        for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
+            if s.text == "time":
+                s.meanings = [m for m in s.meanings if m.kind != "times"]
+        leftovers += [s.text for s in spans if not s.meanings]
+        spans = sorted((s for s in spans if s.meanings), key=lambda s: s.start)
         if any(m.kind == "rule" for s in spans for m in s.meanings):  # "xid errors", "prolog failures"
             for s in spans:
                 if all(tokens[k].stem in WEAK_NOUNS for k in range(s.start, s.end)):
@@ -502,7 +536,8 @@ class Parser:
         parsed = self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
         if not parsed.unknown:
             others = [(best, pick) for pick in self._choices(best, spans)]
-            others += [(ent, None) for ent in self._readings(best, spans, keys, present)]
+            others += [(ent, pick) for ent in self._readings(best, spans, keys, present)
+                       for pick in [None, *self._choices(ent, spans)]]
             for ent, pick in others:
                 other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
                 if not other.unknown:
@@ -769,6 +804,8 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if q.cmp and q.measure and {q.cmp[2], _kind_of(q.measure.unit)} >= {"steps", "s"}:
+            unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
         if negate:

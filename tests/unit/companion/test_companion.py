@@ -187,6 +187,34 @@ def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answ
     assert e.status == "fact" and "node_snapshots" in e.sql and e.text.startswith("Yes" if now else "No")
 
 
+def test_time_lost_is_answered_with_the_time_lost_or_not_as_fact(conn):
+    """'time' names a time measure: never the steps lost in its place, nor the count 'times'."""
+    def most(per):   # the keys with the largest total time lost, and that total
+        return values(conn, f"WITH t AS (SELECT {per} AS k, SUM(l.time_lost_s) AS v FROM job_losses l JOIN incidents i "
+                            "ON i.id = l.incident_id WHERE k IS NOT NULL GROUP BY k) SELECT k, v FROM t "
+                            "WHERE v = (SELECT MAX(v) FROM t)")
+    for question, per in (("which node lost the most time?", "i.node"), ("which job lost the most time?", "l.job_id"),
+                          ("which node lost the most training time?", "i.node")):
+        a = q(conn, question)
+        assert a.status == "fact" and values_of(a) == most(per), (question, a.text)
+    a = q(conn, "time lost per node")
+    assert a.status == "fact" and values_of(a) == values(
+        conn, "SELECT i.node, SUM(l.time_lost_s) FROM job_losses l JOIN incidents i ON i.id = l.incident_id "
+              "WHERE i.node IS NOT NULL GROUP BY i.node")
+    steps = q(conn, "which node lost the most steps?")   # the KPIs' account and the controller's agree here
+    assert steps.status == "fact" and sorted(r[0] for r in steps.rows) == [r[0] for r in values(
+        conn, "WITH t AS (SELECT i.node AS k, SUM(l.steps_lost) AS v FROM job_losses l JOIN incidents i ON "
+              "i.id = l.incident_id WHERE i.node IS NOT NULL GROUP BY k) SELECT k FROM t WHERE v = (SELECT MAX(v) "
+              "FROM t)")]
+    # steps or time, unsaid: asked back; a word not understood ("cost"): not an answer
+    for question in ("which node lost the most?", "which rule cost the most time?"):
+        assert q(conn, question).status in ("clarify", "partial"), question
+
+
+def values_of(a):
+    return sorted(tuple(round(v, 3) if isinstance(v, float) else v for v in r) for r in a.rows)
+
+
 def test_one_value_of_several_rows_is_the_default_an_admin_means_and_says_so(conn):
     outages = values(conn, "SELECT COUNT(*), SUM((SELECT MIN(r.ts) FROM lifecycle_transitions r WHERE r.node = d.node "
                            "AND r.cycle = d.cycle AND r.to_state = 'resumed') - d.ts) FROM lifecycle_transitions d "
