@@ -48,6 +48,11 @@ class Node:
         """slurmd stopped answering, not for a reboot, and SLURM has not set the node DOWN yet."""
         return "NOT_RESPONDING" in self.flags and self.state != "down" and not self.rebooting
 
+    def started_since(self, ts: float) -> bool:
+        """slurmd (or the host) started at or after ts. SLURM keeps whole seconds, so a start within ts's own second
+        counts: a reboot can take less than a second, and a start stamped 12 for one at 12.4 is no earlier one."""
+        return max(self.slurmd_start_time, self.boot_time) >= int(ts)
+
     @property
     def available(self) -> bool:
         """Schedulable: up, responding, not drained, not waiting for a reboot."""

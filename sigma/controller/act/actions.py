@@ -91,7 +91,7 @@ class SlurmActions:
         n = self.slurm.node(node)
         if (held := admin_hold(n, self.adopt_reasons)) is not None:  # the journal may replay a planned reboot
             raise Skip(f"taken out by someone else ({n.state}, {held!r}); never rebooted by sigma")
-        if n.rebooting or n.slurmd_start_time > params["planned_at"]:
+        if n.rebooting or n.started_since(params["planned_at"]):
             return "reboot already requested or done"
         self.slurm.reboot([node], next_state="DOWN", reason=params["reason"])
         return "reboot requested (ASAP, nextstate=DOWN)"

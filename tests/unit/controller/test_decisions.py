@@ -341,6 +341,19 @@ def test_remediation_reboot_validate_resume(tmp_path):
     assert slurm.count("drain") == 1
 
 
+def test_a_reboot_done_within_the_second_it_was_planned_in_is_seen(tmp_path):
+    """SLURM stamps slurmd's start in whole seconds: a reboot that took less than a second carries the very second
+    it was planned in, and is the reboot all the same (it was once waited for until the remediation timed out)."""
+    ctl, slurm, clock = make_controller(tmp_path)
+    xid79(ctl.conn, "node3", clock() - 1)
+    assert run_until(ctl, clock, lambda: slurm.count("reboot") == 1)
+    planned = json.loads(ctl.conn.execute("SELECT params FROM actions WHERE kind = 'reboot'").fetchone()[0])
+    slurm.finish_reboot("node3", clock())
+    slurm.set_node("node3", slurmd_start_time=int(planned["planned_at"]))
+    assert run_until(ctl, clock, lambda: slurm.count("submit") == 1)
+    assert ctl.remediator.get("node3").state == "validating"
+
+
 def test_remediation_survives_restart_and_escalates_after_k_failures(tmp_path):
     ctl, slurm, clock = make_controller(tmp_path)  # max_failures=2
     xid79(ctl.conn, "node3", clock() - 1)
