@@ -24,7 +24,9 @@ NEW_SIGNATURE = "nvme0: controller fatal status 0x13, resetting controller (CSTS
 def test_new_log_signature_is_learned_promoted_and_then_caught_in_seconds(slurm, cluster, tmp_path):
     kb = tmp_path / "rules"
     shutil.copytree(configs_dir() / "rules", kb)
-    with Pipeline(cluster, tmp_path / "pipeline", rules=str(kb)) as p:
+    # two nodes with the learned rule within the hour (node2's observed hit, decided again once the rule is live,
+    # and node3's new line): the breaker's share of this 4-node cluster allows two
+    with Pipeline(cluster, tmp_path / "pipeline", rules=str(kb), controller={"breaker": {"max_fraction": 0.5}}) as p:
         def cli(*args, check=True):
             out = subprocess.run([SIGMA, *args], env=p.env, capture_output=True, text=True, timeout=120)
             assert not check or out.returncode == 0, out.stdout + out.stderr
@@ -66,6 +68,9 @@ def test_new_log_signature_is_learned_promoted_and_then_caught_in_seconds(slurm,
             rules("promote", cid, "--live")
             log = p.dir / "log" / "controller.jsonl"
             wait_for(lambda: log.read_text().count("RELOAD applied") >= 2, timeout=30, what="the live rule loaded")
+            # node2's hit, observed while the rule was on trial and still current, is decided again now it acts
+            wait_for(lambda: slurm.node("node2").drained, timeout=30, what="node2's observed hit decided again")
+            assert f"REDECIDE node2 ({cid})" in (p.dir / "log" / "decisions.log").read_text()
             second = chaos("node3")
             node = wait_for(lambda: (n := slurm.node("node3")).drained and n, timeout=30, what="node3 drained")
             assert node.reason.startswith("sigma: learn-") and cid in node.reason
