@@ -1,5 +1,5 @@
-"""A short chaos soak: the platform up, a 2-node training job, one fault of each kind that works end to end (the log
-kind samples one catalogue signature; bench/chaos_soak.py runs them all).
+"""A short chaos soak: the platform up, a 2-node training job, one fault down each path into the platform (the log
+kind samples one catalogue signature; bench/chaos_soak.py runs every kind).
 
 Runs bench/chaos_soak.py's code on the test cluster, so the soak doubles as the end-to-end test of the whole loop:
 inject -> detect -> act on the right node -> the training job resumes from its checkpoint -> the node comes back.
@@ -14,8 +14,11 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-# Kinds the platform handles end to end today (see the soak section of the README for the others).
-KINDS = ["xid", "hang", "straggler", "node-death", "prolog", "nan", "log"]
+# One fault of each path into the platform: the watchdog (hang), the node health checks (prolog) and the kernel log
+# (a catalogue signature). Every kind runs end to end in its own integration test (xid, node death and NaN in
+# test_jit_checkpoint, straggler in test_isolation) and all of them in `make soak`; this run keeps the soak's own
+# machinery (inject, score, undo, the report) tested within the suite's time.
+KINDS = ["hang", "prolog", "log"]
 
 
 def _soak_module():
