@@ -16,8 +16,10 @@ The engine (sigma.simulate.engine) owns time and tells this class what the hardw
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 
 from sigma.slurm.client import REQUEUE_SETTLE_S, sigma_reason
@@ -68,6 +70,7 @@ class SimSlurm:
         self.job_map: dict[int, SimJob] = {}  # every job ever, for the figures
         self.live: dict[int, SimJob] = {}  # those not DONE: what queries and the scheduler walk
         self.records: dict[int, AccountingRecord] = {}
+        self._ended: list[tuple[int, int]] = []  # (end time, job id) of the records, in the order they ended
         self.res: dict[str, str] = {}  # reservation -> node
         self.reserved: dict[str, str] = {}  # node -> reservation
         self.next_id = 1
@@ -104,8 +107,19 @@ class SimSlurm:
         return j.view() if j is not None else None
 
     def accounting(self, job_ids=(), since=None, duplicates=False) -> list[AccountingRecord]:
-        ids = set(job_ids)
-        return [r for j, r in self.records.items() if not ids or j in ids]
+        """sacct: the given jobs' records, or those that ended at or after `since` (sacct --starttime, local
+        time): looked up, not walked, since the records grow with every validation over years."""
+        if job_ids:
+            return [self.records[j] for j in job_ids if j in self.records]
+        first = 0 if since is None else bisect.bisect_left(
+            self._ended, time.mktime(time.strptime(since, "%Y-%m-%dT%H:%M:%S")), key=lambda e: e[0])
+        return [self.records[j] for _, j in self._ended[first:]]
+
+    def record(self, rec: AccountingRecord) -> None:
+        """A job ended (the engine's clock only moves forward: the list stays in end-time order)."""
+        if rec.job_id not in self.records:
+            self._ended.append((rec.end_time, rec.job_id))
+        self.records[rec.job_id] = rec
 
     def reservations(self) -> list[str]:
         return sorted(self.res)
