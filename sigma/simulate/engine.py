@@ -138,7 +138,8 @@ class SimController(Controller):
         """Node snapshots feed `sigma report`'s utilisation; the simulation integrates utilisation exactly."""
 
     def _newest_data(self, nodes):
-        """No node sends telemetry samples in the simulation: the answer the real query gives here, without it."""
+        """No node sends telemetry samples in the simulation: the answer the real query gives here, without it
+        (nor listing the nodes)."""
         return {}
 
 
