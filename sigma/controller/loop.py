@@ -114,6 +114,8 @@ class Controller:
         self._proc_judged: dict[int, float] = {}  # job -> when its processes were last judged
         self._proc_busy: set[tuple[int, float]] = set()  # (job, run start) whose processes were seen busy
         self._kpi_jobs: set[int] = set()  # running jobs known to write KPI lines
+        self._judged_for: list[Job] | None = None  # the running jobs the three above were last pruned to
+        self._stale: tuple = (None, None, 0.0)  # (rules, policy, when a passive incident is stale)
         self._since_job_cache: tuple = (-1, {})  # (job_requeued.version, job -> when last requeued)
         self._watched_cache: tuple = (None, -1, [])  # (running jobs, job_requeued.version, the jobs watched)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
@@ -325,10 +327,12 @@ class Controller:
                 findings += self._watch(job, at, findings, since_job)
                 if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
                     findings += self._watch_processes(job, at)
-            ids = {j.job_id for j in running}
-            self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
-            self._kpi_jobs &= ids
-            self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
+            if running is not self._judged_for:  # jobs that left: forgotten (the same jobs: nothing left)
+                ids = {j.job_id for j in running}
+                self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
+                self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
+                self._kpi_jobs &= ids
+                self._judged_for = running
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
@@ -781,7 +785,10 @@ class Controller:
         """Passive incidents close once their evidence has aged out of every rule window, or once the job run they
         were about has ended (a requeued job's new run starts with a clean slate; a crash loop spans runs)."""
         passive = "status IN ('recorded','notified','shadow','escalated')"
-        stale = max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0
+        if self._stale[0] is not self.rules or self._stale[1] is not self.cfg:  # a reload changed them
+            self._stale = (self.rules, self.cfg,
+                           max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0)
+        stale = self._stale[2]
         with self.conn:
             self.conn.execute(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
                               f" {passive}", (now, now - stale))
