@@ -286,7 +286,6 @@ class HealthyFeed:
         self.previous: dict[str, list[tuple]] = {}  # node -> its previous slice's rows (a counter's continuity)
         # (nodes, features) -> (when, lone weights, the quantiles behind them)
         self._weights: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
-        self._quiet: tuple = (None, 0.0)  # (the running jobs, when the first of them is due) after a tick none was
 
     def update(self, now: float, jobs: Iterable, findings: Iterable, active: Callable[[str], bool]) -> int:
         """jobs: the running jobs (job_id, nodes); findings: this tick's (a job or node named in one is under
@@ -296,16 +295,12 @@ class HealthyFeed:
         # each job once per every_s, at most NODES_PER_TICK nodes a tick (at least one job): the slices of a large
         # cluster are read over several ticks, not in one
         due, budget = [], NODES_PER_TICK
-        if jobs is not self._quiet[0] or now >= self._quiet[1]:  # else the same jobs, none due yet
-            order = sorted((j for j in jobs if len(j.nodes) >= 3), key=lambda j: self.next_at.get(j.job_id, 0.0))
-            for j in order:
-                if now < self.next_at.get(j.job_id, 0.0) or (due and len(j.nodes) > budget):
-                    break
-                due.append(j)
-                budget -= len(j.nodes)
-                self.next_at[j.job_id] = now + self.every_s
-            if not due:  # none is before the soonest of them: until then a tick with the same jobs skips the sort
-                self._quiet = (jobs, self.next_at.get(order[0].job_id, 0.0) if order else float("inf"))
+        for j in sorted((j for j in jobs if len(j.nodes) >= 3), key=lambda j: self.next_at.get(j.job_id, 0.0)):
+            if now < self.next_at.get(j.job_id, 0.0) or (due and len(j.nodes) > budget):
+                break
+            due.append(j)
+            budget -= len(j.nodes)
+            self.next_at[j.job_id] = now + self.every_s
         jobs = due
         if len(self.next_at) > 4 * NODES_PER_TICK * 64:  # jobs long gone
             self.next_at = {k: v for k, v in self.next_at.items() if v > now - self.every_s}
