@@ -475,9 +475,8 @@ class Engine:
     def _record(self, j: SimJob, state: str, rc: int) -> None:
         from sigma.slurm.types import AccountingRecord
 
-        self.slurm.record(AccountingRecord(job_id=j.job_id, name=j.name, state=state,
-                                                        nodes=(j.validation_of,), start_time=int(j.start_time),
-                                                        end_time=int(self.now), return_code=rc))
+        self.slurm.record(AccountingRecord(job_id=j.job_id, name=j.name, state=state, nodes=(j.validation_of,),
+                                           start_time=int(j.start_time), end_time=int(self.now), return_code=rc))
 
     # ---------- faults ----------
     def fault(self, o: Outage) -> None:
