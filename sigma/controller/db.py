@@ -150,6 +150,16 @@ CONTROLLER_MIGRATIONS: list[Migration] = [
             answered_at REAL);                -- the answer (or the deadline) was seen
         CREATE INDEX node_requests_node ON node_requests (node, deadline);
     """),
+    ("0180_open_cycles_and_incident_actions", """
+        -- A tick reads the remediation cycles under way: only those rows, not every node the cluster ever
+        -- remediated (the query names these states as literals, so the planner can use this index).
+        CREATE INDEX node_lifecycle_unfinished ON node_lifecycle (node)
+            WHERE state NOT IN ('resumed', 'escalated', 'admin', 'returned');
+        -- An incident's actions of one kind: with only (incident_id) the planner took (kind, created_at) and
+        -- walked every requeue ever made.
+        CREATE INDEX actions_incident_kind ON actions (incident_id, kind);
+        DROP INDEX actions_incident;
+    """),
 ]
 
 MIGRATIONS: list[Migration] = INGEST_MIGRATIONS + CONTROLLER_MIGRATIONS

@@ -9,7 +9,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sigma.controller.act.actions import HELD_REASONS, SlurmActions
@@ -124,6 +124,11 @@ class Controller:
         self._nodes: tuple | None = None  # (sinfo's answer, name -> node, the silent ones)
         self._proc_judged: dict[int, float] = {}  # job -> when its processes were last judged
         self._proc_busy: set[tuple[int, float]] = set()  # (job, run start) whose processes were seen busy
+        self._kpi_jobs: set[int] = set()  # running jobs known to write KPI lines
+        self._judged_for: list[Job] | None = None  # the running jobs the three above were last pruned to
+        self._stale: tuple = (None, None, 0.0)  # (rules, policy, when a passive incident is stale)
+        self._since_job_cache: tuple = (-1, {})  # (job_requeued.version, job -> when last requeued)
+        self._watched_cache: tuple = (None, -1, [])  # (running jobs, job_requeued.version, the jobs watched)
         self._last_event_id: int | None = None  # events matched so far (None: read the rule windows first)
         self._backfill: tuple[int, int, list[str] | None] | None = None  # (lowest id, next id down, rule ids)
         self.http_port: int | None = None
@@ -300,7 +305,7 @@ class Controller:
         """Every finding of this tick; early(the rule findings) is called before the job checks start (they come
         after them in the list)."""
         since = self.node_back.read()
-        since_job = {int(job): ts for job, ts in self.job_requeued.read().items()}
+        since_job = self._since_job()
         running, jobs_on_node = self._placement(jobs)
         self._match_new_events(now)
         findings = self.windows.findings(now, since=since, jobs_on_node=jobs_on_node, since_job=since_job,
@@ -323,8 +328,8 @@ class Controller:
         if self.cfg.watchdog.enabled:
             self._update_kpi_window(now)
             behind = {}
-            watched = [j for j in running if since_job.get(j.job_id, 0.0) < j.start_time]
-            newest_by_node = self._newest_data({n for j in watched for n in j.nodes})
+            watched = self._watched(running, since_job)
+            newest_by_node = self._newest_data(n for j in watched for n in j.nodes)
             for job in watched:  # not while a requeue is on its way
                 newest = min(now, max([newest_by_node[n] for n in job.nodes if newest_by_node.get(n)],
                                       default=now)) if newest_by_node else now
@@ -337,9 +342,12 @@ class Controller:
                 findings += self._watch(job, at, findings, since_job)
                 if self.cfg.watchdog.process_hang and job.state == "RUNNING":  # not SUSPENDED: SLURM stopped it
                     findings += self._watch_processes(job, at)
-            ids = {j.job_id for j in running}
-            self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
-            self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
+            if running is not self._judged_for:  # jobs that left: forgotten (the same jobs: nothing left)
+                ids = {j.job_id for j in running}
+                self._proc_judged = {j: t for j, t in self._proc_judged.items() if j in ids}
+                self._proc_busy = {run for run in self._proc_busy if run[0] in ids}
+                self._kpi_jobs &= ids
+                self._judged_for = running
             if behind and now - self._behind_logged >= 60.0:
                 self._behind_logged = now
                 self.log.event("ingest_behind", f"INGEST BEHIND: the newest data of {len(behind)} job(s)' nodes is up "
@@ -350,6 +358,22 @@ class Controller:
                 self._calibration_rounds(now, running, findings)
         self._save_state("isolation_streaks", self.streaks.state)
         return findings
+
+    def _since_job(self) -> dict[int, float]:
+        """job -> when it was last requeued, rebuilt only after a new requeue (the map grows with every job)."""
+        requeued = self.job_requeued.read()
+        if self._since_job_cache[0] != self.job_requeued.version:
+            self._since_job_cache = (self.job_requeued.version, {int(job): ts for job, ts in requeued.items()})
+        return self._since_job_cache[1]
+
+    def _watched(self, running: list[Job], since_job: dict[int, float]) -> list[Job]:
+        """The running jobs the watchdog judges (not while a requeue is on its way): listed again only when the
+        running jobs or the requeues changed."""
+        cached, version, watched = self._watched_cache
+        if cached is not running or version != self.job_requeued.version:
+            watched = [j for j in running if since_job.get(j.job_id, 0.0) < j.start_time]
+            self._watched_cache = (running, self.job_requeued.version, watched)
+        return watched
 
     def _node_map(self, listed: list[Node]) -> dict[str, Node]:
         """name -> node; SLURM's answer handed back unchanged (a simulated cluster's between changes) is not
@@ -489,13 +513,13 @@ class Controller:
         w = self.cfg.watchdog
         return max(2 * w.hang_timeout_s, w.recent_window_s + w.baseline_window_s)
 
-    def _newest_data(self, nodes: set[str]) -> dict[str, float | None]:
+    def _newest_data(self, nodes: Iterable[str]) -> dict[str, float | None]:
         """The newest sample time each node has delivered (None: none yet): one statement, an index seek per node
         inside it. A statement per node handed the interpreter lock back and forth 512 times a tick at 256 nodes,
         each time waiting behind the ingest threads: 14 % of the tick."""
-        if not nodes:
+        names = sorted(set(nodes))
+        if not names:
             return {}
-        names = sorted(nodes)
         rows = self.conn.execute(
             "WITH n(node) AS (VALUES " + ", ".join(["(?)"] * len(names)) + ") "
             "SELECT node, (SELECT MAX(ts) FROM samples WHERE samples.node = n.node) FROM n", names).fetchall()
@@ -541,10 +565,13 @@ class Controller:
         """A job that writes no KPI lines, judged from what its processes do on its nodes (detect/prochang.py), at
         most once per PROC_JUDGE_S (the sidecars sample them every 5 s)."""
         w, start = self.cfg.watchdog, float(job.start_time or 0)
+        if job.job_id in self._kpi_jobs:
+            return []  # it wrote KPI lines: the KPI watchdog judges it (not asked again every tick while it runs)
         if now - self._proc_judged.get(job.job_id, 0.0) < PROC_JUDGE_S or now - w.hang_timeout_s < start:
             return []
         self._proc_judged[job.job_id] = now
         if self.conn.execute("SELECT 1 FROM kpis WHERE job_id = ? LIMIT 1", (job.job_id,)).fetchone():
+            self._kpi_jobs.add(job.job_id)
             return []  # the KPI watchdog judges it
         nodes, label = list(job.nodes), proc_labels(job.job_id)
         marks = ",".join("?" * len(nodes))
@@ -853,7 +880,10 @@ class Controller:
         """Passive incidents close once their evidence has aged out of every rule window, or once the job run they
         were about has ended (a requeued job's new run starts with a clean slate; a crash loop spans runs)."""
         passive = "status IN ('recorded','notified','shadow','escalated')"
-        stale = max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0
+        if self._stale[0] is not self.rules or self._stale[1] is not self.cfg:  # a reload changed them
+            self._stale = (self.rules, self.cfg,
+                           max([r.window_s for r in self.rules] + [self.cfg.watchdog.recent_window_s, 60.0]) + 60.0)
+        stale = self._stale[2]
         with self.conn:
             self.conn.execute(f"UPDATE incidents SET closed_at = ? WHERE closed_at IS NULL AND updated_at < ? AND"
                               f" {passive}", (now, now - stale))

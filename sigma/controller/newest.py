@@ -19,6 +19,7 @@ class NewestPerKey:
         """`sql` selects (key, MAX(ts)) ... WHERE ts >= ? GROUP BY key; its one parameter is the oldest ts to read."""
         self.conn, self.sql, self.overlap_s = conn, sql, overlap_s
         self.newest: dict = {}
+        self.version = 0  # bumped when a key's newest time changes: what is built from `newest` is kept until then
         self._seen = float("-inf")
 
     def read(self) -> dict:
@@ -26,5 +27,6 @@ class NewestPerKey:
         for key, ts in self.conn.execute(self.sql, (self._seen - self.overlap_s,)):
             if ts > self.newest.get(key, float("-inf")):
                 self.newest[key] = ts
+                self.version += 1
             self._seen = max(self._seen, ts)
         return self.newest

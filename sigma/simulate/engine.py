@@ -134,11 +134,22 @@ class SimController(Controller):
             return []
         return self.engine.outcomes_for(job, now)
 
+    def _node_map(self, listed):
+        """The same name -> node map and silent nodes as the controller's, from SimSlurm's own: its map copied (the
+        tick's view stays as asked) and the few flagged nodes, not a thousand looked at after every change."""
+        if self._nodes is None or self._nodes[0] is not listed:
+            s = self.engine.slurm
+            nodes = dict(s.node_map)
+            silent = [nodes[n] for n in sorted(s.not_responding, key=s.position.__getitem__)]
+            self._nodes = (listed, nodes, [n for n in silent if not n.rebooting])
+        return self._nodes[1]
+
     def _snapshot(self, nodes, jobs, now):
         """Node snapshots feed `sigma report`'s utilisation; the simulation integrates utilisation exactly."""
 
     def _newest_data(self, nodes):
-        """No node sends telemetry samples in the simulation: the answer the real query gives here, without it."""
+        """No node sends telemetry samples in the simulation: the answer the real query gives here, without it
+        (nor listing the nodes)."""
         return {}
 
 
@@ -319,14 +330,14 @@ class Engine:
                 self._start(j, chosen)
             elif j.reason != "Resources":
                 j.reason = "Resources"
-                s.jobs_changed()
+                s.jobs_changed(j)
 
     def _start(self, j: SimJob, nodes: tuple[str, ...]) -> None:
         s = self.slurm
         j.state, j.reason, j.nodes, j.start_time = "RUNNING", "None", nodes, self.now
         j.run += 1
         self._jobs_version += 1
-        s.jobs_changed()
+        s.jobs_changed(j)
         for n in nodes:
             s.set_node(n, state="allocated", alloc_cpus=s.node_map[n].cpus)
         if j.validation_of is not None:
@@ -404,7 +415,7 @@ class Engine:
             return
         self._end_run(j, "completed", completed=True)
         j.state, j.end_time = "COMPLETED", self.now
-        self.slurm.jobs_changed()
+        self.slurm.jobs_changed(j)
         self.changed()
         self._free(j.nodes)
         j.nodes = ()
@@ -415,7 +426,7 @@ class Engine:
         self._end_run(j, "requeued")
         nodes = j.nodes
         j.state, j.reason, j.nodes = "PENDING", "JobHeldAdmin" if hold else "BeginTime", ()
-        self.slurm.jobs_changed()
+        self.slurm.jobs_changed(j)
         j.restarts += 1
         j.requeued_at = self.now
         j.begin_at = self.now + REQUEUE_BEGIN_S
@@ -429,7 +440,7 @@ class Engine:
                 self._end_run(j, "cancelled")
             self._free(j.nodes)
         j.state, j.nodes = "CANCELLED", ()
-        self.slurm.jobs_changed()
+        self.slurm.jobs_changed(j)
         if j.validation_of is not None:
             self._record(j, "CANCELLED", 0)
         self.changed()
@@ -453,7 +464,7 @@ class Engine:
             return
         healthy = j.validation_of not in self.faults
         j.state = "COMPLETED" if healthy else "FAILED"
-        self.slurm.jobs_changed()
+        self.slurm.jobs_changed(j)
         self.tl.note(j.validation_of, f"validation job {j.job_id} "
                                       f"{'passes' if healthy else 'fails: the fault is still there'}")
         self._record(j, j.state, 0 if healthy else 1)
@@ -464,9 +475,8 @@ class Engine:
     def _record(self, j: SimJob, state: str, rc: int) -> None:
         from sigma.slurm.types import AccountingRecord
 
-        self.slurm.records[j.job_id] = AccountingRecord(job_id=j.job_id, name=j.name, state=state,
-                                                        nodes=(j.validation_of,), start_time=int(j.start_time),
-                                                        end_time=int(self.now), return_code=rc)
+        self.slurm.record(AccountingRecord(job_id=j.job_id, name=j.name, state=state, nodes=(j.validation_of,),
+                                           start_time=int(j.start_time), end_time=int(self.now), return_code=rc))
 
     # ---------- faults ----------
     def fault(self, o: Outage) -> None:

@@ -16,8 +16,10 @@ The engine (sigma.simulate.engine) owns time and tells this class what the hardw
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 
 from sigma.slurm.client import REQUEUE_SETTLE_S, sigma_reason
@@ -52,8 +54,14 @@ class SimJob:
     run: int = 0  # incremented per start: stale events of an older run are ignored
     saved_s: float = 0.0  # productive seconds kept in checkpoints
     runs: list[dict] = field(default_factory=list)  # one per run, for the figures
+    shown: Job | None = field(default=None, repr=False)  # squeue's line, until SimSlurm.jobs_changed(this job)
 
     def view(self) -> Job:
+        if self.shown is None:
+            self.shown = self._line()
+        return self.shown
+
+    def _line(self) -> Job:
         return Job(job_id=self.job_id, name=self.name, state=self.state, reason=self.reason, nodes=self.nodes,
                    restarts=self.restarts, submit_time=int(self.submit_time), start_time=math.ceil(self.start_time),
                    end_time=int(self.end_time), requeue=self.validation_of is None)
@@ -68,6 +76,7 @@ class SimSlurm:
         self.job_map: dict[int, SimJob] = {}  # every job ever, for the figures
         self.live: dict[int, SimJob] = {}  # those not DONE: what queries and the scheduler walk
         self.records: dict[int, AccountingRecord] = {}
+        self._ended: list[tuple[int, int]] = []  # (end time, job id) of the records, in the order they ended
         self.res: dict[str, str] = {}  # reservation -> node
         self.reserved: dict[str, str] = {}  # node -> reservation
         self.next_id = 1
@@ -79,6 +88,8 @@ class SimSlurm:
         self.available = len(names)  # nodes in service outside a reservation
         self.allocated = 0  # ... running a job
         self.free = set(names)  # nodes a job may start on: in service, nothing running (reserved or not)
+        self.not_responding: set[str] = set()  # nodes flagged NOT_RESPONDING (few, against the whole cluster)
+        self.position = {n: i for i, n in enumerate(names)}  # sinfo's order
 
     # ---------- queries ----------
     def nodes(self) -> list[Node]:
@@ -104,8 +115,19 @@ class SimSlurm:
         return j.view() if j is not None else None
 
     def accounting(self, job_ids=(), since=None, duplicates=False) -> list[AccountingRecord]:
-        ids = set(job_ids)
-        return [r for j, r in self.records.items() if not ids or j in ids]
+        """sacct: the given jobs' records, or those that ended at or after `since` (sacct --starttime, local
+        time): looked up, not walked, since the records grow with every validation over years."""
+        if job_ids:
+            return [self.records[j] for j in job_ids if j in self.records]
+        first = 0 if since is None else bisect.bisect_left(
+            self._ended, time.mktime(time.strptime(since, "%Y-%m-%dT%H:%M:%S")), key=lambda e: e[0])
+        return [self.records[j] for _, j in self._ended[first:]]
+
+    def record(self, rec: AccountingRecord) -> None:
+        """A job ended (the engine's clock only moves forward: the list stays in end-time order)."""
+        if rec.job_id not in self.records:
+            self._ended.append((rec.end_time, rec.job_id))
+        self.records[rec.job_id] = rec
 
     def reservations(self) -> list[str]:
         return sorted(self.res)
@@ -123,6 +145,10 @@ class SimSlurm:
             self.free.add(name)
         else:
             self.free.discard(name)
+        if "NOT_RESPONDING" in n.flags:
+            self.not_responding.add(name)
+        else:
+            self.not_responding.discard(name)
         if name in self.engine.tl.open:  # a fault's timeline runs until the node is back in service
             self.engine.tl.service(name, n.available and name not in self.reserved)
 
@@ -192,7 +218,7 @@ class SimSlurm:
             # the real client waits REQUEUE_SETTLE_S after the requeue (a relaunch in the same second is killed)
             j.begin_at = max(self.engine.now, j.requeued_at + REQUEUE_SETTLE_S)
             j.reason = "None"
-            self.jobs_changed()
+            self.jobs_changed(j)
             self.engine.at(j.begin_at, self.engine.due)
             self.engine.changed()
 
@@ -200,7 +226,7 @@ class SimSlurm:
         j = self.job_map[int(job_id)]
         if j.state == "PENDING":
             j.reason = "None"
-            self.jobs_changed()
+            self.jobs_changed(j)
             self.engine.changed()
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:
@@ -255,15 +281,17 @@ class SimSlurm:
         job.begin_at = self.engine.now
         self.job_map[job.job_id] = self.live[job.job_id] = job
         self.next_id += 1
-        self.jobs_changed()
+        self.jobs_changed(job)
         return job
 
     def retire(self, job: SimJob) -> None:
         """The job has left squeue for good (a finished validation job)."""
         job.state = "DONE"
         del self.live[job.job_id]
-        self.jobs_changed()
+        self.jobs_changed(job)
 
-    def jobs_changed(self) -> None:
-        """A job's state, reason, nodes or times changed (squeue's answer is built again when next asked)."""
+    def jobs_changed(self, job: SimJob) -> None:
+        """The job's state, reason, nodes or times changed: its line, and squeue's answer, are built again when next
+        asked (the other jobs' lines are kept: a thousand-node cluster's hundred jobs, at every change)."""
+        job.shown = None
         self._jobs_cache = None

@@ -123,8 +123,9 @@ class SlurmActions:
             raise NotYet(f"job is {job.state}, not pending yet")
         avoid = params.get("avoid_nodes") or []
         if avoid:
-            states = {n.name: n for n in self.slurm.nodes()}
-            not_out = [a for a in avoid if a in states and states[a].available]
+            wanted = set(avoid)  # a node or two of the whole cluster's answer: no map of every node
+            available = {n.name for n in self.slurm.nodes() if n.name in wanted and n.available}
+            not_out = [a for a in avoid if a in available]
             if not_out:
                 raise NotYet(f"{not_out} not drained yet")
         # A requeued failed job still shows its old reason (NonZeroExitCode) and one requeued off a node that went

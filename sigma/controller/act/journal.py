@@ -70,6 +70,9 @@ class Journal:
              incident_id: int | None = None, shadow: bool = False, automatic: bool = True) -> ActionRow:
         """Record the intent (committed before anything runs); an existing key is returned unchanged, except a row
         only observed before (shadow), which is planned now that it may run (the controller left observe mode)."""
+        row = self.get(key)
+        if row is not None and row.state != "shadow":
+            return row  # planned before: a read, not a write transaction (a tick re-runs every step of a cycle)
         shadow = shadow or (automatic and self.observed(incident_id))
         now = self.clock()
         with self.conn:

@@ -33,6 +33,9 @@ TERMINAL = ("resumed", "escalated", "admin", "returned")
 # its first registration, a re-registration can read as one more, unexpected, reboot (SLURM then downs the node).
 REBOOT_SETTLE_S = 2.0
 BUSY_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
+# cycles under way, as literals: the same condition as the node_lifecycle_unfinished index, which the planner uses
+# only for these very terms (with bound parameters a tick walked every node ever remediated)
+UNFINISHED = f"state NOT IN ({', '.join(repr(s) for s in TERMINAL)})"
 VALIDATION_FAIL_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
                           "PREEMPTED")
 
@@ -88,8 +91,7 @@ class Remediator:
 
     def nodes_out(self) -> set[str]:
         """Nodes held out of service by a remediation cycle right now."""
-        return {r[0] for r in self.conn.execute(
-            f"SELECT node FROM node_lifecycle WHERE state NOT IN ({','.join('?' * len(TERMINAL))})", TERMINAL)}
+        return {r[0] for r in self.conn.execute(f"SELECT node FROM node_lifecycle WHERE {UNFINISHED}")}
 
     def start(self, node: str, incident_id: int, rule_id: str, playbook: str) -> bool:
         """Begin a cycle for a node we just drained; False if one is already running."""
@@ -130,8 +132,7 @@ class Remediator:
     def unfinished(self) -> list[Lifecycle]:
         """Cycles still under way (a tick reads only these: finished ones pile up over months)."""
         return [Lifecycle.from_row(r) for r in self.conn.execute(
-            f"SELECT * FROM node_lifecycle WHERE state NOT IN ({','.join('?' * len(TERMINAL))}) ORDER BY node",
-            TERMINAL)]
+            f"SELECT * FROM node_lifecycle WHERE {UNFINISHED} ORDER BY node")]
 
     def tick(self, nodes: dict[str, Node], jobs: list[Job]) -> None:
         for lc in self.unfinished():
