@@ -180,7 +180,8 @@ class Remediator:
             row = self.journal.run(key, "reboot", lc.node, incident_id=lc.incident_id, automatic=True,
                                    params={"planned_at": now, "reason": f"{lc.rule_id} remediation reboot"})
             if row.state == "done":
-                if n.started_since(row.params["planned_at"]) and not {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"} & set(n.flags) \
+                back = not {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"} & set(n.flags)
+                if n.started_since(row.params["planned_at"]) and back \
                         and now - n.slurmd_start_time >= REBOOT_SETTLE_S:
                     self._move(lc, "validating", "rebooted")
                     return
