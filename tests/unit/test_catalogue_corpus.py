@@ -26,7 +26,7 @@ def test_every_row_names_its_public_source_and_a_known_action():
 
 
 def test_the_held_out_part_is_about_a_third_of_the_sources_by_their_address():
-    sources = {r["src"] for r in ROWS if r["part"] != "held-out-2"}
+    sources = {r["src"] for r in ROWS if r["part"] in ("tuning", "held-out")}
     held = {s for s in sources if hashlib.sha256(s.encode()).digest()[0] % 10 < 3}
     assert {r["src"] for r in ROWS if r["part"] == "held-out"} == held
     assert 0.2 < len(held) / len(sources) < 0.4
@@ -37,6 +37,13 @@ def test_the_second_held_out_part_has_its_own_sources_and_a_third_benign():
     assert len(second) >= 80
     assert not {r["src"] for r in second} & {r["src"] for r in ROWS if r["part"] != "held-out-2"}
     assert sum(r["want"] in ("notify", "record", "none") for r in second) >= len(second) / 3
+
+
+def test_the_third_held_out_part_has_its_own_sources_and_every_class():
+    third = [r for r in ROWS if r["part"] == "held-out-3"]
+    assert len(third) >= 80
+    assert not {r["src"] for r in third} & {r["src"] for r in ROWS if r["part"] != "held-out-3"}
+    assert {r["cls"] for r in third} == CLASSES
 
 
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
