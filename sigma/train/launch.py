@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import submitit
@@ -78,7 +79,21 @@ def submit(cfg: TrainConfig) -> submitit.Job:
     executor = make_executor(cfg)
     if executor.cluster == "slurm":
         check_partition(cfg)
+    elif cfg.launch.world_size > 1 and "SIGMA_MASTER_PORT" not in os.environ:
+        # the local executor's ranks inherit this process's environment: a port free now, not submitit's port
+        # seeded from the job id, which another socket on this machine may hold (the ranks then wait forever)
+        os.environ["SIGMA_MASTER_PORT"] = str(free_port())
+        try:
+            return executor.submit(TrainTask(cfg.to_dict()))
+        finally:
+            del os.environ["SIGMA_MASTER_PORT"]
     return executor.submit(TrainTask(cfg.to_dict()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 class LaunchError(RuntimeError):

@@ -110,7 +110,9 @@ def launch_env() -> dict[str, int] | None:
             if "SUBMITIT_EXECUTOR" not in env:  # a task of plain srun (sbatch/train.sbatch), not of submitit
                 env["SUBMITIT_EXECUTOR"] = "slurm"
             dist_env = TorchDistributedEnvironment()
-            if "MASTER_PORT" not in env and "SLURM_JOB_ID" in env:
+            if "MASTER_PORT" not in env and "SIGMA_MASTER_PORT" in env:  # the local launcher's free port
+                dist_env.master_port = int(env["SIGMA_MASTER_PORT"])
+            elif "MASTER_PORT" not in env and "SLURM_JOB_ID" in env:
                 dist_env.master_port = master_port(env["SLURM_JOB_ID"], env.get("SLURM_CONF", ""))
             dist_env.export(set_cuda_visible_devices=False)
         else:
