@@ -4,6 +4,7 @@ power switch: SIGUSR1 reboots (every other process killed, then /etc/rc.boot aga
 off (every other process killed, nothing started: the node is dead until SIGUSR1), SIGTERM ends the host.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,10 +23,8 @@ def kill_all() -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         reap()
         time.sleep(0.05)
 

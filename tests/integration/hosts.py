@@ -14,6 +14,7 @@ Needs root, iproute2 (ip netns), util-linux (unshare, nsenter) and overlayfs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -166,10 +167,8 @@ class Host:
         if self.proc is None:
             return
         if self.pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

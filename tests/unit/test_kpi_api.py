@@ -64,7 +64,7 @@ def test_what_a_run_writes_is_what_the_sidecar_reads(job):
     r.step(1, loss=2.5, grad_norm=0.5, tokens=1000, step_time_s=0.5, lr=0.1)
     r.step(2, loss=float("nan"), tokens=1000, step_time_s=0.5)
     with r.paused("evaluation", max_s=600):
-        pass
+        r.heartbeat()  # an evaluation's work: the run still says it is alive
     r.close()
     assert r.path == job / "kpi" / "job-4242" / "rank-0.node1.jsonl"
     c = make("kpi", {"dir": str(job / "kpi"), "node_name": "node1"}, node="node1")
@@ -90,14 +90,14 @@ def test_checkpoint_request_answer_manifest_and_resume(job):
     ckpt = job / "ckpt" / "step-12.pt"
     ckpt.parent.mkdir()
     ckpt.write_text("weights")
-    t0 = time.time()
     r.checkpoint_saved(12, ckpt, request=req)
     r.hold(req)
-    assert deadline - 0.05 <= time.time() and time.time() - t0 < 5
+    assert time.time() >= deadline - 0.05  # held until the request's deadline
     assert r.checkpoint_request() is None  # answered once
-    t0 = time.time()
-    r.hold(kpi.Request(19, time.time() + 60), done=lambda: time.time() - t0 > 0.2)  # the framework caught SIGTERM
-    assert time.time() - t0 < 5
+    asked = []
+    late = kpi.Request(19, time.time() + 60)
+    r.hold(late, done=lambda: asked.append(1) or len(asked) > 2)  # the framework caught SIGTERM
+    assert len(asked) == 3 and time.time() < late.deadline  # left when done said so, not at the deadline
     r.close()
     answer = [json.loads(x) for x in r.path.read_text().splitlines() if '"checkpoint"' in x][-1]
     assert (answer["step"], answer["request"], answer["kind"]) == (12, 17, "jit")

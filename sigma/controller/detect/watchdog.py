@@ -169,17 +169,15 @@ def judge(job: JobInfo, current, now: float, cfg: WatchdogConfig, *, ever_report
     paused = pause is not None and now < pause[1]
     if pause is not None and progress_ts is not None:
         progress_ts = max(progress_ts, pause[0])
-    # hang
-    if paused:
-        pass
-    elif progress_ts is None:
+    # hang (none while the trainer said it pauses)
+    if not paused and progress_ts is None:
         if ever_reported and now - job.start_time > cfg.startup_grace_s:
             findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
                                     summary=f"no training step in {now - job.start_time:.0f}s since (re)start",
                                     first_ts=job.start_time, last_ts=now, category="hang",
                                     evidence={"nodes": list(job.nodes), "since_start_s": now - job.start_time},
                                     **base))
-    elif now - progress_ts > cfg.hang_timeout_s:
+    elif not paused and now - progress_ts > cfg.hang_timeout_s:
         prog = current.progress(job.job_id)  # the ranks' evidence, read only for a hang
         findings.append(Finding(rule_id="watchdog-hang", severity="error", action="requeue",
                                 summary=f"no step progress for {now - prog.progress_ts:.0f}s (step {prog.max_step})",

@@ -13,6 +13,7 @@ the command and the field.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 
 from sigma.slurm.formats.fields import Record, SlurmFormatError, Source
 from sigma.slurm.types import AccountingRecord, Job, Node, expand_hostlist
@@ -47,7 +48,7 @@ def family_for(release: tuple[int, int, int], argv: tuple[str, ...] = ("scontrol
     return family.Family(text)
 
 
-class FamilyBase:
+class FamilyBase(ABC):
     """The fields every release names alike are read here; a family says how its states, exit codes and step ids
     are written, and which commands give its records."""
 
@@ -80,22 +81,25 @@ class FamilyBase:
         return Record(data, source, "$").records(key)
 
     # ---------- what a family writes its own way ----------
+    @abstractmethod
     def node_state(self, r: Record) -> tuple[str, tuple[str, ...]]:
         """(base state in lower case, flags)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def job_state(self, r: Record) -> str:
-        raise NotImplementedError
+        """A job record's state, one word in upper case (RUNNING, PENDING, ...)."""
 
+    @abstractmethod
     def run_state(self, state: Record) -> str:
-        raise NotImplementedError
+        """An accounting run's state, one word in upper case."""
 
+    @abstractmethod
     def exit_code(self, ec: Record) -> tuple[str, int | None]:
         """(status, signal) of an accounting record's exit_code."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step_id(self, step: Record, job_id: int) -> str:
-        raise NotImplementedError
+        """A step's id without its job id: "batch", "0", "extern"."""
 
     # ---------- the typed results ----------
     def node(self, r: Record) -> Node:
