@@ -112,3 +112,17 @@ def train_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("train-data")
     prepare(out, max_mb=0.5, shard_tokens=100_000, vocab_size=512)
     return out
+
+
+@pytest.fixture
+def jd(tmp_path):
+    """A private journald of this boot (its first kernel line written), or the test skipped where none can run."""
+    from tests import journald
+
+    why = journald.available()
+    if why:
+        pytest.skip(why)
+    with journald.Journald(tmp_path / "jd") as j:
+        j.kernel("Linux version 6.1.0 (boot line of this boot)", level=5)
+        j.sync()
+        yield j

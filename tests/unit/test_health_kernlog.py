@@ -224,18 +224,6 @@ def test_auto_chooses_as_the_sidecar_does_and_says_why_when_nothing_can_be_read(
         assert why in r.message
 
 
-@pytest.fixture
-def jd(tmp_path):
-    from tests import journald
-
-    why = journald.available()
-    if why:
-        pytest.skip(why)
-    with journald.Journald(tmp_path / "jd") as j:
-        j.kernel("Linux version 6.1.0 (boot line of this boot)", level=5)
-        j.sync()
-        yield j
-
 
 @pytest.mark.parametrize("reader", ["native", "journalctl"])
 def test_the_journal_is_read_by_cursor_and_only_its_kernel_lines_fail_the_node(tmp_path, jd, reader):

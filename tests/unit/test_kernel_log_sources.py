@@ -20,16 +20,6 @@ XID = {"name": "xid", "regex": r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\):
 READERS = ["native", "journalctl"]
 
 
-@pytest.fixture
-def jd(tmp_path):
-    why = journald.available()
-    if why:
-        pytest.skip(why)
-    with journald.Journald(tmp_path / "jd") as j:
-        j.kernel("Linux version 6.1.0 (boot line of this boot)", level=5)
-        j.sync()
-        yield j
-
 
 def run(c) -> Output:
     out = Output()
