@@ -13,7 +13,6 @@ import pytest
 
 from sigma.telemetry.base import Output
 from sigma.telemetry.logsources import native_available
-from tests import journald
 from tests.unit.telemetry_helpers import make, samples, saved_positions
 
 XID = {"name": "xid", "regex": r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)", "severity": "error"}
