@@ -554,9 +554,12 @@ class Parser:
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
                    and not self._outworded(self.model.entities[n], best, spans)]
-        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service")
+        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
+            #     subject's word may be a condition of another history ("failures": incidents, or failed health
+            #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
             named = {m.entity for s in spans if any(m.kind == kind for m in s.meanings) for m in s.meanings
-                     if m.kind == kind or (kind == "measure" and m.kind == "time")}
+                     if m.kind == kind or (kind == "measure" and m.kind == "time") or (
+                         kind == "entity" and m.kind == "cond" and not self.model.entities[m.entity].now)}
             if named & (set(fitting) | {best.name}):
                 fitting = [n for n in fitting if n in named]
                 break
