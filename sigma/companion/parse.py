@@ -180,6 +180,16 @@ class Query:
     #                                     second part asked of the same rows (None: one this entity cannot answer)
 
 
+    def one_value(self) -> bool:
+        """'what stage is node2 in': one value of the entity's category label (singular), of one node or job, with
+        nothing that says which of its rows."""
+        ent = self.entity
+        return (self.which and not self.plural and self.project == ent.label and len(self.nodes) + len(self.jobs) == 1
+                and getattr(ent.columns.get(ent.label), "role", "") == "category" and self.qkind == "list"
+                and not (self.agg or self.rank or self.order or self.group or self.bucket is not None or self.having
+                         or self.measure or self.since is not None or self.until is not None or self.extras))
+
+
 @dataclass
 class Parse:
     query: Query | None
@@ -813,6 +823,11 @@ class Parser:
             unknown.append(single)
         if negate:
             unknown.append(negate)
+        present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
+        if present and not ent.now and q.one_value():
+            # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
+            # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
+            q.show, q.project, q.order = [ent.label], None, "latest"
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
         q.which = q.which or any(t.text == "which" for t in tokens)
