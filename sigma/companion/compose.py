@@ -164,6 +164,10 @@ def _known_keys(q: Query) -> list[str]:
     return [f"{k} IS NOT NULL" for k in dict.fromkeys(keys) if k in q.entity.columns]
 
 
+def _having_count(q: Query) -> str:
+    return f"COUNT(DISTINCT {q.having_of})" if q.having_of else "COUNT(*)"
+
+
 def _in_unit(q: Query) -> Column | None:
     """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
@@ -324,7 +328,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if bucket is not None:
             sel = sel.replace(f"GROUP BY {', '.join(keys)}", f"GROUP BY {', '.join(key_names)}")
         if q.having:
-            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+            sel += f" HAVING {_having_count(q)} {q.having[0]} {q.having[1]:g}"
         sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
@@ -368,7 +372,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if q.having:
             if value_agg != "count":
                 raise NotUnderstood("a count condition with another measure")
-            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+            sel += f" HAVING {_having_count(q)} {q.having[0]} {q.having[1]:g}"
         if q.qkind == "count" and not q.rank and (q.count_distinct or q.having):   # "how many nodes were drained"
             inner = head + (", " + extra_cte if extra_cte else "") + sel
             sql = f"SELECT COUNT(*) AS n FROM ({inner})"

@@ -38,7 +38,8 @@ IRREGULAR = {
     "latest": "latest", "recent": "recent", "gpus": "gpu", "cpus": "cpu", "xids": "xid", "less": "less",
     "was": "was", "has": "has", "does": "does", "is": "is", "this": "this", "its": "its", "us": "us",
     "checks": "check", "checked": "check", "failure": "failure", "failures": "failure", "failed": "fail",
-    "failing": "fail", "fails": "fail", "used": "use", "uses": "use", "using": "use",
+    "failing": "fail", "fails": "fail",
+    "cost": "lose", "costs": "lose", "costing": "lose", "used": "use", "uses": "use", "using": "use",
 }
 
 KEEP = {"note", "notes"}  # stems that would collide with a function word ("note" -> "not")
