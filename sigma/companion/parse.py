@@ -105,7 +105,8 @@ PAST_FORMS = {"ran", "went", "came", "took", "saw", "fell", "wrote", "happened",
 COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cancel|scancel|kill|delete|drop|restart|stop|"
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
-WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
+# after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
+WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu", "gpus")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
@@ -222,9 +223,6 @@ class Lexicon:
             add(p, Meaning("rule", None, tuple(likes)))
         for rid in model.rule_ids:
             add((rid,), Meaning("rule", None, (rid,)))
-        for p, likes in _rule_id_words(model.rule_ids).items():
-            if p not in self.phrases:   # the schema document's words for faults come first
-                add(p, Meaning("rule", None, likes))
         reserved = {p for ps in model.refs.values() for p in ps}
         reserved |= {p for ent in model.entities.values() for p in ent.words}
         reserved |= {phrase_stems(w) for w in GRAMMAR}
@@ -253,6 +251,9 @@ class Lexicon:
                             add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for p, likes in _rule_id_words(model.rule_ids).items():
+            if _determined(p) not in self.phrases:   # every other word's meaning comes first
+                add(p, Meaning("rule", None, likes))
         self.longest = max(len(p) for p in self.phrases)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
@@ -315,16 +316,17 @@ class Lexicon:
 
 def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:
     """Rule ids in the words they are made of: "kernel hard lockup" and "hard lockup" (kernel-hard-lockup); a phrase
-    several ids end in is each of them. Not with numbers: "xid 79" is the schema document's (a rule or an event's
-    field)."""
+    several ids end in is each of them, a last word too where several ids share it ("lockups": hard and soft). Not
+    with numbers: "xid 79" is the schema document's (a rule or an event's field)."""
     out: dict[tuple[str, ...], list[str]] = {}
     for rid in sorted(rule_ids):
         parts = rid.split("-")
         if len(parts) < 2 or not all(re.fullmatch(r"[a-z]+", p) for p in parts):
             continue
-        for i in range(len(parts) - 1):
+        for i in range(len(parts)):
             out.setdefault(phrase_stems(" ".join(parts[i:])), []).append(rid)
-    return {p: tuple(dict.fromkeys(v)) for p, v in out.items() if not all(w in STOPWORDS for w in p)}
+    return {p: tuple(dict.fromkeys(v)) for p, v in out.items()
+            if not all(w in STOPWORDS for w in p) and (len(p) > 1 or len(v) > 1)}
 
 
 def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
@@ -501,6 +503,11 @@ class Parser:
                 i += n
             else:
                 i += 1
+        if any(m.kind == "rule" for s in spans for m in s.meanings):   # "a GPU fell off the bus": the GPU repeats it
+            for i, t in enumerate(tokens):
+                if free[i] and t.stem in WEAK_NOUNS:
+                    free[i] = False
+                    spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
