@@ -272,6 +272,7 @@ def test_relations_second_parts_and_derived_measures_match_independent_sql(conn)
     "which jobs run on node2 if we look now?",    # a what-if whose action is not understood
     "how many GPU hours did the faults cost?",    # no GPU count per job or node in the data
     "which node should I replace first?",         # a judgement, not a record
+    "who rebooted node2?",                        # no person is recorded against an action
 ])
 def test_the_right_answer_is_i_cannot_or_a_question_back(conn, question):
     a = q(conn, question)
