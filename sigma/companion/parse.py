@@ -106,7 +106,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
 # after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
-WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu", "gpus")}
+WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
@@ -184,7 +184,6 @@ class Query:
     understood: list[str] = field(default_factory=list)
     extras: list[Query | None] = field(default_factory=list)   # "..., and how many of them led to a drain": a
     #                                     second part asked of the same rows (None: one this entity cannot answer)
-
 
     def one_value(self) -> bool:
         """'what stage is node2 in': one value of the entity's category label (singular), of one node or job, with
