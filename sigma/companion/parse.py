@@ -74,6 +74,13 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
     "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
+    "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
+    "new": ("new", ""), "newly": ("new", ""),
+    # a copula before a category's value ("marked resolved"): understood only when a value follows
+    "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
+    "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
+    "set to": ("copula", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -92,7 +99,7 @@ CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher th
            "no more than": "<=", "not more than": "<="}
 CMP_UNITS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "hour": 3600, "hr": 3600, "h": 3600}
 HYPO = re.compile(r"\b(if|suppose|supposing|what happens|what would happen|would happen|would be affected|"
-                  r"would it affect|what if)\b")
+                  r"would it affect|what if|would \w+ing)\b")
 HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take down": "down", "take out": "drain",
               "take out of service": "drain", "take offline": "down",
               "took out": "drain", "remove": "drain", "lose": "down", "go down": "down", "went down": "down",
@@ -120,6 +127,15 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+# A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
+UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
+# The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
+SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
+                     r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
+MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
+                          "produce", "produced", "emit", "emitted", "raise", "raised", "open", "opened", "issue",
+                          "issued", "make", "made")}
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
@@ -253,7 +269,20 @@ class Lexicon:
         for p, likes in _rule_id_words(model.rule_ids).items():
             if _determined(p) not in self.phrases:   # every other word's meaning comes first
                 add(p, Meaning("rule", None, likes))
+        for ent in model.entities.values():   # a compound's head noun alone ("xid lines": log lines), where it
+            for p in ent.words:                #  means nothing else; it weighs less than the whole compound
+                if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
+                    self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
         self.longest = max(len(p) for p in self.phrases)
+        # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
+        # a phrase whose words are apart in the question ("how much training time did job 1 lose")
+        self.by_words: dict[frozenset, list[tuple[str, ...]]] = {}
+        self.containing: dict[str, list[tuple[str, ...]]] = {}
+        for p, meanings in self.phrases.items():
+            if len(p) > 1 and "#" not in p and "<det>" not in p and any(m.kind in CONTENT for m in meanings):
+                self.by_words.setdefault(frozenset(p), []).append(p)
+                for w in set(p):
+                    self.containing.setdefault(w, []).append(p)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
         if phrase:
@@ -286,7 +315,22 @@ class Lexicon:
             for k in (tuple(window), key):
                 if k in self.phrases:
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
+            others = self.by_words.get(frozenset(window), [])
+            if n > 1 and len(others) == 1 and len(others[0]) == n:   # one phrase, its words in another order
+                return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int]) -> tuple[list[int], list]:
+        """Words apart from a span that complete one of its phrases (free: stem -> token index): "training time"
+        with "lose" is "training time lost"; "submit" with "validation job" is the action. The span keeps only the
+        meanings that phrase shares with it: (the tokens it takes, those meanings), or ([], [])."""
+        best: tuple[list[int], list] = ([], [])
+        for p in {p for w in set(span) for p in self.containing.get(w, [])}:
+            extra = set(p) - set(span)
+            shared = [m for m in meanings if m in self.phrases[p] and m.kind in CONTENT]
+            if extra and extra <= set(free) and shared and len(extra) > len(best[0]):
+                best = ([free[w] for w in extra], shared)
+        return best
 
     def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
         """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
@@ -435,6 +479,10 @@ class Parser:
 
         for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
             claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
+        for m in UNBOUNDED.finditer(q):   # before "now": "until now" is no bound, not the current state
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in SUBJECT.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -456,11 +504,14 @@ class Parser:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
         for m in SPAN_OF.finditer(q):   # "the time between the fault and the requeue": two times of one row
-            claim(m.start(), m.end(), Meaning("between"))
+            if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
+                claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
-            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
+        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"
+                             r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
+                             r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... the most"
+            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
@@ -502,6 +553,32 @@ class Parser:
                 i += n
             else:
                 i += 1
+        for s in list(spans):   # words apart that complete a phrase of a span's ("training time ... lose"): free
+            #                     words, or one-word spans of content read apart ("training": KPI lines)
+            if s not in spans or not any(m.kind in CONTENT for m in s.meanings):
+                continue
+            apart = {x.start: x for x in spans if x is not s and x.end - x.start == 1
+                     and all(m.kind in CONTENT or m.kind == "times" for m in x.meanings)}
+            loose = {t.stem: i for i, t in enumerate(tokens) if (free[i] or i in apart) and t.text not in STOPWORDS
+                     and t.stem not in STOPWORDS}
+            taken, shared = self.lexicon.agree(tuple(stems[s.start:s.end]), s.meanings, loose)
+            if not taken:
+                continue
+            for i in taken:
+                if i in apart:
+                    spans.remove(apart[i])
+                free[i] = False
+                spans.append(Span(i, i + 1, tokens[i].text, [Meaning("filler")]))
+            words = " … ".join(x.text for x in sorted([s, *(x for x in spans if x.start in taken and x.end - x.start
+                                                            == 1 and x.meanings == [Meaning("filler")])],
+                                                         key=lambda x: x.start))
+            head = min([s, *(x for x in spans if x.start in taken)], key=lambda x: x.start)   # read where it begins
+            s.meanings, head.meanings = [Meaning("filler")], shared   # ("how many steps ... lose": steps lost)
+            head.text = words
+        for i, t in enumerate(tokens):   # "how many tickets were filed": every row was made
+            if free[i] and t.stem in MADE:
+                free[i] = False
+                spans.append(Span(i, i + 1, t.text, [Meaning("filler")]))
         if any(m.kind == "rule" for s in spans for m in s.meanings):   # "a GPU fell off the bus": the GPU repeats it
             for i, t in enumerate(tokens):
                 if free[i] and t.stem in WEAK_NOUNS:
@@ -653,12 +730,20 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = ""
+        single = new = ""
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
+            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
+                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
+                                                   for m in spans[n + 1].meanings)):
+                    unknown.append(s.text)
+                continue
+            if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
+                new = s.text
+                continue
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
@@ -728,6 +813,12 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time":   # "never got an ack", "not closed": that time is not there
+                    col = ent.columns[value]
+                    sql = col.name if col.sql == f"src.{col.name}" else col.sql
+                    q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
+                    negate = ""
+                    continue
                 if kind == "entity" and q.project:   # "which nodes were never drained"
                     q.anti, negate = True, ""
                 else:
@@ -870,6 +961,8 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        if new and q.since is None:
+            unknown.append(new)
         if negate:
             unknown.append(negate)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
