@@ -315,8 +315,9 @@ class Lexicon:
             for k in (tuple(window), key):
                 if k in self.phrases:
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
-            others = self.by_words.get(frozenset(window), [])
-            if n > 1 and len(others) == 1 and len(others[0]) == n:   # one phrase, its words in another order
+            others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
+            if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
+                    (w,) in self.phrases or w in STOPWORDS for w in window):
                 return n, self.phrases[others[0]], []
         return 0, [], []
 
