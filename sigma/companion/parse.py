@@ -85,6 +85,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
     "resulted in": ("rel", ""), "result in": ("rel", ""), "ended in": ("rel", ""), "ended with": ("rel", ""),
+    "ended up with": ("rel", ""), "ended up in": ("rel", ""), "end up with": ("rel", ""), "end up in": ("rel", ""),
     "triggered": ("rel", ""), "without": ("rel", "not"), "with no": ("rel", "not"), "had no": ("rel", "not"),
 }
 YESNO_START = ("is", "are", "was", "were", "did", "does", "do", "has", "have", "had", "any", "can")
@@ -246,6 +247,8 @@ class Lexicon:
                 add(p, Meaning("entity", ent.name, learnt=not ent.explicit))
             for p, cond in ent.conds.items():
                 add(p, Meaning("cond", ent.name, cond))
+            for p in ent.row_words:
+                add(p, Meaning("row", ent.name))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -336,8 +339,9 @@ class Lexicon:
     def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
         """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
         found = self.phrases[phrase]
-        if len(phrase) > 1 and phrase[0] in PREPOSITIONS:
-            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]
+        if len(phrase) > 1 and phrase[0] in PREPOSITIONS:   # ("to ack" as a duration is not the time acked)
+            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found
+                             and not (m.kind == "time" and any(f.kind == "measure" for f in found))]
         return found
 
     def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
@@ -608,7 +612,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -732,6 +736,7 @@ class Parser:
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
         single = new = ""
+        each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
@@ -935,6 +940,9 @@ class Parser:
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
+                pending_group, each_row = False, True   # no aggregate, each row's own ("per drain": each one)
+                continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
@@ -946,8 +954,11 @@ class Parser:
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
-        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost)
-            s = spans[n]
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost) or a part of
+            s = spans[n]  # the entity's own name ("checkpoint ack time": of checkpoint requests)
+            if set(phrase_stems(s.text)) <= {w for p in ent.words if len(p) > 1 for w in p} - STOPWORDS:
+                q.understood.append(s.text)
+                continue
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue
@@ -964,6 +975,8 @@ class Parser:
             unknown.append(single)
         if new and q.since is None:
             unknown.append(new)
+        if each_row and not (q.agg or q.rank):
+            q.per_item = True
         if negate:
             unknown.append(negate)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
