@@ -339,9 +339,9 @@ class Lexicon:
     def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
         """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
         found = self.phrases[phrase]
-        if len(phrase) > 1 and phrase[0] in PREPOSITIONS:   # ("to ack" as a duration is not the time acked)
-            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found
-                             and not (m.kind == "time" and any(f.kind == "measure" for f in found))]
+        if len(phrase) > 1 and phrase[0] in PREPOSITIONS and not any(f.kind == "measure" for f in found):
+            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]   # ("to ack", a
+            #                                                    duration, is not the time acked nor "acked")
         return found
 
     def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
@@ -954,9 +954,14 @@ class Parser:
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
-        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost) or a part of
-            s = spans[n]  # the entity's own name ("checkpoint ack time": of checkpoint requests)
-            if set(phrase_stems(s.text)) <= {w for p in ent.words if len(p) > 1 for w in p} - STOPWORDS:
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
+            s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
+            #               entity's name qualifying a column of this one ("time lost per recovery source")
+            after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
+                    m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
+                    for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
+                                                 for m in after.meanings)):
                 q.understood.append(s.text)
                 continue
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
