@@ -150,6 +150,8 @@ def test_time_ranges_are_read_in_the_sites_timezone(conn):
     for words, start, end in [("in the last 2 hours", "2026-11-23 18:00", None),
                               ("yesterday", "2026-11-22 00:00", "2026-11-23 00:00"),
                               ("since tuesday", "2026-11-17 00:00", None), ("this week", "2026-11-23 00:00", None),
+                              ("since yesterday", "2026-11-22 00:00", None),
+                              ("since 2 hours ago", "2026-11-23 18:00", None),
                               ("last week", "2026-11-16 00:00", "2026-11-23 00:00"),
                               ("between 10:00 and 10:30", "2026-11-23 10:00", "2026-11-23 10:30")]:
         r = find(words, now, BERLIN)
@@ -313,6 +315,45 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
     a = q(conn, question)
     want = values(conn, sql)
     assert a.status == "fact" and sorted(r[:len(want[0])] for r in values_of(a)) == want, (a.understood, a.rows)
+
+
+@pytest.mark.parametrize("question,sql", [
+    # words around a question that carry no condition: the site as subject, no bound in time, a copula, "filed"
+    ("how many drains has node2 had so far?",
+     "SELECT COUNT(*) FROM actions WHERE kind = 'drain' AND state = 'done' AND target = 'node2'"),
+    ("what's the highest detection latency we've seen?", "SELECT MAX(opened_at - fault_ts) FROM incidents"),
+    ("how many reboots have we done?", "SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done'"),
+    ("how many incidents are flagged as closed?", "SELECT COUNT(*) FROM incidents WHERE closed_at IS NOT NULL"),
+    ("how many reservations were filed?",
+     "SELECT COUNT(*) FROM actions WHERE kind = 'create_reservation' AND state = 'done'"),
+    # a time that is not there; a duration named by its end time's word (acked_at: "ack")
+    ("how many checkpoint requests never got delivered?",
+     "SELECT COUNT(*) FROM checkpoint_requests WHERE delivered_at IS NULL"),
+    ("what was the longest ack time?", "SELECT MAX(acked_at - requested_at) FROM checkpoint_requests"),
+    # a phrase's words apart ("time ... lose") or in another order ("ambiguous isolation")
+    ("how much training time has job 1 lost so far?", "SELECT SUM(time_lost_s) FROM job_losses WHERE job_id = 1"),
+    ("how many ambiguous isolation incidents did node2 have?",
+     "SELECT COUNT(*) FROM incidents WHERE rule_id = 'isolation-ambiguous' AND node = 'node2'"),
+    # what one row is ("per drain"), a related entity's name on a column ("recovery source")
+    ("how long was node2 out of service on average per drain?",
+     "SELECT AVG(r.ts - d.ts) FROM lifecycle_transitions d JOIN lifecycle_transitions r ON r.node = d.node AND "
+     "r.cycle = d.cycle AND r.to_state = 'resumed' WHERE d.to_state = 'drained' AND d.node = 'node2'"),
+    ("total time lost per recovery source", "SELECT source, SUM(time_lost_s) FROM job_losses GROUP BY source"),
+])
+def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
+    a = q(conn, question)
+    want = values(conn, sql)
+    assert a.status == "fact" and sorted(r[:len(want[0])] for r in values_of(a)) == want, (a.understood, a.rows)
+
+
+@pytest.mark.parametrize("question,word", [
+    ("how many new drains?", "new"),                            # new since when?
+    ("how many incidents are marked?", "marked"),               # marked what?
+    ("how many incidents have we bungled so far?", "bungled"),  # a content word still unknown
+])
+def test_words_that_need_their_other_half_are_not_answered_alone(conn, question, word):
+    a = q(conn, question)
+    assert a.status != "fact" and not a.rows and word in a.not_understood, (a.status, a.text)
 
 
 def test_a_new_column_is_understood_without_new_code(soak_db, tmp_path):
