@@ -89,3 +89,32 @@ def test_libata_media_errors_drain_link_resets_notify(line, actions):
 ])
 def test_ext4_superblock_and_journal_io_errors_drain(line, actions):
     assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("mlx5_core: probe of 0000:3b:00.0 failed with error -22", ["drain"]),
+    ("mlx5_core 0000:03:00.0: mlx5_load_one failed with error code -22", ["drain"]),
+    ("mlx5_core 0000:01:00.0: handle_hca_cap failed", ["drain"]),
+    ("mlx5_core 0000:03:00.0: firmware version: 14.32.1010", []),
+    ("mlx5_core 0000:03:00.0: enabling device (0000 -> 0002)", []),
+])
+def test_a_fabric_nic_that_cannot_come_up_drains(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("mpt2sas3: attempting device reset! scmd(ffff8814605d2100)", ["notify"]),
+    ("mpt2sas3: attempting target reset! scmd(ffff8814605d2100)", ["notify"]),
+    ("pm80xx pm8001_mpi_task_abort_resp 3742:task abort failed status 0x6 ,tag = 0x1, scp= 0x0", ["notify"]),
+    ("ata2.00: exception Emask 0x3 SAct 0x8001ffff SErr 0x0 action 0x6 frozen", ["notify"]),
+    ("sd 4:0:1:0: attempting task abort! scmd(ffff880204baee80)", []),  # one command aborted: kept, no action
+    ("mpt2sas3: device reset: SUCCESS scmd(ffff8814605d2100)", []),
+])
+def test_scsi_error_handling_past_one_abort_notifies(line, actions):
+    assert decide(line)[1] == actions
+
+
+def test_a_parallel_filesystem_client_that_cannot_mount_drains():
+    assert decide("beegfs: mount(1516568): Configuration error: Initialization of common objects failed.")[1] == \
+        ["drain"]
+    assert decide("beegfs: mount(1516568): Built without NVFS RDMA support.")[1] == []
