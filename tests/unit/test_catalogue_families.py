@@ -118,3 +118,10 @@ def test_a_parallel_filesystem_client_that_cannot_mount_drains():
     assert decide("beegfs: mount(1516568): Configuration error: Initialization of common objects failed.")[1] == \
         ["drain"]
     assert decide("beegfs: mount(1516568): Built without NVFS RDMA support.")[1] == []
+
+
+def test_a_bad_line_prefix_is_refused_naming_the_setting():
+    from sigma.telemetry.collectors.logtail import LogTailCollector
+
+    with pytest.raises(ValueError, match=r"line_prefix: bad regex '\[rank'"):
+        LogTailCollector.Params(files=["x.log"], line_prefix="[rank")

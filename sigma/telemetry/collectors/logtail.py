@@ -88,6 +88,13 @@ def _compile(regex: str) -> re.Pattern:
         raise ValueError(f"bad regex {regex!r}: {exc}") from None
 
 
+def _setting_regex(name: str, regex: str) -> re.Pattern | None:
+    try:
+        return re.compile(regex) if regex else None
+    except re.error as exc:
+        raise ValueError(f"{name}: bad regex {regex!r}: {exc}") from None
+
+
 SOURCES = ("files", "auto", "journal", "kmsg")
 
 
@@ -128,14 +135,8 @@ class LogTailCollector(Collector):
                 raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
             if self.untrusted_source not in ("refuse", "flag"):
                 raise ValueError(f"untrusted_source must be 'refuse' or 'flag', not {self.untrusted_source!r}")
-            try:
-                self.job_path = re.compile(self.job_id_from_path) if self.job_id_from_path else None
-            except re.error as exc:
-                raise ValueError(f"job_id_from_path: bad regex {self.job_id_from_path!r}: {exc}") from None
-            try:
-                self.prefix = re.compile(self.line_prefix) if self.line_prefix else None
-            except re.error as exc:
-                raise ValueError(f"line_prefix: bad regex {self.line_prefix!r}: {exc}") from None
+            self.job_path = _setting_regex("job_id_from_path", self.job_id_from_path)
+            self.prefix = _setting_regex("line_prefix", self.line_prefix)
             if self.job_path is not None and "job_id" not in self.job_path.groupindex:
                 raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
             if self.source == "files" and not self.files:
