@@ -42,6 +42,7 @@ class Column:
     values: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)  # category value -> its words
     keys: list[str] = field(default_factory=list)                           # JSON keys seen
     learnt: bool = False              # its words come from its name, not from the schema document
+    unseen: set[str] = field(default_factory=set)   # values the schema lists that no row has (yet)
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,37 @@ def _sample(conn: sqlite3.Connection, source: str) -> str:
     return f"(SELECT * FROM {source} ORDER BY rowid DESC LIMIT {SAMPLE_ROWS})"
 
 
+@lru_cache(maxsize=1)
+def documented_values() -> dict[str, dict[str, list[str]]]:
+    """table -> column -> the values the schema document lists for it (a migration's column note that is a list of
+    identifiers: `state TEXT NOT NULL, -- planned done skipped failed shadow`), so that a value no row has yet
+    ("how many actions failed?": none) is understood and counted, not unknown."""
+    from sigma.companion.schema import tables
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for t in tables():
+        for c in t.columns:
+            words = c.note.split()
+            if len(words) >= 2 and all(re.fullmatch(r"[a-z_]+", w) for w in words):
+                out.setdefault(t.name, {})[c.name] = words
+    return out
+
+
+def _table_of(ent: Entity) -> str:
+    """The table an entity's rows come from: its source, or the first table its query reads (not a subquery's)."""
+    top = ent.source
+    while "(" in top:
+        top, n = re.subn(r"\([^()]*\)", "", top)
+        if not n:
+            break
+    m = re.search(r"\bFROM\s+(\w+)", top, re.I)
+    return m.group(1) if m else ent.source
+
+
 def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     """Give every column of the entity a role, words and (for categories and JSON) its values from the data."""
     sample = _sample(conn, ent.source)
+    documented = documented_values().get(_table_of(ent), {})
     declared = {} if " " in ent.source else {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({ent.source})")}
     for name in names:
         col = ent.columns.get(name) or Column(name, f"src.{name}", "")
@@ -148,6 +177,10 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
         elif col.role == "text":
             vals = [r[0] for r in conn.execute(f"SELECT DISTINCT {name} FROM {sample} LIMIT {CATEGORY_MAX + 1}")]
             ident = [v for v in vals if isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.+,-]{1,40}", v)]
+            listed = documented.get(name, [])
+            if listed and set(ident) <= set(listed):   # every value the schema lists, seen in the data or not yet
+                col.unseen = set(listed) - set(ident)
+                ident = list(dict.fromkeys(ident + listed))
             if len(vals) <= CATEGORY_MAX and ident and len(ident) >= len([v for v in vals if v]):
                 col.role = "category"
                 for v in ident:
@@ -165,7 +198,8 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     for col in ent.columns.values():
         for value, words in col.values.items():
             auto = phrase_stems(value.replace("_", " ").replace(".", " ").replace("-", " ").replace("+", " "))
-            own = [w for w in words if w]
+            split = re.fullmatch(r"([a-z]{3,})(out|up|down|off|over)", value)   # "timeout": "timed out"
+            own = [w for w in words if w] + ([phrase_stems(f"{split.group(1)} {split.group(2)}")] if split else [])
             whole = (value.lower(),)
             suffix = phrase_stems(value.rsplit(".", 1)[-1].replace("_", " ")) if "." in value else ()
             cands = own + [auto, whole] + ([suffix] if suffix and not own else [])

@@ -72,6 +72,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "handle": ("filler", ""), "catch": ("filler", ""), "caught": ("filler", ""), "notice": ("filler", ""),
     "keep": ("filler", ""), "kept": ("filler", ""), "stay": ("filler", ""), "remain": ("filler", ""),
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
+    "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
@@ -93,17 +94,19 @@ CMP_UNITS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "hour": 360
 HYPO = re.compile(r"\b(if|suppose|supposing|what happens|what would happen|would happen|would be affected|"
                   r"would it affect|what if)\b")
 HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take down": "down", "take out": "drain",
+              "take out of service": "drain", "take offline": "down",
               "took out": "drain", "remove": "drain", "lose": "down", "go down": "down", "went down": "down",
               "goes down": "down", "fail": "down", "die": "down", "crash": "down", "power off": "down",
               "shut down": "down", "kill": "down", "went offline": "down", "go offline": "down", "down": "down",
               "offline": "down"}
 HYPO_WORDS = ("affect", "affected", "hit", "impact", "impacted", "happen", "if", "suppose", "supposing", "would",
-              "what if", "running", "run", "interrupted")
+              "what if", "running", "run", "interrupted", "at risk", "risk")
 PAST_FORMS = {"ran", "went", "came", "took", "saw", "fell", "wrote", "happened", "occurred"}
 COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cancel|scancel|kill|delete|drop|restart|stop|"
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
-WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
+# after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
+WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
@@ -119,6 +122,7 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
@@ -130,6 +134,7 @@ class Meaning:
     entity: str | None = None
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
+    weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
 
 
 @dataclass
@@ -168,6 +173,7 @@ class Query:
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
     anti: bool = False                    # "which nodes were never drained": the projection's others
     having: tuple[str, float] | None = None
+    having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
@@ -178,6 +184,15 @@ class Query:
     understood: list[str] = field(default_factory=list)
     extras: list[Query | None] = field(default_factory=list)   # "..., and how many of them led to a drain": a
     #                                     second part asked of the same rows (None: one this entity cannot answer)
+
+    def one_value(self) -> bool:
+        """'what stage is node2 in': one value of the entity's category label (singular), of one node or job, with
+        nothing that says which of its rows."""
+        ent = self.entity
+        return (self.which and not self.plural and self.project == ent.label and len(self.nodes) + len(self.jobs) == 1
+                and getattr(ent.columns.get(ent.label), "role", "") == "category" and self.qkind == "list"
+                and not (self.agg or self.rank or self.order or self.group or self.bucket is not None or self.having
+                         or self.measure or self.since is not None or self.until is not None or self.extras))
 
 
 @dataclass
@@ -232,9 +247,12 @@ class Lexicon:
                                 col.name, (f",{value},",))
                     for p in phrases:
                         if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond, learnt))
+                            add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for p, likes in _rule_id_words(model.rule_ids).items():
+            if _determined(p) not in self.phrases:   # every other word's meaning comes first
+                add(p, Meaning("rule", None, likes))
         self.longest = max(len(p) for p in self.phrases)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
@@ -252,7 +270,7 @@ class Lexicon:
             if not all(free[i:i + n]):
                 continue
             if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
-                return n, self.phrases[tuple(stems[i:i + n])], []
+                return n, self._led(tuple(stems[i:i + n])), []
             if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
@@ -267,8 +285,15 @@ class Lexicon:
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
                 if k in self.phrases:
-                    return n, self.phrases[k], [x for x, w in zip(nums, k) if w == "#"]
+                    return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
         return 0, [], []
+
+    def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
+        """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
+        found = self.phrases[phrase]
+        if len(phrase) > 1 and phrase[0] in PREPOSITIONS:
+            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]
+        return found
 
     def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
         """A measure's verb and its object on either side of a superlative ("lost the most time" is "lost time",
@@ -286,6 +311,21 @@ class Lexicon:
                     return r, k, found
             return 0, 0, []
         return 0, 0, []
+
+
+def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Rule ids in the words they are made of: "kernel hard lockup" and "hard lockup" (kernel-hard-lockup); a phrase
+    several ids end in is each of them, a last word too where several ids share it ("lockups": hard and soft). Not
+    with numbers: "xid 79" is the schema document's (a rule or an event's field)."""
+    out: dict[tuple[str, ...], list[str]] = {}
+    for rid in sorted(rule_ids):
+        parts = rid.split("-")
+        if len(parts) < 2 or not all(re.fullmatch(r"[a-z]+", p) for p in parts):
+            continue
+        for i in range(len(parts)):
+            out.setdefault(phrase_stems(" ".join(parts[i:])), []).append(rid)
+    return {p: tuple(dict.fromkeys(v)) for p, v in out.items()
+            if not all(w in STOPWORDS for w in p) and (len(p) > 1 or len(v) > 1)}
 
 
 def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
@@ -402,11 +442,16 @@ class Parser:
             for a, b in tr.spans:
                 claim(a, b, Meaning("range", None, tr))
         hypo = HYPO.search(q)
-        if hypo:
+        if hypo:   # the action: its words, with the node it acts on between them ("take node3 out of service")
             for words, verb in sorted(HYPO_VERBS.items(), key=lambda kv: -len(kv[0])):
-                for m in re.finditer(r"\b" + words.replace(" ", r"\w* ") + r"\w*\b", q):
+                head, _, rest = words.partition(" ")
+                tail = rest.replace(" ", r"\w* ")
+                pattern = rf"\b{head}\w*" + (rf"(?: [\w-]+)? (?P<rest>{tail})" if rest else "")
+                for m in re.finditer(pattern + r"\w*\b", q):
                     if m.start() > hypo.start():
-                        claim(m.start(), m.end(), Meaning("hypo", None, verb))
+                        claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("hypo", None, verb))
+                        if rest:
+                            claim(m.start("rest"), m.end(), Meaning("hypo", None, verb))
             for w in HYPO_WORDS:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
@@ -457,6 +502,11 @@ class Parser:
                 i += n
             else:
                 i += 1
+        if any(m.kind == "rule" for s in spans for m in s.meanings):   # "a GPU fell off the bus": the GPU repeats it
+            for i, t in enumerate(tokens):
+                if free[i] and t.stem in WEAK_NOUNS:
+                    free[i] = False
+                    spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
@@ -512,8 +562,8 @@ class Parser:
             else:
                 tense_ok = True
             fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) for m in s.meanings if self._fits(m, ent)), default=0)
-                        for s in spans)
+            score = sum(max((weights.get(m.kind, 0) / (2 if m.weak else 1) for m in s.meanings
+                             if self._fits(m, ent)), default=0) for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
             misfits = sum(not f for f in fit) + (0 if tense_ok else 1)
@@ -554,9 +604,12 @@ class Parser:
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
                    and not self._outworded(self.model.entities[n], best, spans)]
-        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service")
+        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
+            #     subject's word may be a condition of another history ("failures": incidents, or failed health
+            #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
             named = {m.entity for s in spans if any(m.kind == kind for m in s.meanings) for m in s.meanings
-                     if m.kind == kind or (kind == "measure" and m.kind == "time")}
+                     if m.kind == kind or (kind == "measure" and m.kind == "time") or (
+                         kind == "entity" and m.kind == "cond" and not self.model.entities[m.entity].now)}
             if named & (set(fitting) | {best.name}):
                 fitting = [n for n in fitting if n in named]
                 break
@@ -618,6 +671,8 @@ class Parser:
             m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
+            if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
+                continue
             if kind == "between":   # the next two words name two times of the row: the measure is the second less
                 ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
                         for x in spans[n + 1:n + 3]]
@@ -718,7 +773,12 @@ class Parser:
             elif kind == "cmp":
                 op, number, unit = value
                 after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
-                if unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
+                dim = next((ent.refs[x.value] for x in (after.meanings if after and not unit else [])
+                            if x.kind == "dim" and x.value in ent.refs and not ent.refs[x.value].startswith("list:")),
+                           None)
+                if dim:   # "fired on more than one node": a count of different nodes
+                    q.having, q.having_of = (op, number), dim
+                elif unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
                         x.kind == "entity" and x.entity == ent.name for x in after.meanings)):
                     q.having = (op, number)
                 else:
@@ -787,6 +847,8 @@ class Parser:
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
+            if pending_group and kind == "q" and value == "count" and (q.rank or q.top):
+                continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
@@ -810,8 +872,15 @@ class Parser:
             unknown.append(single)
         if negate:
             unknown.append(negate)
+        present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
+        if present and not ent.now and q.one_value():
+            # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
+            # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
+            q.show, q.project, q.order = [ent.label], None, "latest"
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
+        if not q.hypo and any(m.kind == "hypo-word" for s in spans for m in s.meanings):
+            unknown.append("what if")   # a hypothetical whose action was not understood: not a filter on today
         q.which = q.which or any(t.text == "which" for t in tokens)
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
