@@ -135,8 +135,8 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
-                          "produce", "produced", "emit", "emitted", "raise", "raised", "open", "opened", "issue",
-                          "issued", "make", "made")}
+                          "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
+                          "made")}
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
@@ -574,12 +574,9 @@ class Parser:
                     spans.remove(apart[i])
                 free[i] = False
                 spans.append(Span(i, i + 1, tokens[i].text, [Meaning("filler")]))
-            words = " … ".join(x.text for x in sorted([s, *(x for x in spans if x.start in taken and x.end - x.start
-                                                            == 1 and x.meanings == [Meaning("filler")])],
-                                                         key=lambda x: x.start))
+            words = " … ".join(text for _, text in sorted([(s.start, s.text), *((i, tokens[i].text) for i in taken)]))
             head = min([s, *(x for x in spans if x.start in taken)], key=lambda x: x.start)   # read where it begins
-            s.meanings, head.meanings = [Meaning("filler")], shared   # ("how many steps ... lose": steps lost)
-            head.text = words
+            s.meanings, head.meanings, head.text = [Meaning("filler")], shared, words   # ("how many steps ... lose")
         for i, t in enumerate(tokens):   # "how many tickets were filed": every row was made
             if free[i] and t.stem in MADE:
                 free[i] = False
