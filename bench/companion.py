@@ -12,9 +12,9 @@ stated defaults for one value of several rows; held_out_8.yaml, written from the
 wrong facts and misses then looked at: no longer unseen); held_out_9.yaml, written after the changes that followed and
 committed before it was run; held_out_10.yaml, written after the changes that followed, from the schema alone by a
 writer who did not read the tier, committed before it was run, measured once, then its misses looked at (no longer
-unseen; docs/companion.md says which run of each set was unseen). Each is asked of the controller database a chaos soak produced
-(tests/fixtures/companion/soak.sql) with the site's timezone the sets name. The fast tier (no language model) always
-runs; the language-model tier runs when SIGMA_LLM_BASE_URL and SIGMA_LLM_MODEL name an OpenAI-compatible endpoint,
+unseen; docs/companion.md says which run of each set was unseen). Each is asked of the controller database a chaos
+soak produced (tests/fixtures/companion/soak.sql) with the site's timezone the sets name. The fast tier (no language
+model) always runs; the language-model tier runs when SIGMA_LLM_BASE_URL and SIGMA_LLM_MODEL name an OpenAI-compatible endpoint,
 and otherwise its row says so (no figure is made up). Latency is per question, after the first question of the run
 has learnt the database's vocabulary (timed on its own line).
 """

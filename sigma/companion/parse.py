@@ -513,9 +513,9 @@ class Parser:
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"
+        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
                              r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
-                             r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... the most"
+                             r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... most"
             claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
