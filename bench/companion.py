@@ -14,9 +14,9 @@ committed before it was run; held_out_10.yaml, written after the changes that fo
 writer who did not read the tier, committed before it was run, measured once, then its misses looked at (no longer
 unseen; docs/companion.md says which run of each set was unseen). Each is asked of the controller database a chaos
 soak produced (tests/fixtures/companion/soak.sql) with the site's timezone the sets name. The fast tier (no language
-model) always runs; the language-model tier runs when SIGMA_LLM_BASE_URL and SIGMA_LLM_MODEL name an OpenAI-compatible endpoint,
-and otherwise its row says so (no figure is made up). Latency is per question, after the first question of the run
-has learnt the database's vocabulary (timed on its own line).
+model) always runs; the language-model tier runs when SIGMA_LLM_BASE_URL and SIGMA_LLM_MODEL name an
+OpenAI-compatible endpoint, and otherwise its row says so (no figure is made up). Latency is per question, after the
+first question of the run has learnt the database's vocabulary (timed on its own line).
 """
 
 from __future__ import annotations
