@@ -184,7 +184,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     """The SELECT; `used` gets the second parts of the question it answers."""
     ent = q.entity
     m = _in_unit(q)
-    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    measures = [c for c in ent.columns.values() if c.role in ("measure", "category") and c.sql != f"src.{c.name}"]
     if m and m.name not in ent.columns and m.sql != f"src.{m.name}":
         measures.append(m)   # a measure of the question's own: the time between two times, one in another unit
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)

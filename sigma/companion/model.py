@@ -222,6 +222,27 @@ def _duration_words(ent: Entity) -> None:
                                   phrase_stems(f"to {verb}")) if p not in col.words]
 
 
+def _referred_columns(entities: dict[str, Entity]) -> None:
+    """The categories of the row another one refers to by its `<table>_id` column, named by that table's noun and
+    the column's words ("incident category" of a job loss: its incident's category); the referred table's own rows
+    take the same words for the column itself."""
+    for other in list(entities.values()):
+        key = _key(other)
+        if not key or other.source != key[:-3] + "s":
+            continue
+        noun = phrase_stems(key[:-3].replace("_", " "))
+        for col in [c for c in other.columns.values() if c.role == "category"]:
+            words = [noun + w for w in col.words if w and noun + w not in col.words]
+            col.words += words
+            for ent in entities.values():
+                if ent is other or key not in ent.columns or col.name in ent.columns:
+                    continue
+                name = f"{key[:-3]}_{col.name}"
+                ent.columns.setdefault(name, Column(
+                    name, f"(SELECT r.{col.name} FROM {other.source} r WHERE r.id = src.{key})", "category",
+                    words=list(words), learnt=col.learnt))
+
+
 def _entity(name: str, spec: dict) -> Entity:
     conds = {}
     for words, sql in (spec.get("conds") or {}).items():
@@ -273,6 +294,7 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
         if ent.label == "rowid":
             ent.label = ent.show[0] if ent.show else names[0]
         _duration_words(ent)
+    _referred_columns(entities)
     rule_ids = {r[0] for r in conn.execute("SELECT DISTINCT rule_id FROM incidents")}
     nodes = {r[0] for r in conn.execute("SELECT node FROM node_snapshots UNION SELECT node FROM incidents "
                                         "WHERE node IS NOT NULL UNION SELECT node FROM node_lifecycle")}

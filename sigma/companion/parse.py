@@ -324,15 +324,18 @@ class Lexicon:
                 return n, self.phrases[others[0]], []
         return 0, [], []
 
-    def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int]) -> tuple[list[int], list]:
+    def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
+              names: dict[int, set[str]]) -> tuple[list[int], list]:
         """Words apart from a span that complete one of its phrases (free: stem -> token index): "training time"
         with "lose" is "training time lost"; "submit" with "validation job" is the action. The span keeps only the
-        meanings that phrase shares with it: (the tokens it takes, those meanings), or ([], [])."""
+        meanings that phrase shares with it: (the tokens it takes, those meanings), or ([], []). A word that names
+        the entity of those meanings (names: token index -> entities) stays its own ("incidents per severity")."""
         best: tuple[list[int], list] = ([], [])
         for p in {p for w in set(span) for p in self.containing.get(w, [])}:
             extra = set(p) - set(span)
             shared = [m for m in meanings if m in self.phrases[p] and m.kind in CONTENT]
-            if extra and extra <= set(free) and shared and len(extra) > len(best[0]):
+            if extra and extra <= set(free) and shared and len(extra) > len(best[0]) and not any(
+                    names.get(free[w], set()) & {m.entity for m in shared} for w in extra):
                 best = ([free[w] for w in extra], shared)
         return best
 
@@ -566,7 +569,8 @@ class Parser:
                      and all(m.kind in CONTENT or m.kind == "times" for m in x.meanings)}
             loose = {t.stem: i for i, t in enumerate(tokens) if (free[i] or i in apart) and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS}
-            taken, shared = self.lexicon.agree(tuple(stems[s.start:s.end]), s.meanings, loose)
+            names = {i: {m.entity for m in x.meanings if m.kind == "entity"} for i, x in apart.items()}
+            taken, shared = self.lexicon.agree(tuple(stems[s.start:s.end]), s.meanings, loose, names)
             if not taken:
                 continue
             for i in taken:
@@ -994,8 +998,6 @@ class Parser:
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
-        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
-            q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
@@ -1019,5 +1021,7 @@ class Parser:
                 q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
+        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+            q.agg = "sum"
         q.understood = [u for u in q.understood if u]
         return Parse(q, unknown, unknown_nodes, q.understood)

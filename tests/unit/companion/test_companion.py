@@ -339,6 +339,13 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
      "SELECT AVG(r.ts - d.ts) FROM lifecycle_transitions d JOIN lifecycle_transitions r ON r.node = d.node AND "
      "r.cycle = d.cycle AND r.to_state = 'resumed' WHERE d.to_state = 'drained' AND d.node = 'node2'"),
     ("total time lost per recovery source", "SELECT source, SUM(time_lost_s) FROM job_losses GROUP BY source"),
+    # a category of the row this one refers to, by that table's noun ("incident severity" of a drain)
+    ("how many drains per incident severity?",
+     "SELECT i.severity, COUNT(*) FROM actions a JOIN incidents i ON i.id = a.incident_id WHERE a.kind = 'drain' "
+     "AND a.state = 'done' GROUP BY i.severity"),
+    ("which incident severity cost job 1 the most time?",   # the most: the total per severity, not one loss's
+     "WITH t AS (SELECT i.severity, SUM(l.time_lost_s) AS s FROM job_losses l JOIN incidents i ON i.id = "
+     "l.incident_id WHERE l.job_id = 1 GROUP BY i.severity) SELECT severity FROM t WHERE s = (SELECT MAX(s) FROM t)"),
 ])
 def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
     a = q(conn, question)
