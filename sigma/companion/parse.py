@@ -195,6 +195,7 @@ class Query:
     hypo: str = ""
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
+    noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -470,6 +471,19 @@ class Parser:
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
                 or any(part in timerange.COUNTS for part in word.split("-")))
 
+    def _overlapping(self, stems: list[str], i: int, n: int, meanings: list[Meaning],
+                     free: list[bool]) -> tuple[int, list[Meaning]]:
+        """A phrase that overlaps the one matched at i and names the same thing takes its further words too: in
+        "1-minute load average" both "1-minute load" and "load average" name the metric, so "average" is part of
+        the name and never an aggregate of its own. (The span keeps the meanings both phrases share.)"""
+        for j in range(i + 1, i + n):
+            trial = [*free[:j], *([True] * (i + n - j)), *free[i + n:]]
+            n2, more, _ = self.lexicon.match(stems, j, trial)
+            shared = [m for m in meanings if m in more and m.kind in CONTENT]
+            if j + n2 > i + n and shared:
+                return j + n2 - i, shared
+        return n, meanings
+
     def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
         """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
         tokens = tokenize(q)
@@ -551,6 +565,7 @@ class Parser:
                 i += 1
                 continue
             n, meanings, nums = self.lexicon.match(stems, i, free)
+            n, meanings = self._overlapping(stems, i, n, meanings, free)
             if n:
                 for k in range(i, i + n):
                     free[k] = False
@@ -726,7 +741,18 @@ class Parser:
             senses = self._senses(ent, s)
             if senses and senses[0].kind in CONTENT and senses[0].kind != "entity":
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
+            if n and self._names_head(ent, spans[n - 1], s, senses):
+                out.append((n, Meaning("filler")))
         return out
+
+    def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
+        """A value word right after the name of another value of the rows may be that name's own noun, not a
+        condition ("PCIe AER errors": AER events, whatever their severity). That reading is weighed only where the
+        condition leaves none of the named rows (sigma.companion.fast): then the question is asked back, never
+        answered "none"."""
+        head = self._senses(ent, before)
+        return (before.end == s.start and bool(senses) and senses[0].kind == "cond" and bool(head)
+                and head[0].kind == "cond" and head[0].value.column != senses[0].value.column)
 
     def _fill(self, ent: Entity, spans: list[Span], leftovers, tokens, yesno, unknown_nodes, past,
               pick: tuple[int, Meaning] | None = None) -> Parse:
@@ -761,6 +787,8 @@ class Parser:
                     loose.append(n)
                 continue
             m = pick[1] if pick and pick[0] == n else fitting[0]
+            if pick and pick[0] == n and m.kind == "filler":
+                q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
             if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
