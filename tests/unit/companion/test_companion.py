@@ -190,6 +190,36 @@ def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answ
     assert e.status == "fact" and "node_snapshots" in e.sql and e.text.startswith("Yes" if now else "No")
 
 
+def test_a_group_key_of_empty_text_is_no_group(conn):
+    """An incident with no category ('' as well as NULL) is no category of its own, also as a referred row's."""
+    assert values(conn, "SELECT COUNT(*) FROM incidents WHERE category = ''")[0][0] > 0   # the case is there
+    a = q(conn, "incident count per category, biggest first")
+    assert a.status == "fact" and values_of(a) == values(
+        conn, "SELECT category, COUNT(*) FROM incidents WHERE category <> '' GROUP BY category")
+    b = q(conn, "total time lost per incident category")
+    assert b.status == "fact" and "" not in {r[0] for r in b.rows} and None not in {r[0] for r in b.rows}
+
+
+def test_a_metric_names_words_are_not_an_aggregate_and_two_aggregates_of_one_value_are_not_understood(conn):
+    top = values(conn, "SELECT MAX(value) FROM samples WHERE node = 'node4' AND metric = 'host.load1'")
+    a = q(conn, "what was the highest 1-minute load average on node4?")   # "load average": the metric's name
+    assert a.status == "fact" and values_of(a) == top
+    b = q(conn, "what was the average highest 1-minute load on node4?")   # one value: average or highest?
+    assert b.status == "partial" and not b.rows
+
+
+def test_a_value_word_after_another_values_name_is_asked_back_where_it_leaves_none(conn):
+    """'errors' after 'PCIe AER' may be the events' noun, not a severity: the AER events are warnings, so the
+    severity reading leaves none and the question is asked back, never answered 'none'."""
+    assert not values(conn, "SELECT 1 FROM events WHERE kind = 'pcie_aer' AND severity = 'error'")
+    for question in ("which nodes reported PCIe AER errors?", "how many PCIe AER errors?"):
+        a = q(conn, question)
+        assert a.status == "clarify" and not a.rows and "'errors' read as part of the name" in a.text
+    b = q(conn, "how many times did the prolog reject a node?")   # the condition leaves rows: it is one
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE source = 'health' AND kind = 'suite.prolog' AND severity = 'reject'")
+
+
 def test_time_lost_is_answered_with_the_time_lost_or_not_as_fact(conn):
     """'time' names a time measure: never the steps lost in its place, nor the count 'times'."""
     def most(per):   # the keys with the largest total time lost, and that total
