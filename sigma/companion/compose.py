@@ -126,7 +126,9 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
         else:
             where.append(f"COALESCE({col}, '') NOT IN ({','.join('?' * len(values))})")
         params += values
-    asked = {c.column.rstrip("!") for c in q.conds}
+    # the entity's default rows (actions done) unless the question names the default's column: as a condition, or
+    # as what it groups or lists by ("actions per state": every state)
+    asked = {c.column.rstrip("!") for c in q.conds} | set(q.group) | {q.project}
     if ent.default and ent.default.split()[0] not in asked:
         where.append(ent.default)
     share_conds = []       # "what share of X are Y": Y is the numerator, not a filter

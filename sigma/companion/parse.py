@@ -49,6 +49,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "per day": ("bucket", "86400"), "by minute": ("bucket", "60"), "by hour": ("bucket", "3600"),
     "by day": ("bucket", "86400"), "each minute": ("bucket", "60"), "each hour": ("bucket", "3600"),
     "each day": ("bucket", "86400"), "every hour": ("bucket", "3600"),
+    "minute": ("period", "60"), "hour": ("period", "3600"), "day": ("period", "86400"),
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
@@ -74,13 +75,14 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
     "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
-    "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    "in terms of": ("filler", ""), "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
+    "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows   # "affect in terms of jobs": which jobs
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
     "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
     "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
-    "set to": ("copula", ""),
+    "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -127,6 +129,8 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+# "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
+BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
@@ -505,6 +509,9 @@ class Parser:
             claim(m.start(), m.end(), Meaning("filler"))
         for m in SUBJECT.finditer(q):
             claim(m.start(), m.end(), Meaning("filler"))
+        for m in BREAK_DOWN.finditer(q):
+            claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
+            claim(m.start(1), m.end(1), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -763,6 +770,7 @@ class Parser:
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
         single = new = ""
+        periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
@@ -895,7 +903,10 @@ class Parser:
                 pending_group = s.text
                 continue
             elif kind == "bucket":
-                q.bucket = 0 if value == "auto" else int(value)
+                if value != "auto" or q.bucket is None:   # "hourly trend": the stated period, not one chosen
+                    q.bucket = 0 if value == "auto" else int(value)
+            elif kind == "period":   # "oldest hour first", "(avg per hour)": understood only as the buckets' own
+                periods.append((s.text, int(value)))
             elif kind == "cmp":
                 op, number, unit = value
                 after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
@@ -1007,6 +1018,7 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, seconds in periods if q.bucket != seconds]
         if new and q.since is None:
             unknown.append(new)
         if each_row and not (q.agg or q.rank):
