@@ -154,7 +154,9 @@ def test_time_ranges_are_read_in_the_sites_timezone(conn):
                               ("since yesterday", "2026-11-22 00:00", None),
                               ("since 2 hours ago", "2026-11-23 18:00", None),
                               ("last week", "2026-11-16 00:00", "2026-11-23 00:00"),
-                              ("between 10:00 and 10:30", "2026-11-23 10:00", "2026-11-23 10:30")]:
+                              ("between 10:00 and 10:30", "2026-11-23 10:00", "2026-11-23 10:30"),
+                              ("this afternoon", "2026-11-23 12:00", "2026-11-23 18:00"),
+                              ("yesterday evening", "2026-11-22 18:00", "2026-11-23 00:00")]:
         r = find(words, now, BERLIN)
         at = lambda s: datetime.fromisoformat(s).replace(tzinfo=BERLIN).timestamp()  # noqa: E731
         assert (r.since, r.until) == (at(start), at(end) if end else None), words
@@ -377,6 +379,18 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
     ("which incident severity cost job 1 the most time?",   # the most: the total per severity, not one loss's
      "WITH t AS (SELECT i.severity, SUM(l.time_lost_s) AS s FROM job_losses l JOIN incidents i ON i.id = "
      "l.incident_id WHERE l.job_id = 1 GROUP BY i.severity) SELECT severity FROM t WHERE s = (SELECT MAX(s) FROM t)"),
+    # everyday verbs: a copula, a verb of being, a grouping verb around its object, the whole cluster
+    ("how many drains are sitting in shadow mode?",
+     "SELECT COUNT(*) FROM actions WHERE kind = 'drain' AND state = 'shadow'"),
+    ("how many incidents turned out to be closed?", "SELECT COUNT(*) FROM incidents WHERE closed_at IS NOT NULL"),
+    ("split the incidents up by severity", "SELECT severity, COUNT(*) FROM incidents GROUP BY severity"),
+    ("how many actions per state?", "SELECT state, COUNT(*) FROM actions GROUP BY state"),   # every state
+    ("the average detection latency across the whole cluster", "SELECT AVG(opened_at - fault_ts) FROM incidents"),
+    # a period word repeating the buckets' ("oldest hour first"), a stated period kept over "trend"
+    ("mean loss of job 1 per hour, oldest hour first",
+     "SELECT CAST(ts / 3600 AS INTEGER) * 3600, AVG(loss) FROM kpis WHERE job_id = 1 GROUP BY 1"),
+    ("hourly trend of job 1's loss", "SELECT CAST(ts / 3600 AS INTEGER) * 3600, AVG(loss) FROM kpis WHERE job_id = 1 "
+                                     "GROUP BY 1"),
 ])
 def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
     a = q(conn, question)
@@ -388,6 +402,7 @@ def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
     ("how many new drains?", "new"),                            # new since when?
     ("how many incidents are marked?", "marked"),               # marked what?
     ("how many incidents have we bungled so far?", "bungled"),  # a content word still unknown
+    ("how many incidents per hour, newest day first?", "day"),   # a period that is not the buckets'
 ])
 def test_words_that_need_their_other_half_are_not_answered_alone(conn, question, word):
     a = q(conn, question)
