@@ -144,6 +144,7 @@ MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "cre
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
+TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
@@ -475,6 +476,37 @@ class Parser:
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
                 or any(part in timerange.COUNTS for part in word.split("-")))
 
+    def _time_order(self, tokens, stems: list[str], free: list[bool]) -> list[Span]:
+        """Two times of one row compared: "acked by their deadline", "delivered after the deadline" is a condition
+        on the row (negated as any condition is: "not acked by the deadline" includes those never acked)."""
+        out = []
+        for i in range(1, len(tokens) - 1):
+            op = TIME_ORDER.get(tokens[i].text)
+            k = i + 1
+            while k < len(tokens) - 1 and stems[k] in DETERMINERS:
+                k += 1
+            if not op or not all(free[i - 1:k + 1]):
+                continue
+            a, b = (self._times(stems[x]) for x in (i - 1, k))
+            text = " ".join(t.text for t in tokens[i - 1:k + 1])
+            meanings = [Meaning("cond", e, Cond(e, f"{a[e]} {op} {b[e]}", text, a[e])) for e in a
+                        if e in b and a[e] != b[e]]
+            if meanings:
+                for x in range(i - 1, k + 1):
+                    free[x] = False
+                out.append(Span(i - 1, k + 1, text, meanings))
+        return out
+
+    def _times(self, word: str) -> dict[str, str]:
+        """The time column one word names, per entity: as a time ("deadline") or as that time being there
+        ("acknowledged": acked_at is set)."""
+        out = {}
+        for m in self.lexicon.phrases.get((word,), []):
+            col = m.value if m.kind == "time" else m.value.column if m.kind == "cond" else ""
+            if col and getattr(self.model.entities[m.entity].columns.get(col), "role", "") == "time":
+                out.setdefault(m.entity, col)
+        return out
+
     def _overlapping(self, stems: list[str], i: int, n: int, meanings: list[Meaning],
                      free: list[bool]) -> tuple[int, list[Meaning]]:
         """A phrase that overlaps the one matched at i and names the same thing takes its further words too: in
@@ -558,6 +590,7 @@ class Parser:
                 unknown_nodes.append(t.text)
                 claim(t.start, t.end, Meaning("unknown-node", None, t.text))
         stems = [t.stem for t in tokens]
+        spans += self._time_order(tokens, stems, free)
         i = 0
         while i < len(tokens):
             if not free[i]:
@@ -802,9 +835,12 @@ class Parser:
             if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
                 continue
             if kind == "between":   # the next two words name two times of the row: the measure is the second less
-                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
+                # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
+                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None) or (
+                            Meaning("time", ent.name, ent.time) if ent.time and any(
+                                t.kind == "entity" and t.entity == ent.name for t in x.meanings) else None)
                         for x in spans[n + 1:n + 3]]
-                if len(ends) < 2 or None in ends or q.measure is not None:
+                if len(ends) < 2 or None in ends or ends[0].value == ends[1].value or q.measure is not None:
                     unknown.append(s.text)
                     continue
                 a, b = (ent.columns[t.value] for t in ends)

@@ -391,6 +391,15 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
      "SELECT CAST(ts / 3600 AS INTEGER) * 3600, AVG(loss) FROM kpis WHERE job_id = 1 GROUP BY 1"),
     ("hourly trend of job 1's loss", "SELECT CAST(ts / 3600 AS INTEGER) * 3600, AVG(loss) FROM kpis WHERE job_id = 1 "
                                      "GROUP BY 1"),
+    # two times of one row: compared ("by", "after" the deadline; negated, the never acked too), or the span from
+    # one to the other, where the row's own name is its own time (an incident's: its opening)
+    ("how many checkpoint requests were not acknowledged by the deadline?",
+     "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL OR acked_at > deadline"),
+    ("which checkpoint requests were acked after the deadline?",
+     "SELECT id FROM checkpoint_requests WHERE acked_at > deadline"),
+    ("the median time from fault to incident", "WITH x AS (SELECT opened_at - fault_ts AS s FROM incidents WHERE "
+     "fault_ts IS NOT NULL) SELECT AVG(s) FROM (SELECT s FROM x ORDER BY s LIMIT 2 - (SELECT COUNT(*) FROM x) % 2 "
+     "OFFSET ((SELECT COUNT(*) FROM x) - 1) / 2)"),
 ])
 def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
     a = q(conn, question)
