@@ -395,7 +395,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                 sql = f"SELECT * FROM ({inner}) g WHERE {name} = (SELECT {fn}({name}) FROM ({inner}))"
                 params = params + params
             return Built(sql, params, units, "ranking", name)
-        sql = head + body + f" ORDER BY {proj}"
+        sql = head + body + (f" ORDER BY {name} DESC, {proj}" if q.sort else f" ORDER BY {proj}")
         return Built(sql, params, units, "groups", name)
 
     if q.qkind == "when":

@@ -49,6 +49,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "per day": ("bucket", "86400"), "by minute": ("bucket", "60"), "by hour": ("bucket", "3600"),
     "by day": ("bucket", "86400"), "each minute": ("bucket", "60"), "each hour": ("bucket", "3600"),
     "each day": ("bucket", "86400"), "every hour": ("bucket", "3600"),
+    "rank": ("sort", ""), "sort": ("sort", ""),
     "minute": ("period", "60"), "hour": ("period", "3600"), "day": ("period", "86400"),
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
@@ -201,6 +202,7 @@ class Query:
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
     noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
+    sort: bool = False                    # "rank the nodes by ...": every group, the largest value first
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -934,6 +936,8 @@ class Parser:
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
+                if s.text == "by" and q.sort and q.project:   # "rank the nodes by ...": what follows is the value
+                    continue
                 if pending_group:
                     unknown.append(pending_group)
                 pending_group = s.text
@@ -941,6 +945,8 @@ class Parser:
             elif kind == "bucket":
                 if value != "auto" or q.bucket is None:   # "hourly trend": the stated period, not one chosen
                     q.bucket = 0 if value == "auto" else int(value)
+            elif kind == "sort":
+                q.sort = True
             elif kind == "period":   # "oldest hour first", "(avg per hour)": understood only as the buckets' own
                 periods.append((s.text, int(value)))
             elif kind == "cmp":
@@ -963,7 +969,7 @@ class Parser:
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
-                elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
+                elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": ranked by their count
                     pending_group = False
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
@@ -1023,7 +1029,7 @@ class Parser:
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
-            if pending_group and kind == "q" and value == "count" and (q.rank or q.top):
+            if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
@@ -1055,6 +1061,8 @@ class Parser:
         if single and not q.rank:
             unknown.append(single)
         unknown += [text for text, seconds in periods if q.bucket != seconds]
+        if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
+            unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
         if each_row and not (q.agg or q.rank):

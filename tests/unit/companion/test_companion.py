@@ -192,6 +192,13 @@ def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answ
     assert e.status == "fact" and "node_snapshots" in e.sql and e.text.startswith("Yes" if now else "No")
 
 
+def test_a_ranking_lists_every_group_largest_first(conn):
+    a = q(conn, "rank the nodes by total time lost")
+    assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
+        "SELECT i.node, SUM(l.time_lost_s) AS s FROM job_losses l JOIN incidents i ON i.id = l.incident_id "
+        "WHERE i.node <> '' GROUP BY i.node ORDER BY s DESC")]
+
+
 def test_a_group_key_of_empty_text_is_no_group(conn):
     """An incident with no category ('' as well as NULL) is no category of its own, also as a referred row's."""
     assert values(conn, "SELECT COUNT(*) FROM incidents WHERE category = ''")[0][0] > 0   # the case is there
@@ -397,6 +404,10 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
      "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL OR acked_at > deadline"),
     ("which checkpoint requests were acked after the deadline?",
      "SELECT id FROM checkpoint_requests WHERE acked_at > deadline"),
+    # an action state the entity's default leaves out, named ("failed"); every group ranked, largest first
+    ("how many reboots were skipped?", "SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'skipped'"),
+    ("rank the rules by how many incidents they raised",
+     "SELECT rule_id, COUNT(*) FROM incidents GROUP BY rule_id"),
     ("the median time from fault to incident", "WITH x AS (SELECT opened_at - fault_ts AS s FROM incidents WHERE "
      "fault_ts IS NOT NULL) SELECT AVG(s) FROM (SELECT s FROM x ORDER BY s LIMIT 2 - (SELECT COUNT(*) FROM x) % 2 "
      "OFFSET ((SELECT COUNT(*) FROM x) - 1) / 2)"),
