@@ -76,8 +76,9 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
     "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
-    "in terms of": ("filler", ""), "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
-    "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows   # "affect in terms of jobs": which jobs
+    "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
+    "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
@@ -969,7 +970,7 @@ class Parser:
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
-                elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": ranked by their count
+                elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
