@@ -95,7 +95,7 @@ def _series(g: Group) -> np.ndarray:
 
 
 def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True, ratio: float | None = None,
-                k: int = 3) -> Pass:
+                k: int = 3, mask: bool = True) -> Pass:
     """The controller's rounds over a group: rolling history, long-memory histograms fed round by round."""
     x = _series(g)
     E, T, M = x.shape
@@ -106,8 +106,11 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
     if ratio is None and mod is isolation:
         ratio = ISO.comparable_ratio
     t0 = time.perf_counter()
+    suspect = np.zeros((E, T), bool)  # rounds an entity scored at the floor or above: not its healthy history
     for t in range(HISTORY, T):
         hist, cur = x[:, t - HISTORY:t], x[:, t]
+        if mask and suspect[:, t - HISTORY:t].any():
+            hist = np.where(suspect[:, t - HISTORY:t, None], np.nan, hist)
         base = mod.baseline(hist) if ratio is None else mod.baseline(hist, ratio)
         if lone and E >= 3 and (weights is None or t % WEIGHTS_EVERY == 0):
             q = sketches.quantiles(ents, series, healthy.POSITION_QS)
@@ -115,6 +118,7 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
         s = mod.score(ents, cur, base=base, k=k, lone=(lambda b: weights) if lone and weights is not None else None,
                       position=(lambda d: sketches.positions(ents, series, d, q)) if lone and q is not None else None)
         scores[t - HISTORY] = s.total
+        suspect[:, t] = s.total >= ISO.min_score
         evidence[t - HISTORY] = s.evidence if s.evidence is not None else s.metric_z
         if lone and E >= 3:  # not those named this round (at the floor), through the teaching rule
             sketches.teach(ents, series, healthy.residuals(cur), s.total < ISO.min_score)
@@ -245,7 +249,7 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
     import hashlib
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
-        "isolation.py", "healthy.py")] + [dataset.encode(), g.name.encode(), method.encode(),
+        "isolation.py", "healthy.py")] + [Path(__file__).read_bytes(), dataset.encode(), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
