@@ -8,7 +8,8 @@ per-node detector.
 Protocol, as the controller runs: one data point is one isolation window (a simulated day = 86,400 / window_s
 points); each round is scored against the previous history_s / window_s points (the controller's history is its
 last hour) and, for the engine, the long-memory histograms (healthy.py) fed round by round through the controller's
-teaching rule with the entities not named that round. The engine acts as the controller does: on the same dominant
+teaching rule with the entities not named that round; the rounds in which an entity scored at the floor are left
+out of its rolling history (detect/suspect.py), as the controller leaves them out. The engine acts as the controller does: on the same dominant
 culprit in `rounds` consecutive rounds, at the threshold its false-drain budget calibrates (budget.py) from the
 action statistics of the rounds before (every round feeds them: the bench has no watchdog to say a round was
 healthy, and an anomaly that slips in only raises the threshold); before the history supports the budget it acts
@@ -28,8 +29,9 @@ baseline is also put at the engine's budget two ways: `(budget)`, the same calib
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
-Tuning: `--tune` runs the engine's choices (rounds, the comparability ratio, the lone-metric weights) on ASD's
-history and the first half of its scored part only; every other figure is reported on data those choices did not
+Tuning: `--tune` runs the engine's choices (`rounds`, and whether a node's suspected rounds are left out of its
+history) on ASD's history and the first half of its scored part only (the comparability ratio and the lone-metric
+weights were chosen there before); every other figure is reported on data those choices did not
 see (ASD's second half, every other data set).
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
@@ -166,17 +168,34 @@ def action_stats(scores: np.ndarray, rounds: int) -> np.ndarray:
 def calibrated_thresholds(scores: np.ndarray, rounds: int, per_1000_node_days: float) -> tuple[np.ndarray, list]:
     """[T] the threshold the budget calibrates before each round from every earlier round's action statistics
     (inf where the history does not support it yet), and the calibrations (round, Calibration) along the way."""
-    stats = action_stats(scores, rounds)
+    return cluster_thresholds([scores], rounds, per_1000_node_days)[0]
+
+
+def cluster_thresholds(groups: list[np.ndarray], rounds: int, per_1000_node_days: float) -> list[tuple]:
+    """calibrated_thresholds of groups (jobs) that share one cluster, as the controller's Calibrator keeps it: every
+    group's rounds feed the cluster's tail and the group's own (its job shape), round by round side by side; a group
+    acts at the cluster's threshold, or at its own where that supports the budget and is higher; without the
+    cluster's support, nothing acts."""
+    stats = [action_stats(s, rounds) for s in groups]
     rate = budget.allowed_rate(per_1000_node_days / 1000, ISO.window_s)
-    tail, out, trail = budget.Tail(), np.full(scores.shape[0], np.inf), []
-    cal = budget.calibrate(tail, rate, ISO.min_score)
-    for t in range(scores.shape[0]):
+    cluster, own = budget.Tail(), [budget.Tail() for _ in groups]
+    outs, trails = [np.full(s.shape[0], np.inf) for s in groups], [[] for _ in groups]
+    cals = [budget.calibrate(cluster, rate, ISO.min_score)] * len(groups)
+    for t in range(max(s.shape[0] for s in groups)):
         if t % CALIBRATE_EVERY == 0 and t:
-            tail.add(stats[t - CALIBRATE_EVERY:t])
-            cal = budget.calibrate(tail, rate, ISO.min_score, seed=t)
-            trail.append((t, cal))
-        out[t] = cal.threshold if cal.acts else np.inf
-    return out, trail
+            for i, st in enumerate(stats):
+                if t <= st.shape[0]:
+                    cluster.add(st[t - CALIBRATE_EVERY:t]), own[i].add(st[t - CALIBRATE_EVERY:t])
+            whole = budget.calibrate(cluster, rate, ISO.min_score, seed=t)
+            for i, st in enumerate(stats):
+                if t < st.shape[0]:
+                    mine = budget.calibrate(own[i], rate, ISO.min_score, seed=t) if whole.acts else whole
+                    cals[i] = mine if mine.acts and mine.threshold > whole.threshold else whole
+                    trails[i].append((t, cals[i]))
+        for i, out in enumerate(outs):
+            if t < out.size:
+                out[t] = cals[i].threshold if cals[i].acts else np.inf
+    return list(zip(outs, trails))
 
 
 def acts_of(scores: np.ndarray, threshold, rounds: int = ISO.rounds) -> np.ndarray:
@@ -242,6 +261,9 @@ def scored(p: Pass, g: Group) -> np.ndarray:
     return p.scores[g.train.shape[1] - HISTORY:]
 
 
+PROTOCOL = {"engine": b"suspected rounds left out of the rolling history"}  # part of a pass's cache key
+
+
 def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pass:
     """A scoring pass, kept in `cache` (keyed by the code of the scorers and the group's data) when given."""
     if cache is None:
@@ -249,7 +271,7 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
     import hashlib
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
-        "isolation.py", "healthy.py")] + [Path(__file__).read_bytes(), dataset.encode(), g.name.encode(), method.encode(),
+        "isolation.py", "healthy.py") if method == "engine"] + [PROTOCOL.get(method, b""), dataset.encode(), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
@@ -285,11 +307,13 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
     totals = {}
     for name, items in per.items():
         results, trails = [], []
-        for g, p in items:
+        # the data set's groups are the jobs of one cluster: one budget calibration over all of them
+        calibrated = cluster_thresholds([p.scores for _, p in items], ISO.rounds, ISO.budget_per_1000_node_days)
+        for (g, p), (cal_th, trail) in zip(items, calibrated):
             s = scored(p, g)
+            cal_th = cal_th[g.train.shape[1] - HISTORY:]
             if name == "engine":
-                th, trail = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
-                th = th[g.train.shape[1] - HISTORY:]
+                th = cal_th
                 trails.append((g, trail[-1][1] if trail else None))
             else:
                 th = p.threshold
@@ -298,9 +322,7 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
             if name == "engine":
                 totals.setdefault("engine@6", []).append(outcome(g, acts_of(s, ISO.min_score)))
             else:  # the same budget calibration on the method's own scores: equal budgets without an oracle
-                cal_th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
-                totals.setdefault(f"{name} (budget)", []).append(
-                    outcome(g, acts_of(s, cal_th[g.train.shape[1] - HISTORY:])))
+                totals.setdefault(f"{name} (budget)", []).append(outcome(g, acts_of(s, cal_th)))
         totals[name] = results
         print(row(name, total(results), f"   ({np.mean([p.ms for _, p in items]):.1f} ms/round)"))
         if name != "engine":
@@ -356,20 +378,19 @@ def tune(root: Path) -> None:
     print(f"tuning on ASD's history and the first half of its scored part ({half} windows, {len(first.segments)} "
           f"segments); figures: top-1, wrong, false actions per normal window at the calibrated budget, and the best "
           f"top-1 within 0.1 % false actions per window (oracle threshold)")
-    for lone in (True, False):
-        for ratio in (0.0, 1.0, 1e9):
-            p = engine_pass(first, lone=lone, ratio=ratio)
-            s = scored(p, first)
-            for rounds in (1, 2, 3, 4):
-                th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
-                r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
-                best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
-                    o["false"] <= 0.001 * o["normal"], o["top1"]))
-                n = max(1, r["segments"])
-                print(f"  lone {lone!s:5} ratio {ratio:g} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
-                      f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
-                      f"{trail[-1][1].threshold if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
-                      f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
+    for mask in (True, False):
+        p = engine_pass(first, mask=mask)
+        s = scored(p, first)
+        for rounds in (1, 2, 3, 4, 6, 8):
+            th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
+            r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
+            best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
+                o["false"] <= 0.001 * o["normal"], o["top1"]))
+            n = max(1, r["segments"])
+            print(f"  suspected history left out {mask!s:5} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
+                  f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
+                  f"{f'{trail[-1][1].threshold:.1f}' if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
+                  f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
 
 
 # ---------- NAB: single series, the per-node detector ----------
