@@ -8,8 +8,7 @@ per-node detector.
 Protocol, as the controller runs: one data point is one isolation window (a simulated day = 86,400 / window_s
 points); each round is scored against the previous history_s / window_s points (the controller's history is its
 last hour) and, for the engine, the long-memory histograms (healthy.py) fed round by round through the controller's
-teaching rule with the entities not named that round; the rounds in which an entity scored at the floor are left
-out of its rolling history (detect/suspect.py), as the controller leaves them out. The engine acts as the controller does: on the same dominant
+teaching rule with the entities not named that round. The engine acts as the controller does: on the same dominant
 culprit in `rounds` consecutive rounds, at the threshold its false-drain budget calibrates (budget.py) from the
 action statistics of the rounds before (every round feeds them: the bench has no watchdog to say a round was
 healthy, and an anomaly that slips in only raises the threshold); before the history supports the budget it acts
@@ -29,10 +28,11 @@ baseline is also put at the engine's budget two ways: `(budget)`, the same calib
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
-Tuning: `--tune` runs the engine's choices (`rounds`, and whether a node's suspected rounds are left out of its
-history) on ASD's history and the first half of its scored part only (the comparability ratio and the lone-metric
-weights were chosen there before); every other figure is reported on data those choices did not
-see (ASD's second half, every other data set).
+Tuning: `--tune` runs the engine's choice of `rounds` (1-12) on ASD's history and the first half of its scored part
+only (the comparability ratio and the lone-metric weights were chosen there before); every other figure is
+reported on data those choices did not see (ASD's second half, every other data set). A data set's groups are the
+jobs of one cluster: one budget calibration over all of them, the cluster's tail and each group's own, as the
+controller's Calibrator keeps them.
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
        [--tune] [--nab-files 24]
@@ -97,7 +97,7 @@ def _series(g: Group) -> np.ndarray:
 
 
 def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True, ratio: float | None = None,
-                k: int = 3, mask: bool = True) -> Pass:
+                k: int = 3) -> Pass:
     """The controller's rounds over a group: rolling history, long-memory histograms fed round by round."""
     x = _series(g)
     E, T, M = x.shape
@@ -108,11 +108,8 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
     if ratio is None and mod is isolation:
         ratio = ISO.comparable_ratio
     t0 = time.perf_counter()
-    suspect = np.zeros((E, T), bool)  # rounds an entity scored at the floor or above: not its healthy history
     for t in range(HISTORY, T):
         hist, cur = x[:, t - HISTORY:t], x[:, t]
-        if mask and suspect[:, t - HISTORY:t].any():
-            hist = np.where(suspect[:, t - HISTORY:t, None], np.nan, hist)
         base = mod.baseline(hist) if ratio is None else mod.baseline(hist, ratio)
         if lone and E >= 3 and (weights is None or t % WEIGHTS_EVERY == 0):
             q = sketches.quantiles(ents, series, healthy.POSITION_QS)
@@ -120,7 +117,6 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
         s = mod.score(ents, cur, base=base, k=k, lone=(lambda b: weights) if lone and weights is not None else None,
                       position=(lambda d: sketches.positions(ents, series, d, q)) if lone and q is not None else None)
         scores[t - HISTORY] = s.total
-        suspect[:, t] = s.total >= ISO.min_score
         evidence[t - HISTORY] = s.evidence if s.evidence is not None else s.metric_z
         if lone and E >= 3:  # not those named this round (at the floor), through the teaching rule
             sketches.teach(ents, series, healthy.residuals(cur), s.total < ISO.min_score)
@@ -261,9 +257,6 @@ def scored(p: Pass, g: Group) -> np.ndarray:
     return p.scores[g.train.shape[1] - HISTORY:]
 
 
-PROTOCOL = {"engine": b"suspected rounds left out of the rolling history"}  # part of a pass's cache key
-
-
 def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pass:
     """A scoring pass, kept in `cache` (keyed by the code of the scorers and the group's data) when given."""
     if cache is None:
@@ -271,7 +264,7 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
     import hashlib
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
-        "isolation.py", "healthy.py") if method == "engine"] + [PROTOCOL.get(method, b""), dataset.encode(), g.name.encode(), method.encode(),
+        "isolation.py", "healthy.py") if method == "engine"] + [dataset.encode(), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
@@ -378,19 +371,18 @@ def tune(root: Path) -> None:
     print(f"tuning on ASD's history and the first half of its scored part ({half} windows, {len(first.segments)} "
           f"segments); figures: top-1, wrong, false actions per normal window at the calibrated budget, and the best "
           f"top-1 within 0.1 % false actions per window (oracle threshold)")
-    for mask in (True, False):
-        p = engine_pass(first, mask=mask)
-        s = scored(p, first)
-        for rounds in (1, 2, 3, 4, 6, 8):
-            th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
-            r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
-            best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
-                o["false"] <= 0.001 * o["normal"], o["top1"]))
-            n = max(1, r["segments"])
-            print(f"  suspected history left out {mask!s:5} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
-                  f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
-                  f"{f'{trail[-1][1].threshold:.1f}' if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
-                  f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
+    p = engine_pass(first)
+    s = scored(p, first)
+    for rounds in (1, 2, 3, 4, 6, 8, 12):
+        th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
+        r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
+        best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
+            o["false"] <= 0.001 * o["normal"], o["top1"]))
+        n = max(1, r["segments"])
+        print(f"  rounds {rounds:2d}: calibrated {100 * r['top1'] / n:4.1f}% {100 * r['wrong'] / n:4.1f}% "
+              f"{100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
+              f"{f'{trail[-1][1].threshold:.1f}' if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
+              f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
 
 
 # ---------- NAB: single series, the per-node detector ----------

@@ -39,7 +39,6 @@ from sigma.controller.act.remediation import Remediator
 from sigma.controller.detect.kpiwindow import KpiWindow
 from sigma.controller.detect.samples import bucket_stats, recent_for_metrics
 from sigma.controller.detect.series import SeriesWindows
-from sigma.controller.detect.suspect import SuspectTimes
 from sigma.controller.detect.prochang import IDLE_CORES, judge_processes, proc_labels
 from sigma.controller.detect.prochang import METRICS as PROC_METRICS
 from sigma.controller.detect.watchdog import JobInfo, RowsView, judge, typical_throughput
@@ -104,7 +103,6 @@ class Controller:
         self.no_culprit_rounds: dict[int, int] = {}
         self._history_cache: dict[str, tuple[float, float | None]] = {}
         self._node_history: dict[tuple[str, ...], tuple[float, list[tuple]]] = {}
-        self.suspect = SuspectTimes(cfg.isolation.history_s)  # not a node's healthy history (detect/suspect.py)
         self._last_snapshot: dict[str, tuple] = {}
         self._last_snapshot_ts = 0.0
         self.ticks = 0
@@ -685,12 +683,11 @@ class Controller:
         baseline or None)."""
         iso = self.cfg.isolation
         names, cur, hist, jitter = job_matrices(list(job.nodes), now, iso.window_s, rows, current,
-                                                self.suspect.healthy_rows(self._history_buckets(job.nodes, now)))
+                                                self._history_buckets(job.nodes, now))
         base = baseline(hist, iso.comparable_ratio) if hist is not None and hist.shape[1] >= 3 else None
         scores = score(list(job.nodes), cur, base=base, jitter=jitter,
                        lone=lambda b: self.healthy.weights(job.nodes, names, b),
                        position=lambda deviation: self.healthy.positions(job.nodes, names, deviation))
-        self.suspect.mark(list(job.nodes), scores.total, iso.min_score, now - iso.window_s, now)
         return names, scores, cur, base
 
     def _calibrator(self, cfg: ControllerConfig, previous: Calibrator | None = None) -> Calibrator:
