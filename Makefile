@@ -41,7 +41,7 @@ test unit: EXTRA_PACKAGES = $(TEST_PACKAGES)
 bench: EXTRA_PACKAGES = $(BENCH_PACKAGES)
 
 test: install
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q --durations=25 tests
 
 # The SLURM-level integration tests on the Slurm of Debian 13 (24.11, with the cgroup file systems mounted) and of
 # Debian unstable (26.05, without them), each in a root file system built once by debootstrap from Debian's packages

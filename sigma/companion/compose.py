@@ -155,6 +155,19 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     return where, params, share_conds
 
 
+def _known_keys(q: Query) -> list[str]:
+    """Per-group and per-X answers are about the groups the question names: rows without a value of the key (an
+    incident with no node) are no group of their own ("the last incident on each node" lists nodes), unless a
+    condition of the question is on that column."""
+    asked = {c.column.rstrip("!") for c in q.conds}
+    keys = [k for k in [*q.group, q.project] if k and not k.startswith("list:") and k not in asked]
+    return [f"{k} IS NOT NULL" for k in dict.fromkeys(keys) if k in q.entity.columns]
+
+
+def _having_count(q: Query) -> str:
+    return f"COUNT(DISTINCT {q.having_of})" if q.having_of else "COUNT(*)"
+
+
 def _in_unit(q: Query) -> Column | None:
     """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
@@ -171,13 +184,14 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     """The SELECT; `used` gets the second parts of the question it answers."""
     ent = q.entity
     m = _in_unit(q)
-    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    measures = [c for c in ent.columns.values() if c.role in ("measure", "category") and c.sql != f"src.{c.name}"]
     if m and m.name not in ent.columns and m.sql != f"src.{m.name}":
         measures.append(m)   # a measure of the question's own: the time between two times, one in another unit
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
     src = ent.source if not ent.source.upper().startswith("SELECT") else f"({ent.source})"
     base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
     where, params, share_conds = _filters(q, "base")
+    where += _known_keys(q)
     extras = [_extra(x) for x in q.extras]
     aggregates, plain = [x for x in extras if not x.plain], [x for x in extras if x.plain]
 
@@ -314,7 +328,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if bucket is not None:
             sel = sel.replace(f"GROUP BY {', '.join(keys)}", f"GROUP BY {', '.join(key_names)}")
         if q.having:
-            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+            sel += f" HAVING {_having_count(q)} {q.having[0]} {q.having[1]:g}"
         sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
@@ -358,7 +372,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if q.having:
             if value_agg != "count":
                 raise NotUnderstood("a count condition with another measure")
-            sel += f" HAVING COUNT(*) {q.having[0]} {q.having[1]:g}"
+            sel += f" HAVING {_having_count(q)} {q.having[0]} {q.having[1]:g}"
         if q.qkind == "count" and not q.rank and (q.count_distinct or q.having):   # "how many nodes were drained"
             inner = head + (", " + extra_cte if extra_cte else "") + sel
             sql = f"SELECT COUNT(*) AS n FROM ({inner})"

@@ -208,6 +208,11 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return _which_one(q, result.rows, understood) if _one_of_many(q, built, result.rows) else Answer(
             text=f"I understood {understood}, but my query for it failed ({exc}).", tier="fast",
             intent=q.entity.name, status="cannot", understood=understood, not_understood=[str(exc)])
+    if q.one_value() and len(result.rows) > 1:   # "what stage was node2 in": one of several, no word says which
+        return Answer(text=f"{', '.join(q.nodes + [f'job {j}' for j in q.jobs])} had {len(result.rows)} "
+                           f"{q.project.replace('_', ' ')} values ({', '.join(str(r[0]) for r in result.rows[:8])}); "
+                           "you asked for one: the latest, the first, or each? Ask again with that word, or a time.",
+                      tier="fast", intent=q.entity.name, status="clarify", understood=understood)
     readings = [(q, built, result.columns, result.rows)] + _alternatives(conn, parsed.alternatives, now, offset)
     distinct = [r for i, r in enumerate(readings) if not any(_same(r, o) for o in readings[:i])]
     if len(distinct) > 1:   # the words fit readings whose answers differ: ask which, never pick one

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 # Words that carry no content of their own: articles, pronouns, auxiliaries, politeness, fillers, and prepositions
 # whose meaning the slots around them already carry. Negations, comparisons and time words are NOT here: left
-# unmapped they stop a question from being answered as fact.
+# unmapped they stop a question from being answered as fact. Nor is "who": it asks for a person, and the data
+# records none (only whether an action was automatic), so a question about who is never answered with what.
 STOPWORDS = frozenset("""
 a an the this that these those it its it's they them their there here
 i me my we us our you your he she his her someone anybody anyone somebody
 is are was were be been being am do does did done doing have has had having will would shall should can could may
 might must get gets got gotten getting
-what which who whom whose how where
+what which whose how where
 of in on at to for from with by about into onto as per via
 and or also both either
 please show list tell give find display print report me let know see seen saw look
@@ -38,7 +39,8 @@ IRREGULAR = {
     "latest": "latest", "recent": "recent", "gpus": "gpu", "cpus": "cpu", "xids": "xid", "less": "less",
     "was": "was", "has": "has", "does": "does", "is": "is", "this": "this", "its": "its", "us": "us",
     "checks": "check", "checked": "check", "failure": "failure", "failures": "failure", "failed": "fail",
-    "failing": "fail", "fails": "fail", "used": "use", "uses": "use", "using": "use",
+    "failing": "fail", "fails": "fail",
+    "cost": "lose", "costs": "lose", "costing": "lose", "used": "use", "uses": "use", "using": "use",
 }
 
 KEEP = {"note", "notes"}  # stems that would collide with a function word ("note" -> "not")
@@ -89,6 +91,9 @@ def normalise(question: str) -> str:
                                                                            "here", "where") else ""), q)
     q = re.sub(r"\b(what|that|there|who|it|here|where)'s\b", r"\1 is", q)
     q = re.sub(r"n't\b", " not", q)
+    # the other contractions of a pronoun and its auxiliary ("we've had", "they'd have"): the auxiliary written out
+    q = re.sub(r"\b(i|we|you|they|he|she)'(ve|re|ll|d)\b",
+               lambda m: f"{m.group(1)} " + {"ve": "have", "re": "are", "ll": "will", "d": "would"}[m.group(2)], q)
     return q
 
 

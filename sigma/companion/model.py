@@ -42,6 +42,7 @@ class Column:
     values: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)  # category value -> its words
     keys: list[str] = field(default_factory=list)                           # JSON keys seen
     learnt: bool = False              # its words come from its name, not from the schema document
+    unseen: set[str] = field(default_factory=set)   # values the schema lists that no row has (yet)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Entity:
     explicit: bool = False            # described in the vocabulary document
     measure_names: dict | None = None         # {column, value}: each value of `column` names a measure in `value`
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
+    row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
+    #                                   service), so "per drain" or "a drained node" is each row, not a grouping
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -130,9 +133,37 @@ def _sample(conn: sqlite3.Connection, source: str) -> str:
     return f"(SELECT * FROM {source} ORDER BY rowid DESC LIMIT {SAMPLE_ROWS})"
 
 
+@lru_cache(maxsize=1)
+def documented_values() -> dict[str, dict[str, list[str]]]:
+    """table -> column -> the values the schema document lists for it (a migration's column note that is a list of
+    identifiers: `state TEXT NOT NULL, -- planned done skipped failed shadow`), so that a value no row has yet
+    ("how many actions failed?": none) is understood and counted, not unknown."""
+    from sigma.companion.schema import tables
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for t in tables():
+        for c in t.columns:
+            words = c.note.split()
+            if len(words) >= 2 and all(re.fullmatch(r"[a-z_]+", w) for w in words):
+                out.setdefault(t.name, {})[c.name] = words
+    return out
+
+
+def _table_of(ent: Entity) -> str:
+    """The table an entity's rows come from: its source, or the first table its query reads (not a subquery's)."""
+    top = ent.source
+    while "(" in top:
+        top, n = re.subn(r"\([^()]*\)", "", top)
+        if not n:
+            break
+    m = re.search(r"\bFROM\s+(\w+)", top, re.I)
+    return m.group(1) if m else ent.source
+
+
 def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     """Give every column of the entity a role, words and (for categories and JSON) its values from the data."""
     sample = _sample(conn, ent.source)
+    documented = documented_values().get(_table_of(ent), {})
     declared = {} if " " in ent.source else {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({ent.source})")}
     for name in names:
         col = ent.columns.get(name) or Column(name, f"src.{name}", "")
@@ -148,6 +179,10 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
         elif col.role == "text":
             vals = [r[0] for r in conn.execute(f"SELECT DISTINCT {name} FROM {sample} LIMIT {CATEGORY_MAX + 1}")]
             ident = [v for v in vals if isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.+,-]{1,40}", v)]
+            listed = documented.get(name, [])
+            if listed and set(ident) <= set(listed):   # every value the schema lists, seen in the data or not yet
+                col.unseen = set(listed) - set(ident)
+                ident = list(dict.fromkeys(ident + listed))
             if len(vals) <= CATEGORY_MAX and ident and len(ident) >= len([v for v in vals if v]):
                 col.role = "category"
                 for v in ident:
@@ -165,12 +200,47 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     for col in ent.columns.values():
         for value, words in col.values.items():
             auto = phrase_stems(value.replace("_", " ").replace(".", " ").replace("-", " ").replace("+", " "))
-            own = [w for w in words if w]
+            split = re.fullmatch(r"([a-z]{3,})(out|up|down|off|over)", value)   # "timeout": "timed out"
+            own = [w for w in words if w] + ([phrase_stems(f"{split.group(1)} {split.group(2)}")] if split else [])
             whole = (value.lower(),)
             suffix = phrase_stems(value.rsplit(".", 1)[-1].replace("_", " ")) if "." in value else ()
             cands = own + [auto, whole] + ([suffix] if suffix and not own else [])
             col.values[value] = [] if value.lower() in STOPWORDS and not own else [
                 w for w in dict.fromkeys(cands) if w and not (len(w) == 1 and w[0] in STOPWORDS)]
+
+
+def _duration_words(ent: Entity) -> None:
+    """A duration from the row's start to another of its times is also named by that time's own word ("ack time",
+    "time to ack", "slowest to ack": acked_at - requested_at), as the schema's column names give it."""
+    for col in ent.measures():
+        m = re.fullmatch(r"\s*(?:src\.)?(\w+)\s*-\s*(?:src\.)?(\w+)\s*", col.sql)
+        end = ent.columns.get(m.group(1)) if m else None
+        if end is None or end.role != "time" or end.name == ent.time or m.group(2) != ent.time:
+            continue
+        verb = re.sub(r"_(at|ts)$", "", end.name).replace("_", " ")
+        col.words += [p for p in (phrase_stems(f"{verb} time"), phrase_stems(f"time to {verb}"),
+                                  phrase_stems(f"to {verb}")) if p not in col.words]
+
+
+def _referred_columns(entities: dict[str, Entity]) -> None:
+    """The categories of the row another one refers to by its `<table>_id` column, named by that table's noun and
+    the column's words ("incident category" of a job loss: its incident's category); the referred table's own rows
+    take the same words for the column itself."""
+    for other in list(entities.values()):
+        key = _key(other)
+        if not key or other.source != key[:-3] + "s":
+            continue
+        noun = phrase_stems(key[:-3].replace("_", " "))
+        for col in [c for c in other.columns.values() if c.role == "category"]:
+            words = [noun + w for w in col.words if w and noun + w not in col.words]
+            col.words += words
+            for ent in entities.values():
+                if ent is other or key not in ent.columns or col.name in ent.columns:
+                    continue
+                name = f"{key[:-3]}_{col.name}"
+                ent.columns.setdefault(name, Column(
+                    name, f"(SELECT r.{col.name} FROM {other.source} r WHERE r.id = src.{key})", "category",
+                    words=list(words), learnt=col.learnt))
 
 
 def _entity(name: str, spec: dict) -> Entity:
@@ -193,7 +263,7 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values)
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])])
 
 
 @lru_cache(maxsize=1)
@@ -223,6 +293,8 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
             ent.show = [c for c in names if ent.columns[c].role not in ("json",)][:8]
         if ent.label == "rowid":
             ent.label = ent.show[0] if ent.show else names[0]
+        _duration_words(ent)
+    _referred_columns(entities)
     rule_ids = {r[0] for r in conn.execute("SELECT DISTINCT rule_id FROM incidents")}
     nodes = {r[0] for r in conn.execute("SELECT node FROM node_snapshots UNION SELECT node FROM incidents "
                                         "WHERE node IS NOT NULL UNION SELECT node FROM node_lifecycle")}

@@ -72,11 +72,20 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "handle": ("filler", ""), "catch": ("filler", ""), "caught": ("filler", ""), "notice": ("filler", ""),
     "keep": ("filler", ""), "kept": ("filler", ""), "stay": ("filler", ""), "remain": ("filler", ""),
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
+    "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
+    "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
+    "new": ("new", ""), "newly": ("new", ""),
+    # a copula before a category's value ("marked resolved"): understood only when a value follows
+    "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
+    "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
+    "set to": ("copula", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
     "resulted in": ("rel", ""), "result in": ("rel", ""), "ended in": ("rel", ""), "ended with": ("rel", ""),
+    "ended up with": ("rel", ""), "ended up in": ("rel", ""), "end up with": ("rel", ""), "end up in": ("rel", ""),
     "triggered": ("rel", ""), "without": ("rel", "not"), "with no": ("rel", "not"), "had no": ("rel", "not"),
 }
 YESNO_START = ("is", "are", "was", "were", "did", "does", "do", "has", "have", "had", "any", "can")
@@ -91,19 +100,21 @@ CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher th
            "no more than": "<=", "not more than": "<="}
 CMP_UNITS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "hour": 3600, "hr": 3600, "h": 3600}
 HYPO = re.compile(r"\b(if|suppose|supposing|what happens|what would happen|would happen|would be affected|"
-                  r"would it affect|what if)\b")
+                  r"would it affect|what if|would \w+ing)\b")
 HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take down": "down", "take out": "drain",
+              "take out of service": "drain", "take offline": "down",
               "took out": "drain", "remove": "drain", "lose": "down", "go down": "down", "went down": "down",
               "goes down": "down", "fail": "down", "die": "down", "crash": "down", "power off": "down",
               "shut down": "down", "kill": "down", "went offline": "down", "go offline": "down", "down": "down",
               "offline": "down"}
 HYPO_WORDS = ("affect", "affected", "hit", "impact", "impacted", "happen", "if", "suppose", "supposing", "would",
-              "what if", "running", "run", "interrupted")
+              "what if", "running", "run", "interrupted", "at risk", "risk")
 PAST_FORMS = {"ran", "went", "came", "took", "saw", "fell", "wrote", "happened", "occurred"}
 COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cancel|scancel|kill|delete|drop|restart|stop|"
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
-WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue")}  # after a rule word they only repeat it
+# after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
+WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
                     r"the (?:first|last|latest|earliest))\b)")
@@ -117,8 +128,18 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+# A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
+UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
+# The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
+SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
+                     r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
+MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
+                          "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
+                          "made")}
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
@@ -130,6 +151,7 @@ class Meaning:
     entity: str | None = None
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
+    weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
 
 
 @dataclass
@@ -168,6 +190,7 @@ class Query:
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
     anti: bool = False                    # "which nodes were never drained": the projection's others
     having: tuple[str, float] | None = None
+    having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
@@ -178,6 +201,15 @@ class Query:
     understood: list[str] = field(default_factory=list)
     extras: list[Query | None] = field(default_factory=list)   # "..., and how many of them led to a drain": a
     #                                     second part asked of the same rows (None: one this entity cannot answer)
+
+    def one_value(self) -> bool:
+        """'what stage is node2 in': one value of the entity's category label (singular), of one node or job, with
+        nothing that says which of its rows."""
+        ent = self.entity
+        return (self.which and not self.plural and self.project == ent.label and len(self.nodes) + len(self.jobs) == 1
+                and getattr(ent.columns.get(ent.label), "role", "") == "category" and self.qkind == "list"
+                and not (self.agg or self.rank or self.order or self.group or self.bucket is not None or self.having
+                         or self.measure or self.since is not None or self.until is not None or self.extras))
 
 
 @dataclass
@@ -215,6 +247,8 @@ class Lexicon:
                 add(p, Meaning("entity", ent.name, learnt=not ent.explicit))
             for p, cond in ent.conds.items():
                 add(p, Meaning("cond", ent.name, cond))
+            for p in ent.row_words:
+                add(p, Meaning("row", ent.name))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -232,10 +266,26 @@ class Lexicon:
                                 col.name, (f",{value},",))
                     for p in phrases:
                         if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond, learnt))
+                            add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for p, likes in _rule_id_words(model.rule_ids).items():
+            if _determined(p) not in self.phrases:   # every other word's meaning comes first
+                add(p, Meaning("rule", None, likes))
+        for ent in model.entities.values():   # a compound's head noun alone ("xid lines": log lines), where it
+            for p in ent.words:                #  means nothing else; it weighs less than the whole compound
+                if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
+                    self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
         self.longest = max(len(p) for p in self.phrases)
+        # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
+        # a phrase whose words are apart in the question ("how much training time did job 1 lose")
+        self.by_words: dict[frozenset, list[tuple[str, ...]]] = {}
+        self.containing: dict[str, list[tuple[str, ...]]] = {}
+        for p, meanings in self.phrases.items():
+            if len(p) > 1 and "#" not in p and "<det>" not in p and any(m.kind in CONTENT for m in meanings):
+                self.by_words.setdefault(frozenset(p), []).append(p)
+                for w in set(p):
+                    self.containing.setdefault(w, []).append(p)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
         if phrase:
@@ -252,7 +302,7 @@ class Lexicon:
             if not all(free[i:i + n]):
                 continue
             if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
-                return n, self.phrases[tuple(stems[i:i + n])], []
+                return n, self._led(tuple(stems[i:i + n])), []
             if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
@@ -267,8 +317,35 @@ class Lexicon:
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
                 if k in self.phrases:
-                    return n, self.phrases[k], [x for x, w in zip(nums, k) if w == "#"]
+                    return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
+            others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
+            if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
+                    (w,) in self.phrases or w in STOPWORDS for w in window):
+                return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
+              names: dict[int, set[str]]) -> tuple[list[int], list]:
+        """Words apart from a span that complete one of its phrases (free: stem -> token index): "training time"
+        with "lose" is "training time lost"; "submit" with "validation job" is the action. The span keeps only the
+        meanings that phrase shares with it: (the tokens it takes, those meanings), or ([], []). A word that names
+        the entity of those meanings (names: token index -> entities) stays its own ("incidents per severity")."""
+        best: tuple[list[int], list] = ([], [])
+        for p in {p for w in set(span) for p in self.containing.get(w, [])}:
+            extra = set(p) - set(span)
+            shared = [m for m in meanings if m in self.phrases[p] and m.kind in CONTENT]
+            if extra and extra <= set(free) and shared and len(extra) > len(best[0]) and not any(
+                    names.get(free[w], set()) & {m.entity for m in shared} for w in extra):
+                best = ([free[w] for w in extra], shared)
+        return best
+
+    def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
+        """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
+        found = self.phrases[phrase]
+        if len(phrase) > 1 and phrase[0] in PREPOSITIONS and not any(f.kind == "measure" for f in found):
+            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]   # ("to ack", a
+            #                                                    duration, is not the time acked nor "acked")
+        return found
 
     def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
         """A measure's verb and its object on either side of a superlative ("lost the most time" is "lost time",
@@ -286,6 +363,21 @@ class Lexicon:
                     return r, k, found
             return 0, 0, []
         return 0, 0, []
+
+
+def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Rule ids in the words they are made of: "kernel hard lockup" and "hard lockup" (kernel-hard-lockup); a phrase
+    several ids end in is each of them, a last word too where several ids share it ("lockups": hard and soft). Not
+    with numbers: "xid 79" is the schema document's (a rule or an event's field)."""
+    out: dict[tuple[str, ...], list[str]] = {}
+    for rid in sorted(rule_ids):
+        parts = rid.split("-")
+        if len(parts) < 2 or not all(re.fullmatch(r"[a-z]+", p) for p in parts):
+            continue
+        for i in range(len(parts)):
+            out.setdefault(phrase_stems(" ".join(parts[i:])), []).append(rid)
+    return {p: tuple(dict.fromkeys(v)) for p, v in out.items()
+            if not all(w in STOPWORDS for w in p) and (len(p) > 1 or len(v) > 1)}
 
 
 def _determined(phrase: tuple[str, ...]) -> tuple[str, ...]:
@@ -395,6 +487,10 @@ class Parser:
 
         for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
             claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
+        for m in UNBOUNDED.finditer(q):   # before "now": "until now" is no bound, not the current state
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in SUBJECT.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -402,20 +498,28 @@ class Parser:
             for a, b in tr.spans:
                 claim(a, b, Meaning("range", None, tr))
         hypo = HYPO.search(q)
-        if hypo:
+        if hypo:   # the action: its words, with the node it acts on between them ("take node3 out of service")
             for words, verb in sorted(HYPO_VERBS.items(), key=lambda kv: -len(kv[0])):
-                for m in re.finditer(r"\b" + words.replace(" ", r"\w* ") + r"\w*\b", q):
+                head, _, rest = words.partition(" ")
+                tail = rest.replace(" ", r"\w* ")
+                pattern = rf"\b{head}\w*" + (rf"(?: [\w-]+)? (?P<rest>{tail})" if rest else "")
+                for m in re.finditer(pattern + r"\w*\b", q):
                     if m.start() > hypo.start():
-                        claim(m.start(), m.end(), Meaning("hypo", None, verb))
+                        claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("hypo", None, verb))
+                        if rest:
+                            claim(m.start("rest"), m.end(), Meaning("hypo", None, verb))
             for w in HYPO_WORDS:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
         for m in SPAN_OF.finditer(q):   # "the time between the fault and the requeue": two times of one row
-            claim(m.start(), m.end(), Meaning("between"))
+            if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
+                claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
-            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
+        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
+                             r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
+                             r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... most"
+            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
@@ -457,6 +561,35 @@ class Parser:
                 i += n
             else:
                 i += 1
+        for s in list(spans):   # words apart that complete a phrase of a span's ("training time ... lose"): free
+            #                     words, or one-word spans of content read apart ("training": KPI lines)
+            if s not in spans or not any(m.kind in CONTENT for m in s.meanings):
+                continue
+            apart = {x.start: x for x in spans if x is not s and x.end - x.start == 1
+                     and all(m.kind in CONTENT or m.kind == "times" for m in x.meanings)}
+            loose = {t.stem: i for i, t in enumerate(tokens) if (free[i] or i in apart) and t.text not in STOPWORDS
+                     and t.stem not in STOPWORDS}
+            names = {i: {m.entity for m in x.meanings if m.kind == "entity"} for i, x in apart.items()}
+            taken, shared = self.lexicon.agree(tuple(stems[s.start:s.end]), s.meanings, loose, names)
+            if not taken:
+                continue
+            for i in taken:
+                if i in apart:
+                    spans.remove(apart[i])
+                free[i] = False
+                spans.append(Span(i, i + 1, tokens[i].text, [Meaning("filler")]))
+            words = " … ".join(text for _, text in sorted([(s.start, s.text), *((i, tokens[i].text) for i in taken)]))
+            head = min([s, *(x for x in spans if x.start in taken)], key=lambda x: x.start)   # read where it begins
+            s.meanings, head.meanings, head.text = [Meaning("filler")], shared, words   # ("how many steps ... lose")
+        for i, t in enumerate(tokens):   # "how many tickets were filed": every row was made
+            if free[i] and t.stem in MADE:
+                free[i] = False
+                spans.append(Span(i, i + 1, t.text, [Meaning("filler")]))
+        if any(m.kind == "rule" for s in spans for m in s.meanings):   # "a GPU fell off the bus": the GPU repeats it
+            for i, t in enumerate(tokens):
+                if free[i] and t.stem in WEAK_NOUNS:
+                    free[i] = False
+                    spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
@@ -480,7 +613,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -512,8 +645,8 @@ class Parser:
             else:
                 tense_ok = True
             fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) for m in s.meanings if self._fits(m, ent)), default=0)
-                        for s in spans)
+            score = sum(max((weights.get(m.kind, 0) / (2 if m.weak else 1) for m in s.meanings
+                             if self._fits(m, ent)), default=0) for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
             misfits = sum(not f for f in fit) + (0 if tense_ok else 1)
@@ -554,9 +687,12 @@ class Parser:
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
                    and not self._outworded(self.model.entities[n], best, spans)]
-        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service")
+        for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
+            #     subject's word may be a condition of another history ("failures": incidents, or failed health
+            #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
             named = {m.entity for s in spans if any(m.kind == kind for m in s.meanings) for m in s.meanings
-                     if m.kind == kind or (kind == "measure" and m.kind == "time")}
+                     if m.kind == kind or (kind == "measure" and m.kind == "time") or (
+                         kind == "entity" and m.kind == "cond" and not self.model.entities[m.entity].now)}
             if named & (set(fitting) | {best.name}):
                 fitting = [n for n in fitting if n in named]
                 break
@@ -600,12 +736,21 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = ""
+        single = new = ""
+        each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
+            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
+                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
+                                                   for m in spans[n + 1].meanings)):
+                    unknown.append(s.text)
+                continue
+            if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
+                new = s.text
+                continue
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
@@ -618,6 +763,8 @@ class Parser:
             m = pick[1] if pick and pick[0] == n else fitting[0]
             kind, value = m.kind, m.value
             q.understood.append(s.text)
+            if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
+                continue
             if kind == "between":   # the next two words name two times of the row: the measure is the second less
                 ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
                         for x in spans[n + 1:n + 3]]
@@ -673,6 +820,12 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time":   # "never got an ack", "not closed": that time is not there
+                    col = ent.columns[value]
+                    sql = col.name if col.sql == f"src.{col.name}" else col.sql
+                    q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
+                    negate = ""
+                    continue
                 if kind == "entity" and q.project:   # "which nodes were never drained"
                     q.anti, negate = True, ""
                 else:
@@ -718,7 +871,12 @@ class Parser:
             elif kind == "cmp":
                 op, number, unit = value
                 after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
-                if unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
+                dim = next((ent.refs[x.value] for x in (after.meanings if after and not unit else [])
+                            if x.kind == "dim" and x.value in ent.refs and not ent.refs[x.value].startswith("list:")),
+                           None)
+                if dim:   # "fired on more than one node": a count of different nodes
+                    q.having, q.having_of = (op, number), dim
+                elif unit == "times" or (not unit and after and any(  # "more than 2 incidents": a count of them
                         x.kind == "entity" and x.entity == ent.name for x in after.meanings)):
                     q.having = (op, number)
                 else:
@@ -783,17 +941,30 @@ class Parser:
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
+                pending_group, each_row = False, True   # no aggregate, each row's own ("per drain": each one)
+                continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
+            if pending_group and kind == "q" and value == "count" and (q.rank or q.top):
+                continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
-        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost)
-            s = spans[n]
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
+            s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
+            #               entity's name qualifying a column of this one ("time lost per recovery source")
+            after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
+                    m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
+                    for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
+                                                 for m in after.meanings)):
+                q.understood.append(s.text)
+                continue
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue
@@ -808,16 +979,25 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        if new and q.since is None:
+            unknown.append(new)
+        if each_row and not (q.agg or q.rank):
+            q.per_item = True
         if negate:
             unknown.append(negate)
+        present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
+        if present and not ent.now and q.one_value():
+            # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
+            # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
+            q.show, q.project, q.order = [ent.label], None, "latest"
         if yesno and q.qkind == "list":
             q.qkind = "yesno"
+        if not q.hypo and any(m.kind == "hypo-word" for s in spans for m in s.meanings):
+            unknown.append("what if")   # a hypothetical whose action was not understood: not a filter on today
         q.which = q.which or any(t.text == "which" for t in tokens)
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
-        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
-            q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
@@ -841,5 +1021,7 @@ class Parser:
                 q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
+        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+            q.agg = "sum"
         q.understood = [u for u in q.understood if u]
         return Parse(q, unknown, unknown_nodes, q.understood)

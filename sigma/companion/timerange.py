@@ -1,7 +1,7 @@
 """Time ranges in the forms people write, read in the site's timezone: "in the last 3 hours", "past day", "today",
 "yesterday", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20", "between 10:00 and 10:30",
-"from 10:00 to 10:30", "before 10:00", "after 10:00". Each match says which characters of the question it used, so
-the parser knows those words are understood."""
+"from 10:00 to 10:30", "before 10:00", "after 10:00", "since yesterday", "before today", "since 2 hours ago". Each
+match says which characters of the question it used, so the parser knows those words are understood."""
 
 from __future__ import annotations
 
@@ -53,6 +53,19 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
         if start > local:  # a clock range later than now today means yesterday's
             start, end = start - timedelta(days=1), end - timedelta(days=1)
         return out(m, start, end if end > start else end + timedelta(days=1))
+    # a day or week as the bound of an open range: "since yesterday" is from yesterday's start on, "before today"
+    # until today's start; "since 2 hours ago" from that instant
+    days = {"yesterday": (midnight - timedelta(days=1)), "today": midnight, "this morning": midnight,
+            "this week": week, "last week": week - timedelta(days=7)}
+    m = re.search(r"\b(since|after|from|before|until) (yesterday|today|this morning|this week|last week)\b", q)
+    if m:
+        start = days[m.group(2)]
+        return out(m, start, None) if m.group(1) in ("since", "after", "from") else out(m, None, start)
+    m = re.search(r"\b(since|after|from|before|until) " + COUNT + r" ?" + UNIT + r" ago\b", q)
+    if m:
+        n = COUNTS.get(m.group(2), None)
+        at = local - (int(m.group(2)) if n is None else n) * timedelta(seconds=_unit(m.group(3)))
+        return out(m, at, None) if m.group(1) in ("since", "after", "from") else out(m, None, at)
     m = re.search(r"(?<!the )(?<!past )\blast week\b", q)
     if m:  # the calendar week before this one ("in the last week" is the past 7 days)
         return out(m, week - timedelta(days=7), week)

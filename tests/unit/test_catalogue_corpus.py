@@ -46,6 +46,14 @@ def test_the_third_held_out_part_has_its_own_sources_and_every_class():
     assert {r["cls"] for r in third} == CLASSES
 
 
+def test_the_fourth_held_out_part_has_its_own_sources_and_benign_look_alikes():
+    fourth = [r for r in ROWS if r["part"] == "held-out-4"]
+    assert len(fourth) >= 60 and len({r["src"] for r in fourth}) >= 25
+    assert not {r["src"] for r in fourth} & {r["src"] for r in ROWS if r["part"] != "held-out-4"}
+    assert sum(r["want"] in ("notify", "record", "none") for r in fourth) >= len(fourth) / 3
+    assert len({r["fmt"] for r in fourth}) >= 5
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

@@ -88,6 +88,13 @@ def _compile(regex: str) -> re.Pattern:
         raise ValueError(f"bad regex {regex!r}: {exc}") from None
 
 
+def _setting_regex(name: str, regex: str) -> re.Pattern | None:
+    try:
+        return re.compile(regex) if regex else None
+    except re.error as exc:
+        raise ValueError(f"{name}: bad regex {regex!r}: {exc}") from None
+
+
 SOURCES = ("files", "auto", "journal", "kmsg")
 
 
@@ -108,6 +115,9 @@ class LogTailCollector(Collector):
         # set: lines whose writer cannot be established are not acted on (fail closed); empty = any line counts
         untrusted_source: str = "refuse"  # a file others can write: refuse (skip it) or flag (mark its events)
         job_id_from_path: str = ""  # regex with a (?P<job_id>...) group: a file's events belong to that job only
+        line_prefix: str = ""  # regex matched at the start of a line: what other programs put before its own text (a
+        # launcher's host or rank tag, a time stamp), cut off before patterns are searched, so a pattern anchored
+        # at ^ sees the text as its writer printed it; extracts still search the whole line
         start_at: str = "end"  # where to start a file or stream seen for the first time: end or start
         patterns: list[Pattern] = field(default_factory=list)  # line patterns that become events
         max_events_per_run: int = 1000  # more matches in one run are counted, not stored one by one
@@ -125,10 +135,8 @@ class LogTailCollector(Collector):
                 raise ValueError(f"start_at must be 'end' or 'start', not {self.start_at!r}")
             if self.untrusted_source not in ("refuse", "flag"):
                 raise ValueError(f"untrusted_source must be 'refuse' or 'flag', not {self.untrusted_source!r}")
-            try:
-                self.job_path = re.compile(self.job_id_from_path) if self.job_id_from_path else None
-            except re.error as exc:
-                raise ValueError(f"job_id_from_path: bad regex {self.job_id_from_path!r}: {exc}") from None
+            self.job_path = _setting_regex("job_id_from_path", self.job_id_from_path)
+            self.prefix = _setting_regex("line_prefix", self.line_prefix)
             if self.job_path is not None and "job_id" not in self.job_path.groupindex:
                 raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
             if self.source == "files" and not self.files:
@@ -393,8 +401,10 @@ class LogTailCollector(Collector):
         if why:
             key = (source, why)
             self.unattributed[key] = self.unattributed.get(key, 0) + 1
+        tag = self.params.prefix.match(line.message) if self.params.prefix else None
+        text = line.message[tag.end():] if tag else line.message
         for p in self.params.patterns:
-            m = p.compiled.search(line.message)
+            m = p.compiled.search(text)
             if m is None:
                 continue
             if why:
