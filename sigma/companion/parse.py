@@ -49,6 +49,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "per day": ("bucket", "86400"), "by minute": ("bucket", "60"), "by hour": ("bucket", "3600"),
     "by day": ("bucket", "86400"), "each minute": ("bucket", "60"), "each hour": ("bucket", "3600"),
     "each day": ("bucket", "86400"), "every hour": ("bucket", "3600"),
+    "rank": ("sort", ""), "sort": ("sort", ""),
+    "minute": ("period", "60"), "hour": ("period", "3600"), "day": ("period", "86400"),
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
@@ -75,12 +77,14 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
     "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
+    "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
     "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
     "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
-    "set to": ("copula", ""),
+    "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -127,6 +131,8 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+# "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
+BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
@@ -140,6 +146,7 @@ MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "cre
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
+TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
@@ -195,6 +202,8 @@ class Query:
     hypo: str = ""
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
+    noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
+    sort: bool = False                    # "rank the nodes by ...": every group, the largest value first
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -470,6 +479,50 @@ class Parser:
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
                 or any(part in timerange.COUNTS for part in word.split("-")))
 
+    def _time_order(self, tokens, stems: list[str], free: list[bool]) -> list[Span]:
+        """Two times of one row compared: "acked by their deadline", "delivered after the deadline" is a condition
+        on the row (negated as any condition is: "not acked by the deadline" includes those never acked)."""
+        out = []
+        for i in range(1, len(tokens) - 1):
+            op = TIME_ORDER.get(tokens[i].text)
+            k = i + 1
+            while k < len(tokens) - 1 and stems[k] in DETERMINERS:
+                k += 1
+            if not op or not all(free[i - 1:k + 1]):
+                continue
+            a, b = (self._times(stems[x]) for x in (i - 1, k))
+            text = " ".join(t.text for t in tokens[i - 1:k + 1])
+            meanings = [Meaning("cond", e, Cond(e, f"{a[e]} {op} {b[e]}", text, a[e])) for e in a
+                        if e in b and a[e] != b[e]]
+            if meanings:
+                for x in range(i - 1, k + 1):
+                    free[x] = False
+                out.append(Span(i - 1, k + 1, text, meanings))
+        return out
+
+    def _times(self, word: str) -> dict[str, str]:
+        """The time column one word names, per entity: as a time ("deadline") or as that time being there
+        ("acknowledged": acked_at is set)."""
+        out = {}
+        for m in self.lexicon.phrases.get((word,), []):
+            col = m.value if m.kind == "time" else m.value.column if m.kind == "cond" else ""
+            if col and getattr(self.model.entities[m.entity].columns.get(col), "role", "") == "time":
+                out.setdefault(m.entity, col)
+        return out
+
+    def _overlapping(self, stems: list[str], i: int, n: int, meanings: list[Meaning],
+                     free: list[bool]) -> tuple[int, list[Meaning]]:
+        """A phrase that overlaps the one matched at i and names the same thing takes its further words too: in
+        "1-minute load average" both "1-minute load" and "load average" name the metric, so "average" is part of
+        the name and never an aggregate of its own. (The span keeps the meanings both phrases share.)"""
+        for j in range(i + 1, i + n):
+            trial = [*free[:j], *([True] * (i + n - j)), *free[i + n:]]
+            n2, more, _ = self.lexicon.match(stems, j, trial)
+            shared = [m for m in meanings if m in more and m.kind in CONTENT]
+            if j + n2 > i + n and shared:
+                return j + n2 - i, shared
+        return n, meanings
+
     def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
         """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
         tokens = tokenize(q)
@@ -491,6 +544,9 @@ class Parser:
             claim(m.start(), m.end(), Meaning("filler"))
         for m in SUBJECT.finditer(q):
             claim(m.start(), m.end(), Meaning("filler"))
+        for m in BREAK_DOWN.finditer(q):
+            claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
+            claim(m.start(1), m.end(1), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -537,6 +593,7 @@ class Parser:
                 unknown_nodes.append(t.text)
                 claim(t.start, t.end, Meaning("unknown-node", None, t.text))
         stems = [t.stem for t in tokens]
+        spans += self._time_order(tokens, stems, free)
         i = 0
         while i < len(tokens):
             if not free[i]:
@@ -551,6 +608,7 @@ class Parser:
                 i += 1
                 continue
             n, meanings, nums = self.lexicon.match(stems, i, free)
+            n, meanings = self._overlapping(stems, i, n, meanings, free)
             if n:
                 for k in range(i, i + n):
                     free[k] = False
@@ -726,7 +784,18 @@ class Parser:
             senses = self._senses(ent, s)
             if senses and senses[0].kind in CONTENT and senses[0].kind != "entity":
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
+            if n and self._names_head(ent, spans[n - 1], s, senses):
+                out.append((n, Meaning("filler")))
         return out
+
+    def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
+        """A value word right after the name of another value of the rows may be that name's own noun, not a
+        condition ("PCIe AER errors": AER events, whatever their severity). That reading is weighed only where the
+        condition leaves none of the named rows (sigma.companion.fast): then the question is asked back, never
+        answered "none"."""
+        head = self._senses(ent, before)
+        return (before.end == s.start and bool(senses) and senses[0].kind == "cond" and bool(head)
+                and head[0].kind == "cond" and head[0].value.column != senses[0].value.column)
 
     def _fill(self, ent: Entity, spans: list[Span], leftovers, tokens, yesno, unknown_nodes, past,
               pick: tuple[int, Meaning] | None = None) -> Parse:
@@ -737,6 +806,7 @@ class Parser:
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
         single = new = ""
+        periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
@@ -761,14 +831,19 @@ class Parser:
                     loose.append(n)
                 continue
             m = pick[1] if pick and pick[0] == n else fitting[0]
+            if pick and pick[0] == n and m.kind == "filler":
+                q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
             if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
                 continue
             if kind == "between":   # the next two words name two times of the row: the measure is the second less
-                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
+                # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
+                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None) or (
+                            Meaning("time", ent.name, ent.time) if ent.time and any(
+                                t.kind == "entity" and t.entity == ent.name for t in x.meanings) else None)
                         for x in spans[n + 1:n + 3]]
-                if len(ends) < 2 or None in ends or q.measure is not None:
+                if len(ends) < 2 or None in ends or ends[0].value == ends[1].value or q.measure is not None:
                     unknown.append(s.text)
                     continue
                 a, b = (ent.columns[t.value] for t in ends)
@@ -862,12 +937,19 @@ class Parser:
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
+                if s.text == "by" and q.sort and q.project:   # "rank the nodes by ...": what follows is the value
+                    continue
                 if pending_group:
                     unknown.append(pending_group)
                 pending_group = s.text
                 continue
             elif kind == "bucket":
-                q.bucket = 0 if value == "auto" else int(value)
+                if value != "auto" or q.bucket is None:   # "hourly trend": the stated period, not one chosen
+                    q.bucket = 0 if value == "auto" else int(value)
+            elif kind == "sort":
+                q.sort = True
+            elif kind == "period":   # "oldest hour first", "(avg per hour)": understood only as the buckets' own
+                periods.append((s.text, int(value)))
             elif kind == "cmp":
                 op, number, unit = value
                 after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
@@ -888,7 +970,7 @@ class Parser:
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
-                elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
+                elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
@@ -948,7 +1030,7 @@ class Parser:
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
-            if pending_group and kind == "q" and value == "count" and (q.rank or q.top):
+            if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
@@ -979,6 +1061,9 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, seconds in periods if q.bucket != seconds]
+        if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
+            unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
         if each_row and not (q.agg or q.rank):
