@@ -28,9 +28,9 @@ baseline is also put at the engine's budget two ways: `(budget)`, the same calib
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
-Tuning: `--tune` runs the engine's choice of `rounds` (1-12) on ASD's history and the first half of its scored part
-only (the comparability ratio and the lone-metric weights were chosen there before); every other figure is
-reported on data those choices did not see (ASD's second half, every other data set). A data set's groups are the
+Tuning: `--tune` runs the engine's choices (rounds 1-12, the comparability ratio, the lone-metric weights) on ASD's
+history and the first half of its scored part only; every other figure is reported on data those choices did not
+see (ASD's second half, every other data set). A data set's groups are the
 jobs of one cluster: one budget calibration over all of them, the cluster's tail and each group's own, as the
 controller's Calibrator keeps them.
 
@@ -371,18 +371,20 @@ def tune(root: Path) -> None:
     print(f"tuning on ASD's history and the first half of its scored part ({half} windows, {len(first.segments)} "
           f"segments); figures: top-1, wrong, false actions per normal window at the calibrated budget, and the best "
           f"top-1 within 0.1 % false actions per window (oracle threshold)")
-    p = engine_pass(first)
-    s = scored(p, first)
-    for rounds in (1, 2, 3, 4, 6, 8, 12):
-        th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
-        r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
-        best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
-            o["false"] <= 0.001 * o["normal"], o["top1"]))
-        n = max(1, r["segments"])
-        print(f"  rounds {rounds:2d}: calibrated {100 * r['top1'] / n:4.1f}% {100 * r['wrong'] / n:4.1f}% "
-              f"{100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
-              f"{f'{trail[-1][1].threshold:.1f}' if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
-              f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
+    for lone in (True, False):
+        for ratio in (0.0, 1.0, 1e9):
+            p = engine_pass(first, lone=lone, ratio=ratio)
+            s = scored(p, first)
+            for rounds in (1, 2, 3, 4, 6, 8, 12):
+                th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
+                r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
+                best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (
+                    o["false"] <= 0.001 * o["normal"], o["top1"]))
+                n = max(1, r["segments"])
+                print(f"  lone {lone!s:5} ratio {ratio:g} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
+                      f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
+                      f"{trail[-1][1].threshold if trail and trail[-1][1].acts else 'none'}) | within 0.1 %: "
+                      f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
 
 
 # ---------- NAB: single series, the per-node detector ----------
