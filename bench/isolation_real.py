@@ -30,9 +30,10 @@ within the budget (an oracle choice no calibration gets).
 
 Tuning: `--tune` runs the engine's choices (rounds 1-12, the comparability ratio, the lone-metric weights) on ASD's
 history and the first half of its scored part only; every other figure is reported on data those choices did not
-see (ASD's second half, every other data set). A data set's groups are the
-jobs of one cluster: one budget calibration over all of them, the cluster's tail and each group's own, as the
-controller's Calibrator keeps them.
+see (ASD's second half, every other data set).
+
+A data set's groups are the jobs of one cluster: one budget calibration over all of them, the cluster's tail and
+each group's own, as the controller's Calibrator keeps them.
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
        [--tune] [--nab-files 24]
