@@ -65,6 +65,7 @@ from sigma.controller.detect import budget, healthy, isolation  # noqa: E402
 ISO = IsolationConfig()
 DAY_WINDOWS = 86400 / ISO.window_s
 HISTORY = int(ISO.history_s / ISO.window_s)  # rounds of history each round is scored against
+OWN = HISTORY  # rounds of the engine's own history (--own-history-s; scores start at HISTORY all the same)
 WEIGHTS_EVERY = max(1, int(healthy.WEIGHTS_S / ISO.window_s))  # rounds between recomputing the lone weights
 CALIBRATE_EVERY = 30  # rounds between recalibrations (the controller recalibrates as its tail grows by 1 %)
 TODAY_REV = "d06369c"  # the scorer before noise floors and the per-node score
@@ -98,8 +99,12 @@ def _series(g: Group) -> np.ndarray:
 
 
 def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True, ratio: float | None = None,
-                k: int = 3) -> Pass:
-    """The controller's rounds over a group: rolling history, long-memory histograms fed round by round."""
+                k: int = 3, own: int | None = None) -> Pass:
+    """The controller's rounds over a group: rolling history, long-memory histograms fed round by round. own: rounds
+    of history behind the baseline (default OWN; fewer where the group has not had as many yet), rebuilt every
+    own // HISTORY rounds (every round at the shipped hour)."""
+    own = OWN if own is None else own
+    every = max(1, own // HISTORY)
     x = _series(g)
     E, T, M = x.shape
     ents, series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
@@ -109,9 +114,11 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
     if ratio is None and mod is isolation:
         ratio = ISO.comparable_ratio
     t0 = time.perf_counter()
+    base = None
     for t in range(HISTORY, T):
-        hist, cur = x[:, t - HISTORY:t], x[:, t]
-        base = mod.baseline(hist) if ratio is None else mod.baseline(hist, ratio)
+        hist, cur = x[:, max(0, t - own):t], x[:, t]
+        if base is None or t % every == 0:
+            base = mod.baseline(hist) if ratio is None else mod.baseline(hist, ratio)
         if lone and E >= 3 and (weights is None or t % WEIGHTS_EVERY == 0):
             q = sketches.quantiles(ents, series, healthy.POSITION_QS)
             weights = healthy.lone_weights(sketches, ents, series, base.peer_center, base.peer_scale, q=q)
@@ -265,7 +272,8 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
     import hashlib
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
-        "isolation.py", "healthy.py") if method == "engine"] + [dataset.encode(), g.name.encode(), method.encode(),
+        "isolation.py", "healthy.py") if method == "engine"] + [dataset.encode(), f"own{OWN}".encode() * (
+        method == "engine" and OWN != HISTORY), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
@@ -388,6 +396,26 @@ def tune(root: Path) -> None:
                       f"{100 * best['top1'] / n:4.1f}% {100 * best['wrong'] / n:4.1f}%", flush=True)
 
 
+def tune_own(root: Path) -> None:
+    """The engine at the shipped settings with OWN rounds of own history, on the tuning part only."""
+    ds = data.asd(root)
+    g = ds.groups[0]
+    half = g.test.shape[1] // 2
+    first = Group(g.name, g.names, g.train, g.test[:, :half], g.labels[:, :half],
+                  [s for s in g.segments if s.end < half])
+    p = engine_pass(first)
+    s = scored(p, first)
+    th, trail = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
+    print(HEADER)
+    print(row(f"engine own {OWN}", outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:]))),
+          f"(acts at {trail[-1][1].threshold if trail and trail[-1][1].acts else 'none'}; {p.ms:.1f} ms/round)")
+    print(row(f"engine@6 own {OWN}", outcome(first, acts_of(s, ISO.min_score))))
+    for budget_win in (0.001,):
+        best = max(((x, outcome(first, acts_of(s, x))) for x in SWEEP), key=lambda o: (
+            o[1]["false"] <= budget_win * o[1]["normal"], o[1]["top1"]))
+        print(row(f"within {100 * budget_win:g} %/win (th {best[0]:g})", best[1]))
+
+
 # ---------- NAB: single series, the per-node detector ----------
 def nab(root: Path, files: int) -> None:
     """Each NAB series alone (no peers): the engine's own-history score at the floor and at the budget, against
@@ -437,13 +465,21 @@ def main() -> int:
                                                                 "or a --layout directory's name)")
     ap.add_argument("--nab-files", type=int, default=24)
     ap.add_argument("--tune", action="store_true", help="the tuning runs on ASD's first half, then stop")
+    ap.add_argument("--own-history-s", type=float, default=ISO.history_s,
+                    help="the engine's own history (default: the controller's history_s); --tune sweeps it")
+    ap.add_argument("--tune-own", action="store_true", help="the engine with --own-history-s on the tuning part")
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep each scoring pass here (keyed by the scorers' code and the data): a re-run only acts")
     args = ap.parse_args()
+    global OWN
+    OWN = int(args.own_history_s / ISO.window_s)
     print(f"controller defaults: budget {ISO.budget_per_1000_node_days:g} false drains per 1,000 node-days, "
           f"min_score {ISO.min_score} (floor), dominance {ISO.dominance}, rounds {ISO.rounds}, comparable_ratio "
           f"{ISO.comparable_ratio:g}, window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows), "
-          f"history {HISTORY} windows")
+          f"history {HISTORY} windows, the engine's own {OWN}")
+    if args.tune_own:
+        tune_own(args.data)
+        return 0
     if args.tune:
         tune(args.data)
         return 0
