@@ -101,10 +101,10 @@ def _series(g: Group) -> np.ndarray:
 def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True, ratio: float | None = None,
                 k: int = 3, own: int | None = None) -> Pass:
     """The controller's rounds over a group: rolling history, long-memory histograms fed round by round. own: rounds
-    of history behind the baseline (default OWN; fewer where the group has not had as many yet), rebuilt every
-    own // HISTORY rounds (every round at the shipped hour)."""
+    of history behind the baseline (default OWN; fewer where the group has not had as many yet), rebuilt every round
+    at the shipped hour, every hour (HISTORY rounds) when longer: a median of hours moves little in one."""
     own = OWN if own is None else own
-    every = max(1, own // HISTORY)
+    every = 1 if own <= HISTORY else HISTORY
     x = _series(g)
     E, T, M = x.shape
     ents, series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
@@ -298,7 +298,7 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
     for g in ds.groups:
         passes = [cached(cache, ds.name, g, "engine", lambda: engine_pass(g))]
         if before is not None:
-            passes.append(cached(cache, ds.name, g, "before", lambda: engine_pass(g, before, "before")))
+            passes.append(cached(cache, ds.name, g, "before", lambda: engine_pass(g, before, "before", own=HISTORY)))
         passes.append(cached(cache, ds.name, g, "3-sigma", lambda: three_sigma_pass(g)))
         if today is not None:
             passes.append(cached(cache, ds.name, g, "today", lambda: today_pass(g, today)))
