@@ -837,7 +837,8 @@ class Parser:
             q.understood.append(s.text)
             if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
                 continue
-            if kind == "between":   # the next two words name two times of the row: the measure is the second less
+            if kind == "between":   # the next two words name two times of the row: the measure is the time apart,
+                # never negative whichever is named first ("from incident to fault" is the detection time too);
                 # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
                 ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None) or (
                             Meaning("time", ent.name, ent.time) if ent.time and any(
@@ -848,7 +849,7 @@ class Parser:
                     continue
                 a, b = (ent.columns[t.value] for t in ends)
                 words = lambda c: re.sub(r"_(at|ts)$", "", c.name)   # noqa: E731
-                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"{b.sql} - {a.sql}", "measure", "s")
+                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"ABS({b.sql} - {a.sql})", "measure", "s")
                 timed = {n + 1, n + 2}
                 continue
             if n in timed:

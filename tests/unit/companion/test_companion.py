@@ -411,6 +411,9 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
     ("the median time from fault to incident", "WITH x AS (SELECT opened_at - fault_ts AS s FROM incidents WHERE "
      "fault_ts IS NOT NULL) SELECT AVG(s) FROM (SELECT s FROM x ORDER BY s LIMIT 2 - (SELECT COUNT(*) FROM x) % 2 "
      "OFFSET ((SELECT COUNT(*) FROM x) - 1) / 2)"),
+    # the time apart, whichever end is named first (never a negative duration)
+    ("the average time between the incident and the fault",
+     "SELECT AVG(opened_at - fault_ts) FROM incidents WHERE fault_ts IS NOT NULL"),
 ])
 def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
     a = q(conn, question)
