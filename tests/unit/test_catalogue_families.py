@@ -143,3 +143,12 @@ def test_a_scsi_commands_sense_key_decides_not_its_failed_result(line, actions):
     assert decided == actions
     if not actions:
         assert kinds == ["scsi_sense"]
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("nvme0n1: I/O Cmd(0x2) @ LBA 131209936, 200 blocks, I/O Error (sct 0x3 / sc 0x71)", ["drain+ticket"]),
+    ("nvme0n1: Write(0x1) @ LBA 100492368, 2048 blocks, Data Transfer Error (sct 0x0 / sc 0x4)", ["drain+ticket"]),
+    ("nvme1: Async Event(0xc), Host Aborted Command (sct 0x3 / sc 0x71)", []),  # aborted by a controller reset
+])
+def test_an_nvme_status_drains_for_an_io_command_not_an_admin_one(line, actions):
+    assert decide(line)[1] == actions

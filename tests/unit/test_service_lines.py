@@ -32,6 +32,8 @@ XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen 
      "canceled.", ["notify"]),
     ("Sep 17 15:08:01 gpu01 systemd[1]: Failed to start beegfs-client.service - Start BeeGFS Client.", ["notify"]),
     ("May 10 15:17:51 gpu01 systemd[1]: media-672.mount: Failed with result 'timeout'.", ["notify"]),
+    ("Mar  3 10:00:01 gpu01 (udev-worker)[2210]: nvidia: Process '/sbin/modprobe nvidia-uvm' failed with exit code 1.",
+     ["notify"]),  # udev could not load the driver's module: it notifies, never drains (anyone can log as udev)
     # look-alikes: a service starting, Fabric Manager on a system without NVSwitches, a unit that exited cleanly
     ("Sep 17 15:12:54 gpu01 beegfs-client[781540]: Starting BeeGFS Client:", []),
     ("Sep 18 03:19:01 gpu01 nvidia-fabricmanager-start.sh[4753]: Detected Pre-NVL5 system", []),
