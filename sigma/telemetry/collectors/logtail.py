@@ -229,7 +229,7 @@ class LogTailCollector(Collector):
             kind = ""
         if kind == "":
             self.choose_at = out.ts + self.params.recheck_s
-        self._report_kernel_source(out)
+        self._report_log_source(out)
 
     def _choose(self) -> None:
         p = self.params
@@ -255,7 +255,7 @@ class LogTailCollector(Collector):
     def _from_end(self) -> bool:
         return self.first_run and self.params.start_at == "end"
 
-    def _report_kernel_source(self, out: Output) -> None:
+    def _report_log_source(self, out: Output) -> None:
         choice = self.choice
         ok = bool(choice and choice.kind)
         name = self.params.log_name
