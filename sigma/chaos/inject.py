@@ -231,7 +231,7 @@ class Chaos:
             path.parent.mkdir(parents=True, exist_ok=True)
             line = sig.line + "\n"  # job output has no syslog envelope
         elif sig.target == "service":  # the emulated node's syslog ({service_log}), as rsyslog writes it
-            path = self.cluster.node_dir(node) / "syslog"
+            path = self.cluster.service_log(node)
             line = kernel_log_line(node, sig.line, ident=sig.ident)
         else:
             path = self.cluster.kernel_log(node) if sig.target == "kernel" else \
