@@ -28,9 +28,12 @@ baseline is also put at the engine's budget two ways: `(budget)`, the same calib
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
-Tuning: `--tune` runs the engine's choices (rounds, the comparability ratio, the lone-metric weights) on ASD's
+Tuning: `--tune` runs the engine's choices (rounds 1-12, the comparability ratio, the lone-metric weights) on ASD's
 history and the first half of its scored part only; every other figure is reported on data those choices did not
 see (ASD's second half, every other data set).
+
+A data set's groups are the jobs of one cluster: one budget calibration over all of them, the cluster's tail and
+each group's own, as the controller's Calibrator keeps them.
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
        [--tune] [--nab-files 24]
@@ -162,17 +165,34 @@ def action_stats(scores: np.ndarray, rounds: int) -> np.ndarray:
 def calibrated_thresholds(scores: np.ndarray, rounds: int, per_1000_node_days: float) -> tuple[np.ndarray, list]:
     """[T] the threshold the budget calibrates before each round from every earlier round's action statistics
     (inf where the history does not support it yet), and the calibrations (round, Calibration) along the way."""
-    stats = action_stats(scores, rounds)
+    return cluster_thresholds([scores], rounds, per_1000_node_days)[0]
+
+
+def cluster_thresholds(groups: list[np.ndarray], rounds: int, per_1000_node_days: float) -> list[tuple]:
+    """calibrated_thresholds of groups (jobs) that share one cluster, as the controller's Calibrator keeps it: every
+    group's rounds feed the cluster's tail and the group's own (its job shape), round by round side by side; a group
+    acts at the cluster's threshold, or at its own where that supports the budget and is higher; without the
+    cluster's support, nothing acts."""
+    stats = [action_stats(s, rounds) for s in groups]
     rate = budget.allowed_rate(per_1000_node_days / 1000, ISO.window_s)
-    tail, out, trail = budget.Tail(), np.full(scores.shape[0], np.inf), []
-    cal = budget.calibrate(tail, rate, ISO.min_score)
-    for t in range(scores.shape[0]):
+    cluster, own = budget.Tail(), [budget.Tail() for _ in groups]
+    outs, trails = [np.full(s.shape[0], np.inf) for s in groups], [[] for _ in groups]
+    cals = [budget.calibrate(cluster, rate, ISO.min_score)] * len(groups)
+    for t in range(max(s.shape[0] for s in groups)):
         if t % CALIBRATE_EVERY == 0 and t:
-            tail.add(stats[t - CALIBRATE_EVERY:t])
-            cal = budget.calibrate(tail, rate, ISO.min_score, seed=t)
-            trail.append((t, cal))
-        out[t] = cal.threshold if cal.acts else np.inf
-    return out, trail
+            for i, st in enumerate(stats):
+                if t <= st.shape[0]:
+                    cluster.add(st[t - CALIBRATE_EVERY:t]), own[i].add(st[t - CALIBRATE_EVERY:t])
+            whole = budget.calibrate(cluster, rate, ISO.min_score, seed=t)
+            for i, st in enumerate(stats):
+                if t < st.shape[0]:
+                    mine = budget.calibrate(own[i], rate, ISO.min_score, seed=t) if whole.acts else whole
+                    cals[i] = mine if mine.acts and mine.threshold > whole.threshold else whole
+                    trails[i].append((t, cals[i]))
+        for i, out in enumerate(outs):
+            if t < out.size:
+                out[t] = cals[i].threshold if cals[i].acts else np.inf
+    return list(zip(outs, trails))
 
 
 def acts_of(scores: np.ndarray, threshold, rounds: int = ISO.rounds) -> np.ndarray:
@@ -245,7 +265,7 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
     import hashlib
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
-        "isolation.py", "healthy.py")] + [dataset.encode(), g.name.encode(), method.encode(),
+        "isolation.py", "healthy.py") if method == "engine"] + [dataset.encode(), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
@@ -281,11 +301,13 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
     totals = {}
     for name, items in per.items():
         results, trails = [], []
-        for g, p in items:
+        # the data set's groups are the jobs of one cluster: one budget calibration over all of them
+        calibrated = cluster_thresholds([p.scores for _, p in items], ISO.rounds, ISO.budget_per_1000_node_days)
+        for (g, p), (cal_th, trail) in zip(items, calibrated):
             s = scored(p, g)
+            cal_th = cal_th[g.train.shape[1] - HISTORY:]
             if name == "engine":
-                th, trail = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
-                th = th[g.train.shape[1] - HISTORY:]
+                th = cal_th
                 trails.append((g, trail[-1][1] if trail else None))
             else:
                 th = p.threshold
@@ -294,9 +316,7 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
             if name == "engine":
                 totals.setdefault("engine@6", []).append(outcome(g, acts_of(s, ISO.min_score)))
             else:  # the same budget calibration on the method's own scores: equal budgets without an oracle
-                cal_th, _ = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)
-                totals.setdefault(f"{name} (budget)", []).append(
-                    outcome(g, acts_of(s, cal_th[g.train.shape[1] - HISTORY:])))
+                totals.setdefault(f"{name} (budget)", []).append(outcome(g, acts_of(s, cal_th)))
         totals[name] = results
         print(row(name, total(results), f"   ({np.mean([p.ms for _, p in items]):.1f} ms/round)"))
         if name != "engine":
@@ -356,7 +376,7 @@ def tune(root: Path) -> None:
         for ratio in (0.0, 1.0, 1e9):
             p = engine_pass(first, lone=lone, ratio=ratio)
             s = scored(p, first)
-            for rounds in (1, 2, 3, 4):
+            for rounds in (1, 2, 3, 4, 6, 8, 12):
                 th, trail = calibrated_thresholds(p.scores, rounds, ISO.budget_per_1000_node_days)
                 r = outcome(first, acts_of(s, th[first.train.shape[1] - HISTORY:], rounds))
                 best = max((outcome(first, acts_of(s, x, rounds)) for x in SWEEP), key=lambda o: (

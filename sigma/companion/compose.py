@@ -126,7 +126,9 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
         else:
             where.append(f"COALESCE({col}, '') NOT IN ({','.join('?' * len(values))})")
         params += values
-    asked = {c.column.rstrip("!") for c in q.conds}
+    # the entity's default rows (actions done) unless the question names the default's column: as a condition, or
+    # as what it groups or lists by ("actions per state": every state)
+    asked = {c.column.rstrip("!") for c in q.conds} | set(q.group) | {q.project}
     if ent.default and ent.default.split()[0] not in asked:
         where.append(ent.default)
     share_conds = []       # "what share of X are Y": Y is the numerator, not a filter
@@ -155,13 +157,19 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     return where, params, share_conds
 
 
+def has_value(key: str) -> str:
+    """A group key's row has a value: neither NULL nor the empty string a column without one may hold (an incident
+    with no category is no category '')."""
+    return f"NULLIF({key}, '') IS NOT NULL"
+
+
 def _known_keys(q: Query) -> list[str]:
     """Per-group and per-X answers are about the groups the question names: rows without a value of the key (an
     incident with no node) are no group of their own ("the last incident on each node" lists nodes), unless a
     condition of the question is on that column."""
     asked = {c.column.rstrip("!") for c in q.conds}
     keys = [k for k in [*q.group, q.project] if k and not k.startswith("list:") and k not in asked]
-    return [f"{k} IS NOT NULL" for k in dict.fromkeys(keys) if k in q.entity.columns]
+    return [has_value(k) for k in dict.fromkeys(keys) if k in q.entity.columns]
 
 
 def _having_count(q: Query) -> str:
@@ -184,7 +192,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     """The SELECT; `used` gets the second parts of the question it answers."""
     ent = q.entity
     m = _in_unit(q)
-    measures = [c for c in ent.columns.values() if c.role == "measure" and c.sql != f"src.{c.name}"]
+    measures = [c for c in ent.columns.values() if c.role in ("measure", "category") and c.sql != f"src.{c.name}"]
     if m and m.name not in ent.columns and m.sql != f"src.{m.name}":
         measures.append(m)   # a measure of the question's own: the time between two times, one in another unit
     extra = "".join(f", {c.sql} AS {c.name}" for c in measures)
@@ -298,7 +306,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         expr = agg_of(value_agg, mname)
         more = add(aggregates)
         named = [k for k in keys if " AS " not in k]
-        known = (" WHERE " + " AND ".join(f"{k} IS NOT NULL" for k in named)) if named else ""
+        known = (" WHERE " + " AND ".join(has_value(k) for k in named)) if named else ""
         return "", f"SELECT {cols + ', ' if keys else ''}{expr} AS {name}{more} FROM rows{known}" + (
             f" GROUP BY {cols}" if keys else ""), name
 
@@ -353,7 +361,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             fn = m.agg if m.agg in ("sum", "avg", "max", "min") else "max"   # more than 10 steps": each once
             name = f"{fn}_{mname}"
             units[name] = m.unit
-            sql = head + (f"SELECT {proj}, {AGG_SQL[fn].format(mname)} AS {name} FROM rows WHERE {proj} IS NOT NULL "
+            sql = head + (f"SELECT {proj}, {AGG_SQL[fn].format(mname)} AS {name} FROM rows WHERE {has_value(proj)} "
                           f"GROUP BY {proj} ORDER BY {proj}")
             return Built(sql, params, units, "groups", name)
         if (m or plain) and not agg and not q.rank and q.qkind != "count":
@@ -387,7 +395,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                 sql = f"SELECT * FROM ({inner}) g WHERE {name} = (SELECT {fn}({name}) FROM ({inner}))"
                 params = params + params
             return Built(sql, params, units, "ranking", name)
-        sql = head + body + f" ORDER BY {proj}"
+        sql = head + body + (f" ORDER BY {name} DESC, {proj}" if q.sort else f" ORDER BY {proj}")
         return Built(sql, params, units, "groups", name)
 
     if q.qkind == "when":
@@ -415,6 +423,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         sql = head + (f"SELECT DISTINCT {', '.join(cols)} FROM rows WHERE {mname} = (SELECT {fn}({mname}) "
                       "FROM rows)")
         return Built(sql, params, units, "ranking", mname)
+    if m and agg and q.rank and agg != q.rank:   # "the highest average" of one value: one of the two is unused
+        raise NotUnderstood(f"both the {agg} and the {q.rank} of one value")
     if m and (agg or q.rank) and not q.order:
         value_agg = agg or q.rank
         extra_cte, sel, name = grouped([], value_agg)

@@ -114,6 +114,11 @@ def _same(a: tuple, b: tuple) -> bool:
     return values(qa, ca, ra) == values(qb, cb, rb)
 
 
+def _found(rows: list) -> bool:
+    """Some row answers: not none, and not a count of none."""
+    return bool(rows) and rows != [(0,)]
+
+
 def _one_of_many(q, built, rows: list) -> bool:
     """A question for one time or duration ("when did node1 come back", "how long did detection take") that several
     rows answer, with no word saying which (each, first, last, average, total)."""
@@ -213,7 +218,8 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
                            f"{q.project.replace('_', ' ')} values ({', '.join(str(r[0]) for r in result.rows[:8])}); "
                            "you asked for one: the latest, the first, or each? Ask again with that word, or a time.",
                       tier="fast", intent=q.entity.name, status="clarify", understood=understood)
-    readings = [(q, built, result.columns, result.rows)] + _alternatives(conn, parsed.alternatives, now, offset)
+    readings = [(q, built, result.columns, result.rows)] + _alternatives(conn, [
+        x for x in parsed.alternatives if not (x.noun_of_name and _found(result.rows))], now, offset)
     distinct = [r for i, r in enumerate(readings) if not any(_same(r, o) for o in readings[:i])]
     if len(distinct) > 1:   # the words fit readings whose answers differ: ask which, never pick one
         names = "; or ".join(reading(r[0]) + (" (not one I can answer from the data)" if r[3] is None else "")

@@ -70,6 +70,8 @@ class Entity:
     explicit: bool = False            # described in the vocabulary document
     measure_names: dict | None = None         # {column, value}: each value of `column` names a measure in `value`
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
+    row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
+    #                                   service), so "per drain" or "a drained node" is each row, not a grouping
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -207,6 +209,40 @@ def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
                 w for w in dict.fromkeys(cands) if w and not (len(w) == 1 and w[0] in STOPWORDS)]
 
 
+def _duration_words(ent: Entity) -> None:
+    """A duration from the row's start to another of its times is also named by that time's own word ("ack time",
+    "time to ack", "slowest to ack": acked_at - requested_at), as the schema's column names give it."""
+    for col in ent.measures():
+        m = re.fullmatch(r"\s*(?:src\.)?(\w+)\s*-\s*(?:src\.)?(\w+)\s*", col.sql)
+        end = ent.columns.get(m.group(1)) if m else None
+        if end is None or end.role != "time" or end.name == ent.time or m.group(2) != ent.time:
+            continue
+        verb = re.sub(r"_(at|ts)$", "", end.name).replace("_", " ")
+        col.words += [p for p in (phrase_stems(f"{verb} time"), phrase_stems(f"time to {verb}"),
+                                  phrase_stems(f"to {verb}")) if p not in col.words]
+
+
+def _referred_columns(entities: dict[str, Entity]) -> None:
+    """The categories of the row another one refers to by its `<table>_id` column, named by that table's noun and
+    the column's words ("incident category" of a job loss: its incident's category); the referred table's own rows
+    take the same words for the column itself."""
+    for other in list(entities.values()):
+        key = _key(other)
+        if not key or other.source != key[:-3] + "s":
+            continue
+        noun = phrase_stems(key[:-3].replace("_", " "))
+        for col in [c for c in other.columns.values() if c.role == "category"]:
+            words = [noun + w for w in col.words if w and noun + w not in col.words]
+            col.words += words
+            for ent in entities.values():
+                if ent is other or key not in ent.columns or col.name in ent.columns:
+                    continue
+                name = f"{key[:-3]}_{col.name}"
+                ent.columns.setdefault(name, Column(
+                    name, f"(SELECT r.{col.name} FROM {other.source} r WHERE r.id = src.{key})", "category",
+                    words=list(words), learnt=col.learnt))
+
+
 def _entity(name: str, spec: dict) -> Entity:
     conds = {}
     for words, sql in (spec.get("conds") or {}).items():
@@ -227,7 +263,7 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values)
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])])
 
 
 @lru_cache(maxsize=1)
@@ -257,6 +293,8 @@ def build(conn: sqlite3.Connection, allowed: frozenset[str] = ALLOWED_TABLES) ->
             ent.show = [c for c in names if ent.columns[c].role not in ("json",)][:8]
         if ent.label == "rowid":
             ent.label = ent.show[0] if ent.show else names[0]
+        _duration_words(ent)
+    _referred_columns(entities)
     rule_ids = {r[0] for r in conn.execute("SELECT DISTINCT rule_id FROM incidents")}
     nodes = {r[0] for r in conn.execute("SELECT node FROM node_snapshots UNION SELECT node FROM incidents "
                                         "WHERE node IS NOT NULL UNION SELECT node FROM node_lifecycle")}

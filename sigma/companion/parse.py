@@ -49,6 +49,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "per day": ("bucket", "86400"), "by minute": ("bucket", "60"), "by hour": ("bucket", "3600"),
     "by day": ("bucket", "86400"), "each minute": ("bucket", "60"), "each hour": ("bucket", "3600"),
     "each day": ("bucket", "86400"), "every hour": ("bucket", "3600"),
+    "rank": ("sort", ""), "sort": ("sort", ""),
+    "minute": ("period", "60"), "hour": ("period", "3600"), "day": ("period", "86400"),
     "now": ("now", ""), "right now": ("now", ""), "at the moment": ("now", ""), "currently": ("now", ""),
     "at present": ("now", ""), "still": ("still", ""),
     "were": ("past", ""), "was": ("past", ""), "did": ("past", ""), "had": ("past", ""), "got": ("past", ""),
@@ -74,10 +76,20 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "related": ("filler", ""), "related to": ("filler", ""), "how much": ("filler", ""),
     "go through": ("filler", ""), "been through": ("filler", ""), "come from": ("filler", ""),
     "everything": ("filler", ""), "anything": ("filler", ""), "single": ("single", ""),
+    "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
+    "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
+    "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
+    # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
+    "new": ("new", ""), "newly": ("new", ""),
+    # a copula before a category's value ("marked resolved"): understood only when a value follows
+    "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
+    "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
+    "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
     "resulted in": ("rel", ""), "result in": ("rel", ""), "ended in": ("rel", ""), "ended with": ("rel", ""),
+    "ended up with": ("rel", ""), "ended up in": ("rel", ""), "end up with": ("rel", ""), "end up in": ("rel", ""),
     "triggered": ("rel", ""), "without": ("rel", "not"), "with no": ("rel", "not"), "had no": ("rel", "not"),
 }
 YESNO_START = ("is", "are", "was", "were", "did", "does", "do", "has", "have", "had", "any", "can")
@@ -92,7 +104,7 @@ CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher th
            "no more than": "<=", "not more than": "<="}
 CMP_UNITS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "hour": 3600, "hr": 3600, "h": 3600}
 HYPO = re.compile(r"\b(if|suppose|supposing|what happens|what would happen|would happen|would be affected|"
-                  r"would it affect|what if)\b")
+                  r"would it affect|what if|would \w+ing)\b")
 HYPO_VERBS = {"drain": "drain", "reboot": "reboot", "restart": "reboot", "take down": "down", "take out": "drain",
               "take out of service": "drain", "take offline": "down",
               "took out": "drain", "remove": "drain", "lose": "down", "go down": "down", "went down": "down",
@@ -119,10 +131,22 @@ WHILE_JOB = re.compile(r"\b(?:while|when) job #?(\d+) (?:ran|was running|was act
                        r"(?: on (?:it|there|that node))?\b")
 SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much time)(?: it took| did it take)? "
                      r"(?:between|from)|between)\b")
+# "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
+BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+# A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
+UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
+# The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
+SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
+                     r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
+MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
+                          "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
+                          "made")}
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
+TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
@@ -178,6 +202,8 @@ class Query:
     hypo: str = ""
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
+    noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
+    sort: bool = False                    # "rank the nodes by ...": every group, the largest value first
     nodes: list[str] = field(default_factory=list)
     jobs: list[int] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
@@ -230,6 +256,8 @@ class Lexicon:
                 add(p, Meaning("entity", ent.name, learnt=not ent.explicit))
             for p, cond in ent.conds.items():
                 add(p, Meaning("cond", ent.name, cond))
+            for p in ent.row_words:
+                add(p, Meaning("row", ent.name))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -253,7 +281,20 @@ class Lexicon:
         for p, likes in _rule_id_words(model.rule_ids).items():
             if _determined(p) not in self.phrases:   # every other word's meaning comes first
                 add(p, Meaning("rule", None, likes))
+        for ent in model.entities.values():   # a compound's head noun alone ("xid lines": log lines), where it
+            for p in ent.words:                #  means nothing else; it weighs less than the whole compound
+                if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
+                    self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
         self.longest = max(len(p) for p in self.phrases)
+        # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
+        # a phrase whose words are apart in the question ("how much training time did job 1 lose")
+        self.by_words: dict[frozenset, list[tuple[str, ...]]] = {}
+        self.containing: dict[str, list[tuple[str, ...]]] = {}
+        for p, meanings in self.phrases.items():
+            if len(p) > 1 and "#" not in p and "<det>" not in p and any(m.kind in CONTENT for m in meanings):
+                self.by_words.setdefault(frozenset(p), []).append(p)
+                for w in set(p):
+                    self.containing.setdefault(w, []).append(p)
 
     def _add(self, phrase: tuple[str, ...], meaning: Meaning) -> None:
         if phrase:
@@ -286,13 +327,33 @@ class Lexicon:
             for k in (tuple(window), key):
                 if k in self.phrases:
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
+            others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
+            if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
+                    (w,) in self.phrases or w in STOPWORDS for w in window):
+                return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
+              names: dict[int, set[str]]) -> tuple[list[int], list]:
+        """Words apart from a span that complete one of its phrases (free: stem -> token index): "training time"
+        with "lose" is "training time lost"; "submit" with "validation job" is the action. The span keeps only the
+        meanings that phrase shares with it: (the tokens it takes, those meanings), or ([], []). A word that names
+        the entity of those meanings (names: token index -> entities) stays its own ("incidents per severity")."""
+        best: tuple[list[int], list] = ([], [])
+        for p in {p for w in set(span) for p in self.containing.get(w, [])}:
+            extra = set(p) - set(span)
+            shared = [m for m in meanings if m in self.phrases[p] and m.kind in CONTENT]
+            if extra and extra <= set(free) and shared and len(extra) > len(best[0]) and not any(
+                    names.get(free[w], set()) & {m.entity for m in shared} for w in extra):
+                best = ([free[w] for w in extra], shared)
+        return best
 
     def _led(self, phrase: tuple[str, ...]) -> list[Meaning]:
         """A phrase's meanings; one led by a preposition also means the rest ("in validation": "validation")."""
         found = self.phrases[phrase]
-        if len(phrase) > 1 and phrase[0] in PREPOSITIONS:
-            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]
+        if len(phrase) > 1 and phrase[0] in PREPOSITIONS and not any(f.kind == "measure" for f in found):
+            found = found + [m for m in self.phrases.get(phrase[1:], []) if m not in found]   # ("to ack", a
+            #                                                    duration, is not the time acked nor "acked")
         return found
 
     def split_measure(self, stems: list[str], i: int, free: list[bool]) -> tuple[int, int, list[Meaning]]:
@@ -418,6 +479,50 @@ class Parser:
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
                 or any(part in timerange.COUNTS for part in word.split("-")))
 
+    def _time_order(self, tokens, stems: list[str], free: list[bool]) -> list[Span]:
+        """Two times of one row compared: "acked by their deadline", "delivered after the deadline" is a condition
+        on the row (negated as any condition is: "not acked by the deadline" includes those never acked)."""
+        out = []
+        for i in range(1, len(tokens) - 1):
+            op = TIME_ORDER.get(tokens[i].text)
+            k = i + 1
+            while k < len(tokens) - 1 and stems[k] in DETERMINERS:
+                k += 1
+            if not op or not all(free[i - 1:k + 1]):
+                continue
+            a, b = (self._times(stems[x]) for x in (i - 1, k))
+            text = " ".join(t.text for t in tokens[i - 1:k + 1])
+            meanings = [Meaning("cond", e, Cond(e, f"{a[e]} {op} {b[e]}", text, a[e])) for e in a
+                        if e in b and a[e] != b[e]]
+            if meanings:
+                for x in range(i - 1, k + 1):
+                    free[x] = False
+                out.append(Span(i - 1, k + 1, text, meanings))
+        return out
+
+    def _times(self, word: str) -> dict[str, str]:
+        """The time column one word names, per entity: as a time ("deadline") or as that time being there
+        ("acknowledged": acked_at is set)."""
+        out = {}
+        for m in self.lexicon.phrases.get((word,), []):
+            col = m.value if m.kind == "time" else m.value.column if m.kind == "cond" else ""
+            if col and getattr(self.model.entities[m.entity].columns.get(col), "role", "") == "time":
+                out.setdefault(m.entity, col)
+        return out
+
+    def _overlapping(self, stems: list[str], i: int, n: int, meanings: list[Meaning],
+                     free: list[bool]) -> tuple[int, list[Meaning]]:
+        """A phrase that overlaps the one matched at i and names the same thing takes its further words too: in
+        "1-minute load average" both "1-minute load" and "load average" name the metric, so "average" is part of
+        the name and never an aggregate of its own. (The span keeps the meanings both phrases share.)"""
+        for j in range(i + 1, i + n):
+            trial = [*free[:j], *([True] * (i + n - j)), *free[i + n:]]
+            n2, more, _ = self.lexicon.match(stems, j, trial)
+            shared = [m for m in meanings if m in more and m.kind in CONTENT]
+            if j + n2 > i + n and shared:
+                return j + n2 - i, shared
+        return n, meanings
+
     def _parse(self, q: str, now: float, tz: tzinfo | None, only: Entity | None = None) -> Parse:
         """One clause; `only`: the entity a second part is asked of (its referents, "of them", "each", are it)."""
         tokens = tokenize(q)
@@ -435,6 +540,13 @@ class Parser:
 
         for m in QUOTED.finditer(q):   # 'culprit': text searched for, whatever its words
             claim(m.start(), m.end(), Meaning("text", None, m.group(1) or m.group(2)))
+        for m in UNBOUNDED.finditer(q):   # before "now": "until now" is no bound, not the current state
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in SUBJECT.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in BREAK_DOWN.finditer(q):
+            claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
+            claim(m.start(1), m.end(1), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -456,11 +568,14 @@ class Parser:
                 for m in re.finditer(r"\b" + w + r"\b", q):
                     claim(m.start(), m.end(), Meaning("hypo-word", None, w))
         for m in SPAN_OF.finditer(q):   # "the time between the fault and the requeue": two times of one row
-            claim(m.start(), m.end(), Meaning("between"))
+            if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
+                claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)", q):
-            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2))))
+        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
+                             r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
+                             r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... most"
+            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
@@ -478,6 +593,7 @@ class Parser:
                 unknown_nodes.append(t.text)
                 claim(t.start, t.end, Meaning("unknown-node", None, t.text))
         stems = [t.stem for t in tokens]
+        spans += self._time_order(tokens, stems, free)
         i = 0
         while i < len(tokens):
             if not free[i]:
@@ -492,6 +608,7 @@ class Parser:
                 i += 1
                 continue
             n, meanings, nums = self.lexicon.match(stems, i, free)
+            n, meanings = self._overlapping(stems, i, n, meanings, free)
             if n:
                 for k in range(i, i + n):
                     free[k] = False
@@ -502,6 +619,30 @@ class Parser:
                 i += n
             else:
                 i += 1
+        for s in list(spans):   # words apart that complete a phrase of a span's ("training time ... lose"): free
+            #                     words, or one-word spans of content read apart ("training": KPI lines)
+            if s not in spans or not any(m.kind in CONTENT for m in s.meanings):
+                continue
+            apart = {x.start: x for x in spans if x is not s and x.end - x.start == 1
+                     and all(m.kind in CONTENT or m.kind == "times" for m in x.meanings)}
+            loose = {t.stem: i for i, t in enumerate(tokens) if (free[i] or i in apart) and t.text not in STOPWORDS
+                     and t.stem not in STOPWORDS}
+            names = {i: {m.entity for m in x.meanings if m.kind == "entity"} for i, x in apart.items()}
+            taken, shared = self.lexicon.agree(tuple(stems[s.start:s.end]), s.meanings, loose, names)
+            if not taken:
+                continue
+            for i in taken:
+                if i in apart:
+                    spans.remove(apart[i])
+                free[i] = False
+                spans.append(Span(i, i + 1, tokens[i].text, [Meaning("filler")]))
+            words = " … ".join(text for _, text in sorted([(s.start, s.text), *((i, tokens[i].text) for i in taken)]))
+            head = min([s, *(x for x in spans if x.start in taken)], key=lambda x: x.start)   # read where it begins
+            s.meanings, head.meanings, head.text = [Meaning("filler")], shared, words   # ("how many steps ... lose")
+        for i, t in enumerate(tokens):   # "how many tickets were filed": every row was made
+            if free[i] and t.stem in MADE:
+                free[i] = False
+                spans.append(Span(i, i + 1, t.text, [Meaning("filler")]))
         if any(m.kind == "rule" for s in spans for m in s.meanings):   # "a GPU fell off the bus": the GPU repeats it
             for i, t in enumerate(tokens):
                 if free[i] and t.stem in WEAK_NOUNS:
@@ -530,7 +671,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -643,7 +784,18 @@ class Parser:
             senses = self._senses(ent, s)
             if senses and senses[0].kind in CONTENT and senses[0].kind != "entity":
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
+            if n and self._names_head(ent, spans[n - 1], s, senses):
+                out.append((n, Meaning("filler")))
         return out
+
+    def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
+        """A value word right after the name of another value of the rows may be that name's own noun, not a
+        condition ("PCIe AER errors": AER events, whatever their severity). That reading is weighed only where the
+        condition leaves none of the named rows (sigma.companion.fast): then the question is asked back, never
+        answered "none"."""
+        head = self._senses(ent, before)
+        return (before.end == s.start and bool(senses) and senses[0].kind == "cond" and bool(head)
+                and head[0].kind == "cond" and head[0].value.column != senses[0].value.column)
 
     def _fill(self, ent: Entity, spans: list[Span], leftovers, tokens, yesno, unknown_nodes, past,
               pick: tuple[int, Meaning] | None = None) -> Parse:
@@ -653,12 +805,22 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = ""
+        single = new = ""
+        periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
+        each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         for n, s in enumerate(spans):
+            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
+                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
+                                                   for m in spans[n + 1].meanings)):
+                    unknown.append(s.text)
+                continue
+            if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
+                new = s.text
+                continue
             if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
                 if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
@@ -669,19 +831,25 @@ class Parser:
                     loose.append(n)
                 continue
             m = pick[1] if pick and pick[0] == n else fitting[0]
+            if pick and pick[0] == n and m.kind == "filler":
+                q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
             if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
                 continue
-            if kind == "between":   # the next two words name two times of the row: the measure is the second less
-                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None)
+            if kind == "between":   # the next two words name two times of the row: the measure is the time apart,
+                # never negative whichever is named first ("from incident to fault" is the detection time too);
+                # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
+                ends = [next((t for t in x.meanings if t.kind == "time" and self._fits(t, ent)), None) or (
+                            Meaning("time", ent.name, ent.time) if ent.time and any(
+                                t.kind == "entity" and t.entity == ent.name for t in x.meanings) else None)
                         for x in spans[n + 1:n + 3]]
-                if len(ends) < 2 or None in ends or q.measure is not None:
+                if len(ends) < 2 or None in ends or ends[0].value == ends[1].value or q.measure is not None:
                     unknown.append(s.text)
                     continue
                 a, b = (ent.columns[t.value] for t in ends)
                 words = lambda c: re.sub(r"_(at|ts)$", "", c.name)   # noqa: E731
-                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"{b.sql} - {a.sql}", "measure", "s")
+                q.measure = Column(f"{words(a)}_to_{words(b)}_s", f"ABS({b.sql} - {a.sql})", "measure", "s")
                 timed = {n + 1, n + 2}
                 continue
             if n in timed:
@@ -728,6 +896,12 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time":   # "never got an ack", "not closed": that time is not there
+                    col = ent.columns[value]
+                    sql = col.name if col.sql == f"src.{col.name}" else col.sql
+                    q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
+                    negate = ""
+                    continue
                 if kind == "entity" and q.project:   # "which nodes were never drained"
                     q.anti, negate = True, ""
                 else:
@@ -764,12 +938,19 @@ class Parser:
             elif kind == "top":
                 q.top, q.rank = value, q.rank or "max"
             elif kind == "group":
+                if s.text == "by" and q.sort and q.project:   # "rank the nodes by ...": what follows is the value
+                    continue
                 if pending_group:
                     unknown.append(pending_group)
                 pending_group = s.text
                 continue
             elif kind == "bucket":
-                q.bucket = 0 if value == "auto" else int(value)
+                if value != "auto" or q.bucket is None:   # "hourly trend": the stated period, not one chosen
+                    q.bucket = 0 if value == "auto" else int(value)
+            elif kind == "sort":
+                q.sort = True
+            elif kind == "period":   # "oldest hour first", "(avg per hour)": understood only as the buckets' own
+                periods.append((s.text, int(value)))
             elif kind == "cmp":
                 op, number, unit = value
                 after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
@@ -790,7 +971,7 @@ class Parser:
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
-                elif pending_group and (q.rank or q.top):   # "top 2 nodes by incidents": ranked by their count
+                elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
@@ -843,19 +1024,30 @@ class Parser:
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
                 q.hypo = value
+            elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
+                pending_group, each_row = False, True   # no aggregate, each row's own ("per drain": each one)
+                continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
-            if pending_group and kind == "q" and value == "count" and (q.rank or q.top):
+            if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
-        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost)
-            s = spans[n]
+        for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
+            s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
+            #               entity's name qualifying a column of this one ("time lost per recovery source")
+            after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
+                    m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
+                    for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
+                                                 for m in after.meanings)):
+                q.understood.append(s.text)
+                continue
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue
@@ -870,6 +1062,13 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, seconds in periods if q.bucket != seconds]
+        if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
+            unknown.append("rank")
+        if new and q.since is None:
+            unknown.append(new)
+        if each_row and not (q.agg or q.rank):
+            q.per_item = True
         if negate:
             unknown.append(negate)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
@@ -885,8 +1084,6 @@ class Parser:
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
-        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
-            q.agg = "sum"
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
@@ -910,5 +1107,7 @@ class Parser:
                 q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
+        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+            q.agg = "sum"
         q.understood = [u for u in q.understood if u]
         return Parse(q, unknown, unknown_nodes, q.understood)

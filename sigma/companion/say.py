@@ -108,7 +108,8 @@ def reading(q: Query) -> str:
     """One reading of a question in words: what it counts or lists, filtered how, and its measure."""
     measure = f", {column_words(q.measure.name)}" if q.measure else ""
     means = [f"{r}: {plain(r)}" for r in q.rules if "%" not in r and plain(r) != r]
-    return f"{noun(q)}{scope(q)}{measure}" + (f" — {'; '.join(means)}" if means else "")
+    named = f", '{q.noun_of_name}' read as part of the name" if q.noun_of_name else ""
+    return f"{noun(q)}{scope(q)}{measure}{named}" + (f" — {'; '.join(means)}" if means else "")
 
 
 def column_words(column: str) -> str:

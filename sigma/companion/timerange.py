@@ -1,7 +1,8 @@
 """Time ranges in the forms people write, read in the site's timezone: "in the last 3 hours", "past day", "today",
-"yesterday", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20", "between 10:00 and 10:30",
-"from 10:00 to 10:30", "before 10:00", "after 10:00". Each match says which characters of the question it used, so
-the parser knows those words are understood."""
+"yesterday", "this afternoon", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20",
+"between 10:00 and 10:30", "from 10:00 to 10:30", "before 10:00", "after 10:00", "since yesterday", "before today",
+"since 2 hours ago". Each match says which characters of the question it used, so the parser knows those words are
+understood."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ COUNT = r"(\d+|a|an|one|two|three|four|five|six|seven|eight|nine|ten|twelve|twen
 COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
           "nine": 9, "ten": 10, "twelve": 12, "twenty-four": 24, "few": 3, "couple of": 2}
 CLOCK = r"(\d{1,2})(?::(\d{2}))?\s*(am|pm)?"
+DAY_PARTS = {"afternoon": (12, 18), "evening": (18, 24)}   # hours of the day; "this morning" is since midnight
 UNIT = r"(seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?)"
 
 
@@ -53,6 +55,19 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
         if start > local:  # a clock range later than now today means yesterday's
             start, end = start - timedelta(days=1), end - timedelta(days=1)
         return out(m, start, end if end > start else end + timedelta(days=1))
+    # a day or week as the bound of an open range: "since yesterday" is from yesterday's start on, "before today"
+    # until today's start; "since 2 hours ago" from that instant
+    days = {"yesterday": (midnight - timedelta(days=1)), "today": midnight, "this morning": midnight,
+            "this week": week, "last week": week - timedelta(days=7)}
+    m = re.search(r"\b(since|after|from|before|until) (yesterday|today|this morning|this week|last week)\b", q)
+    if m:
+        start = days[m.group(2)]
+        return out(m, start, None) if m.group(1) in ("since", "after", "from") else out(m, None, start)
+    m = re.search(r"\b(since|after|from|before|until) " + COUNT + r" ?" + UNIT + r" ago\b", q)
+    if m:
+        n = COUNTS.get(m.group(2), None)
+        at = local - (int(m.group(2)) if n is None else n) * timedelta(seconds=_unit(m.group(3)))
+        return out(m, at, None) if m.group(1) in ("since", "after", "from") else out(m, None, at)
     m = re.search(r"(?<!the )(?<!past )\blast week\b", q)
     if m:  # the calendar week before this one ("in the last week" is the past 7 days)
         return out(m, week - timedelta(days=7), week)
@@ -65,6 +80,11 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
     m = re.search(r"\b(?:in the )?(?:last|past) (hour|day|week|month)\b", q)
     if m:
         return TimeRange(now - _unit(m.group(1)), None, m.group(0).strip(), [m.span()])
+    m = re.search(r"\b(this|yesterday) (afternoon|evening)\b", q)
+    if m:  # a part of a day: its hours on that day ("this afternoon" is 12:00-18:00 today)
+        day = midnight - timedelta(days=1 if m.group(1) == "yesterday" else 0)
+        start, end = DAY_PARTS[m.group(2)]
+        return out(m, day + timedelta(hours=start), day + timedelta(hours=end))
     m = re.search(r"\b(?:so far )?today\b|\bthis morning\b", q)
     if m:
         return out(m, midnight, None)
