@@ -278,8 +278,10 @@ class Lexicon:
                             add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
-        for p, likes in _rule_id_words(model.rule_ids).items():
-            if _determined(p) not in self.phrases:   # every other word's meaning comes first
+        for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
+            #   noun that names an entity stays its own ("nan loss events": events, not the kpi-nan-loss-event rule)
+            if _determined(p) not in self.phrases and not any(
+                    m.kind == "entity" for w in p for m in self.phrases.get((w,), [])):
                 add(p, Meaning("rule", None, likes))
         for ent in model.entities.values():   # a compound's head noun alone ("xid lines": log lines), where it
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
@@ -763,9 +765,12 @@ class Parser:
 
     def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
         """Some word fits `ent` only by a name or value learnt from the data, where the schema document gives it a
-        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided."""
+        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided. A
+        rule's name is the rules', not the document's: "xid" names the xid rules' incidents and events of kind xid
+        alike, so each stays a reading."""
         def fits(e: Entity, s: Span, learnt: bool) -> bool:
-            return any(m.kind in CONTENT and m.learnt == learnt and self._fits(m, e) for m in s.meanings)
+            return any(m.kind in CONTENT and (m.learnt or m.kind == "rule") == learnt and self._fits(m, e)
+                       for m in s.meanings)
         return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans)
 
     def _senses(self, ent: Entity, s: Span) -> list[Meaning]:
