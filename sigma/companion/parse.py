@@ -765,13 +765,14 @@ class Parser:
 
     def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
         """Some word fits `ent` only by a name or value learnt from the data, where the schema document gives it a
-        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided. A
-        rule's name is the rules', not the document's: "xid" names the xid rules' incidents and events of kind xid
-        alike, so each stays a reading."""
-        def fits(e: Entity, s: Span, learnt: bool) -> bool:
-            return any(m.kind in CONTENT and (m.learnt or m.kind == "rule") == learnt and self._fits(m, e)
-                       for m in s.meanings)
-        return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans)
+        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided. Unless
+        another word gives `ent` a meaning of the document's that `best` lacks: "xid errors" are the xid rules'
+        incidents, or events of kind xid and severity error; each stays a reading."""
+        def fits(e: Entity, s: Span, learnt: bool, kinds=CONTENT) -> bool:
+            return any(m.kind in kinds and m.learnt == learnt and self._fits(m, e) for m in s.meanings)
+        own = tuple(k for k in CONTENT if k != "rule")   # a fault's name filters any entity with a rule
+        return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans) and not any(
+            fits(ent, s, False, own) and not fits(best, s, False, own) for s in spans)
 
     def _senses(self, ent: Entity, s: Span) -> list[Meaning]:
         """What a word can mean for this entity, most likely first; where the schema document gives it a meaning,

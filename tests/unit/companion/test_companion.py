@@ -192,6 +192,23 @@ def test_words_with_several_readings_are_asked_back_and_readings_that_agree_answ
     assert e.status == "fact" and "node_snapshots" in e.sql and e.text.startswith("Yes" if now else "No")
 
 
+def test_a_noun_naming_an_entity_is_the_entity_answered_about(conn):
+    # "events" ends the rule id kpi-nan-loss-event too: the noun is the question's subject, not part of a rule name
+    a = q(conn, "how many nan loss events were there?")
+    assert a.status == "fact" and "FROM events" in a.sql and a.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'nan_loss'")
+
+
+def test_a_fault_name_of_two_entities_with_no_noun_to_choose_is_asked_back(conn):
+    # "xid errors": the xid rules' incidents, or logged events of kind xid; their counts per node differ
+    a = q(conn, "for each node, how many xid errors in the last 2 hours?")
+    assert a.status == "clarify" and not a.rows and "incidents" in a.text and "kind xid" in a.text
+    b = q(conn, "how many xid events were there?")   # the noun chooses
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid'")
+    c = q(conn, "which nodes failed their prolog?")   # a fault's name filters drains too: no reading of its own
+    assert c.status == "fact" and "health" in c.text
+
+
 def test_a_ranking_lists_every_group_largest_first(conn):
     a = q(conn, "rank the nodes by total time lost")
     assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
