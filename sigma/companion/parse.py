@@ -118,6 +118,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
 # after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
+COUNTS = {w: i for i, w in enumerate("two three four five six seven eight nine ten".split(), 2)}   # as words
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
@@ -574,10 +575,12 @@ class Parser:
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
-                             r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
+        n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
+        for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
+                             rf"|\bthe {n} (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
                              r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... most"
-            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
+            word = m.group(1) or m.group(2) or m.group(3)
+            claim(m.start(), m.end(), Meaning("top", None, COUNTS.get(word) or int(word)))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
@@ -1025,7 +1028,7 @@ class Parser:
                 elif col and not (ent.now and ent.label == col):
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
-                                  "every", "distinct", "different") or before.isdigit():
+                                  "every", "distinct", "different") or before.isdigit() or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":

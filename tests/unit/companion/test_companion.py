@@ -209,6 +209,12 @@ def test_a_fault_name_of_two_entities_with_no_noun_to_choose_is_asked_back(conn)
     assert c.status == "fact" and "health" in c.text
 
 
+def test_a_count_in_words_is_the_count_in_digits(conn):
+    for question in ("top {} rules by how many incidents they opened", "the {} rules with the most incidents"):
+        words, digits = q(conn, question.format("three")), q(conn, question.format(3))
+        assert words.status == digits.status == "fact" and words.rows == digits.rows and len(words.rows) == 3
+
+
 def test_a_ranking_lists_every_group_largest_first(conn):
     a = q(conn, "rank the nodes by total time lost")
     assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
