@@ -1057,6 +1057,9 @@ class Parser:
                                                  for m in after.meanings)):
                 q.understood.append(s.text)
                 continue
+            if s.text in STOPWORDS and all(m.entity for m in s.meanings) and after and after.meanings[0].kind in (
+                    "filler", "range"):   # "requeues done so far", "done this week": a function word before a time
+                continue   # where it names only other entities' columns or values (a drain's "done")
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue

@@ -215,6 +215,16 @@ def test_a_count_in_words_is_the_count_in_digits(conn):
         assert words.status == digits.status == "fact" and words.rows == digits.rows and len(words.rows) == 3
 
 
+def test_function_words_another_entity_names_are_read_as_function_words_only_before_a_time(conn):
+    a = q(conn, "number of requeues done so far")   # "done": a drain's column, here only the verb
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'done'")
+    assert q(conn, "how many incidents done?").status == "partial"   # done: closed? not guessed
+    b = q(conn, "what rules have fired against node4?")
+    assert b.status == "fact" and sorted(r[:1] for r in b.rows) == values(
+        conn, "SELECT DISTINCT rule_id FROM incidents WHERE node = 'node4'")
+
+
 def test_a_ranking_lists_every_group_largest_first(conn):
     a = q(conn, "rank the nodes by total time lost")
     assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
