@@ -702,8 +702,10 @@ class Parser:
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
                    "hypo": 3, "rule": 1}
         best, best_key, keys = None, None, {}
+        # "how many times": occurrences in a history, never a current-state view's one row per node
+        times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
-            if past and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
+            if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False
             else:
                 tense_ok = True

@@ -225,6 +225,12 @@ def test_function_words_another_entity_names_are_read_as_function_words_only_bef
         conn, "SELECT DISTINCT rule_id FROM incidents WHERE node = 'node4'")
 
 
+def test_how_many_times_counts_a_history_not_a_current_state(conn):
+    a = q(conn, "how many times has node2 entered remediation?")   # not node_lifecycle's one row for node2
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM lifecycle_transitions WHERE node = 'node2' AND to_state = 'remediating'")
+
+
 def test_a_ranking_lists_every_group_largest_first(conn):
     a = q(conn, "rank the nodes by total time lost")
     assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
