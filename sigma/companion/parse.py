@@ -984,6 +984,8 @@ class Parser:
                     q.per_item, pending_group = True, False
                 elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
+                elif pending_group == "per" and q.agg:   # "median time lost per job loss": over the rows, as "per
+                    pending_group, each_row = False, True   # drain" (a row's word)
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]

@@ -231,6 +231,15 @@ def test_how_many_times_counts_a_history_not_a_current_state(conn):
         conn, "SELECT COUNT(*) FROM lifecycle_transitions WHERE node = 'node2' AND to_state = 'remediating'")
 
 
+def test_an_aggregate_per_the_entitys_own_name_is_over_its_rows(conn):
+    a = q(conn, "median time lost per job loss")
+    assert a.status == "fact" and a.rows == values(
+        conn, "WITH x AS (SELECT time_lost_s AS s FROM job_losses WHERE time_lost_s IS NOT NULL) SELECT AVG(s) FROM "
+              "(SELECT s FROM x ORDER BY s LIMIT 2 - (SELECT COUNT(*) FROM x) % 2 OFFSET ((SELECT COUNT(*) FROM x) - 1)"
+              " / 2)")
+    assert q(conn, "how many incidents per incident").status == "partial"   # no aggregate over rows: not read
+
+
 def test_a_ranking_lists_every_group_largest_first(conn):
     a = q(conn, "rank the nodes by total time lost")
     assert a.status == "fact" and a.rows == [tuple(r) for r in conn.execute(
