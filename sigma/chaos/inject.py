@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from sigma.slurm.cluster import LocalCluster
@@ -59,7 +59,8 @@ class Signature:
     name: str  # the rule id (or an alias)
     rule_id: str
     line: str  # the message, without an envelope
-    target: str  # kernel, dcgm or job
+    target: str  # kernel, dcgm, job or service
+    ident: str = "kernel"  # the program a service's line names (a service target's example carries it)
 
 
 def catalogue_signatures(rules_dir: str | Path | None = None) -> dict[str, Signature]:
@@ -84,10 +85,12 @@ def catalogue_signatures(rules_dir: str | Path | None = None) -> dict[str, Signa
                 continue  # a line only a booting node writes: a line injected into a running one is another fault
             kinds = log.get("kinds") or []
             target = next((TARGET_BY_KIND[k] for k in kinds if k in TARGET_BY_KIND), "kernel")
-            out[rule["id"]] = Signature(rule["id"], rule["id"], parse(examples[0]).message, target)
+            example = parse(examples[0])
+            out[rule["id"]] = Signature(rule["id"], rule["id"], example.message, target,
+                                        example.ident if target == "service" else "kernel")
     for alias, rule_id in ALIASES.items():
         if rule_id in out:
-            out[alias] = Signature(alias, rule_id, out[rule_id].line, out[rule_id].target)
+            out[alias] = replace(out[rule_id], name=alias)
     return out
 
 
@@ -141,13 +144,13 @@ def xid_line(code: int) -> str:
     return f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, {XID_TEXT.get(code, 'Xid event')}"
 
 
-def kernel_log_line(node: str, message: str, now: float | None = None) -> str:
-    """A kernel line as Debian 12's rsyslog writes /var/log/kern.log: an RFC 3339 stamp to the microsecond, so the
-    platform's fault time is the injection's own (a whole-second RFC 3164 stamp would be up to 1 s off)."""
+def kernel_log_line(node: str, message: str, now: float | None = None, ident: str = "kernel") -> str:
+    """A kernel line (or another program's) as Debian 12's rsyslog writes it: an RFC 3339 stamp to the microsecond,
+    so the platform's fault time is the injection's own (a whole-second RFC 3164 stamp would be up to 1 s off)."""
     from sigma.telemetry.logformats import render
 
     return render(message, "rfc3339", ts=time.time() if now is None else now, host=node,
-                  uptime=time.monotonic()) + "\n"
+                  uptime=time.monotonic(), ident=ident) + "\n"
 
 
 class Chaos:
@@ -227,6 +230,9 @@ class Chaos:
             path = Path(self.cluster.env["SIGMA_KPI_DIR"]) / f"job-{job_id}" / f"chaos.{node}.log"
             path.parent.mkdir(parents=True, exist_ok=True)
             line = sig.line + "\n"  # job output has no syslog envelope
+        elif sig.target == "service":  # the emulated node's syslog ({service_log}), as rsyslog writes it
+            path = self.cluster.service_log(node)
+            line = kernel_log_line(node, sig.line, ident=sig.ident)
         else:
             path = self.cluster.kernel_log(node) if sig.target == "kernel" else \
                 self.cluster.node_dir(node) / "dcgm-health.log"

@@ -18,7 +18,7 @@ i me my we us our you your he she his her someone anybody anyone somebody
 is are was were be been being am do does did done doing have has had having will would shall should can could may
 might must get gets got gotten getting
 what which whose how where
-of in on at to for from with by about into onto as per via
+of in on at to for from with by about into onto as per via against
 and or also both either
 please show list tell give find display print report me let know see seen saw look
 any some all every each so such just only ever yet really actually currently exactly

@@ -118,6 +118,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
                       r"start|set|update|remove|suspend|release|hold|power|shut|run|insert|truncate|alter|create|"
                       r"ignore|forget)\b")
 # after a rule word they only repeat it ("xid errors", "prolog failures", "a GPU fell off the bus")
+COUNTS = {w: i for i, w in enumerate("two three four five six seven eight nine ten".split(), 2)}   # as words
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
 CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
@@ -278,8 +279,10 @@ class Lexicon:
                             add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
-        for p, likes in _rule_id_words(model.rule_ids).items():
-            if _determined(p) not in self.phrases:   # every other word's meaning comes first
+        for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
+            #   noun that names an entity stays its own ("nan loss events": events, not the kpi-nan-loss-event rule)
+            if _determined(p) not in self.phrases and not any(
+                    m.kind == "entity" for w in p for m in self.phrases.get((w,), [])):
                 add(p, Meaning("rule", None, likes))
         for ent in model.entities.values():   # a compound's head noun alone ("xid lines": log lines), where it
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
@@ -572,10 +575,12 @@ class Parser:
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
-        for m in re.finditer(r"\btop (\d+)\b|\b(\d+) (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
-                             r"|\bthe (\d+) (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
+        n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
+        for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
+                             rf"|\bthe {n} (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
                              r"highest|lowest|longest|shortest|worst|largest)\b)", q):   # "the 3 rules that ... most"
-            claim(m.start(), m.end(), Meaning("top", None, int(m.group(1) or m.group(2) or m.group(3))))
+            word = m.group(1) or m.group(2) or m.group(3)
+            claim(m.start(), m.end(), Meaning("top", None, COUNTS.get(word) or int(word)))
         for m in WHILE_JOB.finditer(q):   # "while job 21 ran on it": the rows of that job
             claim(m.start(), m.end(), Meaning("job", None, [int(m.group(1))]))
         for m in re.finditer(r"\bjobs? (?:id |number |no\.? )?#?(\d+)((?:(?:,| and| or|, and) #?\d+)*)|#(\d+)\b", q):
@@ -697,8 +702,10 @@ class Parser:
         weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
                    "hypo": 3, "rule": 1}
         best, best_key, keys = None, None, {}
+        # "how many times": occurrences in a history, never a current-state view's one row per node
+        times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
-            if past and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
+            if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False
             else:
                 tense_ok = True
@@ -763,10 +770,14 @@ class Parser:
 
     def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
         """Some word fits `ent` only by a name or value learnt from the data, where the schema document gives it a
-        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided."""
-        def fits(e: Entity, s: Span, learnt: bool) -> bool:
-            return any(m.kind in CONTENT and m.learnt == learnt and self._fits(m, e) for m in s.meanings)
-        return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans)
+        meaning for `best` ("state": a node's SLURM state, not its remediation state): the document decided. Unless
+        another word gives `ent` a meaning of the document's that `best` lacks: "xid errors" are the xid rules'
+        incidents, or events of kind xid and severity error; each stays a reading."""
+        def fits(e: Entity, s: Span, learnt: bool, kinds=CONTENT) -> bool:
+            return any(m.kind in kinds and m.learnt == learnt and self._fits(m, e) for m in s.meanings)
+        own = tuple(k for k in CONTENT if k != "rule")   # a fault's name filters any entity with a rule
+        return any(fits(best, s, False) and fits(ent, s, True) and not fits(ent, s, False) for s in spans) and not any(
+            fits(ent, s, False, own) and not fits(best, s, False, own) for s in spans)
 
     def _senses(self, ent: Entity, s: Span) -> list[Meaning]:
         """What a word can mean for this entity, most likely first; where the schema document gives it a meaning,
@@ -973,6 +984,8 @@ class Parser:
                     q.per_item, pending_group = True, False
                 elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
+                elif pending_group == "per" and q.agg:   # "median time lost per job loss": over the rows, as "per
+                    pending_group, each_row = False, True   # drain" (a row's word)
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
@@ -1019,7 +1032,7 @@ class Parser:
                 elif col and not (ent.now and ent.label == col):
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
-                                  "every", "distinct", "different") or before.isdigit():
+                                  "every", "distinct", "different") or before.isdigit() or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
@@ -1048,6 +1061,9 @@ class Parser:
                                                  for m in after.meanings)):
                 q.understood.append(s.text)
                 continue
+            if s.text in STOPWORDS and all(m.entity for m in s.meanings) and after and after.meanings[0].kind in (
+                    "filler", "range"):   # "requeues done so far", "done this week": a function word before a time
+                continue   # where it names only other entities' columns or values (a drain's "done")
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue

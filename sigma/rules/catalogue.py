@@ -22,12 +22,13 @@ from sigma.telemetry import logformats
 # Where a fault's line is written, by the event kind its rule matches (the rest is the kernel's log), and the
 # telemetry section that reads it there.
 TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job", "cuda_error": "job",
-                  "cuda_driver_unusable": "job"}
-SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output"}
+                  "cuda_driver_unusable": "job", "unit_failed": "service", "service_error": "service"}
+SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output", "service": "services"}
 # Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog; a kernel
 # line without an envelope has no known writer and is not acted on (logformats.unattributed).
 FORMATS_BY_TARGET = {"kernel": tuple(f for f in logformats.FORMATS if f != "plain"), "dcgm": ("plain",),
-                     "job": ("plain",)}
+                     "job": ("plain",), "service": logformats.SERVICE_FORMATS}
+LINE_SOURCES = ("log", "service")  # events.source of a line's event (the kernel's and job output; a service's)
 JOB_ID = 4242
 
 
@@ -82,13 +83,14 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
     now = time.time() if now is None else now
     target = target_of(rule)
     section = SECTION_BY_TARGET[target]
-    message = logformats.parse(example).message
+    parsed = logformats.parse(example)  # a service's example names its program in its envelope
+    message, ident = parsed.message, (parsed.ident if target == "service" else "kernel")
     count = rule.log.count if rule.log is not None else 1
     # written when the rule would see it: a node up for a while, or in its first minutes for a rule on boot
     uptime = rule.log.max_uptime_s / 2 if rule.log is not None and rule.log.max_uptime_s else 5843.0
     booted = now - uptime
-    lines = [logformats.render(message, fmt, ts=now - count + i, host="node1", uptime=uptime - count + i, seq=10 + i)
-             for i in range(count)]
+    lines = [logformats.render(message, fmt, ts=now - count + i, host="node1", uptime=uptime - count + i, seq=10 + i,
+                               ident=ident) for i in range(count)]
     if section not in sections:  # a telemetry config without that log section: the line never becomes an event
         return Outcome(rule.id, fmt, lines[-1], [], [], rule.action)
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +114,7 @@ def try_line(rules: list[Rule], rule: Rule, example: str, fmt: str, sections: di
             collector.close()
     events = [{"id": i, "node": "node1", "ts": e[0], "source": e[1], "kind": e[2], "severity": e[3], "message": e[4],
                "fields": json.loads(e[5]), "job_ids": json.loads(e[6]) if e[6] else [JOB_ID]}
-              for i, e in enumerate(out.events) if e[1] == "log"]
+              for i, e in enumerate(out.events) if e[1] in LINE_SOURCES]
     findings = evaluate(rules, now=now + 1, events=events)
     return Outcome(rule.id, fmt, lines[-1], events, findings, rule.action)
 
@@ -153,5 +155,5 @@ def act_on_file(rules: list[Rule], sections: dict[str, object], path: str | Path
             collector.close()
     events = [{"id": i, "node": "node1", "ts": now, "source": e[1], "kind": e[2], "severity": e[3],
                "message": e[4], "fields": json.loads(e[5]), "job_ids": [JOB_ID]}
-              for i, e in enumerate(out.events) if e[1] == "log"]
+              for i, e in enumerate(out.events) if e[1] in LINE_SOURCES]
     return events, evaluate(rules, now=now + 1, events=events)

@@ -22,6 +22,13 @@ Op = Literal["<", "<=", ">", ">=", "==", "!="]
 Agg = Literal["last", "min", "max", "mean", "count", "delta", "range"]
 
 DRAIN_ACTIONS = ("drain", "drain+reboot", "drain+ticket")
+CLAIMED_SOURCE = "service"  # events of lines whose writer the line names itself (telemetry's services section)
+
+
+def _listed(value) -> list:
+    return [value] if isinstance(value, str) else list(value)
+
+
 OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
@@ -149,6 +156,9 @@ class Rule:
             raise ValueError(f"rule {self.id}: a kpi match needs scope: job")
         if self.scope == "job" and self.action in DRAIN_ACTIONS:
             raise ValueError(f"rule {self.id}: scope job cannot {self.action} a node")
+        if self.log is not None and CLAIMED_SOURCE in _listed(self.log.source) and self.action in DRAIN_ACTIONS:
+            raise ValueError(f"rule {self.id}: a service's line only names its writer (anyone can log under that "
+                             f"name), so a rule on source {CLAIMED_SOURCE} may notify, not {self.action} a node")
         bad = [e for e in self.evidence if e not in ("events", "samples", "kpis", "health")]
         if bad:
             raise ValueError(f"rule {self.id}: unknown evidence {bad}; valid: events samples kpis health")

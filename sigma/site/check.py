@@ -163,7 +163,7 @@ def kernel_log_source(host: Host, telemetry) -> Finding:
     if telemetry is None:
         return Finding(NOTE, "kernel log", "not judged: the telemetry config does not load")
     for section, (kind, params) in telemetry.collectors.items():
-        if kind == "logtail" and params.enabled and params.source != "files":
+        if kind == "logtail" and params.enabled and params.source != "files" and params.log_name == "kernel":
             found = choose_now(params, str(host.root))
             if not found.kind:
                 return Finding(MISSING, "kernel log", f"{section}: none can be read ({found.why_none()}): kernel "

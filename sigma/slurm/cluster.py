@@ -91,6 +91,10 @@ class LocalCluster:
     def kernel_log(self, node: str) -> Path:
         return self.node_dir(node) / "kern.log"
 
+    def service_log(self, node: str) -> Path:
+        """The emulated node's services' syslog (telemetry's {service_log}); the kernel's lines are in kern.log."""
+        return self.node_dir(node) / "syslog"
+
     def _pid_file(self, daemon: str) -> Path:
         return self.state_dir / "run" / f"{daemon}.pid"
 
@@ -111,6 +115,7 @@ class LocalCluster:
             (self.state_dir / "spool" / node).mkdir(parents=True, exist_ok=True)
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
             self.kernel_log(node).touch(exist_ok=True)
+            self.service_log(node).touch(exist_ok=True)
         self._check_ports_free(spec)
         spec.started_munged = self._ensure_munge() or spec.started_munged
         self._save_spec(spec)

@@ -50,11 +50,11 @@ def _sidecar(args) -> int:
                 state = f"every {params.interval_s:g} s" if params.enabled else "disabled"
                 print(f"  {section} ({kind}): {state}")
                 if kind == "logtail" and params.enabled and params.source != "files":
-                    found = _kernel_log(params, loaded.config.host_root)
+                    found, name = _kernel_log(params, loaded.config.host_root), params.log_name
                     skipped = f" (not {found.why_none()})" if found.reasons else ""
-                    print(f"    kernel log: {found.describe()}{skipped}" if found.kind else
-                          f"    NO KERNEL LOG: kernel-log fault detection would be OFF ({found.why_none()})")
-                    if not found.kind:
+                    print(f"    {name} log: {found.describe()}{skipped}" if found.kind else
+                          f"    NO {name.upper()} LOG: {name}-log fault detection would be OFF ({found.why_none()})")
+                    if not found.kind and name == "kernel":  # services' lines only notify: a gap, not an error
                         blind.append(section)
             if blind:
                 print(f"error: no kernel log for {', '.join(blind)}: make one readable (docs/telemetry.md, "

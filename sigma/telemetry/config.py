@@ -1,7 +1,7 @@
 """configs/telemetry.yaml: store, push, job tagging and the collectors, each checked with file:line [key] errors.
 
 Placeholders in path-valued keys (names containing path, file, files, dir, glob, root) are expanded:
-{node}, {node_dir}, {cluster_dir}, {kpi_dir}, {kernel_log}, {slurmd_spool}; see docs/telemetry.md.
+{node}, {node_dir}, {cluster_dir}, {kpi_dir}, {kernel_log}, {service_log}, {slurmd_spool}; see docs/telemetry.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from sigma.config import ConfigError, _Source, from_dict, load_yaml
 from sigma.telemetry.base import CollectorParams, load_collectors
 
-PLACEHOLDER = re.compile(r"\{(node|node_dir|cluster_dir|kpi_dir|kernel_log|slurmd_spool)\}")
+PLACEHOLDER = re.compile(r"\{(node|node_dir|cluster_dir|kpi_dir|kernel_log|service_log|slurmd_spool)\}")
 PATH_KEY = re.compile(r"(path|file|files|dir|glob|root|node_name)$")
 
 
@@ -83,9 +83,10 @@ def variables_for(node: str, node_dir: str | None = None) -> dict[str, str]:
             str(Path(cluster_dir) / "nodes" / node) if cluster_dir else "/var/lib/sigma")
     kpi_dir = os.environ.get("SIGMA_KPI_DIR") or "/var/spool/sigma/kpi"
     kernel_log = str(Path(node_dir) / "kern.log") if cluster_dir else "/var/log/kern.log"
+    service_log = str(Path(node_dir) / "syslog") if cluster_dir else "/var/log/syslog"
     slurmd_spool = str(Path(cluster_dir) / "spool" / node) if cluster_dir else "/var/spool/slurmd"
     return {"node": node, "node_dir": node_dir, "cluster_dir": cluster_dir, "kpi_dir": kpi_dir,
-            "kernel_log": kernel_log, "slurmd_spool": slurmd_spool}
+            "kernel_log": kernel_log, "service_log": service_log, "slurmd_spool": slurmd_spool}
 
 
 def load(path: str | Path, node: str | None = None, node_dir: str | None = None,
@@ -120,9 +121,10 @@ def load(path: str | Path, node: str | None = None, node_dir: str | None = None,
         params = from_dict(registry[kind].Params, raw, source, key)
         _expand(params, variables)
         if kind == "logtail" and params.source == "auto" and variables["cluster_dir"]:
-            # an emulated node of the local cluster: its kernel log is its kern.log, never the host's journal,
-            # /dev/kmsg or syslog files, which are not that node's
-            params.auto_order, params.files = ["files"], [variables["kernel_log"]]
+            # an emulated node of the local cluster: its kernel log is its kern.log (its services' log its syslog),
+            # never the host's journal, /dev/kmsg or syslog files, which are not that node's
+            own = variables["service_log"] if params.log_name == "service" else variables["kernel_log"]
+            params.auto_order, params.files = ["files"], [own]
         collectors[section] = (kind, params)
     return Loaded(cfg, collectors, variables, path)
 

@@ -120,20 +120,25 @@ def boot_time(host_root: str = "/") -> float | None:
 def unattributed(line: LogLine, idents) -> str:
     """Why the line cannot be trusted as written by one of `idents` ("" when it can). Fail closed: a line with no
     known envelope, another program's name or facility, or a journal entry without its transport is not the kernel's,
-    whatever it says."""
+    whatever it says. With `idents` that do not name the kernel (a section reading services), a line of the kernel's
+    (its facility, transport or format) is not one of theirs: each line is attributed to one section only."""
     if not idents:
         return ""
+    kernel = "kernel" in idents
     if line.format == "plain":
         return "envelope not recognised"
-    if line.facility and line.facility not in ("kern", "kernel"):
+    if line.facility and (line.facility in ("kern", "kernel")) != kernel:
         return f"facility {line.facility}"
     if line.format == "journal-json":
         if not line.transport:
             return "journal entry without _TRANSPORT"
-        return "" if line.transport == "kernel" else f"journal _TRANSPORT={line.transport}"
+        if (line.transport == "kernel") != kernel:
+            return f"journal _TRANSPORT={line.transport}"
+        if kernel:
+            return ""
     if line.ident:
         return "" if line.ident in idents else f"program {line.ident}"
-    return "" if line.format in KERNEL_FORMATS or line.facility else "program not named"
+    return "" if kernel and (line.format in KERNEL_FORMATS or line.facility) else "program not named"
 
 
 def parse(line: str, *, now: float | None = None, booted: float | None = None) -> LogLine:
@@ -390,9 +395,15 @@ FORMATS = ("plain", "dmesg", "dmesg-T", "dmesg-iso", "rfc3164", "rfc3339", "rfc5
            "logread")
 
 
+SERVICE_FORMATS = ("rfc3164", "rfc3339", "rfc5424", "unix", "journal-json", "logread")  # the ones naming a program
+
+
 def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: float = 5843.291473,
-           seq: int = 1) -> str:
-    """The same kernel message in one of FORMATS, as that tool writes it (for sigma chaos, tests and benches)."""
+           seq: int = 1, ident: str = "kernel") -> str:
+    """The same kernel message in one of FORMATS, as that tool writes it (for sigma chaos, tests and benches); with
+    `ident` another program's (as PID 1234 of it; SERVICE_FORMATS only)."""
+    if ident != "kernel":
+        return _render_service(message, fmt, ts=ts, host=host, ident=ident)
     local = time.localtime(ts)
     frac = f"{ts % 1:.6f}"[1:]
     if fmt == "plain":
@@ -421,3 +432,24 @@ def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: fl
     if fmt == "kmsg":
         return f"3,{seq},{int(uptime * 1e6)},-;{message}"
     raise ValueError(f"unknown log format {fmt!r}; formats: {' '.join(FORMATS)}")
+
+
+def _render_service(message: str, fmt: str, *, ts: float, host: str, ident: str) -> str:
+    local = time.localtime(ts)
+    iso = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
+    tag = f"{ident}[1234]:"
+    if fmt == "rfc3164":
+        return f"{time.strftime('%b', local)} {local.tm_mday:2d} {time.strftime('%H:%M:%S', local)} {host} {tag} " \
+               f"{message}"
+    if fmt == "rfc3339":
+        return f"{iso} {host} {tag} {message}"
+    if fmt == "rfc5424":
+        return f"<27>1 {iso} {host} {ident} 1234 - - {message}"
+    if fmt == "unix":
+        return f"{int(ts)}{f'{ts % 1:.6f}'[1:]} {host} {tag} {message}"
+    if fmt == "journal-json":
+        return json.dumps({"__REALTIME_TIMESTAMP": str(int(ts * 1e6)), "_TRANSPORT": "syslog", "_HOSTNAME": host,
+                           "SYSLOG_IDENTIFIER": ident, "SYSLOG_FACILITY": "3", "PRIORITY": "3", "MESSAGE": message})
+    if fmt == "logread":
+        return f"{time.strftime('%a %b %e %H:%M:%S %Y', local)} daemon.err {tag} {message}"
+    raise ValueError(f"a service's line has no {fmt!r} envelope; formats: {' '.join(SERVICE_FORMATS)}")

@@ -454,7 +454,8 @@ class Choice:
     def describe(self) -> str:
         if self.kind == "journal":
             where = f" in {self.path}" if self.path else ""
-            return f"the systemd journal{where} (kernel transport, read through {self.journal.name})"
+            transports = ", ".join(self.journal.transports)
+            return f"the systemd journal{where} ({transports} transport, read through {self.journal.name})"
         if self.kind == "kmsg":
             return f"the kernel ring buffer {self.path}"
         if self.kind == "file":
@@ -510,7 +511,8 @@ def choose(order: list[str], *, files: list[str], kmsg_path: str, journal_dir: s
                     journal = open_journal(journal_reader, journal_dir, transports, cursor, from_end)
                     if boot and not journal.has_boot(boot):
                         why = ("it holds no kernel line of this boot (journald does not read /dev/kmsg here: "
-                               "ReadKMsg=no, or a container)")
+                               "ReadKMsg=no, or a container)" if "kernel" in transports else
+                               f"it holds no entry of this boot of transport {', '.join(transports)}")
                 except JournalUnavailable as exc:
                     why = str(exc)
             if not why:

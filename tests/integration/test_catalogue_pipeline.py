@@ -1,6 +1,6 @@
 """Catalogue lines in different log formats through the real sidecars into the controller (shadow mode: the decision
-is recorded, nothing is drained), an NCCL timeout in a job's output, a forged line that must not count, and
-rewritten logs that must not replay."""
+is recorded, nothing is drained), an NCCL timeout in a job's output, a service's failure (notify only), a forged line
+that must not count, and rewritten logs that must not replay."""
 
 import json
 import time
@@ -16,12 +16,15 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def kernel_logs_restored(cluster):
-    """The session's cluster is shared: the kernel logs get back what they held (the sidecars are gone by then)."""
-    saved = {n: cluster.kernel_log(n).read_text() if cluster.kernel_log(n).exists() else "" for n in
-             cluster.node_names()}
+    """The session's cluster is shared: the kernel and service logs get back what they held (the sidecars are gone
+    by then)."""
+    logs = [log(n) for n in cluster.node_names() for log in (cluster.kernel_log, cluster.service_log)]
+    saved = {path: path.read_text() if path.exists() else "" for path in logs}
+    for path in logs:
+        path.touch()  # there before the sidecars look for it (a log found later is looked for every recheck_s)
     yield
-    for node, text in saved.items():
-        cluster.kernel_log(node).write_text(text)
+    for path, text in saved.items():
+        path.write_text(text)
 
 
 def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, cluster, tmp_path, kernel_logs_restored):
@@ -63,6 +66,11 @@ def test_catalogue_lines_act_once_and_forged_or_rewritten_lines_never(slurm, clu
         job_inc = wait_for(lambda: p.query("SELECT rule_id, job_id, action, status FROM incidents WHERE job_id = ?",
                                            (job_id,)), timeout=60, what="the job's incident")
         assert [tuple(r.values()) for r in job_inc] == [("nccl-watchdog-timeout", job_id, "requeue", "shadow")]
+        # Fabric Manager failing, in node4's syslog: the services section reads it, the controller only notifies
+        Chaos(cluster).inject("log", "node4", signature="service-unit-failed")
+        service = wait_for(lambda: p.query("SELECT rule_id, node, action FROM incidents WHERE node = 'node4'"),
+                           timeout=30, what="the service's incident")
+        assert [tuple(r.values()) for r in service] == [("service-unit-failed", "node4", "notify")]
 
         events = p.query("SELECT node, ts, message FROM events WHERE source = 'log' AND kind != 'nccl_timeout' "
                          "ORDER BY node")

@@ -54,6 +54,14 @@ def test_the_fourth_held_out_part_has_its_own_sources_and_benign_look_alikes():
     assert len({r["fmt"] for r in fourth}) >= 5
 
 
+def test_the_fifth_held_out_part_has_its_own_sources_every_class_and_benign_look_alikes():
+    fifth = [r for r in ROWS if r["part"] == "held-out-5"]
+    assert len(fifth) >= 60 and len({r["src"] for r in fifth}) >= 25
+    assert not {r["src"] for r in fifth} & {r["src"] for r in ROWS if r["part"] != "held-out-5"}
+    assert {r["cls"] for r in fifth} == CLASSES and len({r["fmt"] for r in fifth}) >= 5
+    assert sum(r["want"] in ("notify", "record", "none") for r in fifth) >= len(fifth) / 3
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

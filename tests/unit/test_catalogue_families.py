@@ -125,3 +125,30 @@ def test_a_bad_line_prefix_is_refused_naming_the_setting():
 
     with pytest.raises(ValueError, match=r"line_prefix: bad regex '\[rank'"):
         LogTailCollector.Params(files=["x.log"], line_prefix="[rank")
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("sd 1:0:1:0: [sdg] tag#1 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_SENSE", ["notify"]),
+    ("sd 2:0:0:0: [sdb] tag#3 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_OK cmd_age=0s", ["notify"]),
+    ("sd 7:0:0:1: [sdf] tag#2 Sense Key : Medium Error [current]", ["drain+ticket"]),
+    ("sd 0:0:2:0: [sdc] tag#0 Sense Key : Hardware Error [current] [descriptor]", ["drain+ticket"]),
+    ("sd 2:0:0:0: [sda] tag#5 Add. Sense: Unrecovered read error - auto reallocate failed", ["drain+ticket"]),
+    ("sd 1:0:1:0: [sdg] tag#1 Sense Key : Illegal Request [current]", []),  # a spun-down disk: fine
+    ("sd 6:0:0:0: [sdb] tag#0 Sense Key : Not Ready [current]", []),
+    ("sd 6:0:0:0: [sdb] Sense Key : Unit Attention [current]", []),
+    ("sd 0:0:0:0: [sda] tag#7 Sense Key : Recovered Error [current] [descriptor]", []),
+])
+def test_a_scsi_commands_sense_key_decides_not_its_failed_result(line, actions):
+    kinds, decided = decide(line)
+    assert decided == actions
+    if not actions:
+        assert kinds == ["scsi_sense"]
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("nvme0n1: I/O Cmd(0x2) @ LBA 131209936, 200 blocks, I/O Error (sct 0x3 / sc 0x71)", ["drain+ticket"]),
+    ("nvme0n1: Write(0x1) @ LBA 100492368, 2048 blocks, Data Transfer Error (sct 0x0 / sc 0x4)", ["drain+ticket"]),
+    ("nvme1: Async Event(0xc), Host Aborted Command (sct 0x3 / sc 0x71)", []),  # aborted by a controller reset
+])
+def test_an_nvme_status_drains_for_an_io_command_not_an_admin_one(line, actions):
+    assert decide(line)[1] == actions

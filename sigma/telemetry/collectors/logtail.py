@@ -121,6 +121,11 @@ class LogTailCollector(Collector):
         start_at: str = "end"  # where to start a file or stream seen for the first time: end or start
         patterns: list[Pattern] = field(default_factory=list)  # line patterns that become events
         max_events_per_run: int = 1000  # more matches in one run are counted, not stored one by one
+        log_name: str = "kernel"  # the log a source other than files reads, as its status events name it
+        # ({log_name}_log_source / {log_name}_log_unavailable, sample log.{log_name}_source_ok): `sigma nodes` shows
+        # the kernel's; another section (services) reports under its own name, so no status is said twice
+        event_source: str = "log"  # events.source of this section's lines: 'service' where the writer is only
+        # named by the line (a service's name anyone can log under): rules on it may notify, never drain
 
         def __post_init__(self):
             super().__post_init__()
@@ -139,6 +144,9 @@ class LogTailCollector(Collector):
             self.prefix = _setting_regex("line_prefix", self.line_prefix)
             if self.job_path is not None and "job_id" not in self.job_path.groupindex:
                 raise ValueError("job_id_from_path needs a named group (?P<job_id>...)")
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", self.log_name) or not re.fullmatch(r"[a-z][a-z0-9_]*",
+                                                                                       self.event_source):
+                raise ValueError("log_name and event_source must be lower-case words (letters, digits, _)")
             if self.source == "files" and not self.files:
                 raise ValueError("logtail needs something to read: files, or source auto, journal or kmsg")
 
@@ -221,7 +229,7 @@ class LogTailCollector(Collector):
             kind = ""
         if kind == "":
             self.choose_at = out.ts + self.params.recheck_s
-        self._report_kernel_source(out)
+        self._report_log_source(out)
 
     def _choose(self) -> None:
         p = self.params
@@ -247,28 +255,29 @@ class LogTailCollector(Collector):
     def _from_end(self) -> bool:
         return self.first_run and self.params.start_at == "end"
 
-    def _report_kernel_source(self, out: Output) -> None:
+    def _report_log_source(self, out: Output) -> None:
         choice = self.choice
         ok = bool(choice and choice.kind)
-        out.sample("log.kernel_source_ok", 1 if ok else 0, {"source": choice.kind if ok else "none"})
+        name = self.params.log_name
+        out.sample(f"log.{name}_source_ok", 1 if ok else 0, {"source": choice.kind if ok else "none"})
         state = (choice.kind, choice.path) if ok else ("", choice.why_none() if choice else "")
         if state == self.reported and out.ts - self.reported_at < REPORT_AGAIN_S:
             return
         self.reported, self.reported_at = state, out.ts
         fields = {"collector": self.section, "source": choice.kind if ok else "none"}
         if ok:
-            msg = f"kernel log: reading {choice.describe()}"
+            msg = f"{name} log: reading {choice.describe()}"
             if choice.reasons:
                 msg += f" (not {choice.why_none()})"
             log.info("%s [collector %s]", msg, self.section)
-            out.event("sidecar", "kernel_log_source", msg, "info",
+            out.event("sidecar", f"{name}_log_source", msg, "info",
                       {**fields, "path": choice.path, "skipped": choice.reasons})
         else:
-            msg = (f"no kernel log can be read: kernel-log fault detection is OFF on this node "
+            msg = (f"no {name} log can be read: {name}-log fault detection is OFF on this node "
                    f"({choice.why_none() if choice else 'not looked for yet'}); looking again every "
                    f"{self.params.recheck_s:g} s")
             log.error("%s [collector %s]", msg, self.section)
-            out.event("sidecar", "kernel_log_unavailable", msg, "error",
+            out.event("sidecar", f"{name}_log_unavailable", msg, "error",
                       {**fields, "reasons": choice.reasons if choice else {}})
 
     def _kmsg(self, out: Output, budget: list) -> None:
@@ -423,7 +432,8 @@ class LogTailCollector(Collector):
                 fields["uptime_s"] = int(uptime)  # how long after its boot it was logged (rules on boot)
             if ts is not None and ts == int(ts) and 0 <= out.ts - ts < 1.0:
                 ts = None  # a whole-second stamp of the current second: the read time is as true, and finer
-            out.event("log", p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts, job_ids=job_ids)
+            out.event(self.params.event_source, p.name, line.message[:MESSAGE_MAX], p.severity, fields, ts=ts,
+                      job_ids=job_ids)
             return True  # first matching pattern wins: one line is one event
         return False
 
