@@ -144,6 +144,9 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
                           "made")}
+# Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
+APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
+                      r"popped|popping|crop|crops|cropped|cropping) up\b")
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
@@ -547,6 +550,8 @@ class Parser:
             claim(m.start(), m.end(), Meaning("filler"))
         for m in SUBJECT.finditer(q):
             claim(m.start(), m.end(), Meaning("filler"))
+        for m in APPEARED.finditer(q):   # "showed up", "comes up": a row that is there appeared; no condition
+            claim(m.start(), m.end(), Meaning("filler"))
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
@@ -869,7 +874,11 @@ class Parser:
                 relation = "not" if value == "not" or negate else "with"
                 negate = ""
                 if not (n + 1 < len(spans) and spans[n + 1].meanings[0].kind == "related"):
-                    unknown.append(s.text)
+                    # "ended up in shadow mode": before a value of the rows' own category it says what they became
+                    if not (value != "not" and not negate and n + 1 < len(spans) and any(
+                            m.kind == "cond" and self._fits(m, ent) for m in spans[n + 1].meanings)):
+                        unknown.append(s.text)
+                    relation = ""
                 continue
             if kind == "related":
                 other = next(self.model.entities[x] for x in value
@@ -1064,6 +1073,9 @@ class Parser:
             if s.text in STOPWORDS and all(m.entity for m in s.meanings) and after and after.meanings[0].kind in (
                     "filler", "range"):   # "requeues done so far", "done this week": a function word before a time
                 continue   # where it names only other entities' columns or values (a drain's "done")
+            if set(phrase_stems(s.text)) <= MADE:   # "did the sidecar raise": another entity's time of being made
+                q.understood.append(s.text)
+                continue
             if not (q.measure and set(phrase_stems(s.text)) <= {w for p in q.measure.words for w in p}):
                 unknown.append(s.text)
                 continue
