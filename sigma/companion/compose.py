@@ -243,7 +243,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if agg == "distinct":
             return f"COUNT(DISTINCT {proj})"
         if agg == "count" or col is None:
-            if agg not in ("count", "") and col is None:
+            if agg not in ("count", "", "sum") and col is None:   # a total of rows with no measure: their number
                 raise NotUnderstood(f"{agg} of what")
             return "COUNT(*)"
         return AGG_SQL[agg].format(col)
@@ -412,7 +412,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
 
     if q.having:
         raise NotUnderstood("more than N times: of what (per node, per job, ...)")
-    if q.qkind == "count" and not m:
+    if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": the total of rows with no measure, their number
         return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 
     if m and q.rank and not agg and (q.which or plain) and not q.order:   # the row(s) at the top
