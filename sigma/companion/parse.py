@@ -842,6 +842,10 @@ class Parser:
                     unknown.append(s.text)
                 continue
             fitting = self._senses(ent, s)
+            if n and all(tokens[k].stem in WEAK_NOUNS for k in range(s.start, s.end)) and self._names_head(
+                    ent, spans[n - 1], s, fitting) and self._senses(ent, spans[n - 1])[0].value.column == "kind":
+                q.understood.append(s.text)   # "EDAC errors": a kind's name and its class noun, as "xid errors" after
+                continue                      # a rule's name, whatever their severity
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     loose.append(n)
@@ -1057,6 +1061,9 @@ class Parser:
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
                 pending_group = False
+            if pending_group == "by" and kind == "single" and n + 1 < len(spans) and any(
+                    m.kind == "entity" and m.entity == ent.name for m in spans[n + 1].meanings):
+                pending_group = False   # "steps lost by a single job loss": the row that did it, not a grouping
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
