@@ -575,3 +575,40 @@ def test_an_empty_database_is_answered_not_guessed(tmp_path):
     assert ask(conn, "how many incidents were there today?").rows == [(0,)]
     assert ask(conn, "did any job lose more than 10 steps?").text.startswith("No")
     assert ask(conn, "how long was node2 out of service?").status == "clarify"   # no node2 seen yet
+
+
+def test_everyday_verbs_around_an_understood_question_carry_no_condition(conn):
+    # a verb of appearing ("turned up", "popped up"), a reflexive pronoun, and a verb of making whose meaning in
+    # another entity is a time: every row there did, so nothing is filtered
+    a = q(conn, "how many xid events turned up on node3?")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
+    b = q(conn, "how many incidents did the watchdog itself file?")
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM incidents WHERE source = 'watchdog'")
+    assert q(conn, "how many xid events turned down on node3?").status == "partial"   # "down" is no appearing
+
+
+def test_a_relation_word_before_the_rows_own_value_says_what_they_became(conn):
+    a = q(conn, "how many actions ended up in shadow mode?")
+    assert a.status == "fact" and a.rows == values(conn, "SELECT COUNT(*) FROM actions WHERE state = 'shadow'")
+    assert q(conn, "how many incidents ended up in node3?").status == "partial"   # a node is no value of theirs
+
+
+def test_a_total_of_rows_with_no_measure_is_their_number(conn):
+    a = q(conn, "total reboots to date")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done'")
+    b = q(conn, "total incidents per node")
+    assert b.status == "fact" and sorted(b.rows) == values(
+        conn, "SELECT node, COUNT(*) FROM incidents WHERE node IS NOT NULL GROUP BY node ORDER BY node")
+
+
+def test_by_before_a_single_row_is_the_row_that_did_it(conn):
+    a = q(conn, "the most time lost by a single job loss")
+    assert a.status == "fact" and a.rows == values(conn, "SELECT MAX(time_lost_s) FROM job_losses")
+
+
+def test_a_weak_noun_after_a_kinds_name_is_its_noun_whatever_the_severity(conn):
+    a = q(conn, "how many PCIe AER errors were logged?")   # the AER events are warnings: every one is meant
+    assert a.status == "fact" and a.rows == values(conn, "SELECT COUNT(*) FROM events WHERE kind = 'pcie_aer'")
+    assert q(conn, "how many sidecar errors?").status == "clarify"   # a source's name: its errors, or all it logged
