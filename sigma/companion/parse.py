@@ -450,6 +450,7 @@ def _json_cond(ent: Entity, value) -> Cond:
 class Parser:
     def __init__(self, model: Model):
         self.model = model
+        self._second: list[str] = []   # the stems of the question's second part, while it is parsed
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
@@ -459,6 +460,7 @@ class Parser:
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
         first, *rest = CLAUSE.split(q, maxsplit=1)
+        self._second = [t.stem for t in tokenize(rest[0])] if rest else []   # names its first part's rows may have
         parsed = self._parse(first, now, tz)
         if rest and parsed.query is not None:   # a second part, asked of the same rows as the first
             follow = self._parse(rest[0], now, tz, parsed.query.entity)
@@ -771,7 +773,19 @@ class Parser:
             own = {m.entity for s in spans for m in s.meanings if m.kind in CONTENT and m.entity}
             own |= {HOMES[m.kind] for s in spans for m in s.meanings if m.kind in HOMES}
             fitting = [n for n in fitting if n in own]
+            # "which rules run in shadow mode": what is listed is a rule, and a rule is its own entity's (what it
+            # fires), not another's that merely carries it, unless a word names that other ("and what actions")
+            first = next((s for s in spans if any(m.kind in CONTENT or m.kind == "dim" for m in s.meanings)), None)
+            if first and best.name in {HOMES.get(m.value) for m in first.meanings if m.kind == "dim"}:
+                fitting = [n for n in fitting if any(m.kind == "entity" and m.entity == n
+                                                     for s in spans for m in s.meanings) or self._names(n)]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
+
+    def _names(self, name: str) -> bool:
+        """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
+        second = self._second
+        return any(tuple(second[i:i + len(p)]) == tuple(p) for p in self.model.entities[name].words
+                   for i in range(len(second)))
 
     def _outworded(self, ent: Entity, best: Entity, spans: list[Span]) -> bool:
         """Some word fits `ent` only by a name or value learnt from the data, where the schema document gives it a

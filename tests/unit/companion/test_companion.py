@@ -612,3 +612,11 @@ def test_a_weak_noun_after_a_kinds_name_is_its_noun_whatever_the_severity(conn):
     a = q(conn, "how many PCIe AER errors were logged?")   # the AER events are warnings: every one is meant
     assert a.status == "fact" and a.rows == values(conn, "SELECT COUNT(*) FROM events WHERE kind = 'pcie_aer'")
     assert q(conn, "how many sidecar errors?").status == "clarify"   # a source's name: its errors, or all it logged
+
+
+def test_the_rules_listed_are_the_rules_own_entitys_unless_another_is_named(conn):
+    a = q(conn, "what rules are running in shadow mode?")   # rules fire incidents; drains and actions only carry one
+    assert a.status == "fact" and sorted(r[:1] for r in a.rows) == values(
+        conn, "SELECT DISTINCT rule_id FROM incidents WHERE status = 'shadow' ORDER BY rule_id")
+    b = q(conn, "which rules ran in shadow mode, and which actions would they have taken?")
+    assert b.status == "clarify"   # the second part names actions: their reading stays, and the answers differ
