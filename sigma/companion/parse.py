@@ -966,6 +966,10 @@ class Parser:
                 q.rank = "max" if value == "most" else value
                 most = most or value == "most"
             elif kind == "order":
+                if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
+                        m.kind == "rank" for m in spans[n - 1].meanings):   # "most first": an order, largest first,
+                    q.rank, q.sort = "", True                                 # of every row, not the top one
+                    continue
                 q.order = value
             elif kind == "unit":
                 q.unit = value
@@ -1059,7 +1063,7 @@ class Parser:
                 elif col and not (ent.now and ent.label == col):
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
-                                  "every", "distinct", "different") or before.isdigit() or before in COUNTS:
+                                  "every", "distinct", "different", "rank", "sort", "order") or before.isdigit() or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":

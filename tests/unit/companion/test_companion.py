@@ -620,3 +620,11 @@ def test_the_rules_listed_are_the_rules_own_entitys_unless_another_is_named(conn
         conn, "SELECT DISTINCT rule_id FROM incidents WHERE status = 'shadow' ORDER BY rule_id")
     b = q(conn, "which rules ran in shadow mode, and which actions would they have taken?")
     assert b.status == "clarify"   # the second part names actions: their reading stays, and the answers differ
+
+
+def test_rank_or_sort_before_a_reference_lists_every_group_and_most_first_is_an_order(conn):
+    expected = [tuple(r) for r in conn.execute(
+        "SELECT node, COUNT(*) AS n FROM incidents WHERE node IS NOT NULL GROUP BY node ORDER BY n DESC, node")]
+    for question in ("sort nodes by incident count", "rank nodes by how many incidents they had, largest first"):
+        a = q(conn, question)
+        assert a.status == "fact" and a.rows == expected, question
