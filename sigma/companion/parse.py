@@ -776,7 +776,9 @@ class Parser:
             # "which rules run in shadow mode": what is listed is a rule, and a rule is its own entity's (what it
             # fires), not another's that merely carries it, unless a word names that other ("and what actions")
             first = next((s for s in spans if any(m.kind in CONTENT or m.kind == "dim" for m in s.meanings)), None)
-            if first and best.name in {HOMES.get(m.value) for m in first.meanings if m.kind == "dim"}:
+            noun = first and any(m.kind == "column" and self._fits(m, best) for m in first.meanings) and any(
+                set(p) <= set(phrase_stems(first.text)) for p in best.words)   # "incident category": an incident's
+            if first and (noun or best.name in {HOMES.get(m.value) for m in first.meanings if m.kind == "dim"}):
                 fitting = [n for n in fitting if any(m.kind == "entity" and m.entity == n
                                                      for s in spans for m in s.meanings) or self._names(n)]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]

@@ -628,3 +628,9 @@ def test_rank_or_sort_before_a_reference_lists_every_group_and_most_first_is_an_
     for question in ("sort nodes by incident count", "rank nodes by how many incidents they had, largest first"):
         a = q(conn, question)
         assert a.status == "fact" and a.rows == expected, question
+
+
+def test_a_column_named_with_its_entitys_noun_is_that_entitys_own(conn):
+    a = q(conn, "which incident severity shows up the most?")   # not the severity of a drain's or loss's incident
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT severity, COUNT(*) AS n FROM incidents GROUP BY severity ORDER BY n DESC LIMIT 1")
