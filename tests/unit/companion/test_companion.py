@@ -266,12 +266,14 @@ def test_a_metric_names_words_are_not_an_aggregate_and_two_aggregates_of_one_val
 
 
 def test_a_value_word_after_another_values_name_is_asked_back_where_it_leaves_none(conn):
-    """'errors' after 'PCIe AER' may be the events' noun, not a severity: the AER events are warnings, so the
-    severity reading leaves none and the question is asked back, never answered 'none'."""
+    """'errors' after a source's name may be the events' noun, not a severity: asked back where the readings
+    differ; after a kind's name it is the kind's noun (the AER events are warnings: 'AER errors' are all of them)."""
     assert not values(conn, "SELECT 1 FROM events WHERE kind = 'pcie_aer' AND severity = 'error'")
     for question in ("which nodes reported PCIe AER errors?", "how many PCIe AER errors?"):
         a = q(conn, question)
-        assert a.status == "clarify" and not a.rows and "'errors' read as part of the name" in a.text
+        assert a.status == "fact" and a.rows and "severity" not in a.understood
+    a = q(conn, "how many sidecar errors?")
+    assert a.status == "clarify" and not a.rows and "'errors' read as part of the name" in a.text
     b = q(conn, "how many times did the prolog reject a node?")   # the condition leaves rows: it is one
     assert b.status == "fact" and b.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE source = 'health' AND kind = 'suite.prolog' AND severity = 'reject'")
@@ -611,7 +613,6 @@ def test_by_before_a_single_row_is_the_row_that_did_it(conn):
 def test_a_weak_noun_after_a_kinds_name_is_its_noun_whatever_the_severity(conn):
     a = q(conn, "how many PCIe AER errors were logged?")   # the AER events are warnings: every one is meant
     assert a.status == "fact" and a.rows == values(conn, "SELECT COUNT(*) FROM events WHERE kind = 'pcie_aer'")
-    assert q(conn, "how many sidecar errors?").status == "clarify"   # a source's name: its errors, or all it logged
 
 
 def test_the_rules_listed_are_the_rules_own_entitys_unless_another_is_named(conn):
@@ -634,3 +635,8 @@ def test_a_column_named_with_its_entitys_noun_is_that_entitys_own(conn):
     a = q(conn, "which incident severity shows up the most?")   # not the severity of a drain's or loss's incident
     assert a.status == "fact" and a.rows == values(
         conn, "SELECT severity, COUNT(*) AS n FROM incidents GROUP BY severity ORDER BY n DESC LIMIT 1")
+
+
+def test_an_entitys_name_ending_in_its_measure_names_the_measure(conn):
+    a = q(conn, "what was the highest training step job 1 reached?")   # "training step": KPI lines, and their step
+    assert a.status == "fact" and a.rows == values(conn, "SELECT MAX(step) FROM kpis WHERE job_id = 1")
