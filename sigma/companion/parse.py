@@ -711,6 +711,8 @@ class Parser:
         best, best_key, keys = None, None, {}
         # "how many times": occurrences in a history, never a current-state view's one row per node
         times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
+        # "on average, how long does a node stay": an average is over a history, never one current row per node
+        times = times or any(m.kind == "agg" and m.value in ("avg", "median") for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
             if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False

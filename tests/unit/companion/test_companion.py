@@ -640,3 +640,8 @@ def test_a_column_named_with_its_entitys_noun_is_that_entitys_own(conn):
 def test_an_entitys_name_ending_in_its_measure_names_the_measure(conn):
     a = q(conn, "what was the highest training step job 1 reached?")   # "training step": KPI lines, and their step
     assert a.status == "fact" and a.rows == values(conn, "SELECT MAX(step) FROM kpis WHERE job_id = 1")
+
+
+def test_an_average_in_the_present_tense_is_over_the_history(conn):
+    a = q(conn, "what is the median time a node stays in validation?")   # not the nodes validating now
+    assert a.status == "fact" and "lifecycle_transitions" in a.sql and "validating" in a.understood
