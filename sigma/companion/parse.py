@@ -824,7 +824,8 @@ class Parser:
 
     def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
         """A value word right after the name of another value of the rows may be that name's own noun, not a
-        condition ("PCIe AER errors": AER events, whatever their severity). That reading is weighed only where the
+        condition ("sidecar errors": what the sidecar logged, whatever its severity; after a kind's name it is
+        always the kind's noun, sigma.companion.parse.Parser._fill). That reading is weighed only where the
         condition leaves none of the named rows (sigma.companion.fast): then the question is asked back, never
         answered "none"."""
         head = self._senses(ent, before)
