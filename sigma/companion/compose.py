@@ -412,7 +412,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
 
     if q.having:
         raise NotUnderstood("more than N times: of what (per node, per job, ...)")
-    if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": the total of rows with no measure, their number
+    if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": a total of rows with no measure
         return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 
     if m and q.rank and not agg and (q.which or plain) and not q.order:   # the row(s) at the top

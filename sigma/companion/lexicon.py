@@ -14,7 +14,8 @@ from dataclasses import dataclass
 # records none (only whether an action was automatic), so a question about who is never answered with what.
 STOPWORDS = frozenset("""
 a an the this that these those it its it's they them their there here
-i me my we us our you your he she his her itself themselves himself herself ourselves myself yourself someone anybody anyone somebody
+i me my we us our you your he she his her someone anybody anyone somebody
+itself themselves himself herself ourselves myself yourself
 is are was were be been being am do does did done doing have has had having will would shall should can could may
 might must get gets got gotten getting
 what which whose how where

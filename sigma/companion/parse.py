@@ -1067,8 +1067,9 @@ class Parser:
                     q.group.append(col)
                 elif col and not (ent.now and ent.label == col):
                     before = tokens[s.start - 1].text if s.start else ""
-                    if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
-                                  "every", "distinct", "different", "rank", "sort", "order") or before.isdigit() or before in COUNTS:
+                    if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
+                                  "distinct", "different", "rank", "sort", "order") or before.isdigit() \
+                            or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "hypo":
