@@ -332,12 +332,13 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         key_names = group + (["period"] if bucket is not None else [])
         if q.rank and not agg:
             agg = "count"
-        extra_cte, sel, _ = grouped(key_names if bucket is None else keys, agg or "count")
+        extra_cte, sel, name = grouped(key_names if bucket is None else keys, agg or "count")
         if bucket is not None:
             sel = sel.replace(f"GROUP BY {', '.join(keys)}", f"GROUP BY {', '.join(key_names)}")
         if q.having:
             sel += f" HAVING {_having_count(q)} {q.having[0]} {q.having[1]:g}"
-        sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {', '.join(key_names)}"
+        largest = f"{name} DESC, " if q.sort and bucket is None else ""   # "per rule, largest first"
+        sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {largest}{', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
     if q.anti:   # "which nodes were never drained": every one known, less those with such rows

@@ -626,7 +626,8 @@ def test_the_rules_listed_are_the_rules_own_entitys_unless_another_is_named(conn
 def test_rank_or_sort_before_a_reference_lists_every_group_and_most_first_is_an_order(conn):
     expected = [tuple(r) for r in conn.execute(
         "SELECT node, COUNT(*) AS n FROM incidents WHERE node IS NOT NULL GROUP BY node ORDER BY n DESC, node")]
-    for question in ("sort nodes by incident count", "rank nodes by how many incidents they had, largest first"):
+    for question in ("sort nodes by incident count", "rank nodes by how many incidents they had, largest first",
+                     "incidents per node, most first"):
         a = q(conn, question)
         assert a.status == "fact" and a.rows == expected, question
 
