@@ -8,6 +8,7 @@ kept in `unknown`, and a question with any of them is never answered as fact (si
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import tzinfo
 
@@ -450,7 +451,8 @@ def _json_cond(ent: Entity, value) -> Cond:
 class Parser:
     def __init__(self, model: Model):
         self.model = model
-        self._second: list[str] = []   # the stems of the question's second part, while it is parsed
+        # the stems of the question's second part while it is parsed; per thread (one parser serves every request)
+        self._local = threading.local()
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
@@ -460,7 +462,8 @@ class Parser:
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
         first, *rest = CLAUSE.split(q, maxsplit=1)
-        self._second = [t.stem for t in tokenize(rest[0])] if rest else []   # names its first part's rows may have
+        # the names its first part's rows may have
+        self._local.second = [t.stem for t in tokenize(rest[0])] if rest else []
         parsed = self._parse(first, now, tz)
         if rest and parsed.query is not None:   # a second part, asked of the same rows as the first
             follow = self._parse(rest[0], now, tz, parsed.query.entity)
@@ -787,7 +790,7 @@ class Parser:
 
     def _names(self, name: str) -> bool:
         """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
-        second = self._second
+        second = getattr(self._local, "second", [])
         return any(tuple(second[i:i + len(p)]) == tuple(p) for p in self.model.entities[name].words
                    for i in range(len(second)))
 
