@@ -48,6 +48,8 @@ def _bucket_size(q: Query, now: float) -> int:
 def compose(q: Query, now: float, tz_offset: float) -> Built:
     if None in q.extras:
         raise NotUnderstood(f"the second part of the question, of {q.entity.name}")
+    if q.measure is not None and q.measure.name in [*q.group, q.project]:   # "max step per step": no answer
+        raise NotUnderstood(f"{q.measure.name} both measured and grouped by")
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
     built.extras = [x.name for x in used]

@@ -209,6 +209,11 @@ def test_a_fault_name_of_two_entities_with_no_noun_to_choose_is_asked_back(conn)
     assert c.status == "fact" and "health" in c.text
 
 
+def test_a_column_measured_and_grouped_by_at_once_is_no_answer(conn):
+    a = q(conn, "what training step did job 1 reach?")   # read as "max step per step": one group per value
+    assert a.status != "fact" and not a.rows, (a.status, a.text)
+
+
 def test_a_count_in_words_is_the_count_in_digits(conn):
     for question in ("top {} rules by how many incidents they opened", "the {} rules with the most incidents"):
         words, digits = q(conn, question.format("three")), q(conn, question.format(3))
