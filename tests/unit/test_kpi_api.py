@@ -78,7 +78,23 @@ def test_what_a_run_writes_is_what_the_sidecar_reads(job):
     assert events["pause"]["max_s"] == 600.0 and "pause_end" in events
 
 
-def test_checkpoint_request_answer_manifest_and_resume(job):
+class Clock:
+    """time as sigma.kpi sees it: sleeping moves it on at once."""
+
+    def __init__(self, now: float):
+        self.now, self.slept = now, []
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_checkpoint_request_answer_manifest_and_resume(job, monkeypatch):
     r = kpi.Run()
     r.start(0)
     assert r.checkpoint_request() is None
@@ -91,13 +107,16 @@ def test_checkpoint_request_answer_manifest_and_resume(job):
     ckpt.parent.mkdir()
     ckpt.write_text("weights")
     r.checkpoint_saved(12, ckpt, request=req)
-    r.hold(req)
-    assert time.time() >= deadline - 0.05  # held until the request's deadline
+    clock = Clock(time.time())
+    with monkeypatch.context() as m:   # hold's waiting on a clock of the test's own: what it does, not how long
+        m.setattr(kpi, "time", clock)
+        r.hold(req)
+        assert clock.now >= deadline and all(s > 0 for s in clock.slept)  # held until the request's deadline
+        asked = []
+        late = kpi.Request(19, clock.now + 60)
+        r.hold(late, done=lambda: asked.append(1) or len(asked) > 2)  # the framework caught SIGTERM
+        assert len(asked) == 3 and clock.now < late.deadline  # left when done said so, not at the deadline
     assert r.checkpoint_request() is None  # answered once
-    asked = []
-    late = kpi.Request(19, time.time() + 60)
-    r.hold(late, done=lambda: asked.append(1) or len(asked) > 2)  # the framework caught SIGTERM
-    assert len(asked) == 3 and time.time() < late.deadline  # left when done said so, not at the deadline
     r.close()
     answer = [json.loads(x) for x in r.path.read_text().splitlines() if '"checkpoint"' in x][-1]
     assert (answer["step"], answer["request"], answer["kind"]) == (12, 17, "jit")
