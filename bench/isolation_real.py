@@ -371,15 +371,19 @@ def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
 
 
 # ---------- tuning (ASD's history and the first half of its scored part only) ----------
-def tune(root: Path) -> None:
-    ds = data.asd(root)
-    g = ds.groups[0]
+def tuning_part(root: Path) -> Group:
+    """ASD's first group with its history and the first half of its scored part."""
+    g = data.asd(root).groups[0]
     half = g.test.shape[1] // 2
-    first = Group(g.name, g.names, g.train, g.test[:, :half], g.labels[:, :half],
-                  [s for s in g.segments if s.end < half])
-    print(f"tuning on ASD's history and the first half of its scored part ({half} windows, {len(first.segments)} "
-          f"segments); figures: top-1, wrong, false actions per normal window at the calibrated budget, and the best "
-          f"top-1 within 0.1 % false actions per window (oracle threshold)")
+    return Group(g.name, g.names, g.train, g.test[:, :half], g.labels[:, :half],
+                 [s for s in g.segments if s.end < half])
+
+
+def tune(root: Path) -> None:
+    first = tuning_part(root)
+    print(f"tuning on ASD's history and the first half of its scored part ({first.test.shape[1]} windows, "
+          f"{len(first.segments)} segments); figures: top-1, wrong, false actions per normal window at the "
+          f"calibrated budget, and the best top-1 within 0.1 % false actions per window (oracle threshold)")
     for lone in (True, False):
         for ratio in (0.0, 1.0, 1e9):
             p = engine_pass(first, lone=lone, ratio=ratio)
@@ -398,11 +402,7 @@ def tune(root: Path) -> None:
 
 def tune_own(root: Path) -> None:
     """The engine at the shipped settings with OWN rounds of own history, on the tuning part only."""
-    ds = data.asd(root)
-    g = ds.groups[0]
-    half = g.test.shape[1] // 2
-    first = Group(g.name, g.names, g.train, g.test[:, :half], g.labels[:, :half],
-                  [s for s in g.segments if s.end < half])
+    first = tuning_part(root)
     p = engine_pass(first)
     s = scored(p, first)
     th, trail = calibrated_thresholds(p.scores, ISO.rounds, ISO.budget_per_1000_node_days)

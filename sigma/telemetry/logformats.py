@@ -402,54 +402,46 @@ def render(message: str, fmt: str, *, ts: float, host: str = "node1", uptime: fl
            seq: int = 1, ident: str = "kernel") -> str:
     """The same kernel message in one of FORMATS, as that tool writes it (for sigma chaos, tests and benches); with
     `ident` another program's (as PID 1234 of it; SERVICE_FORMATS only)."""
-    if ident != "kernel":
-        return _render_service(message, fmt, ts=ts, host=host, ident=ident)
-    local = time.localtime(ts)
-    frac = f"{ts % 1:.6f}"[1:]
+    kernel = ident == "kernel"
+    if fmt in SERVICE_FORMATS:
+        return _syslog(message, fmt, ts=ts, host=host, ident=ident, pid=None if kernel else 1234, uptime=uptime)
+    if not kernel:
+        raise ValueError(f"a service's line has no {fmt!r} envelope; formats: {' '.join(SERVICE_FORMATS)}")
     if fmt == "plain":
         return message
     if fmt == "dmesg":
         return f"[{uptime:12.6f}] {message}"
     if fmt == "dmesg-T":
-        return f"[{time.strftime('%a %b %d %H:%M:%S %Y', local)}] {message}"
-    if fmt == "rfc3164":
-        return f"{time.strftime('%b', local)} {local.tm_mday:2d} {time.strftime('%H:%M:%S', local)} {host} kernel: " \
-               f"[{uptime:12.6f}] {message}"
-    if fmt == "logread":
-        return f"{time.strftime('%a %b %e %H:%M:%S %Y', local)} kern.err kernel: [{uptime:12.6f}] {message}"
-    iso = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
+        return f"[{time.strftime('%a %b %d %H:%M:%S %Y', time.localtime(ts))}] {message}"
     if fmt == "dmesg-iso":
-        return f"{iso.replace('.', ',', 1)} {message}"
-    if fmt == "rfc3339":
-        return f"{iso} {host} kernel: {message}"
-    if fmt == "rfc5424":
-        return f"<3>1 {iso} {host} kernel - - - {message}"
-    if fmt == "unix":
-        return f"{int(ts)}{frac} {host} kernel: {message}"
-    if fmt == "journal-json":
-        return json.dumps({"__REALTIME_TIMESTAMP": str(int(ts * 1e6)), "_TRANSPORT": "kernel", "_HOSTNAME": host,
-                           "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3", "MESSAGE": message})
+        return f"{datetime.fromtimestamp(ts).astimezone().isoformat(timespec='microseconds').replace('.', ',', 1)} " \
+               f"{message}"
     if fmt == "kmsg":
         return f"3,{seq},{int(uptime * 1e6)},-;{message}"
     raise ValueError(f"unknown log format {fmt!r}; formats: {' '.join(FORMATS)}")
 
 
-def _render_service(message: str, fmt: str, *, ts: float, host: str, ident: str) -> str:
+def _syslog(message: str, fmt: str, *, ts: float, host: str, ident: str, pid: int | None, uptime: float) -> str:
+    """A program's line in one of SERVICE_FORMATS, at level err; the kernel's (pid None) at its own facility, with
+    no PID, and where syslogd keeps it (rfc3164, logread) with the kernel's own uptime stamp before the message."""
     local = time.localtime(ts)
     iso = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
-    tag = f"{ident}[1234]:"
+    kernel = pid is None
+    tag = f"{ident}:" if kernel else f"{ident}[{pid}]:"
+    stamped = f"[{uptime:12.6f}] {message}" if kernel else message
     if fmt == "rfc3164":
         return f"{time.strftime('%b', local)} {local.tm_mday:2d} {time.strftime('%H:%M:%S', local)} {host} {tag} " \
-               f"{message}"
+               f"{stamped}"
     if fmt == "rfc3339":
         return f"{iso} {host} {tag} {message}"
     if fmt == "rfc5424":
-        return f"<27>1 {iso} {host} {ident} 1234 - - {message}"
+        return f"<{3 if kernel else 27}>1 {iso} {host} {ident} {pid or '-'} - - {message}"
     if fmt == "unix":
         return f"{int(ts)}{f'{ts % 1:.6f}'[1:]} {host} {tag} {message}"
     if fmt == "journal-json":
-        return json.dumps({"__REALTIME_TIMESTAMP": str(int(ts * 1e6)), "_TRANSPORT": "syslog", "_HOSTNAME": host,
-                           "SYSLOG_IDENTIFIER": ident, "SYSLOG_FACILITY": "3", "PRIORITY": "3", "MESSAGE": message})
-    if fmt == "logread":
-        return f"{time.strftime('%a %b %e %H:%M:%S %Y', local)} daemon.err {tag} {message}"
-    raise ValueError(f"a service's line has no {fmt!r} envelope; formats: {' '.join(SERVICE_FORMATS)}")
+        facility = {} if kernel else {"SYSLOG_FACILITY": "3"}
+        return json.dumps({"__REALTIME_TIMESTAMP": str(int(ts * 1e6)), "_TRANSPORT": "kernel" if kernel else "syslog",
+                           "_HOSTNAME": host, "SYSLOG_IDENTIFIER": ident, **facility, "PRIORITY": "3",
+                           "MESSAGE": message})
+    assert fmt == "logread", fmt
+    return f"{time.strftime('%a %b %e %H:%M:%S %Y', local)} {'kern' if kernel else 'daemon'}.err {tag} {stamped}"

@@ -81,18 +81,16 @@ class Pattern:
         return fields
 
 
-def _compile(regex: str) -> re.Pattern:
+def _compile(regex: str, setting: str = "") -> re.Pattern:
     try:
         return re.compile(regex)
     except re.error as exc:
-        raise ValueError(f"bad regex {regex!r}: {exc}") from None
+        raise ValueError(f"{setting + ': ' if setting else ''}bad regex {regex!r}: {exc}") from None
 
 
-def _setting_regex(name: str, regex: str) -> re.Pattern | None:
-    try:
-        return re.compile(regex) if regex else None
-    except re.error as exc:
-        raise ValueError(f"{name}: bad regex {regex!r}: {exc}") from None
+def _setting_regex(setting: str, regex: str) -> re.Pattern | None:
+    """An optional regex setting (empty: none), its error naming the setting."""
+    return _compile(regex, setting) if regex else None
 
 
 SOURCES = ("files", "auto", "journal", "kmsg")

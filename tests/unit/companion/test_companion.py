@@ -313,6 +313,13 @@ def values_of(a):
     return sorted(tuple(round(v, 3) if isinstance(v, float) else v for v in r) for r in a.rows)
 
 
+def assert_answers(conn, question, sql):
+    """The question is answered as fact, with the rows of the SQL written for it (its leading columns)."""
+    a = q(conn, question)
+    want = values(conn, sql)
+    assert a.status == "fact" and sorted(r[:len(want[0])] for r in values_of(a)) == want, (a.understood, a.rows)
+
+
 def test_one_value_of_several_rows_is_the_default_an_admin_means_and_says_so(conn):
     outages = values(conn, "SELECT COUNT(*), SUM((SELECT MIN(r.ts) FROM lifecycle_transitions r WHERE r.node = d.node "
                            "AND r.cycle = d.cycle AND r.to_state = 'resumed') - d.ts) FROM lifecycle_transitions d "
@@ -407,9 +414,7 @@ def test_what_the_question_names_is_what_the_answer_holds(conn):
      "r.ts > v.ts) - v.ts) FROM lifecycle_transitions v WHERE v.to_state = 'validating'"),
 ])
 def test_compositions_of_words_the_schema_gives(conn, question, sql):
-    a = q(conn, question)
-    want = values(conn, sql)
-    assert a.status == "fact" and sorted(r[:len(want[0])] for r in values_of(a)) == want, (a.understood, a.rows)
+    assert_answers(conn, question, sql)
 
 
 @pytest.mark.parametrize("question,sql", [
@@ -471,9 +476,7 @@ def test_compositions_of_words_the_schema_gives(conn, question, sql):
      "SELECT AVG(opened_at - fault_ts) FROM incidents WHERE fault_ts IS NOT NULL"),
 ])
 def test_everyday_words_and_phrases_apart_are_understood(conn, question, sql):
-    a = q(conn, question)
-    want = values(conn, sql)
-    assert a.status == "fact" and sorted(r[:len(want[0])] for r in values_of(a)) == want, (a.understood, a.rows)
+    assert_answers(conn, question, sql)
 
 
 @pytest.mark.parametrize("question,word", [
