@@ -12,6 +12,8 @@ is left). The parts:
   moe-layer       the MoE layer forward+backward against Hugging Face's experts implementations (grouped_mm,
                   batched_mm where it fits) and a torchtitan-style grouped layer, fp32 and bf16 (bench/train.py)
   expert-parallel the trainer with experts split over every GPU over NCCL (two or more GPUs)
+  hf-trainer      a Hugging Face Trainer (GPT-2 small, bf16) with and without sigma's callback, side by side, and a
+                  NaN caught by the callback on the GPU (bench/own_trainer.py)
   jit-checkpoint  a just-in-time checkpoint request answered on the GPU, the run stopped as a requeue stops it,
                   and a new run resumed from that checkpoint (steps lost, save and resume times, loss continuity)
   nvml            the sidecar's NVML collector: what it samples on this GPU
@@ -61,6 +63,7 @@ PARTS = (
     Part("trainer-moe-1b", 150, 1, "trainer, moe-1b preset, bf16: tokens/s, MFU"),
     Part("moe-layer", 75, 1, "MoE layer fwd+bwd vs HF experts and torchtitan-style, fp32/bf16"),
     Part("expert-parallel", 90, 2, "trainer with expert parallelism over NCCL"),
+    Part("hf-trainer", 120, 1, "HF Trainer with/without sigma's callback, bf16; NaN caught"),
     Part("jit-checkpoint", 75, 1, "just-in-time checkpoint on the GPU, stop, resume"),
     Part("nvml", 20, 1, "sidecar NVML collector samples"),
     Part("health", 60, 1, "accelerator health checks"),
@@ -283,14 +286,25 @@ def part_jit_checkpoint(work: Path) -> dict:
                        f"{first_step['loss']:.4f}, first run {same if same is None else round(same, 4)}"}
 
 
-def part_moe_layer(work: Path) -> dict:
+def part_hf_trainer(work: Path) -> dict:
+    bench = _bench_module("own_trainer")
+    r = bench.measure("cuda", "small", steps=40, skip=10, rounds=2)
+    return {**r, "status": "ok" if r["nan_ok"] else "fail", "summary": bench.summary(r)}
+
+
+def _bench_module(name: str):
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def part_moe_layer(work: Path) -> dict:
     import torch
 
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_module("train")
     args = argparse.Namespace(tokens=16384, rounds=10, hf_impls="batched_mm,grouped_mm", shapes="sigma,coarse",
                               peak_flops=0.0, clock="wall")
     rows = bench.bench_layers(args, torch.device("cuda"))
@@ -384,7 +398,7 @@ def part_numerics(work: Path) -> dict:
 
 
 RUNNERS = {"device": part_device, "trainer-tiny": _train_part("tiny"), "trainer-moe-1b": _train_part("moe-1b"),
-           "moe-layer": part_moe_layer, "expert-parallel": part_expert_parallel,
+           "moe-layer": part_moe_layer, "hf-trainer": part_hf_trainer, "expert-parallel": part_expert_parallel,
            "jit-checkpoint": part_jit_checkpoint, "nvml": part_nvml, "health": part_health, "dcgm": part_dcgm,
            "numerics": part_numerics}
 
