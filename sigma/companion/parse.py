@@ -58,7 +58,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "been": ("past", ""), "ended": ("past", ""), "ended up": ("past", ""), "end up": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
-    "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "other than": ("neg", ""), "apart from": ("neg", ""), "rather than": ("neg", ""), "instead of": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
@@ -164,6 +164,7 @@ class Meaning:
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
     weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
+    noun: bool = False        # a value spelled as another entity's noun: it fits, weighs nothing, and is no reading
 
 
 @dataclass
@@ -254,7 +255,8 @@ class Lexicon:
         for rid in model.rule_ids:
             add((rid,), Meaning("rule", None, (rid,)))
         reserved = {p for ps in model.refs.values() for p in ps}
-        reserved |= {p for ent in model.entities.values() for p in ent.words}
+        nouns = {p for ent in model.entities.values() for p in ent.words}
+        reserved |= nouns
         reserved |= {phrase_stems(w) for w in GRAMMAR}
         for ent in model.entities.values():
             for p in ent.words:
@@ -278,9 +280,12 @@ class Lexicon:
                     # set membership: equality for one value, and right for SLURM's comma-separated flags too
                     cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
                                 col.name, (f",{value},",))
-                    for p in phrases:
-                        if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
+                    for p in phrases:   # a value spelled by another entity's noun ("requeue" actions): a
+                        #                     reading only where that noun's own entity does not fit
+                        noun = p in nouns and p not in explicit.get(col.name, ())
+                        if p in reserved and p not in explicit.get(col.name, ()) and (not noun or p in ent.words):
+                            continue
+                        add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen, noun))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
         for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
@@ -722,7 +727,7 @@ class Parser:
             else:
                 tense_ok = True
             fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) / (2 if m.weak else 1) for m in s.meanings
+            score = sum(max((weights.get(m.kind, 0) * (not m.noun) / (2 if m.weak else 1) for m in s.meanings
                              if self._fits(m, ent)), default=0) for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
@@ -763,7 +768,8 @@ class Parser:
         drained")."""
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
-                   and not self._outworded(self.model.entities[n], best, spans)]
+                   and not self._outworded(self.model.entities[n], best, spans)
+                   and not self._by_noun(self.model.entities[n], spans)]
         for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
             #     subject's word may be a condition of another history ("failures": incidents, or failed health
             #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
@@ -787,6 +793,12 @@ class Parser:
                 fitting = [n for n in fitting if any(m.kind == "entity" and m.entity == n
                                                      for s in spans for m in s.meanings) or self._names(n)]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
+
+    def _by_noun(self, ent: Entity, spans: list[Span]) -> bool:
+        """Some word fits `ent` only as a value spelled by another entity's noun ("requeues": actions of kind
+        requeue): the noun names its own entity, and this one is read only where that one does not fit."""
+        return any(fit and all(m.noun for m in fit) for fit in (
+            [m for m in s.meanings if self._fits(m, ent)] for s in spans))
 
     def _names(self, name: str) -> bool:
         """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
