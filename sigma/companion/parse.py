@@ -165,6 +165,7 @@ class Meaning:
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
     weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
     noun: bool = False        # a value spelled as another entity's noun: it fits, weighs nothing, and is no reading
+    modifier: bool = False    # a value that modifies the entity's own noun ("remediation stage"): name or value
 
 
 @dataclass
@@ -297,6 +298,11 @@ class Lexicon:
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
                 if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
                     self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
+        for ent in model.entities.values():   # a name whose modifier is a value of its own rows ("remediation
+            for p in ent.words:                #  stage": stages, and the stage remediating) means that value too,
+                for m in self.phrases.get(_determined(p[:-1]), []) if len(p) > 1 else []:   # as "validation stage"
+                    if m.kind == "cond" and m.entity == ent.name:   # does; the name alone where the question asks
+                        self._add(p, Meaning("cond", ent.name, m.value, m.learnt, m.weak, modifier=True))   # it
         self.longest = max(len(p) for p in self.phrases)
         # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
         # a phrase whose words are apart in the question ("how much training time did job 1 lose")
@@ -750,9 +756,9 @@ class Parser:
                          unknown_nodes, understood=understood)
         parsed = self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
         if not parsed.unknown:
-            others = [(best, pick) for pick in self._choices(best, spans)]
+            others = [(best, pick) for pick in self._choices(best, spans, tokens)]
             others += [(ent, pick) for ent in self._readings(best, spans, keys, present)
-                       for pick in [None, *self._choices(ent, spans)]]
+                       for pick in [None, *self._choices(ent, spans, tokens)]]
             for ent, pick in others:
                 other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
                 if not other.unknown:
@@ -825,7 +831,7 @@ class Parser:
             fitting = [m for m in fitting if not (m.kind in CONTENT and m.learnt)]
         return sorted(fitting, key=lambda m: RANK.index(m.kind) if m.kind in RANK else len(RANK))
 
-    def _choices(self, ent: Entity, spans: list[Span]) -> list[tuple[int, Meaning]]:
+    def _choices(self, ent: Entity, spans: list[Span], tokens) -> list[tuple[int, Meaning]]:
         """Other senses of a word for this entity, each a reading of its own: (span index, sense). A word that names
         the entity is read with all its senses at once ("in remediation": the entity and its state)."""
         out = []
@@ -835,7 +841,10 @@ class Parser:
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
             if n and self._names_head(ent, spans[n - 1], s, senses):
                 out.append((n, Meaning("filler")))
-        return out
+            last = tokens[s.end - 1]
+            if any(m.modifier for m in senses) and last.text != last.stem and last.text.endswith("s"):
+                out.append((n, Meaning("entity", ent.name, "name")))   # "remediation stages": the stages of
+        return out                                                     # remediation, or those in remediating
 
     def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
         """A value word right after the name of another value of the rows may be that name's own noun, not a
@@ -862,6 +871,7 @@ class Parser:
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
+        modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
                 if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
@@ -1040,7 +1050,10 @@ class Parser:
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
+                if m.value == "name":   # the other reading of "remediation stages": the name, no value
+                    fitting = [x for x in fitting if not x.modifier]
                 q.conds += [x.value for x in fitting if x.kind == "cond"]   # "in remediation": entity and state
+                modified += [x.value for x in fitting if x.kind == "cond" and x.modifier]
                 if s.start and tokens[s.start - 1].text in ("which", "what") and ent.label not in ("id", "rowid"):
                     q.which = True
                     if not q.project and ent.label in ent.columns and not ent.now:
@@ -1145,6 +1158,9 @@ class Parser:
             q.per_item = True
         if negate:
             unknown.append(negate)
+        for cond in modified:   # "what remediation stage is node2 in": the column asked is no value given, so the
+            if cond.column in (q.project, *q.show) and cond in q.conds:   # modifier is part of the name
+                q.conds.remove(cond)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         if present and not ent.now and q.one_value():
             # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
