@@ -32,9 +32,9 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
     "in all": ("agg", "sum"), "overall": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
-    "longest": ("rank", "max"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
+    "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
-    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "min"),
+    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "shortest"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
     "quickest": ("rank", "min"), "fastest": ("rank", "min"),
     "last": ("order", "latest"), "latest": ("order", "latest"), "most recent": ("order", "latest"),
@@ -450,6 +450,13 @@ def _bare_count(q: Query) -> bool:
                                        or q.since is not None or q.until is not None)
 
 
+def _bare_duration(q: Query) -> bool:
+    """'how long was it': a duration with nothing of its own."""
+    return q.qkind == "duration" and q.measure is None and q.time_col is None and not (
+        q.conds or q.agg or q.rank or q.order or q.rules or q.nodes or q.jobs or q.exclude or q.show
+        or q.since is not None or q.until is not None)
+
+
 def _from(ent: Entity) -> str:
     return f"({ent.source})" if ent.source.upper().startswith("SELECT") else ent.source
 
@@ -486,6 +493,9 @@ class Parser:
                     parsed.alternatives = [a for a in parsed.alternatives if a is not query]
                 elif other.unknown:
                     query.extras.append(None)
+                elif _bare_duration(other.query) and query.measure is not None and _kind_of(
+                        query.measure.unit) == "s":   # "the longest stay ..., and how long was it": its measure,
+                    continue                          # which the first part's answer already shows
                 elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
                     query.qkind = "count"
                     if query.show and not query.project:
@@ -713,7 +723,13 @@ class Parser:
             return any(n != ent.name and link(ent, self.model.entities[n]) for n in m.value)
         if m.kind == "between":
             return bool(ent.time)
+        if m.kind == "rank" and m.value in ("longest", "shortest"):   # how long something lasted: a duration's
+            return bool(self._durations(ent))   # rows (a stay, an outage), never a current state's
         return True
+
+    @staticmethod
+    def _durations(ent: Entity) -> list[Column]:
+        return [c for c in ent.measures() if _kind_of(c.unit) == "s"]
 
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
@@ -872,6 +888,7 @@ class Parser:
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
+        lasting = False   # "longest", "shortest": a superlative of how long a row lasted
         for n, s in enumerate(spans):
             if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
                 if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
@@ -993,7 +1010,8 @@ class Parser:
             elif kind == "agg":
                 q.agg = value
             elif kind == "rank":
-                q.rank = "max" if value == "most" else value
+                q.rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
+                lasting = lasting or value in ("longest", "shortest")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
@@ -1145,6 +1163,9 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
+            long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
+            q.measure = long[0] if len(long) == 1 else None   # (of several, the question names which)
         if q.cmp and q.measure and {q.cmp[2], _kind_of(q.measure.unit)} >= {"steps", "s"}:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
