@@ -72,6 +72,8 @@ class Entity:
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
     row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
     #                                   service), so "per drain" or "a drained node" is each row, not a grouping
+    by_words: list[tuple[str, ...]] = field(default_factory=list)    # who writes every row ("the trainer" of
+    #                                   checkpoints): named as the subject, it fits and constrains nothing
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -263,7 +265,8 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])])
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])],
+                  [phrase_stems(w) for w in spec.get("by", [])])
 
 
 @lru_cache(maxsize=1)

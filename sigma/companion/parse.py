@@ -86,6 +86,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
     "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
     "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
+    "come back": ("copula", ""), "come back as": ("copula", ""),   # "came back failed": a result (else a return)
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -144,7 +145,7 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
-                          "made")}
+                          "made", "write", "wrote", "written")}
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
@@ -266,6 +267,8 @@ class Lexicon:
                 add(p, Meaning("cond", ent.name, cond))
             for p in ent.row_words:
                 add(p, Meaning("row", ent.name))
+            for p in ent.by_words:
+                add(p, Meaning("by", ent.name))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -289,6 +292,8 @@ class Lexicon:
                         add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen, noun))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for w in MADE:   # a verb that says a row was made fits every entity (a column's word of some, too)
+            add((w,), Meaning("filler"))
         for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
             #   noun that names an entity stays its own ("nan loss events": events, not the kpi-nan-loss-event rule)
             if _determined(p) not in self.phrases and not any(
@@ -707,7 +712,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row", "by"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -736,7 +741,7 @@ class Parser:
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
             t.text in PAST_FORMS or t.text in ("was", "were", "did", "had") for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
-        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
+        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2, "by": 1,
                    "hypo": 3, "rule": 1}
         best, best_key, keys = None, None, {}
         # "how many times": occurrences in a history, never a current-state view's one row per node
@@ -890,11 +895,13 @@ class Parser:
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         lasting = False   # "longest", "shortest": a superlative of how long a row lasted
         for n, s in enumerate(spans):
-            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
-                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
-                                                   for m in spans[n + 1].meanings)):
+            if any(m.kind == "copula" for m in s.meanings):   # "marked resolved": only before a value of a
+                if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)   # category; a phrase that
+                                              for m in spans[n + 1].meanings):        # is also a column's
+                    continue                                                          # ("came back") is that
+                if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):   # column otherwise
                     unknown.append(s.text)
-                continue
+                    continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue
