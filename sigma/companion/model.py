@@ -73,7 +73,9 @@ class Entity:
     row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
     #                                   service), so "per drain" or "a drained node" is each row, not a grouping
     by_words: list[tuple[str, ...]] = field(default_factory=list)    # who writes every row ("the trainer" of
-    #                                   checkpoints): named as the subject, it fits and constrains nothing
+    #                                   KPI lines): named as the subject, it fits and constrains nothing
+    devices: dict[tuple[str, ...], tuple[str, frozenset]] = field(default_factory=dict)   # a device's words ->
+    #                                   (column, its values): "NVSwitch" beside the kind sxid says nothing more
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -266,7 +268,9 @@ def _entity(name: str, spec: dict) -> Entity:
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
                   explicit_values, [phrase_stems(w) for w in spec.get("row", [])],
-                  [phrase_stems(w) for w in spec.get("by", [])])
+                  [phrase_stems(w) for w in spec.get("by", [])],
+                  {phrase_stems(device): (column, frozenset(values))
+                   for column, devices in (spec.get("devices") or {}).items() for device, values in devices.items()})
 
 
 @lru_cache(maxsize=1)

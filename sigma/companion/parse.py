@@ -269,6 +269,8 @@ class Lexicon:
                 add(p, Meaning("row", ent.name))
             for p in ent.by_words:
                 add(p, Meaning("by", ent.name))
+            for p, device in ent.devices.items():
+                add(p, Meaning("device", ent.name, device))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -712,7 +714,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row", "by"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row", "by", "device"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -894,6 +896,7 @@ class Parser:
         most = False
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         lasting = False   # "longest", "shortest": a superlative of how long a row lasted
+        devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
             if any(m.kind == "copula" for m in s.meanings):   # "marked resolved": only before a value of a
                 if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)   # category; a phrase that
@@ -1132,6 +1135,8 @@ class Parser:
                 continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
+            elif kind == "device":
+                devices.append((s.text, value))
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
@@ -1177,6 +1182,8 @@ class Parser:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, (column, values) in devices if not any(
+            c.column == column and any(str(p).strip(",") in values for p in c.params) for c in q.conds)]
         unknown += [text for text, seconds in periods if q.bucket != seconds]
         if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
             unknown.append("rank")
