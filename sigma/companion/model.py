@@ -153,7 +153,7 @@ def documented_values() -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def _table_of(ent: Entity) -> str:
+def table_of(ent: Entity) -> str:
     """The table an entity's rows come from: its source, or the first table its query reads (not a subquery's)."""
     top = ent.source
     while "(" in top:
@@ -167,7 +167,7 @@ def _table_of(ent: Entity) -> str:
 def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     """Give every column of the entity a role, words and (for categories and JSON) its values from the data."""
     sample = _sample(conn, ent.source)
-    documented = documented_values().get(_table_of(ent), {})
+    documented = documented_values().get(table_of(ent), {})
     declared = {} if " " in ent.source else {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({ent.source})")}
     for name in names:
         col = ent.columns.get(name) or Column(name, f"src.{name}", "")

@@ -14,7 +14,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, link, unit_of
+from sigma.companion.model import Column, Cond, Entity, Model, link, table_of, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -286,10 +286,12 @@ class Lexicon:
                     # set membership: equality for one value, and right for SLURM's comma-separated flags too
                     cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
                                 col.name, (f",{value},",))
-                    for p in phrases:   # a value spelled by another entity's noun ("requeue" actions): a
-                        #                     reading only where that noun's own entity does not fit
-                        noun = p in nouns and p not in explicit.get(col.name, ())
-                        if p in reserved and p not in explicit.get(col.name, ()) and (not noun or p in ent.words):
+                    for p in phrases:   # a value spelled by the noun of an entity that is those rows of this
+                        #   one ("requeue" actions: restarts): a reading only where that entity does not fit
+                        noun = p in nouns and p not in explicit.get(col.name, ()) and any(
+                            p in other.words and _subset(other, ent, col.name, value)
+                            for other in model.entities.values())
+                        if p in reserved and p not in explicit.get(col.name, ()) and not noun:
                             continue
                         add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen, noun))
                 for key in col.keys:
@@ -397,6 +399,12 @@ class Lexicon:
                     return r, k, found
             return 0, 0, []
         return 0, 0, []
+
+
+def _subset(part: Entity, whole: Entity, column: str, value: str) -> bool:
+    """`part` is the rows of `whole`'s table with that value ("restarts": actions WHERE kind = 'requeue')."""
+    return part is not whole and table_of(part) == table_of(whole) and bool(
+        re.search(rf"\b{column}\s*=\s*'{re.escape(value)}'", part.source))
 
 
 def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:

@@ -686,6 +686,8 @@ def test_a_value_spelled_as_another_entitys_noun_is_read_where_that_entity_does_
     b = q(conn, "how many requeues were there?")   # the noun's own entity fits: no other reading
     assert b.status == "fact" and b.rows == values(
         conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'done'")
+    # drains are actions, not incidents: an incident's action 'drain' is what its rule decided, not a drain done
+    assert q(conn, "which incidents were drained?").status != "fact"
 
 
 def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(conn):
