@@ -136,6 +136,8 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
                      r"(?:between|from)|between)\b")
 # "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
 BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
+# "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
+LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
@@ -596,6 +598,9 @@ class Parser:
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
+        for m in LASTED.finditer(q):
+            a, b = m.span(1) if m.group(1) else m.span()
+            claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -999,6 +1004,10 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time" and value == ent.time:   # "not open": every row has its own start; unclear
+                    unknown.append(negate_text)
+                    negate = ""
+                    continue
                 if kind == "time":   # "never got an ack", "not closed": that time is not there
                     col = ent.columns[value]
                     sql = col.name if col.sql == f"src.{col.name}" else col.sql

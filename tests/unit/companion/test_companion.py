@@ -667,6 +667,13 @@ def test_a_names_modifier_that_is_a_value_of_its_rows_is_that_value_unless_the_q
     assert b.status == "fact" and b.rows[0][b.columns.index("stage")] == values(
         conn, "SELECT state FROM node_lifecycle WHERE node = 'node3'")[0][0]
     assert q(conn, "list the remediation stages of node1").status == "clarify"   # the stages of it, or those in it
+    c = q(conn, "how long did the remediation stage last for node3 on average?")   # "last": the verb, not latest
+    assert c.status == "fact" and values_of(c) == values(conn, STAYS.format(agg="AVG") + " AND r.node = 'node3'")
+
+
+def test_a_row_without_its_own_start_time_is_not_a_reading_of_not(conn):
+    a = q(conn, "how many incidents are not open?")   # every incident opened: "not open" is not opened_at unset
+    assert a.status == "partial" and "not open" in a.text
 
 
 def test_longest_and_shortest_rank_how_long_a_row_lasted(conn):
