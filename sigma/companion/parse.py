@@ -719,6 +719,9 @@ class Parser:
             names = tuple(m.entity for m in b.meanings if m.kind == "entity")
             if a.meanings[0].kind == "rel" and names:
                 b.meanings = [Meaning("related", None, names)]
+            if a.end == b.start and any(m.kind == "copula" for m in a.meanings) and any(
+                    m.kind == "cond" for m in b.meanings):   # "came back failed": a copula before a value, no return
+                a.meanings = [m for m in a.meanings if m.kind == "copula"]
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         if only is not None:
             return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)

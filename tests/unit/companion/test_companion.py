@@ -701,6 +701,7 @@ def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(
     a = q(conn, "how many health checks came back passed?")   # a result, not a return to service
     assert a.status == "fact" and a.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE source = 'health' AND severity IN ('pass', 'accept')")
+    assert q(conn, "which nodes came back failed?").status == "clarify"   # as "which nodes failed": not a drain's
     b = q(conn, "how many checkpoints has the trainer written?")   # each rank's trainer writes its own event
     assert b.status == "fact" and b.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'")
