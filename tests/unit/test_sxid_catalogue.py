@@ -150,3 +150,14 @@ def test_real_sxid_lines_get_the_action_an_admin_wants(tmp_path, line, action):
 def test_look_alikes_make_no_sxid_event_and_no_action(tmp_path, line):
     kinds, actions = act(tmp_path, f"[ 1108.858286] {line}")
     assert "sxid" not in kinds and actions == []
+
+
+def test_the_event_keeps_the_drivers_verdict_where_the_line_states_it(tmp_path):
+    def fields(line):
+        (tmp_path / "kern.log").write_text(line + "\n")
+        return act_on_file(RULES, SECTIONS, tmp_path / "kern.log")[0][0]["fields"]
+
+    verdict = fields(TUNING[3][0])
+    assert (verdict["sxid"], verdict["sxid_severity"], verdict["link"]) == (20034, "Fatal", 48)
+    assert fields(TUNING[4][0])["sxid_severity_level"] == 1 and fields(TUNING[4][0])["engine_instance"] == 60
+    assert "sxid_severity" not in fields(TUNING[5][0])  # a Data line
