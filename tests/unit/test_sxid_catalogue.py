@@ -25,6 +25,7 @@ VARIANTS = {
     "Correctable": "{code}, Correctable, Link 12 some error",
     "Severity 0": "{code}, Severity 0 Engine instance 12 Sub-engine instance 00",
     "Data": "{code}, Data {{0x00000001, 0x00000000, 0x00000000, 0x00000000}}",
+    "bare": "{code}",  # a line cut after its code
 }
 FATAL = ("Fatal", "Severity 1")
 NOT_CATALOGUED = (20009, 20035, 28006, 99999, 120280)  # 120280: 12028 followed by a digit is another code
@@ -40,7 +41,7 @@ def expected_rule(code: int, variant: str) -> str:
         return "nvswitch-sxid-fatal"
     if listed:
         return listed
-    return "nvswitch-sxid-unknown" if variant == "Data" else "nvswitch-sxid-nonfatal"
+    return "nvswitch-sxid-unknown" if variant in ("Data", "bare") else "nvswitch-sxid-nonfatal"
 
 
 def rules_for(code: int, text: str) -> list[str]:
