@@ -14,7 +14,8 @@ committed before it was run; held_out_10.yaml, written after the changes that fo
 writer who did not read the tier, committed before it was run, measured once, then its misses looked at (no longer
 unseen); held_out_11.yaml, written after those changes the same way, committed before it was run; held_out_12.yaml,
 written after the changes for held_out_11 the same way, committed before it was run; held_out_13.yaml,
-written after the changes for held_out_12 the same way, committed before it was run (docs/companion.md says which run
+written after the changes for held_out_12 the same way, committed before it was run; held_out_14.yaml likewise after
+held_out_13's run (docs/companion.md says which run
 of each set was unseen). Each is asked of the controller database a chaos
 soak produced (tests/fixtures/companion/soak.sql) with the site's timezone the sets name. The fast tier (no language
 model) always runs; the language-model tier runs when SIGMA_LLM_BASE_URL and SIGMA_LLM_MODEL name an
@@ -43,7 +44,8 @@ from sigma.companion.safe_sql import open_readonly  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "companion"
 SETS = ("built", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6", "held_out_7",
-        "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12", "held_out_13")
+        "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12", "held_out_13",
+        "held_out_14")
 
 
 def row(name: str, s: dict) -> str:
