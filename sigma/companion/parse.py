@@ -58,7 +58,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "been": ("past", ""), "ended": ("past", ""), "ended up": ("past", ""), "end up": ("past", ""),
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
-    "other than": ("neg", ""), "apart from": ("neg", ""), "rather than": ("neg", ""), "instead of": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
@@ -167,7 +168,7 @@ class Meaning:
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
     weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
-    noun: bool = False        # a value spelled as another entity's noun: it fits, weighs nothing, and is no reading
+    noun: bool = False        # a value spelled as the noun of an entity that is those rows: fits, weighs nothing
     modifier: bool = False    # a value that modifies the entity's own noun ("remediation stage"): name or value
 
 
@@ -309,11 +310,13 @@ class Lexicon:
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
                 if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
                     self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
-        for ent in model.entities.values():   # a name whose modifier is a value of its own rows ("remediation
-            for p in ent.words:                #  stage": stages, and the stage remediating) means that value too,
-                for m in self.phrases.get(_determined(p[:-1]), []) if len(p) > 1 else []:   # as "validation stage"
-                    if m.kind == "cond" and m.entity == ent.name:   # does; the name alone where the question asks
-                        self._add(p, Meaning("cond", ent.name, m.value, m.learnt, m.weak, modifier=True))   # it
+        # a name whose modifier is a value of its own rows ("remediation stage": stages, and the stage remediating)
+        # means that value too, as "validation stage" does; the name alone where the question asks that column
+        for ent in model.entities.values():
+            for p in (p for p in ent.words if len(p) > 1):
+                for m in self.phrases.get(_determined(p[:-1]), []):
+                    if m.kind == "cond" and m.entity == ent.name:
+                        self._add(p, Meaning("cond", ent.name, m.value, m.learnt, m.weak, modifier=True))
         self.longest = max(len(p) for p in self.phrases)
         # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
         # a phrase whose words are apart in the question ("how much training time did job 1 lose")
@@ -914,11 +917,12 @@ class Parser:
         lasting = False   # "longest", "shortest": a superlative of how long a row lasted
         devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
-            if any(m.kind == "copula" for m in s.meanings):   # "marked resolved": only before a value of a
-                if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)   # category; a phrase that
-                                              for m in spans[n + 1].meanings):        # is also a column's
-                    continue                                                          # ("came back") is that
-                if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):   # column otherwise
+            # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
+            # ("came back") is that column otherwise
+            if any(m.kind == "copula" for m in s.meanings):
+                if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent) for m in spans[n + 1].meanings):
+                    continue
+                if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
                     unknown.append(s.text)
                     continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
