@@ -914,7 +914,7 @@ class Parser:
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
-        lasting = False   # "longest", "shortest": a superlative of how long a row lasted
+        lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
         devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
             # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
@@ -1045,7 +1045,7 @@ class Parser:
                 q.agg = value
             elif kind == "rank":
                 q.rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
-                lasting = lasting or value in ("longest", "shortest")
+                lasting = lasting or (s.text if value in ("longest", "shortest") else "")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
@@ -1201,7 +1201,10 @@ class Parser:
             unknown.append(pending_group)
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
             long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
-            q.measure = long[0] if len(long) == 1 else None   # (of several, the question names which)
+            if len(long) == 1:
+                q.measure = long[0]
+            elif q.qkind != "duration":   # a "how long" question's own duration, else unclear: never a count of
+                unknown.append(lasting)   # rows ("which job has run the longest")
         if q.cmp and q.measure and {q.cmp[2], _kind_of(q.measure.unit)} >= {"steps", "s"}:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
