@@ -155,6 +155,20 @@ def _settled(conn, q, built, result, now: float, offset: float) -> tuple:
     return other, built, run_select(conn, built.sql, tuple(built.params))
 
 
+def _no_values(conn, q, built, columns: list[str], rows: list, now: float, offset: float) -> bool:
+    """The measure asked about has no value in any row in scope, though there are rows (a column the data never
+    fills, like MFU without a known peak): "none" would read as a fact about the cluster, so it is said as the
+    data's gap. No rows at all ("the throughput of job 9", a job with no KPI lines) stays an answer: none."""
+    if q.measure is None or built.value not in columns or not rows:
+        return False
+    i = columns.index(built.value)
+    if any(r[i] is not None for r in rows):
+        return False
+    count = compose(Query(q.entity, conds=q.conds, since=q.since, until=q.until, nodes=q.nodes, jobs=q.jobs,
+                          rules=q.rules, exclude=q.exclude, qkind="count"), now, offset)
+    return bool(run_select(conn, count.sql, tuple(count.params)).rows[0][0])
+
+
 def _which_one(q, rows: list, understood: str) -> Answer:
     """A question back: which of several rows' times or durations."""
     one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
@@ -227,6 +241,11 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"Your words fit {len(distinct)} readings with different answers: {names}. Which do you "
                            "mean? Ask again with the words of that one.", tier="fast", intent=q.entity.name,
                       status="clarify", understood=" | ".join(describe_query(r[0]) for r in distinct))
+    if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting": a measure never recorded
+        return Answer(text=f"The data holds no values of {q.measure.name.replace('_', ' ')} for {noun(q, 2)}"
+                           f"{scope(q)}: no row in scope has one, so I cannot tell.", sql=built.sql,
+                      params=list(built.params), tier="fast", intent=q.entity.name, status="cannot",
+                      understood=understood, not_understood=[q.measure.name])
     text = say(q, built, result.columns, result.rows, tz)
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,

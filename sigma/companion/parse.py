@@ -954,6 +954,8 @@ class Parser:
                     unknown.append(negate)
                     negate = ""
             if kind == "range":
+                if q.period and q.period != value.words:   # a second time range: which one bounds the rows?
+                    unknown.append(s.text)
                 q.since, q.until, q.period = value.since, value.until, value.words
             elif kind == "node":
                 q.nodes.append(value)
@@ -968,9 +970,16 @@ class Parser:
                     q.order, value = ("earliest" if value == "when-first" else "latest"), "when"
                 if q.qkind in ("list", "yesno") or value == "count":
                     q.qkind = value
+                elif value != q.qkind and not (value == "why" and any(   # "how many requeues did xid errors
+                        m.kind == "rule" for x in spans for m in x.meanings)):   # cause": the fault's filter
+                    unknown.append(s.text)   # "how long ... when": a second question word the first left out
             elif kind == "agg":
+                if q.agg and q.agg != value:   # "average total": one aggregate replacing another says neither
+                    unknown.append(s.text)
                 q.agg = value
             elif kind == "rank":
+                if q.rank and q.rank != ("max" if value == "most" else value):
+                    unknown.append(s.text)
                 q.rank = "max" if value == "most" else value
                 most = most or value == "most"
             elif kind == "order":
@@ -978,8 +987,12 @@ class Parser:
                         m.kind == "rank" for m in spans[n - 1].meanings):   # "most first": an order, largest first,
                     q.rank, q.sort = "", True                                 # of every row, not the top one
                     continue
+                if q.order and q.order != value:
+                    unknown.append(s.text)
                 q.order = value
             elif kind == "unit":
+                if q.unit and q.unit != value:
+                    unknown.append(s.text)
                 q.unit = value
             elif kind == "text":
                 q.search.append(value)
@@ -1017,6 +1030,11 @@ class Parser:
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
+                if n + 1 < len(spans) and spans[n + 1].start == s.end and not any(
+                        x.kind in ("cond", "measure") for x in fitting) and any(
+                        x.kind == "entity" and x.entity == ent.name for x in spans[n + 1].meanings):
+                    unknown.append(s.text)   # "log events": a word before the entity's noun that narrows it in a
+                    continue                 # way not understood (it names the entity, and nothing of its own)
                 last = tokens[s.end - 1].text
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
@@ -1056,6 +1074,8 @@ class Parser:
                         and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed;
                     q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")   # "the largest number of": ranked
             elif kind == "time":
+                if q.time_col and q.time_col != value:   # two times of the row, neither said to be a span
+                    unknown.append(s.text)
                 q.time_col = value
             elif kind == "column":
                 if pending_group:
