@@ -74,6 +74,10 @@ def _extra(qb: Query) -> Extra:
     """"..., and how many of them led to a drain" (a count of those rows that also meet its conditions), "and the
     first time one opened" (a time), "and the average X" (an aggregate), "and at which step" (a column)."""
     ent = qb.entity
+    if qb.project and qb.project in ent.columns and qb.which and not (
+            qb.group or qb.bucket is not None or qb.having or qb.hypo or qb.measure or qb.conds or qb.show
+            or qb.agg or qb.rank or qb.qkind != "list"):   # "..., and for which node": each row's node
+        return Extra(qb.project, qb.project, "", [], True)
     if qb.group or qb.bucket is not None or qb.project or qb.having or qb.hypo:
         raise NotUnderstood("a second part with its own grouping")
     where, params, _ = _filters(qb, "rows")

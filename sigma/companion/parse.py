@@ -122,7 +122,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
 COUNTS = {w: i for i, w in enumerate("two three four five six seven eight nine ten".split(), 2)}   # as words
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
-CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
+CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|(?:at|in|for|on|to|from|with) (?:what|which)|"
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
 FILTERS = ("node", "job", "rule", "cond", "json")
