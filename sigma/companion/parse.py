@@ -141,6 +141,8 @@ UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up til
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
 SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs of a thing becoming faulty ("the loss went NaN", "node3 turned bad"): when it did is the fault's own time
+BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "became")}
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
@@ -1166,6 +1168,10 @@ class Parser:
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
+        fault = ent.columns.get("fault_ts")
+        if q.qkind == "when" and q.rules and not q.time_col and fault is not None and fault.role == "time" and any(
+                t.stem in BECAME for t in tokens):   # "when did the loss last go NaN": when the fault happened,
+            q.time_col = fault.name                  # not its detection ("when was the last NaN loss": its incident)
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
