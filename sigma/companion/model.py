@@ -72,6 +72,8 @@ class Entity:
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
     row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
     #                                   service), so "per drain" or "a drained node" is each row, not a grouping
+    readings: bool = False            # its rows sample a state over time (KPI lines, host metrics): the latest
+    #                                   row of one node or job is its value now ("what step is job 1 on now")
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -263,7 +265,7 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])])
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])], bool(spec.get("readings")))
 
 
 @lru_cache(maxsize=1)

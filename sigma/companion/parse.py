@@ -319,28 +319,37 @@ class Lexicon:
         for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
             if not all(free[i:i + n]):
                 continue
-            if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
+            if n > 1 and tuple(stems[i:i + n]) in self.phrases and not self._learnt_only(tuple(stems[i:i + n])):
+                #                                                   a phrase with its auxiliary ("had no")
                 return n, self._led(tuple(stems[i:i + n])), []
             if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
             if len(window) > self.longest:
                 continue
-            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost")
-                found = [m for m in self.phrases.get(tuple(window), []) if m.kind == "measure"]
+            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost", "memory is free")
+                found = [m for m in self.phrases.get(tuple(window), []) if m.kind in ("measure", "metric")]
                 if found:
                     return n, found, []
                 continue
             nums = [_number(w) for w in window]
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
-                if k in self.phrases:
+                if k in self.phrases and not self._learnt_only(k):
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
             others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
             if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
                     (w,) in self.phrases or w in STOPWORDS for w in window):
                 return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def _learnt_only(self, phrase: tuple[str, ...]) -> bool:
+        """A phrase of several words that only names a value learnt from the data and starts with the name of what
+        rows refer to ("nodes down": the incident category node-down), each of whose words the schema document gives
+        a meaning of its own ("nodes", "down": a node's state): the document's words are read."""
+        return len(phrase) > 1 and all(m.learnt for m in self.phrases[phrase]) and any(
+            m.kind == "dim" for m in self.phrases.get(phrase[:1], [])) and all(
+            any(not m.learnt for m in self.phrases.get((w,), [])) for w in phrase)
 
     def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
               names: dict[int, set[str]]) -> tuple[list[int], list]:
@@ -695,7 +704,7 @@ class Parser:
         if m.kind in ("node", "job", "rule"):
             return m.kind in ent.refs
         if m.kind == "now":
-            return ent.now
+            return ent.now or ent.readings
         if m.kind == "weak":
             return "rule" in ent.refs
         if m.kind in ("hypo", "hypo-word"):
@@ -845,7 +854,7 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = ""
+        single = new = now_word = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
@@ -1097,6 +1106,8 @@ class Parser:
                             or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
+            elif kind == "now" and not ent.now:   # a history of readings: its latest row (below)
+                now_word = s.text
             elif kind == "hypo":
                 q.hypo = value
             elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
@@ -1151,6 +1162,12 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
+            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
+                    q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
+                q.order = "latest"
+            else:
+                unknown.append(now_word)
         if each_row and not (q.agg or q.rank):
             q.per_item = True
         if negate:
