@@ -62,6 +62,14 @@ def test_the_fifth_held_out_part_has_its_own_sources_every_class_and_benign_look
     assert sum(r["want"] in ("notify", "record", "none") for r in fifth) >= len(fifth) / 3
 
 
+def test_the_sixth_held_out_part_has_its_own_sources_every_class_and_benign_look_alikes():
+    sixth = [r for r in ROWS if r["part"] == "held-out-6"]
+    assert len(sixth) >= 70 and len({r["src"] for r in sixth}) >= 30
+    assert not {r["src"] for r in sixth} & {r["src"] for r in ROWS if r["part"] != "held-out-6"}
+    assert {r["cls"] for r in sixth} == CLASSES and len({r["fmt"] for r in sixth}) >= 5
+    assert sum(r["want"] in ("notify", "record", "none") for r in sixth) >= len(sixth) / 3
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

@@ -152,3 +152,111 @@ def test_a_scsi_commands_sense_key_decides_not_its_failed_result(line, actions):
 ])
 def test_an_nvme_status_drains_for_an_io_command_not_an_admin_one(line, actions):
     assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("NVRM: API mismatch: the client has the version 570.153.02, but", ["drain"]),
+    ("NVRM: API mismatch: the client has the version 535.54.03, but#012NVRM: this kernel module has the version "
+     "530.30.02.  Please#012NVRM: make sure that this kernel module and all NVIDIA driver#012NVRM: components have "
+     "the same version.", ["drain"]),  # rsyslog's escape of the driver's multi-line notice
+    ("NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)", ["drain"]),
+    ("nvidia 0000:07:00.0: Direct firmware load for nvidia/570.144/gsp_ga10x.bin failed with error -2", ["drain"]),
+    ("NVRM: RmFetchGspRmImages: No firmware image found", ["drain"]),
+    ("iwlwifi 0000:00:14.3: Direct firmware load for iwlwifi-so-a0-gf-a0-89.ucode failed with error -2", []),
+    ("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.148.06  Mon May  5 11:36:21 UTC 2025", []),
+])
+def test_an_inconsistent_nvidia_driver_install_drains_without_blaming_the_gpu(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("md/raid:md2: Disk failure on sdb6, disabling device.", ["notify"]),  # degraded: the data is still served
+    ("md/raid1:md0: Disk failure on sdb1, disabling device.", ["notify"]),
+    ("md/raid:md2: Too many read errors, failing device sdc1.", ["notify"]),
+    ("md/raid:md2: Cannot continue operation (2/4 failed).", ["drain+ticket"]),  # the array failed
+    ("md/raid:md2: read error not correctable (sector 2208 on sdb6).", ["drain+ticket"]),
+    ("md/raid10:md1: sdc: unrecoverable I/O read error for block 81920", ["drain+ticket"]),
+    ("md/raid1:md0: Operation continuing on 1 devices.", []),
+    ("md/raid:md2: read error corrected (8 sectors at 2208 on sdb6)", []),
+    ("md/raid1:md0: active with 2 out of 2 mirrors", []),
+])
+def test_software_raid_notifies_on_a_lost_member_and_drains_when_the_array_fails(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("sd 0:1:0:0: rejecting I/O to offline device", ["drain+ticket"]),
+    ("sd 2:0:0:0: Device offlined - not ready after error recovery", ["drain+ticket"]),
+    ("connection5:0: ping timeout of 5 secs expired, recv timeout 5, last rx 4798244803, last ping 4798249856, "
+     "now 4798255104", ["notify"]),
+    ("connection1:0: detected conn error (1022)", ["notify"]),
+    ("session1: session recovery timed out after 120 secs", ["notify"]),
+    ("scsi host4: iSCSI Initiator over TCP/IP", []),
+])
+def test_an_offlined_disk_drains_and_an_iscsi_connection_error_notifies(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("clocksource: timekeeping watchdog on CPU2: Marking clocksource 'tsc' as unstable because the skew is too "
+     "large:", ["notify"]),
+    ("clocksource: timekeeping watchdog on CPU3: Marking clocksource 'tsc-early' as unstable because the skew is "
+     "too large:", ["notify"]),
+    ("tsc: Marking TSC unstable due to clocksource watchdog", ["notify"]),
+    ("clocksource: Switched to clocksource tsc", []),
+    ("hrtimer: interrupt took 6663395 ns", []),
+])
+def test_an_unstable_tsc_notifies(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("mce: [Hardware Error]: Machine check: Processor context corrupt", ["drain+ticket"]),
+    ("mce: [Hardware Error]: Machine check: Action required: data load in error recoverable area of kernel",
+     ["drain+ticket"]),
+    ("mce: [Hardware Error]: Machine check events logged", []),  # a corrected event: counted, not acted on alone
+])
+def test_the_kernels_panic_grade_machine_check_drains(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("nvidia 0000:63:00.0: AER: can't recover (no error_detected callback)", ["drain+reboot"]),
+    ("snd_hda_intel 0000:03:00.1: AER: can't recover (no error_detected callback)", ["drain+reboot"]),
+    ("pcieport 0000:00:1c.5: AER: Corrected error received: 0000:00:1c.5", []),
+])
+def test_aer_that_cannot_recover_a_device_reboots(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,kinds", [
+    ("[sh03-01n01:26318:0:26318] ib_mlx5_log.c:139  Remote QP on mlx5_0:1/IB (synd 0x14 vend 0x89 hw_synd 0/0)",
+     ["nccl_error"]),  # the peer's side failed the work request
+    ("[node2:1:0:1] ib_mlx5_log.c:177  Remote access on mlx5_1:1/IB (synd 0x13 vend 0x88 hw_synd 0/0)",
+     ["nccl_error"]),
+    ("[cn0244:260472] pml_ucx.c:421  Error: ucp_ep_create(proc=47) failed: Input/output error", ["nccl_error"]),
+    ("[cn0244:260472] pml_ucx.c:472  Error: Failed to resolve UCX endpoint for rank 19", ["nccl_error"]),
+    ("user:16901:16967 [2] misc/socket.cc:441 NCCL WARN socketFinalizeAccept: wrong type 4 != 3", ["nccl_error"]),
+    ("gpu004:2200689:2200706 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
+     "gpu004<55693>", ["nccl_error"]),
+    # the job's own bug on its own side: kept as output, no event
+    ("[a670n1:162239:0:162239] ib_mlx5_log.c:177  Local protection on mlx5_0:1/IB (synd 0x4 vend 0x51 hw_synd 0/2)",
+     []),
+    ("ng30903:3063025:3066048 [0] NCCL INFO misc/socket.cc:749 -> 6", []),
+])
+def test_a_peer_the_job_cannot_reach_restarts_it_and_a_local_work_request_bug_does_not(line, kinds):
+    assert decide(line, job=True) == (kinds, ["requeue"] if kinds else [])
+
+
+@pytest.mark.parametrize("message,actions", [
+    ("Device: /dev/sdc [SAT], 8 Currently unreadable (pending) sectors", ["notify"]),
+    ("Device: /dev/sda [SAT], 1370 Offline uncorrectable sectors", ["notify"]),
+    ("Device: /dev/sg1 [cciss_disk_02] [SCSI], SMART Failure: HARDWARE IMPENDING FAILURE GENERAL HARD DRIVE FAILURE",
+     ["notify"]),
+    ("Device: /dev/nvme0, Critical Warning (0x04): Reliability", ["notify"]),
+    ("Device: /dev/sda [SAT], SMART Usage Attribute: 194 Temperature_Celsius changed from 64 to 63", []),
+])
+def test_smartd_reporting_a_disk_degrading_notifies_and_never_drains(message, actions):
+    outcome = try_line(RULES, BY_ID["disk-health-warning"], f"May  4 15:09:40 node1 smartd[15638]: {message}",
+                       "rfc3164", SECTIONS)
+    assert sorted({f.action for f in outcome.findings}) == actions
