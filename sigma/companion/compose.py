@@ -455,6 +455,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                               + [x.name for x in plain]))
     add(plain)
     if q.order:
+        if q.qkind == "count":   # "how many ... last": one row is no count
+            raise NotUnderstood(f"a count together with the {q.order} row")
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to order by")
         direction = "DESC" if q.order == "latest" else "ASC"

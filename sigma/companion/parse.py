@@ -99,7 +99,14 @@ CMP = re.compile(
     r"less than|shorter than|lower than|under|below|at most|no more than|not more than)\s+"
     r"(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten|a|an)\b\s*"
     r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)?\b")
-CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
+# "two or more times", "5 or fewer steps", "30 s or longer": the number first, the bound after it
+CMP_UNIT = r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)"
+CMP_OR = re.compile(
+    r"\b(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten)\s*" + CMP_UNIT + r"?\s+or\s+"
+    r"(more|greater|longer|higher|larger|over|above|fewer|less|shorter|lower|under|below)\b(?:\s*" + CMP_UNIT
+    + r"\b)?")
+CMP_OPS = {"over than": ">", "above than": ">", "under than": "<", "below than": "<",   # "two or over"
+           "more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
            "over": ">", "above": ">", "exceeding": ">", "at least": ">=", "fewer than": "<", "less than": "<",
            "shorter than": "<", "lower than": "<", "under": "<", "below": "<", "at most": "<=",
            "no more than": "<=", "not more than": "<="}
@@ -135,6 +142,8 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
                      r"(?:between|from)|between)\b")
 # "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
 BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
+# "break down the reboots by node", "split by where it resumed": the verb before its object, "by" the grouping word
+BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
@@ -419,9 +428,9 @@ def _number(word: str) -> float | None:
         return None
 
 
-def _cmp(m: re.Match) -> tuple[str, float, str]:
+def _cmp(word: str, raw: str, unit: str) -> tuple[str, float, str]:
     """(operator, value, unit) of "more than 3 times", "over 30 s", "at least 2 minutes" (durations in seconds)."""
-    op, raw, unit = CMP_OPS[m.group(1)], m.group(2), m.group(3) or ""
+    op = CMP_OPS[word]
     value = float(NUMBER_WORDS.get(raw, raw))
     base = unit.rstrip("s") or unit
     if raw in ("once", "twice", "thrice") or base == "time":
@@ -571,6 +580,8 @@ class Parser:
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
+        for m in BREAK_DOWN_BY.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -595,7 +606,10 @@ class Parser:
             if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
-            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
+            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m.group(1), m.group(2), m.group(3) or "")))
+        for m in CMP_OR.finditer(q):
+            op, value, unit = _cmp(m.group(3) + " than", m.group(1), m.group(2) or m.group(4) or "")
+            claim(m.start(), m.end(), Meaning("cmp", None, (op + "=", value, unit)))
         n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
         for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
                              rf"|\bthe {n} (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
