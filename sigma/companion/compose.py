@@ -10,7 +10,7 @@ that keeps every row tied at the top, the latest or earliest row, a time, or the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sigma.companion.model import Column
 from sigma.companion.parse import Query
@@ -50,6 +50,8 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         raise NotUnderstood(f"the second part of the question, of {q.entity.name}")
     if q.measure is not None and q.measure.name in [*q.group, q.project]:   # "max step per step": no answer
         raise NotUnderstood(f"{q.measure.name} both measured and grouped by")
+    if q.ago:   # "how long ago": from the row's time to now
+        q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
     built.extras = [x.name for x in used]

@@ -63,6 +63,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
+    "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -216,6 +217,7 @@ class Query:
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
+    ago: bool = False                     # "how long ago": the measure is the time from the row's time to now
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
     noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
@@ -868,7 +870,7 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = now_word = ""
+        single = new = now_word = ago = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
@@ -1120,6 +1122,8 @@ class Parser:
                             or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
+            elif kind == "ago":
+                ago = s.text
             elif kind == "now" and not ent.now:   # a history of readings: its latest row (below)
                 now_word = s.text
             elif kind == "hypo":
@@ -1176,6 +1180,11 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks
+            if q.qkind == "duration" and q.measure is None and ent.time:
+                q.ago = True
+            else:
+                unknown.append(ago)
         if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
             if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
                     q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
