@@ -50,6 +50,18 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         raise NotUnderstood(f"the second part of the question, of {q.entity.name}")
     if q.measure is not None and q.measure.name in [*q.group, q.project]:   # "max step per step": no answer
         raise NotUnderstood(f"{q.measure.name} both measured and grouped by")
+    if q.versus is not None:   # "drains in the last hour vs the hour before that": one value of each period
+        one = replace(q, versus=None)
+        if q.qkind in ("list", "yesno") and q.measure is None and not (q.project or q.group or q.show):
+            one = replace(one, qkind="count")   # rows of two periods side by side: how many of each
+        first = compose(one, now, tz_offset)
+        other = q.versus
+        second = compose(replace(one, since=other.since, until=other.until, period=other.words), now, tz_offset)
+        if first.shape != "scalar" or second.shape != "scalar" or first.extras:
+            raise NotUnderstood("a comparison of two periods of anything but one value")
+        name = f"{first.value}_{'_'.join(re.findall(r'[a-z0-9]+', other.words))}"
+        return Built(f"SELECT ({first.sql}) AS {first.value}, ({second.sql}) AS {name}", first.params + second.params,
+                     {**first.units, name: first.units.get(first.value, "")}, "versus", first.value)
     if q.ago:   # "how long ago": from the row's time to now
         q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
     used: list[Extra] = []

@@ -217,6 +217,7 @@ class Query:
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
+    versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
     ago: bool = False                     # "how long ago": the measure is the time from the row's time to now
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
@@ -590,6 +591,9 @@ class Parser:
         if tr:
             for a, b in tr.spans:
                 claim(a, b, Meaning("range", None, tr))
+            other = timerange.versus(q, tr)   # "vs the hour before that": the same question of a second period
+            if other:
+                claim(*other.spans[0], Meaning("versus", None, other))
         hypo = HYPO.search(q)
         if hypo:   # the action: its words, with the node it acts on between them ("take node3 out of service")
             for words, verb in sorted(HYPO_VERBS.items(), key=lambda kv: -len(kv[0])):
@@ -1122,6 +1126,8 @@ class Parser:
                             or before in COUNTS:
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
+            elif kind == "versus":
+                q.versus = value
             elif kind == "ago":
                 ago = s.text
             elif kind == "now" and not ent.now:   # a history of readings: its latest row (below)

@@ -132,6 +132,10 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             "would interrupt"
         return (f"{action} {nodes} now: job(s) {', '.join(map(str, jobs))} run there (latest SLURM state); "
                 f"{'it ' + verb if q.hypo == 'drain' else 'that ' + verb + ' them'}.")
+    if b.shape == "versus":   # one value of two periods
+        label = "number" if b.value == "n" else column_words(b.value).replace("avg ", "average ")
+        return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; "
+                f"{q.versus.words}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "scalar":
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
         if b.value == "n":
