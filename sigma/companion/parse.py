@@ -30,7 +30,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
     "typical": ("agg", "median"), "median": ("agg", "median"),
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
-    "in all": ("agg", "sum"), "overall": ("agg", "sum"),
+    "in all": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
+    "summed": ("agg", "sum"), "summed up": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
     "longest": ("rank", "max"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
@@ -890,8 +891,10 @@ class Parser:
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue
-            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
-                if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
+            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name, or the
+                #   word for the row itself ("out of service after being drained": from the drain on, as it is)
+                if not (n + 1 < len(spans) and any(m.kind == "rule" or (m.kind == "row" and m.entity == ent.name)
+                                                   for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
                 continue
             fitting = self._senses(ent, s)
