@@ -166,7 +166,8 @@ QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
-AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got",
+                             "gets", "getting")}   # inside a phrase ("to get acknowledged": to acknowledge)
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
