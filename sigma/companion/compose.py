@@ -160,7 +160,7 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
         joiner = " AND " if column.endswith("!") else " OR "   # "not A or B": neither
         sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"
         args = [a for c in conds for a in c.params]
-        if q.agg == "share" and column.rstrip("!") != metric_col:
+        if q.agg in ("share", "of_all") and column.rstrip("!") != metric_col:
             share_conds.append((sql.replace("{row}", "rows"), args))
         else:
             where.append(sql.replace("{row}", row))   # a relation names the row it belongs to
@@ -433,6 +433,13 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
 
     if q.having:
         raise NotUnderstood("more than N times: of what (per node, per job, ...)")
+    if agg == "of_all" and not m:   # "out of all requests, how many were acked in time": those, and all
+        if not share_conds or q.qkind != "count":
+            raise NotUnderstood("out of all: how many of what")
+        cond = " AND ".join(c for c, _ in share_conds)
+        params += [p for _, ps in share_conds for p in ps]
+        return Built(head + f"SELECT SUM(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n, COUNT(*) AS n_all FROM rows",
+                     params, units, "scalar", "n")
     if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": a total of rows with no measure
         return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 

@@ -587,6 +587,8 @@ class Parser:
             claim(m.start(1), m.end(1), Meaning("filler"))
         for m in BREAK_DOWN_BY.finditer(q):
             claim(m.start(), m.end(), Meaning("filler"))
+        for m in re.finditer(r"\bout of (?:all|every)(?: the| of the)?\b", q):   # "out of all requests, how many
+            claim(m.start(), m.end(), Meaning("agg", None, "of_all"))            # were acked": those, and all
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)

@@ -140,6 +140,8 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
         if b.value == "n":
             text = f"{v} {noun(q, v)}{scope(q)}."
+            if "n_all" in columns:   # "out of all ...": and how many there are in all
+                text = text[:-1] + f", out of {rows[0][columns.index('n_all')]} in all."
             text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
                             for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:
