@@ -564,6 +564,10 @@ class Parser:
         tokens = tokenize(q)
         if only is not None:
             tokens = [t for t in tokens if t.text not in REFERENTS]
+        # "did any node run out of memory? which ones?": the rows' subject named first is what is listed
+        self._local.ones = bool(re.search(r"[?.]\s*(?:and )?which ones\b", q))
+        if self._local.ones:
+            tokens = [t for t in tokens if t.text != "ones"]
         spans: list[Span] = []
         free = [True] * len(tokens)
 
@@ -1129,7 +1133,7 @@ class Parser:
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
                                   "distinct", "different", "rank", "sort", "order") or before.isdigit() \
-                            or before in COUNTS:
+                            or before in COUNTS or (self._local.ones and not q.project):
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
             elif kind == "versus":
@@ -1212,7 +1216,7 @@ class Parser:
             # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
             # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
             q.show, q.project, q.order = [ent.label], None, "latest"
-        if yesno and q.qkind == "list":
+        if yesno and q.qkind == "list" and not self._local.ones:
             q.qkind = "yesno"
         if not q.hypo and any(m.kind == "hypo-word" for s in spans for m in s.meanings):
             unknown.append("what if")   # a hypothetical whose action was not understood: not a filter on today
