@@ -66,12 +66,26 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
+    if q.entity.parts and built.shape == "scalar" and not q.extras and (
+            built.value == "n" or (q.measure is not None and built.units.get(built.value) != "time")):
+        built = _with_parts(q, built, now, tz_offset)
     built.extras = [x.name for x in used]
     if q.show and not built.showed:   # a column asked for that this shape of answer would leave out
         raise NotUnderstood(f"{', '.join(q.show)} together with a count, an aggregate or a grouping")
     if len(built.extras) != len(q.extras):
         raise NotUnderstood("the second part of the question together with this kind of answer")
     return built
+
+
+def _with_parts(q: Query, built: Built, now: float, tz_offset: float) -> Built:
+    """"How many checkpoints", "median time to save a checkpoint": the value over the rows and, beside it, over
+    the parts each row merges (the ranks' writes), as either is what a reader may mean."""
+    noun, source = q.entity.parts
+    parts = replace(q, entity=replace(q.entity, source=source, parts=None, default=""))
+    other = _compose(parts, now, tz_offset, [])
+    name = f"{built.value}_{'_'.join(noun.split())}"
+    return Built(f"SELECT ({built.sql}) AS {built.value}, ({other.sql}) AS {name}", built.params + other.params,
+                 {**built.units, name: built.units.get(built.value, "")}, "parts", built.value)
 
 
 @dataclass

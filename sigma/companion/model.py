@@ -74,6 +74,8 @@ class Entity:
     #                                   service), so "per drain" or "a drained node" is each row, not a grouping
     readings: bool = False            # its rows sample a state over time (KPI lines, host metrics): the latest
     #                                   row of one node or job is its value now ("what step is job 1 on now")
+    parts: tuple[str, str] | None = None   # (noun, source) of the rows each row merges (a checkpoint: its ranks'
+    #                                   writes): a count or an aggregate is said over the rows and over the parts
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -265,7 +267,8 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])], bool(spec.get("readings")))
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])], bool(spec.get("readings")),
+                  (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None)
 
 
 @lru_cache(maxsize=1)

@@ -132,6 +132,12 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             "would interrupt"
         return (f"{action} {nodes} now: job(s) {', '.join(map(str, jobs))} run there (latest SLURM state); "
                 f"{'it ' + verb if q.hypo == 'drain' else 'that ' + verb + ' them'}.")
+    if b.shape == "parts":   # one value over the rows, and over the parts each merges
+        if b.value == "n":
+            return f"{rows[0][0]} {noun(q, rows[0][0])}{scope(q)}, written as {rows[0][1]} {q.entity.parts[0]}."
+        label = column_words(b.value).replace("avg ", "average ")
+        return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; over their "
+                f"{q.entity.parts[0]}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "versus":   # one value of two periods
         label = "number" if b.value == "n" else column_words(b.value).replace("avg ", "average ")
         return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; "
