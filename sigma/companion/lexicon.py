@@ -41,7 +41,6 @@ IRREGULAR = {
     "was": "was", "has": "has", "does": "does", "is": "is", "this": "this", "its": "its", "us": "us",
     "checks": "check", "checked": "check", "failure": "failure", "failures": "failure", "failed": "fail",
     "failing": "fail", "fails": "fail",
-    "lasted": "take", "lasting": "take", "lasts": "take",   # a duration's verb, never "last" (the latest)
     "cost": "lose", "costs": "lose", "costing": "lose", "used": "use", "uses": "use", "using": "use",
 }
 
