@@ -375,6 +375,15 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {largest}{', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
+    if q.without is not None:   # "nodes drained but never rebooted": the listed ones less those the other's rows name
+        ref = next(r for r, c in ent.refs.items() if c == proj)
+        col = q.without.refs[ref]
+        other = compose(Query(q.without, project=col, which=True), now, tz_offset)
+        if q.qkind == "count":
+            raise NotUnderstood("how many of one entity's, less another's")
+        sql = head + (f"SELECT DISTINCT {proj} FROM rows WHERE {has_value(proj)} AND {proj} NOT IN (SELECT {col} "
+                      f"FROM ({other.sql}) WHERE {col} IS NOT NULL) ORDER BY {proj}")
+        return Built(sql, params + other.params, units, "rows")
     if q.anti:   # "which nodes were never drained": every one known, less those with such rows
         universe = UNIVERSES.get(proj)
         if universe is None:

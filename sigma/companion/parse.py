@@ -60,6 +60,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "but never": ("neg", "never"),
     "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
@@ -221,6 +222,7 @@ class Query:
     compare: bool = False                 # "compare ... on node1 and node2": one row each
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
     anti: bool = False                    # "which nodes were never drained": the projection's others
+    without: Entity | None = None         # "drained but never rebooted": the projection less that entity's
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
@@ -978,6 +980,12 @@ class Parser:
                     ent, spans[n - 1], s, fitting) and self._senses(ent, spans[n - 1])[0].value.column == "kind":
                 q.understood.append(s.text)   # "EDAC errors": a kind's name and its class noun, as "xid errors" after
                 continue                      # a rule's name, whatever their severity
+            other = next((self.model.entities[m.entity] for m in s.meanings if m.kind == "entity"
+                          and m.entity != ent.name and negate.endswith("never")), None)
+            if other is not None and not fitting and q.without is None:   # "nodes drained but never rebooted": the
+                q.without, negate = other, ""   # listed ones less those another entity's rows name (below)
+                q.understood.append(s.text)
+                continue
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     loose.append(n)
@@ -1335,6 +1343,12 @@ class Parser:
                                     f"mentions '{text}'", "search:" + text, (like,) * len(cols)))
         elif searched:
             unknown.append(searched)
+        if q.without is not None:   # "nodes drained but never rebooted": what is listed is in both entities' rows
+            named = [ent.refs.get(m.value) for x in spans for m in x.meanings if m.kind == "dim"]
+            q.project = q.project or next((d for d in named if d and not d.startswith("list:")), None)
+            ref = next((r for r, c in ent.refs.items() if c == q.project), None)
+            if ref is None or not q.without.refs.get(ref) or q.qkind not in ("list", "yesno", "count") or q.group:
+                unknown.append(f"never {q.without.name.replace('_', ' ')}")
         if q.having and not q.project and not q.group:
             dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
             dims = [d for d in dims if d and not d.startswith("list:")]

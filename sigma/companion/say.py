@@ -91,6 +91,8 @@ def scope(q: Query) -> str:
         bits.append("on " + ", ".join(q.nodes))
     if q.jobs:
         bits.append("of job " + ", ".join(map(str, q.jobs)))
+    if q.without is not None:   # "drained but never rebooted"
+        bits.append(f"{q.project or 'those'} never in {q.without.name.replace('_', ' ')}")
     for ref, values in q.exclude.items():   # "excluding xid", "except on node1"
         bits.append(f"not {ref} " + " or ".join(str(v).replace("%", "*") for v in values))
     if q.cmp:

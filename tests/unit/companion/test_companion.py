@@ -699,6 +699,11 @@ def test_a_measure_no_row_in_scope_has_is_the_datas_gap_not_none(conn):
     ("how many job losses were recovered from a periodic checkpoint?",
      "SELECT COUNT(*) FROM job_losses WHERE source = 'periodic'"),
     ("did any node run out of memory? which ones?", "SELECT DISTINCT node FROM events WHERE kind = 'oom_kill'"),
+    ("which drained nodes were never rebooted?",
+     "SELECT target FROM actions WHERE kind = 'drain' AND state = 'done' EXCEPT "
+     "SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
+    ("which nodes had checkpoint requests but never reboots?",
+     "SELECT node FROM checkpoint_requests EXCEPT SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
     ("how many checkpoints did job 1 write?",   # a checkpoint, and its ranks' writes: both numbers
      "SELECT COUNT(DISTINCT json_extract(fields, '$.step')), COUNT(*) FROM events WHERE source = 'kpi' AND "
      "kind = 'checkpoint' AND EXISTS (SELECT 1 FROM json_each(job_ids) j WHERE j.value = 1)"),
