@@ -750,6 +750,8 @@ class Parser:
                     spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
+        if tokens and tokens[0].text == "whose":   # a question for an owner, a person the data does not record
+            leftovers.insert(0, "whose")          # ("incidents whose status ...": a relative, a function word)
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
             if s.text == "time":
                 s.meanings = [m for m in s.meanings if m.kind != "times"]
