@@ -66,7 +66,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
-    "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
+    "ago": ("ago", ""),
+    "only": ("only", ""),   # before or after a value a row has one of ("notified only"), it says nothing more   # "how long ago was the last reboot": the time from a row's time to now
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -968,6 +969,12 @@ class Parser:
                 if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
                     unknown.append(s.text)
                     continue
+            if s.meanings[0].kind == "only":   # "only led to a drain" restricts what else there was: not understood
+                near = [spans[k] for k in (n - 2, n - 1, n + 1, n + 2) if 0 <= k < len(spans)]
+                if not any(m.kind == "cond" and self._fits(m, ent) and m.value.column in ent.columns
+                           and ent.columns[m.value.column].role == "category" for x in near for m in x.meanings):
+                    unknown.append(s.text)
+                continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue

@@ -660,6 +660,8 @@ def test_an_average_in_the_present_tense_is_over_the_history(conn):
     ("how many message events on node2?", "message"),   # a word before the entity's noun that only names it
     ("what was the average median detection latency?", "median"),   # a slot said twice, two values
     ("how long was the first outage, last?", "last"),
+    ("which incidents only led to a drain?", "only"),   # what else there was: a restriction not understood
+    ("whose jobs were requeued?", "whose"),   # an owner the data does not record
 ])
 def test_a_word_taken_without_effect_is_not_understood(conn, question, word):
     a = q(conn, question)
