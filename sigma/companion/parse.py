@@ -1338,8 +1338,11 @@ class Parser:
             q.time_col = fault.name                  # not its detection ("when was the last NaN loss": its incident)
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
+            values = [c.column for c in q.conds if c.column in ent.columns and ent.columns[c.column].role == "category"]
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
                 q.group.append(ent.refs[ref])
+            elif len(values) > 1 and len(set(values)) == 1:   # "compare ... of critical and warning incidents":
+                q.group.append(values[0])                       # one row per value of that column
             else:
                 unknown.append("compare")
         if q.search:   # text searched in the columns named ("in their summary"), else in every text column
