@@ -67,7 +67,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "ago": ("ago", ""),
-    "only": ("only", ""),   # before or after a value a row has one of ("notified only"), it says nothing more   # "how long ago was the last reboot": the time from a row's time to now
+    "only": ("only", ""),
+    "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")   # before or after a value a row has one of ("notified only"), it says nothing more   # "how long ago was the last reboot": the time from a row's time to now
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -950,7 +951,7 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = now_word = ago = ""
+        single = new = now_word = ago = waited = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
@@ -969,6 +970,9 @@ class Parser:
                 if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
                     unknown.append(s.text)
                     continue
+            if s.meanings[0].kind == "wait":   # understood with a duration (below)
+                waited = s.text
+                continue
             if s.meanings[0].kind == "only":   # "only led to a drain" restricts what else there was: not understood
                 near = [spans[k] for k in (n - 2, n - 1, n + 1, n + 2) if 0 <= k < len(spans)]
                 if not any(m.kind == "cond" and self._fits(m, ent) and m.value.column in ent.columns
@@ -1301,6 +1305,8 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
+            unknown.append(waited)
         if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks
             if q.qkind == "duration" and q.measure is None and ent.time:
                 q.ago = True
