@@ -951,7 +951,7 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = now_word = ago = waited = ""
+        single = new = now_word = ago = waited = timed_word = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
@@ -1216,7 +1216,7 @@ class Parser:
             elif kind == "time":
                 if q.time_col and q.time_col != value:   # two times of the row, neither said to be a span
                     unknown.append(s.text)
-                q.time_col = value
+                q.time_col, timed_word = value, s.text
             elif kind == "column":
                 if pending_group:
                     q.group.append(value)
@@ -1262,10 +1262,14 @@ class Parser:
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        unended = any(c.sql.endswith(" IS NULL") and not c.sql.startswith("NOT ") for c in q.conds)
         for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
             s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
             #               entity's name qualifying a column of this one ("time lost per recovery source")
             after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if s.meanings[0].kind == "now" and unended:   # rows whose end is not there yet ("incidents open right
+                q.understood.append(s.text)              # now", "never acked"): they are so now
+                continue
             if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
                     m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
                     for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
@@ -1305,6 +1309,14 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if q.time_col and not (q.qkind == "when" or q.order and q.time_col == ent.time or q.ago):
+            # a time named of rows, not asked when nor ordered by: that time is there ("drains finished", "the
+            # node was back"), as a time negated is that time not there ("never acked")
+            col = ent.columns[q.time_col]   # (the row's own time, "incidents opened", every row has)
+            sql = col.name if col.sql == f"src.{col.name}" else col.sql
+            if q.time_col != ent.time:
+                q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
+            q.time_col = None
         if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
             unknown.append(waited)
         if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks

@@ -701,6 +701,12 @@ def test_a_measure_no_row_in_scope_has_is_the_datas_gap_not_none(conn):
     ("how many job losses were recovered from a periodic checkpoint?",
      "SELECT COUNT(*) FROM job_losses WHERE source = 'periodic'"),
     ("did any node run out of memory? which ones?", "SELECT DISTINCT node FROM events WHERE kind = 'oom_kill'"),
+    ("how many incidents are open right now?", "SELECT COUNT(*) FROM incidents WHERE closed_at IS NULL"),
+    ("compare the average detection latency of critical and warning incidents",
+     "SELECT severity, AVG(opened_at - fault_ts) FROM incidents WHERE severity IN ('critical', 'warning') "
+     "GROUP BY severity"),
+    ("what was the longest a checkpoint request waited to be acknowledged?",
+     "SELECT MAX(acked_at - requested_at) FROM checkpoint_requests"),
     ("which drained nodes were never rebooted?",
      "SELECT target FROM actions WHERE kind = 'drain' AND state = 'done' EXCEPT "
      "SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
