@@ -51,7 +51,9 @@ def describe_query(q) -> str:
     for name, v in (("time", q.period), ("measure", q.measure.name if q.measure else ""), ("aggregate", q.agg),
                     ("superlative", q.rank), ("order", q.order), ("per", ", ".join(q.group)),
                     ("one row per", q.project), ("question", q.qkind if q.qkind != "list" else ""),
-                    ("what if", q.hypo), ("in", q.unit)):
+                    ("what if", q.hypo), ("in", q.unit), ("beside", q.versus.words if q.versus else ""),
+                    ("time since", "now" if q.ago else ""),
+                    ("less those of", q.without.name.replace("_", " ") if q.without else "")):
         if v:
             bits.append(f"{name}: {v}")
     if q.cmp:

@@ -141,7 +141,9 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
         return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; over their "
                 f"{q.entity.parts[0]}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "versus":   # one value of two periods
-        label = "number" if b.value == "n" else column_words(b.value).replace("avg ", "average ")
+        if b.value == "n":
+            return f"{rows[0][0]} {noun(q, rows[0][0])}{scope(q)}; {rows[0][1]} {q.versus.words}."
+        label = column_words(b.value).replace("avg ", "average ")
         return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; "
                 f"{q.versus.words}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "scalar":
