@@ -96,7 +96,8 @@ def evaluate(rows: list[dict], rules_dir: Path, telemetry: Path) -> list[dict]:
         (root / "proc").mkdir()
         (root / "proc" / "stat").write_text(f"cpu 0 0 0 0\nbtime {int(now - 86400)}\n")
         for i, row in enumerate(rows):
-            job = row["cls"].startswith("job-")
+            job = row["fmt"] == "job" or row["cls"].startswith("job-")  # where a node reads it: its envelope (a
+            # SLURM client's line about the node's prolog or memory is in the job's output, whatever its fault domain)
             text = row["line"]
             if row["fmt"] == "message" and not job:
                 text = f"{stamp} node1 kernel: {text}"  # as Debian 12's rsyslog writes kern.log
