@@ -14,7 +14,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, link, unit_of
+from sigma.companion.model import Column, Cond, Entity, Model, link, table_of, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -32,9 +32,9 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
     "in all": ("agg", "sum"), "overall": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
-    "longest": ("rank", "max"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
+    "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
-    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "min"),
+    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "shortest"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
     "quickest": ("rank", "min"), "fastest": ("rank", "min"),
     "last": ("order", "latest"), "latest": ("order", "latest"), "most recent": ("order", "latest"),
@@ -59,6 +59,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
@@ -86,6 +87,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
     "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
     "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
+    "come back": ("copula", ""), "come back as": ("copula", ""),   # "came back failed": a result (else a return)
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -135,6 +137,8 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
                      r"(?:between|from)|between)\b")
 # "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
 BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
+# "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
+LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
@@ -144,7 +148,7 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
-                          "made")}
+                          "made", "write", "wrote", "written")}
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
@@ -164,6 +168,8 @@ class Meaning:
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
     weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
+    noun: bool = False        # a value spelled as the noun of an entity that is those rows: fits, weighs nothing
+    modifier: bool = False    # a value that modifies the entity's own noun ("remediation stage"): name or value
 
 
 @dataclass
@@ -254,7 +260,8 @@ class Lexicon:
         for rid in model.rule_ids:
             add((rid,), Meaning("rule", None, (rid,)))
         reserved = {p for ps in model.refs.values() for p in ps}
-        reserved |= {p for ent in model.entities.values() for p in ent.words}
+        nouns = {p for ent in model.entities.values() for p in ent.words}
+        reserved |= nouns
         reserved |= {phrase_stems(w) for w in GRAMMAR}
         for ent in model.entities.values():
             for p in ent.words:
@@ -263,6 +270,10 @@ class Lexicon:
                 add(p, Meaning("cond", ent.name, cond))
             for p in ent.row_words:
                 add(p, Meaning("row", ent.name))
+            for p in ent.by_words:
+                add(p, Meaning("by", ent.name))
+            for p, device in ent.devices.items():
+                add(p, Meaning("device", ent.name, device))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -278,11 +289,18 @@ class Lexicon:
                     # set membership: equality for one value, and right for SLURM's comma-separated flags too
                     cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
                                 col.name, (f",{value},",))
-                    for p in phrases:
-                        if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
+                    for p in phrases:   # a value spelled by the noun of an entity that is those rows of this
+                        #   one ("requeue" actions: restarts): a reading only where that entity does not fit
+                        noun = p in nouns and p not in explicit.get(col.name, ()) and any(
+                            p in other.words and _subset(other, ent, col.name, value)
+                            for other in model.entities.values())
+                        if p in reserved and p not in explicit.get(col.name, ()) and not noun:
+                            continue
+                        add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen, noun))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for w in MADE:   # a verb that says a row was made fits every entity (a column's word of some, too)
+            add((w,), Meaning("filler"))
         for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
             #   noun that names an entity stays its own ("nan loss events": events, not the kpi-nan-loss-event rule)
             if _determined(p) not in self.phrases and not any(
@@ -292,6 +310,13 @@ class Lexicon:
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
                 if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
                     self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
+        # a name whose modifier is a value of its own rows ("remediation stage": stages, and the stage remediating)
+        # means that value too, as "validation stage" does; the name alone where the question asks that column
+        for ent in model.entities.values():
+            for p in (p for p in ent.words if len(p) > 1):
+                for m in self.phrases.get(_determined(p[:-1]), []):
+                    if m.kind == "cond" and m.entity == ent.name:
+                        self._add(p, Meaning("cond", ent.name, m.value, m.learnt, m.weak, modifier=True))
         self.longest = max(len(p) for p in self.phrases)
         # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
         # a phrase whose words are apart in the question ("how much training time did job 1 lose")
@@ -381,6 +406,12 @@ class Lexicon:
         return 0, 0, []
 
 
+def _subset(part: Entity, whole: Entity, column: str, value: str) -> bool:
+    """`part` is the rows of `whole`'s table with that value ("restarts": actions WHERE kind = 'requeue')."""
+    return part is not whole and table_of(part) == table_of(whole) and bool(
+        re.search(rf"\b{column}\s*=\s*'{re.escape(value)}'", part.source))
+
+
 def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:
     """Rule ids in the words they are made of: "kernel hard lockup" and "hard lockup" (kernel-hard-lockup); a phrase
     several ids end in is each of them, a last word too where several ids share it ("lockups": hard and soft). Not
@@ -439,6 +470,13 @@ def _bare_count(q: Query) -> bool:
                                        or q.since is not None or q.until is not None)
 
 
+def _bare_duration(q: Query) -> bool:
+    """'how long was it': a duration with nothing of its own."""
+    return q.qkind == "duration" and q.measure is None and q.time_col is None and not (
+        q.conds or q.agg or q.rank or q.order or q.rules or q.nodes or q.jobs or q.exclude or q.show
+        or q.since is not None or q.until is not None)
+
+
 def _from(ent: Entity) -> str:
     return f"({ent.source})" if ent.source.upper().startswith("SELECT") else ent.source
 
@@ -475,6 +513,9 @@ class Parser:
                     parsed.alternatives = [a for a in parsed.alternatives if a is not query]
                 elif other.unknown:
                     query.extras.append(None)
+                elif _bare_duration(other.query) and query.measure is not None and _kind_of(
+                        query.measure.unit) == "s":   # "the longest stay ..., and how long was it": its measure,
+                    continue                          # which the first part's answer already shows
                 elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
                     query.qkind = "count"
                     if query.show and not query.project:
@@ -560,6 +601,9 @@ class Parser:
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
+        for m in LASTED.finditer(q):
+            a, b = m.span(1) if m.group(1) else m.span()
+            claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
@@ -678,6 +722,9 @@ class Parser:
             names = tuple(m.entity for m in b.meanings if m.kind == "entity")
             if a.meanings[0].kind == "rel" and names:
                 b.meanings = [Meaning("related", None, names)]
+            if a.end == b.start and any(m.kind == "copula" for m in a.meanings) and any(
+                    m.kind == "cond" for m in b.meanings):   # "came back failed": a copula before a value, no return
+                a.meanings = [m for m in a.meanings if m.kind == "copula"]
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         if only is not None:
             return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)
@@ -686,7 +733,7 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row", "by", "device"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
@@ -702,14 +749,20 @@ class Parser:
             return any(n != ent.name and link(ent, self.model.entities[n]) for n in m.value)
         if m.kind == "between":
             return bool(ent.time)
+        if m.kind == "rank" and m.value in ("longest", "shortest"):   # how long something lasted: a duration's
+            return bool(self._durations(ent))   # rows (a stay, an outage), never a current state's
         return True
+
+    @staticmethod
+    def _durations(ent: Entity) -> list[Column]:
+        return [c for c in ent.measures() if _kind_of(c.unit) == "s"]
 
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
             t.text in PAST_FORMS or t.text in ("was", "were", "did", "had") for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
-        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
+        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2, "by": 1,
                    "hypo": 3, "rule": 1}
         best, best_key, keys = None, None, {}
         # "how many times": occurrences in a history, never a current-state view's one row per node
@@ -722,7 +775,7 @@ class Parser:
             else:
                 tense_ok = True
             fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) / (2 if m.weak else 1) for m in s.meanings
+            score = sum(max((weights.get(m.kind, 0) * (not m.noun) / (2 if m.weak else 1) for m in s.meanings
                              if self._fits(m, ent)), default=0) for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
@@ -745,9 +798,9 @@ class Parser:
                          unknown_nodes, understood=understood)
         parsed = self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
         if not parsed.unknown:
-            others = [(best, pick) for pick in self._choices(best, spans)]
+            others = [(best, pick) for pick in self._choices(best, spans, tokens)]
             others += [(ent, pick) for ent in self._readings(best, spans, keys, present)
-                       for pick in [None, *self._choices(ent, spans)]]
+                       for pick in [None, *self._choices(ent, spans, tokens)]]
             for ent, pick in others:
                 other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
                 if not other.unknown:
@@ -763,7 +816,8 @@ class Parser:
         drained")."""
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
-                   and not self._outworded(self.model.entities[n], best, spans)]
+                   and not self._outworded(self.model.entities[n], best, spans)
+                   and not self._by_noun(self.model.entities[n], spans)]
         for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
             #     subject's word may be a condition of another history ("failures": incidents, or failed health
             #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
@@ -787,6 +841,12 @@ class Parser:
                 fitting = [n for n in fitting if any(m.kind == "entity" and m.entity == n
                                                      for s in spans for m in s.meanings) or self._names(n)]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
+
+    def _by_noun(self, ent: Entity, spans: list[Span]) -> bool:
+        """Some word fits `ent` only as a value spelled by another entity's noun ("requeues": actions of kind
+        requeue): the noun names its own entity, and this one is read only where that one does not fit."""
+        return any(fit and all(m.noun for m in fit) for fit in (
+            [m for m in s.meanings if self._fits(m, ent)] for s in spans))
 
     def _names(self, name: str) -> bool:
         """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
@@ -813,7 +873,7 @@ class Parser:
             fitting = [m for m in fitting if not (m.kind in CONTENT and m.learnt)]
         return sorted(fitting, key=lambda m: RANK.index(m.kind) if m.kind in RANK else len(RANK))
 
-    def _choices(self, ent: Entity, spans: list[Span]) -> list[tuple[int, Meaning]]:
+    def _choices(self, ent: Entity, spans: list[Span], tokens) -> list[tuple[int, Meaning]]:
         """Other senses of a word for this entity, each a reading of its own: (span index, sense). A word that names
         the entity is read with all its senses at once ("in remediation": the entity and its state)."""
         out = []
@@ -823,7 +883,10 @@ class Parser:
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
             if n and self._names_head(ent, spans[n - 1], s, senses):
                 out.append((n, Meaning("filler")))
-        return out
+            last = tokens[s.end - 1]
+            if any(m.modifier for m in senses) and last.text != last.stem and last.text.endswith("s"):
+                out.append((n, Meaning("entity", ent.name, "name")))   # "remediation stages": the stages of
+        return out                                                     # remediation, or those in remediating
 
     def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
         """A value word right after the name of another value of the rows may be that name's own noun, not a
@@ -850,12 +913,18 @@ class Parser:
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
+        modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
+        lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
+        devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
-            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
-                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
-                                                   for m in spans[n + 1].meanings)):
+            # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
+            # ("came back") is that column otherwise
+            if any(m.kind == "copula" for m in s.meanings):
+                if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent) for m in spans[n + 1].meanings):
+                    continue
+                if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
                     unknown.append(s.text)
-                continue
+                    continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue
@@ -942,6 +1011,10 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time" and value == ent.time:   # "not open": every row has its own start; unclear
+                    unknown.append(negate_text)
+                    negate = ""
+                    continue
                 if kind == "time":   # "never got an ack", "not closed": that time is not there
                     col = ent.columns[value]
                     sql = col.name if col.sql == f"src.{col.name}" else col.sql
@@ -971,7 +1044,8 @@ class Parser:
             elif kind == "agg":
                 q.agg = value
             elif kind == "rank":
-                q.rank = "max" if value == "most" else value
+                q.rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
+                lasting = lasting or (s.text if value in ("longest", "shortest") else "")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
@@ -1028,7 +1102,10 @@ class Parser:
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
+                if m.value == "name":   # the other reading of "remediation stages": the name, no value
+                    fitting = [x for x in fitting if not x.modifier]
                 q.conds += [x.value for x in fitting if x.kind == "cond"]   # "in remediation": entity and state
+                modified += [x.value for x in fitting if x.kind == "cond" and x.modifier]
                 if s.start and tokens[s.start - 1].text in ("which", "what") and ent.label not in ("id", "rowid"):
                     q.which = True
                     if not q.project and ent.label in ent.columns and not ent.now:
@@ -1082,6 +1159,8 @@ class Parser:
                 continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
+            elif kind == "device":
+                devices.append((s.text, value))
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
@@ -1120,10 +1199,18 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
+            long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
+            if len(long) == 1:
+                q.measure = long[0]
+            elif q.qkind != "duration":   # a "how long" question's own duration, else unclear: never a count of
+                unknown.append(lasting)   # rows ("which job has run the longest")
         if q.cmp and q.measure and {q.cmp[2], _kind_of(q.measure.unit)} >= {"steps", "s"}:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, (column, values) in devices if not any(
+            c.column == column and any(str(p).strip(",") in values for p in c.params) for c in q.conds)]
         unknown += [text for text, seconds in periods if q.bucket != seconds]
         if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
             unknown.append("rank")
@@ -1133,6 +1220,9 @@ class Parser:
             q.per_item = True
         if negate:
             unknown.append(negate)
+        for cond in modified:   # "what remediation stage is node2 in": the column asked is no value given, so the
+            if cond.column in (q.project, *q.show) and cond in q.conds:   # modifier is part of the name
+                q.conds.remove(cond)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         if present and not ent.now and q.one_value():
             # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,

@@ -654,3 +654,59 @@ def test_an_entitys_name_ending_in_its_measure_names_the_measure(conn):
 def test_an_average_in_the_present_tense_is_over_the_history(conn):
     a = q(conn, "what is the median time a node stays in validation?")   # not the nodes validating now
     assert a.status == "fact" and "lifecycle_transitions" in a.sql and "validating" in a.understood
+
+
+STAYS = ("SELECT {agg}(v.ts - r.ts) FROM lifecycle_transitions r JOIN lifecycle_transitions v ON v.node = r.node "
+         "AND v.cycle = r.cycle AND v.to_state = 'validating' WHERE r.to_state = 'remediating'")
+
+
+def test_a_names_modifier_that_is_a_value_of_its_rows_is_that_value_unless_the_question_asks_it(conn):
+    a = q(conn, "mean duration of the remediation stage")   # the time in remediation, never every stage's
+    assert a.status == "fact" and values_of(a) == values(conn, STAYS.format(agg="AVG"))
+    b = q(conn, "what remediation stage is node3 in?")   # the stage asked for: the name, no value given
+    assert b.status == "fact" and b.rows[0][b.columns.index("stage")] == values(
+        conn, "SELECT state FROM node_lifecycle WHERE node = 'node3'")[0][0]
+    assert q(conn, "list the remediation stages of node1").status == "clarify"   # the stages of it, or those in it
+    c = q(conn, "how long did the remediation stage last for node3 on average?")   # "last": the verb, not latest
+    assert c.status == "fact" and values_of(c) == values(conn, STAYS.format(agg="AVG") + " AND r.node = 'node3'")
+
+
+def test_a_row_without_its_own_start_time_is_not_a_reading_of_not(conn):
+    a = q(conn, "how many incidents are not open?")   # every incident opened: "not open" is not opened_at unset
+    assert a.status == "partial" and "not open" in a.text
+
+
+def test_longest_and_shortest_rank_how_long_a_row_lasted(conn):
+    a = q(conn, "shortest stay in remediation on node1")
+    assert a.status == "fact" and values_of(a) == values(conn, STAYS.format(agg="MIN") + " AND r.node = 'node1'")
+    b = q(conn, "which node had the longest single validation, and how long was it?")   # its duration, shown once
+    assert b.status == "fact" and values_of(b) == values(
+        conn, "SELECT v.node, r.ts - v.ts AS s FROM lifecycle_transitions v JOIN lifecycle_transitions r "
+              "ON r.node = v.node AND r.cycle = v.cycle AND r.to_state = 'resumed' WHERE v.to_state = 'validating' "
+              "ORDER BY s DESC LIMIT 1")
+    assert q(conn, "which job has run the longest?").status == "partial"   # no duration: never a count of KPI lines
+
+
+def test_a_value_spelled_as_another_entitys_noun_is_read_where_that_entity_does_not_fit(conn):
+    a = q(conn, "how many requeues were shadowed instead of done?")   # done requeues are never shadowed: actions
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'shadow'")
+    b = q(conn, "how many requeues were there?")   # the noun's own entity fits: no other reading
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'done'")
+    # drains are actions, not incidents: an incident's action 'drain' is what its rule decided, not a drain done
+    assert q(conn, "which incidents were drained?").status != "fact"
+
+
+def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(conn):
+    a = q(conn, "how many health checks came back passed?")   # a result, not a return to service
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE source = 'health' AND severity IN ('pass', 'accept')")
+    assert q(conn, "which nodes came back failed?").status == "clarify"   # as "which nodes failed": not a drain's
+    b = q(conn, "how many checkpoints has the trainer written?")   # each rank's trainer writes its own event
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'")
+    c = q(conn, "how many GPU Xid events were logged on node3?")
+    assert c.status == "fact" and c.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
+    assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
