@@ -258,7 +258,7 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         q = replace(q, qkind="count", plural=False)   # 19 checkpoints or their 28 rank writes: both numbers, as a
         built = compose(q, now, offset)              # list is one or the other
         result = run_select(conn, built.sql, tuple(built.params))
-    if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting": a measure never recorded
+    if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting"
         return Answer(text=f"The data holds no values of {q.measure.name.replace('_', ' ')} for {noun(q, 2)}"
                            f"{scope(q)}: no row in scope has one, so I cannot tell.", sql=built.sql,
                       params=list(built.params), tier="fast", intent=q.entity.name, status="cannot",

@@ -66,9 +66,9 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
-    "ago": ("ago", ""),
-    "only": ("only", ""),
-    "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")   # before or after a value a row has one of ("notified only"), it says nothing more   # "how long ago was the last reboot": the time from a row's time to now
+    "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
+    "only": ("only", ""),   # before or after a value a row has one of ("notified only"), it says nothing more
+    "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -112,8 +112,7 @@ CMP_OR = re.compile(
     r"\b(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten)\s*" + CMP_UNIT + r"?\s+or\s+"
     r"(more|greater|longer|higher|larger|over|above|fewer|less|shorter|lower|under|below)\b(?:\s*" + CMP_UNIT
     + r"\b)?")
-CMP_OPS = {"over than": ">", "above than": ">", "under than": "<", "below than": "<",   # "two or over"
-           "more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
+CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
            "over": ">", "above": ">", "exceeding": ">", "at least": ">=", "fewer than": "<", "less than": "<",
            "shorter than": "<", "lower than": "<", "under": "<", "below": "<", "at most": "<=",
            "no more than": "<=", "not more than": "<="}
@@ -173,8 +172,9 @@ QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
-AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got",
-                             "gets", "getting")}   # inside a phrase ("to get acknowledged": to acknowledge)
+# inside a phrase ("steps were lost"; "to get acknowledged": to acknowledge)
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got", "gets",
+                         "getting")}
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -670,7 +670,8 @@ class Parser:
         for m in CMP.finditer(q):
             claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m.group(1), m.group(2), m.group(3) or "")))
         for m in CMP_OR.finditer(q):
-            op, value, unit = _cmp(m.group(3) + " than", m.group(1), m.group(2) or m.group(4) or "")
+            word = m.group(3) + " than" if m.group(3) + " than" in CMP_OPS else m.group(3)   # "or more", "or over"
+            op, value, unit = _cmp(word, m.group(1), m.group(2) or m.group(4) or "")
             claim(m.start(), m.end(), Meaning("cmp", None, (op + "=", value, unit)))
         n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
         for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
