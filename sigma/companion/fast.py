@@ -161,9 +161,10 @@ def _no_values(conn, q, built, columns: list[str], rows: list, now: float, offse
     """The measure asked about has no value in any row in scope, though there are rows (a column the data never
     fills, like MFU without a known peak): "none" would read as a fact about the cluster, so it is said as the
     data's gap. No rows at all ("the throughput of job 9", a job with no KPI lines) stays an answer: none."""
-    if q.measure is None or built.value not in columns or not rows:
+    value = built.value or (columns[-1] if built.shape in ("groups", "ranking") and columns else "")
+    if q.measure is None or value not in columns or not rows:
         return False
-    i = columns.index(built.value)
+    i = columns.index(value)
     if any(r[i] is not None for r in rows):
         return False
     count = compose(Query(q.entity, conds=q.conds, since=q.since, until=q.until, nodes=q.nodes, jobs=q.jobs,
