@@ -1009,8 +1009,11 @@ class Parser:
                 q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
-            if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
-                continue
+            agent = any(m.kind == "cond" and self._fits(m, ent) for x in spans[n + 1:n + 2] for m in x.meanings)
+            if negate and (kind in ("past", "present", "filler") or (kind == "time" and value == ent.time and any(
+                    m.kind == "group" for x in spans[n + 1:n + 2] for m in x.meanings)) or (
+                    kind == "group" and s.text == "by" and agent)):
+                continue   # "have not been closed", "not raised by the watchdog": the negation reaches on
             if kind == "between":   # the next two words name two times of the row: the measure is the time apart,
                 # never negative whichever is named first ("from incident to fault" is the detection time too);
                 # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
@@ -1255,7 +1258,8 @@ class Parser:
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
-            if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
+            if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by
+                #                                                          the watchdog": who, not a grouping
                 pending_group = False
             if pending_group == "by" and kind == "single" and n + 1 < len(spans) and any(
                     m.kind == "entity" and m.entity == ent.name for m in spans[n + 1].meanings):

@@ -707,6 +707,9 @@ def test_a_measure_no_row_in_scope_has_is_the_datas_gap_not_none(conn):
      "GROUP BY severity"),
     ("what was the longest a checkpoint request waited to be acknowledged?",
      "SELECT MAX(acked_at - requested_at) FROM checkpoint_requests"),
+    ("how many incidents on node2 were not raised by the watchdog?",
+     "SELECT COUNT(*) FROM incidents WHERE node = 'node2' AND source != 'watchdog'"),
+    ("what mfu did node1 get per hour?", None),   # every KPI line's mfu is empty: the data's gap, per period too
     ("which drained nodes were never rebooted?",
      "SELECT target FROM actions WHERE kind = 'drain' AND state = 'done' EXCEPT "
      "SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
@@ -718,6 +721,9 @@ def test_a_measure_no_row_in_scope_has_is_the_datas_gap_not_none(conn):
 ])
 def test_words_of_held_out_14_read_by_general_mechanisms(conn, question, sql):
     a = q(conn, question)
+    if sql is None:
+        assert a.status == "cannot" and not a.rows
+        return
     want = values(conn, sql)
     got = [tuple(round(v, 1) if isinstance(v, float) else v for v in r) for r in a.rows]
     want = [tuple(round(v, 1) if isinstance(v, float) else v for v in r) for r in want]
