@@ -76,6 +76,10 @@ class Entity:
     #                                   KPI lines): named as the subject, it fits and constrains nothing
     devices: dict[tuple[str, ...], tuple[str, frozenset]] = field(default_factory=dict)   # a device's words ->
     #                                   (column, its values): "NVSwitch" beside the kind sxid says nothing more
+    readings: bool = False            # its rows sample a state over time (KPI lines, host metrics): the latest
+    #                                   row of one node or job is its value now ("what step is job 1 on now")
+    parts: tuple[str, str] | None = None   # (noun, source) of the rows each row merges (a checkpoint: its ranks'
+    #                                   writes): a count or an aggregate is said over the rows and over the parts
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -270,7 +274,9 @@ def _entity(name: str, spec: dict) -> Entity:
                   explicit_values, [phrase_stems(w) for w in spec.get("row", [])],
                   [phrase_stems(w) for w in spec.get("by", [])],
                   {phrase_stems(device): (column, frozenset(values))
-                   for column, devices in (spec.get("devices") or {}).items() for device, values in devices.items()})
+                   for column, devices in (spec.get("devices") or {}).items() for device, values in devices.items()},
+                  bool(spec.get("readings")),
+                  (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None)
 
 
 @lru_cache(maxsize=1)

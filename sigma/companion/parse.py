@@ -30,7 +30,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
     "typical": ("agg", "median"), "median": ("agg", "median"),
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
-    "in all": ("agg", "sum"), "overall": ("agg", "sum"),
+    "in all": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
+    "summed": ("agg", "sum"), "summed up": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
     "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
@@ -59,11 +60,15 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "but never": ("neg", "never"),
     "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
+    "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
+    "only": ("only", ""),   # before or after a value a row has one of ("notified only"), it says nothing more
+    "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -101,6 +106,12 @@ CMP = re.compile(
     r"less than|shorter than|lower than|under|below|at most|no more than|not more than)\s+"
     r"(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten|a|an)\b\s*"
     r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)?\b")
+# "two or more times", "5 or fewer steps", "30 s or longer": the number first, the bound after it
+CMP_UNIT = r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)"
+CMP_OR = re.compile(
+    r"\b(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten)\s*" + CMP_UNIT + r"?\s+or\s+"
+    r"(more|greater|longer|higher|larger|over|above|fewer|less|shorter|lower|under|below)\b(?:\s*" + CMP_UNIT
+    + r"\b)?")
 CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
            "over": ">", "above": ">", "exceeding": ">", "at least": ">=", "fewer than": "<", "less than": "<",
            "shorter than": "<", "lower than": "<", "under": "<", "below": "<", "at most": "<=",
@@ -124,7 +135,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
 COUNTS = {w: i for i, w in enumerate("two three four five six seven eight nine ten".split(), 2)}   # as words
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
-CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
+CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|(?:at|in|for|on|to|from|with) (?:what|which)|"
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
 FILTERS = ("node", "job", "rule", "cond", "json")
@@ -137,6 +148,8 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
                      r"(?:between|from)|between)\b")
 # "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
 BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
+# "break down the reboots by node", "split by where it resumed": the verb before its object, "by" the grouping word
+BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
 # "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
 LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
@@ -145,6 +158,8 @@ UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up til
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
 SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs of a thing becoming faulty ("the loss went NaN", "node3 turned bad"): when it did is the fault's own time
+BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "became")}
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
@@ -157,7 +172,9 @@ QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
-AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
+# inside a phrase ("steps were lost"; "to get acknowledged": to acknowledge)
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got", "gets",
+                         "getting")}
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -207,10 +224,13 @@ class Query:
     compare: bool = False                 # "compare ... on node1 and node2": one row each
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
     anti: bool = False                    # "which nodes were never drained": the projection's others
+    without: Entity | None = None         # "drained but never rebooted": the projection less that entity's
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
+    versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
+    ago: bool = False                     # "how long ago": the measure is the time from the row's time to now
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
     noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
@@ -342,28 +362,37 @@ class Lexicon:
         for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
             if not all(free[i:i + n]):
                 continue
-            if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
+            if n > 1 and tuple(stems[i:i + n]) in self.phrases and not self._learnt_only(tuple(stems[i:i + n])):
+                #                                                   a phrase with its auxiliary ("had no")
                 return n, self._led(tuple(stems[i:i + n])), []
             if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
             if len(window) > self.longest:
                 continue
-            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost")
-                found = [m for m in self.phrases.get(tuple(window), []) if m.kind == "measure"]
+            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost", "memory is free")
+                found = [m for m in self.phrases.get(tuple(window), []) if m.kind in ("measure", "metric")]
                 if found:
                     return n, found, []
                 continue
             nums = [_number(w) for w in window]
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
-                if k in self.phrases:
+                if k in self.phrases and not self._learnt_only(k):
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
             others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
             if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
                     (w,) in self.phrases or w in STOPWORDS for w in window):
                 return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def _learnt_only(self, phrase: tuple[str, ...]) -> bool:
+        """A phrase of several words that only names a value learnt from the data and starts with the name of what
+        rows refer to ("nodes down": the incident category node-down), each of whose words the schema document gives
+        a meaning of its own ("nodes", "down": a node's state): the document's words are read."""
+        return len(phrase) > 1 and all(m.learnt for m in self.phrases[phrase]) and any(
+            m.kind == "dim" for m in self.phrases.get(phrase[:1], [])) and all(
+            any(not m.learnt for m in self.phrases.get((w,), [])) for w in phrase)
 
     def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
               names: dict[int, set[str]]) -> tuple[list[int], list]:
@@ -439,9 +468,9 @@ def _number(word: str) -> float | None:
         return None
 
 
-def _cmp(m: re.Match) -> tuple[str, float, str]:
+def _cmp(word: str, raw: str, unit: str) -> tuple[str, float, str]:
     """(operator, value, unit) of "more than 3 times", "over 30 s", "at least 2 minutes" (durations in seconds)."""
-    op, raw, unit = CMP_OPS[m.group(1)], m.group(2), m.group(3) or ""
+    op = CMP_OPS[word]
     value = float(NUMBER_WORDS.get(raw, raw))
     base = unit.rstrip("s") or unit
     if raw in ("once", "twice", "thrice") or base == "time":
@@ -580,6 +609,10 @@ class Parser:
         tokens = tokenize(q)
         if only is not None:
             tokens = [t for t in tokens if t.text not in REFERENTS]
+        # "did any node run out of memory? which ones?": the rows' subject named first is what is listed
+        self._local.ones = bool(re.search(r"[?.]\s*(?:and )?which ones\b", q))
+        if self._local.ones:
+            tokens = [t for t in tokens if t.text != "ones"]
         spans: list[Span] = []
         free = [True] * len(tokens)
 
@@ -601,6 +634,10 @@ class Parser:
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
+        for m in BREAK_DOWN_BY.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in re.finditer(r"\bout of (?:all|every)(?: the| of the)?\b", q):   # "out of all requests, how many
+            claim(m.start(), m.end(), Meaning("agg", None, "of_all"))            # were acked": those, and all
         for m in LASTED.finditer(q):
             a, b = m.span(1) if m.group(1) else m.span()
             claim(a, b, Meaning("filler"))
@@ -610,6 +647,9 @@ class Parser:
         if tr:
             for a, b in tr.spans:
                 claim(a, b, Meaning("range", None, tr))
+            other = timerange.versus(q, tr)   # "vs the hour before that": the same question of a second period
+            if other:
+                claim(*other.spans[0], Meaning("versus", None, other))
         hypo = HYPO.search(q)
         if hypo:   # the action: its words, with the node it acts on between them ("take node3 out of service")
             for words, verb in sorted(HYPO_VERBS.items(), key=lambda kv: -len(kv[0])):
@@ -628,7 +668,11 @@ class Parser:
             if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
-            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
+            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m.group(1), m.group(2), m.group(3) or "")))
+        for m in CMP_OR.finditer(q):
+            word = m.group(3) + " than" if m.group(3) + " than" in CMP_OPS else m.group(3)   # "or more", "or over"
+            op, value, unit = _cmp(word, m.group(1), m.group(2) or m.group(4) or "")
+            claim(m.start(), m.end(), Meaning("cmp", None, (op + "=", value, unit)))
         n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
         for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
                              rf"|\bthe {n} (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
@@ -709,6 +753,8 @@ class Parser:
                     spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
+        if tokens and tokens[0].text == "whose":   # a question for an owner, a person the data does not record
+            leftovers.insert(0, "whose")          # ("incidents whose status ...": a relative, a function word)
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
             if s.text == "time":
                 s.meanings = [m for m in s.meanings if m.kind != "times"]
@@ -740,7 +786,7 @@ class Parser:
         if m.kind in ("node", "job", "rule"):
             return m.kind in ent.refs
         if m.kind == "now":
-            return ent.now
+            return ent.now or ent.readings
         if m.kind == "weak":
             return "rule" in ent.refs
         if m.kind in ("hypo", "hypo-word"):
@@ -906,7 +952,7 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = ""
+        single = new = now_word = ago = waited = timed_word = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
@@ -925,11 +971,22 @@ class Parser:
                 if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
                     unknown.append(s.text)
                     continue
+            if s.meanings[0].kind == "wait":   # understood with a duration (below)
+                waited = s.text
+                continue
+            if s.meanings[0].kind == "only":   # "only led to a drain" restricts what else there was: not understood
+                near = [spans[k] for k in (n - 2, n - 1, n + 1, n + 2) if 0 <= k < len(spans)]
+                if not any(m.kind == "cond" and self._fits(m, ent) and m.value.column in ent.columns
+                           and ent.columns[m.value.column].role == "category" for x in near for m in x.meanings):
+                    unknown.append(s.text)
+                continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue
-            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
-                if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
+            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name, or the
+                #   word for the row itself ("out of service after being drained": from the drain on, as it is)
+                if not (n + 1 < len(spans) and any(m.kind == "rule" or (m.kind == "row" and m.entity == ent.name)
+                                                   for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
                 continue
             fitting = self._senses(ent, s)
@@ -937,6 +994,12 @@ class Parser:
                     ent, spans[n - 1], s, fitting) and self._senses(ent, spans[n - 1])[0].value.column == "kind":
                 q.understood.append(s.text)   # "EDAC errors": a kind's name and its class noun, as "xid errors" after
                 continue                      # a rule's name, whatever their severity
+            other = next((self.model.entities[m.entity] for m in s.meanings if m.kind == "entity"
+                          and m.entity != ent.name and negate.endswith("never")), None)
+            if other is not None and not fitting and q.without is None:   # "nodes drained but never rebooted": the
+                q.without, negate = other, ""   # listed ones less those another entity's rows name (below)
+                q.understood.append(s.text)
+                continue
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     loose.append(n)
@@ -946,8 +1009,11 @@ class Parser:
                 q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
-            if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
-                continue
+            agent = any(m.kind == "cond" and self._fits(m, ent) for x in spans[n + 1:n + 2] for m in x.meanings)
+            if negate and (kind in ("past", "present", "filler") or (kind == "time" and value == ent.time and any(
+                    m.kind == "group" for x in spans[n + 1:n + 2] for m in x.meanings)) or (
+                    kind == "group" and s.text == "by" and agent)):
+                continue   # "have not been closed", "not raised by the watchdog": the negation reaches on
             if kind == "between":   # the next two words name two times of the row: the measure is the time apart,
                 # never negative whichever is named first ("from incident to fault" is the detection time too);
                 # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
@@ -1027,6 +1093,8 @@ class Parser:
                     unknown.append(negate)
                     negate = ""
             if kind == "range":
+                if q.period and q.period != value.words:   # a second time range: which one bounds the rows?
+                    unknown.append(s.text)
                 q.since, q.until, q.period = value.since, value.until, value.words
             elif kind == "node":
                 q.nodes.append(value)
@@ -1041,10 +1109,18 @@ class Parser:
                     q.order, value = ("earliest" if value == "when-first" else "latest"), "when"
                 if q.qkind in ("list", "yesno") or value == "count":
                     q.qkind = value
+                elif value != q.qkind and not (value == "why" and any(   # "how many requeues did xid errors
+                        m.kind == "rule" for x in spans for m in x.meanings)):   # cause": the fault's filter
+                    unknown.append(s.text)   # "how long ... when": a second question word the first left out
             elif kind == "agg":
+                if q.agg and q.agg != value:   # "average total": one aggregate replacing another says neither
+                    unknown.append(s.text)
                 q.agg = value
             elif kind == "rank":
-                q.rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
+                rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
+                if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
+                    unknown.append(s.text)
+                q.rank = rank
                 lasting = lasting or (s.text if value in ("longest", "shortest") else "")
                 most = most or value == "most"
             elif kind == "order":
@@ -1052,8 +1128,12 @@ class Parser:
                         m.kind == "rank" for m in spans[n - 1].meanings):   # "most first": an order, largest first,
                     q.rank, q.sort = "", True                                 # of every row, not the top one
                     continue
+                if q.order and q.order != value:
+                    unknown.append(s.text)
                 q.order = value
             elif kind == "unit":
+                if q.unit and q.unit != value:
+                    unknown.append(s.text)
                 q.unit = value
             elif kind == "text":
                 q.search.append(value)
@@ -1091,6 +1171,11 @@ class Parser:
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
+                if n + 1 < len(spans) and spans[n + 1].start == s.end and not any(
+                        x.kind in ("cond", "measure") for x in fitting) and any(
+                        x.kind == "entity" and x.entity == ent.name for x in spans[n + 1].meanings):
+                    unknown.append(s.text)   # "log events": a word before the entity's noun that narrows it in a
+                    continue                 # way not understood (it names the entity, and nothing of its own)
                 last = tokens[s.end - 1].text
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
@@ -1133,7 +1218,9 @@ class Parser:
                         and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed;
                     q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")   # "the largest number of": ranked
             elif kind == "time":
-                q.time_col = value
+                if q.time_col and q.time_col != value:   # two times of the row, neither said to be a span
+                    unknown.append(s.text)
+                q.time_col, timed_word = value, s.text
             elif kind == "column":
                 if pending_group:
                     q.group.append(value)
@@ -1149,9 +1236,15 @@ class Parser:
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
                                   "distinct", "different", "rank", "sort", "order") or before.isdigit() \
-                            or before in COUNTS:
+                            or before in COUNTS or (self._local.ones and not q.project):
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
+            elif kind == "versus":
+                q.versus = value
+            elif kind == "ago":
+                ago = s.text
+            elif kind == "now" and not ent.now:   # a history of readings: its latest row (below)
+                now_word = s.text
             elif kind == "hypo":
                 q.hypo = value
             elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
@@ -1165,7 +1258,8 @@ class Parser:
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
-            if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
+            if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by
+                #                                                          the watchdog": who, not a grouping
                 pending_group = False
             if pending_group == "by" and kind == "single" and n + 1 < len(spans) and any(
                     m.kind == "entity" and m.entity == ent.name for m in spans[n + 1].meanings):
@@ -1173,10 +1267,14 @@ class Parser:
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        unended = any(c.sql.endswith(" IS NULL") and not c.sql.startswith("NOT ") for c in q.conds)
         for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
             s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
             #               entity's name qualifying a column of this one ("time lost per recovery source")
             after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if s.meanings[0].kind == "now" and unended:   # rows whose end is not there yet ("incidents open right
+                q.understood.append(s.text)              # now", "never acked"): they are so now
+                continue
             if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
                     m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
                     for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
@@ -1216,6 +1314,27 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if q.time_col and not (q.qkind == "when" or q.order and q.time_col == ent.time or q.ago):
+            # a time named of rows, not asked when nor ordered by: that time is there ("drains finished", "the
+            # node was back"), as a time negated is that time not there ("never acked")
+            col = ent.columns[q.time_col]   # (the row's own time, "incidents opened", every row has)
+            sql = col.name if col.sql == f"src.{col.name}" else col.sql
+            if q.time_col != ent.time:
+                q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
+            q.time_col = None
+        if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
+            unknown.append(waited)
+        if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks
+            if q.qkind == "duration" and q.measure is None and ent.time:
+                q.ago = True
+            else:
+                unknown.append(ago)
+        if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
+            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
+                    q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
+                q.order = "latest"
+            else:
+                unknown.append(now_word)
         if each_row and not (q.agg or q.rank):
             q.per_item = True
         if negate:
@@ -1228,7 +1347,7 @@ class Parser:
             # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
             # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
             q.show, q.project, q.order = [ent.label], None, "latest"
-        if yesno and q.qkind == "list":
+        if yesno and q.qkind == "list" and not self._local.ones:
             q.qkind = "yesno"
         if not q.hypo and any(m.kind == "hypo-word" for s in spans for m in s.meanings):
             unknown.append("what if")   # a hypothetical whose action was not understood: not a filter on today
@@ -1236,10 +1355,17 @@ class Parser:
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
+        fault = ent.columns.get("fault_ts")
+        if q.qkind == "when" and q.rules and not q.time_col and fault is not None and fault.role == "time" and any(
+                t.stem in BECAME for t in tokens):   # "when did the loss last go NaN": when the fault happened,
+            q.time_col = fault.name                  # not its detection ("when was the last NaN loss": its incident)
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
+            values = [c.column for c in q.conds if c.column in ent.columns and ent.columns[c.column].role == "category"]
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
                 q.group.append(ent.refs[ref])
+            elif len(values) > 1 and len(set(values)) == 1:   # "compare ... of critical and warning incidents":
+                q.group.append(values[0])                       # one row per value of that column
             else:
                 unknown.append("compare")
         if q.search:   # text searched in the columns named ("in their summary"), else in every text column
@@ -1252,6 +1378,12 @@ class Parser:
                                     f"mentions '{text}'", "search:" + text, (like,) * len(cols)))
         elif searched:
             unknown.append(searched)
+        if q.without is not None:   # "nodes drained but never rebooted": what is listed is in both entities' rows
+            named = [ent.refs.get(m.value) for x in spans for m in x.meanings if m.kind == "dim"]
+            q.project = q.project or next((d for d in named if d and not d.startswith("list:")), None)
+            ref = next((r for r, c in ent.refs.items() if c == q.project), None)
+            if ref is None or not q.without.refs.get(ref) or q.qkind not in ("list", "yesno", "count") or q.group:
+                unknown.append(f"never {q.without.name.replace('_', ' ')}")
         if q.having and not q.project and not q.group:
             dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
             dims = [d for d in dims if d and not d.startswith("list:")]

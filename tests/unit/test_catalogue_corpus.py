@@ -70,6 +70,14 @@ def test_the_sixth_held_out_part_has_its_own_sources_every_class_and_benign_look
     assert sum(r["want"] in ("notify", "record", "none") for r in sixth) >= len(sixth) / 3
 
 
+def test_the_seventh_held_out_part_has_its_own_sources_and_benign_look_alikes():
+    seventh = [r for r in ROWS if r["part"] == "held-out-7"]
+    assert len(seventh) >= 80 and len({r["src"] for r in seventh}) >= 40
+    assert not {r["src"] for r in seventh} & {r["src"] for r in ROWS if r["part"] != "held-out-7"}
+    assert len({r["fmt"] for r in seventh}) >= 5
+    assert sum(r["want"] in ("notify", "record", "none") for r in seventh) >= len(seventh) / 3
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

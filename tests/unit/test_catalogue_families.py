@@ -260,3 +260,123 @@ def test_smartd_reporting_a_disk_degrading_notifies_and_never_drains(message, ac
     outcome = try_line(RULES, BY_ID["disk-health-warning"], f"May  4 15:09:40 node1 smartd[15638]: {message}",
                        "rfc3164", SECTIONS)
     assert sorted({f.action for f in outcome.findings}) == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    # a ring or engine stopped the job's work and the driver reset the GPU itself: the job restarts
+    ("[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx_0.0.0 timeout, signaled seq=9910, emitted seq=9912",
+     ["requeue"]),
+    ("amdgpu 0000:03:00.0: amdgpu: ring comp_1.1.0 timeout, signaled seq=7, emitted seq=9", ["requeue"]),
+    ("amdgpu 0000:03:00.0: amdgpu: IP block:gfx_v11_0 is hung!", ["requeue"]),
+    ("[drm:gfx_v11_0_bad_op_irq [amdgpu]] *ERROR* Illegal opcode in command stream", ["requeue"]),
+    ("[drm] VRAM is lost due to GPU reset!", ["requeue"]),
+    # the recovery is going badly: an admin hears of it before the driver's full reset decides
+    ("amdgpu 0000:28:00.0: Ring gfx_0.0.0 reset failed", ["notify"]),
+    ("amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=SUSPEND", ["notify"]),
+    ("amdgpu 0000:08:00.0: amdgpu: MES(1) failed to respond to msg=REMOVE_QUEUE", ["notify"]),
+    ("[drm:mes_v11_0_submit_pkt_and_poll_completion.constprop.0 [amdgpu]] *ERROR* MES failed to response msg=3",
+     ["notify"]),
+    ("amdgpu 0000:c5:00.0: amdgpu: MES might be in unrecoverable state, issue a GPU reset", ["notify"]),
+    ("amdgpu: The cp might be in an unrecoverable state due to an unsuccessful queues preemption", ["notify"]),
+    # a GPU the driver cannot reset, start or trust: the node reboots
+    ("amdgpu 0000:0b:00.0: amdgpu: GPU reset(1) failed", ["drain+reboot"]),
+    ("amdgpu 0000:03:00.0: amdgpu: Fatal error during GPU init", ["drain+reboot"]),
+    ("amdgpu 0000:e3:00.0: amdgpu: uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!",
+     ["drain+reboot"]),
+    ("amdgpu 0000:01:00.0: amdgpu: 2 uncorrectable hardware errors detected in umc block", ["drain+reboot"]),
+    # look-alikes: recovery that worked, RAS all-clear and totals, corrected errors, set-up lines
+    ("amdgpu 0000:08:00.0: amdgpu: GPU reset(2) succeeded!", []),
+    ("amdgpu 0000:03:00.0: amdgpu: Ring comp_1.1.0 reset succeeded", []),
+    ("amdgpu 0000:c3:00.0: amdgpu: no uncorrectable hardware errors detected in umc block", []),
+    ("amdgpu 0000:01:00.0: amdgpu: 1 correctable hardware errors detected in gfx block", []),
+    ("amdgpu 0000:83:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0", []),
+])
+def test_amd_gpu_hangs_restart_the_job_bad_recoveries_notify_and_failed_gpus_reboot(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("habanalabs hl2: Failed to communicate with Device CPU (CPU-CP timeout)", ["drain+reboot"]),
+    ("habanalabs 0000:1a:00.0: Failed to initialize hl2. Device is NOT usable !", ["drain+reboot"]),
+    ("habanalabs hl0: Device heartbeat failed! PCI link is healthy", ["drain+reboot"]),
+    ("habanalabs hl1: Successfully loaded firmware to device", []),
+])
+def test_a_gaudi_its_driver_cannot_use_reboots(line, actions):
+    assert decide(line)[1] == actions
+
+
+def test_the_nvidia_driver_refusing_work_until_a_reset_reboots():
+    assert decide("NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
+                  "(0x00000062) returned from status @ kernel_channel.c:2874") == (["gpu_reset_required"],
+                                                                                  ["drain+reboot"])
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("SError Interrupt on CPU5, code 0x00000000be000000 -- SError", ["drain+ticket"]),  # the hardware's error
+    ("SError Interrupt on CPU3, code 0xbe000011 -- SError", ["drain+ticket"]),
+    ("Kernel panic - not syncing: Asynchronous SError Interrupt", ["drain+reboot"]),  # the panic that follows
+])
+def test_an_arm64_serror_drains_for_the_hardware_and_its_panic_reboots(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("amdgpu 0000:06:00.0: device has no AER-aware driver", ["drain+reboot"]),  # older kernels' wording
+    ("pcieport 0000:00:1c.4: AER: Device recovery failed", ["drain+reboot"]),
+    ("pcieport 0000:00:1c.4: AER: Device recovery successful", []),
+])
+def test_aer_that_cannot_recover_a_device_reboots_in_older_kernels_words_too(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("Feb 02 09:52:07 node1 slurmd[12912]: slurmd: fatal: can't stat gres.conf file /dev/nvidia0: No such file or "
+     "directory", ["notify"]),
+    ("Feb 20 18:59:13 node1 slurmd[57977]: fatal: gres.conf duplicate records for gpu", ["notify"]),
+    ("Feb 22 17:46:38 node1 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory "
+     "'/opt/enroot/data': Permission denied", ["notify"]),
+    ("May 10 05:42:37 node1 systemd[1]: slurm.service: main process exited, code=exited, status=1/FAILURE",
+     ["notify"]),  # older systemd's lower-case wording
+    ("Feb 02 09:51:48 node1 slurmd[12912]: slurmd: slurmd version 23.02.7 started", []),
+    ("Feb 02 09:51:48 node1 slurmd[12912]: error: Node configuration differs from hardware: CPUs=64:128(hw)", []),
+    ("Feb 02 09:52:07 node1 kernel: slurmd: fatal: not slurmd's own line", []),  # the kernel does not speak for it
+])
+def test_slurmds_own_failures_notify_and_never_drain(line, actions):
+    outcome = try_line(RULES, BY_ID["slurm-daemon-error"], line, "rfc3164", SECTIONS)
+    assert sorted({f.action for f in outcome.findings}) == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address",
+     ["nccl_error"], ["requeue"]),  # EFA's provider failed a work request
+    ("[1,13]<stderr>:libfabric:35:1668017255::efa:cq:rxr_cq_write_tx_error():243<warn> rxr_cq_write_tx_error: "
+     "err: 20, prov_err: Not a directory (20)", ["nccl_error"], ["requeue"]),
+    ("Unable to write to EQ: Missing or unavailable event queue. err: Input/output error (5) prov_errno: Unknown "
+     "error -12 (-12) prov/efa/src/rxr/rxr.h:1343", ["nccl_error"], ["requeue"]),
+    ("nccl_net_ofi_domain_get_ep:969 NCCL WARN NET/OFI Creating new endpoint for domain 0x7f9befa99380 failed: "
+     "Invalid argument", ["nccl_error"], ["requeue"]),
+    ("compute-dy-p4d-1: Test CUDA failure common.cu:1045 'unknown error'", ["nccl_error"], ["requeue"]),
+    ("Test CUDA failure common.cu:1007 'CUDA-capable device(s) is/are busy or unavailable'", ["nccl_error"],
+     ["requeue"]),
+    (" [WARN] Kernel module nvidia_uvm is not loaded. Make sure the NVIDIA device driver is installed and loaded",
+     ["cuda_driver_unusable"], ["notify"]),  # enroot's NVIDIA hook
+    ("nvidia-container-cli: initialization error: nvml error: driver not loaded", ["cuda_driver_unusable"],
+     ["notify"]),
+    ("srun: error: Task launch for 23.0 failed on node node3: Job prolog failed", ["slurm_prolog_failed"],
+     ["notify"]),
+    ("salloc: Prolog failure on node k003-006", ["slurm_prolog_failed"], ["notify"]),
+    ("slurmstepd: error: Prolog hung on node worker-3", ["slurm_prolog_failed"], ["notify"]),
+    # look-alikes: the plugin's and libfabric's informational lines, a test that passed
+    ("ip-172-31-69-127:451707:453373 [4] NCCL INFO NET/OFI Using aws-ofi-nccl 1.7.4-aws", [], []),
+    ("libfabric:35:1668017255::efa:core:efa_device_init():120<info> EFA device 0 ready", [], []),
+    ("8h200-2:6831:6840 [0] NCCL INFO TUNER/Plugin: Failed to find ncclTunerPlugin_v3 symbol.", [], []),
+    ("# Out of bounds values : 0 OK", [], []),
+])
+def test_efa_and_nccl_tests_failures_restart_the_job_and_a_node_that_cannot_start_it_notifies(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+def test_a_slurm_prolog_failure_names_the_node():
+    outcome = try_line(RULES, BY_ID["slurm-prolog-failed"], "salloc: Prolog failure on node k003-006", "plain",
+                       SECTIONS)
+    assert outcome.events[0]["fields"]["slurm_node"] == "k003-006"

@@ -39,6 +39,7 @@ SHORT_IDS = {
     "gpu-fallen-off-bus": "gpu-off-bus",
     "gpu-pcie-replays": "pcie-replays",
     "gpu-driver-mismatch": "drv-mismatch",
+    "gpu-reset-required": "reset-needed",
     "nvswitch-sxid-fatal": "sxid-fatal",
     "nvswitch-sxid-nonfatal": "sxid-nonfatal",
     "nvswitch-sxid-reboot": "sxid-reboot",
