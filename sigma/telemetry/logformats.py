@@ -337,8 +337,8 @@ def _loghub(line, now, booted):
     return None if inner.format == "plain" else replace(inner, ts=ts, format=f"loghub-{inner.format}")
 
 
-_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _bracketed, _unix, _logread, _talos, _sonic, _loghub,
-            _dmesg)
+_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _bracketed, _unix, _logread, _talos,
+            _sonic, _loghub, _dmesg)
 
 
 def _inner(parsed: LogLine, booted: float | None) -> LogLine:
