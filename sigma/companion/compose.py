@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from sigma.companion.model import Column
+from sigma.companion.model import UNITS, Column, Cond
 from sigma.companion.parse import Query
 
 # Every node or job the controller knows, for "which nodes were never ...".
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
-UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
-         ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1}   # (the measure's unit, the one asked for): divide by
+SPAN = re.compile(r"(\w+) - (\w+)")   # a measure that is the time from one of a row's times to another
 RATE_UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
@@ -64,6 +63,7 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
                      {**first.units, name: first.units.get(first.value, "")}, "versus", first.value)
     if q.ago:   # "how long ago": from the row's time to now
         q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
+    q = _within(q, now)
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
     if q.entity.parts and built.shape == "scalar" and not q.extras and (
@@ -75,6 +75,26 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
     if len(built.extras) != len(q.extras):
         raise NotUnderstood("the second part of the question together with this kind of answer")
     return built
+
+
+def _within(q: Query, now: float) -> Query:
+    """A time a row lasted (from its own time to another of its times) that adds up, asked within a time range
+    ("seconds out of service in the last hour"): the part of each stay inside the range, one not ended yet lasting
+    until now; the rows are those that overlap the range, not only those that began in it."""
+    m, ent = q.measure, q.entity
+    span = SPAN.fullmatch(m.sql) if m is not None else None
+    total = q.agg == "sum" or (not q.agg and not q.rank and m is not None and m.agg == "sum" and q.qkind != "count")
+    if not (span and total and span.group(2) == ent.time and (q.since is not None or q.until is not None)
+            and q.bucket is None and getattr(ent.columns.get(span.group(1)), "role", "") == "time"):
+        return q
+    end, start = f"COALESCE({span.group(1)}, {now!r})", span.group(2)
+    since = start if q.since is None else f"{q.since!r}"
+    until = f"{now!r}" if q.until is None else f"{q.until!r}"
+    clipped = replace(m, name=re.sub(r"_s$", "", m.name) + "_in_range_s",
+                      sql=f"MAX(0, MIN({end}, {until}) - MAX({start}, {since}))")
+    overlap = [Cond(ent.name, f"{end} > {since}", q.period, "range:end"),
+               Cond(ent.name, f"{start} < {until}", q.period, "range:start")]
+    return replace(q, measure=clipped, since=None, until=None, conds=q.conds + overlap)
 
 
 def _with_parts(q: Query, built: Built, now: float, tz_offset: float) -> Built:
@@ -219,7 +239,7 @@ def _in_unit(q: Query) -> Column | None:
     if factor is None:
         raise NotUnderstood(f"'in {q.unit}' for {m.name if m else 'no measure'}")
     name = re.sub(r"_(s|bytes)$", "", m.name) + "_" + q.unit.lower()   # out_of_service_s -> out_of_service_min
-    return Column(name, f"({m.sql}) / {factor}", "measure", q.unit)
+    return replace(m, name=name, sql=f"({m.sql}) / {factor}", unit=q.unit)   # its words and aggregate kept
 
 
 def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built:

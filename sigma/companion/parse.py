@@ -14,7 +14,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, link, table_of, unit_of
+from sigma.companion.model import UNITS, Column, Cond, Entity, Model, link, table_of, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -71,7 +71,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
-    "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
+    "seconds": ("unit", "s"), "bytes": ("unit", "bytes"),   # a unit named bare ("total seconds lost"): in it
+    "take": ("filler", ""), "it": ("filler", ""),
     "controller": ("filler", ""), "the controller": ("filler", ""), "sigma": ("filler", ""), "go": ("filler", ""),
     "there": ("filler", ""), "have we": ("filler", ""), "we have": ("filler", ""), "been": ("past", ""),
     "until": ("filler", ""), "till": ("filler", ""), "across": ("filler", ""), "reach": ("filler", ""),
@@ -771,10 +772,25 @@ class Parser:
             if a.end == b.start and any(m.kind == "copula" for m in a.meanings) and any(
                     m.kind == "cond" for m in b.meanings):   # "came back failed": a copula before a value, no return
                 a.meanings = [m for m in a.meanings if m.kind == "copula"]
+        self._agree_units(spans)
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         if only is not None:
             return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)
         return self._interpret(spans, leftovers, tokens, yesno, unknown_nodes)
+
+    def _agree_units(self, spans: list[Span]) -> None:
+        """A unit the question names ("total seconds job 1 lost", "in GiB") agrees with the measure: where a word
+        names measures in several units ("lost": steps, or time), it names only those in that unit. (One with no
+        measure in it is not understood: sigma.companion.compose._in_unit.)"""
+        units = {m.value for s in spans for m in s.meanings if m.kind == "unit"}
+        if len(units) != 1:
+            return
+        fits = {have for have, asked in UNITS if asked in units}
+        for s in spans:
+            measures = [m for m in s.meanings if m.kind == "measure"]
+            agree = [m for m in measures if self.model.entities[m.entity].columns[m.value].unit in fits]
+            if agree and len(agree) < len(measures):
+                s.meanings = [m for m in s.meanings if m.kind != "measure" or m in agree]
 
     # ---------- choosing the entity and filling the slots ----------
 
