@@ -295,7 +295,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                 params.extend(p)
             return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
         if agg == "distinct":
-            return f"COUNT(DISTINCT {proj})"
+            return f"COUNT(DISTINCT {q.distinct_of or proj})"
         if agg == "count" or col is None:
             if agg not in ("count", "", "sum") and col is None:   # a total of rows with no measure: their number
                 raise NotUnderstood(f"{agg} of what")
@@ -439,7 +439,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             keys = list(dict.fromkeys([proj] + q.show))
             _, sel, _ = grouped(keys, "count")
             return Built(head + sel + f" ORDER BY {', '.join(keys)}", params, units, "groups", "n", showed=True)
-        value_agg = agg or "count"
+        value_agg = agg or ("distinct" if q.distinct_of else "count")   # "the node with the most different kinds"
         extra_cte, sel, name = grouped([proj], value_agg)
         if q.having:
             if value_agg != "count":

@@ -228,6 +228,7 @@ class Query:
     without: Entity | None = None         # "drained but never rebooted": the projection less that entity's
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
+    distinct_of: str = ""                 # each projected row counts different values of this ("different kinds")
     top: int | None = None
     hypo: str = ""
     versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
@@ -977,6 +978,7 @@ class Parser:
         most = False
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
+        distinct, distinct_at, distinct_col = "", -1, ""   # "different kinds", "how many ranks": different values
         devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
             # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
@@ -1097,10 +1099,19 @@ class Parser:
                     unknown.append(negate_text)
                     negate = ""
                     continue
-                if kind == "time":   # "never got an ack", "not closed": that time is not there
+                if kind == "time":   # that time is not there, or not there as the next word says
                     col = ent.columns[value]
                     sql = col.name if col.sql == f"src.{col.name}" else col.sql
-                    q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
+                    after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+                    how = next((x.value for x in (after.meanings if after else []) if x.kind == "cond"
+                                and self._fits(x, ent) and x.value.column == col.name), None)
+                    if how is not None:   # "not acked in time": not (acked, and in time), so never acked or late
+                        q.conds.append(Cond(ent.name, f"NOT COALESCE(({sql} IS NOT NULL AND {how.sql}), 0)",
+                                            f"{negate} {s.text} {after.text}", col.name + "!", how.params))
+                        q.understood.append(after.text)
+                        timed.add(n + 1)
+                    else:   # "never got an ack", "not closed": that time is not there
+                        q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
                     negate = ""
                     continue
                 if kind == "entity" and q.project:   # "which nodes were never drained"
@@ -1184,6 +1195,8 @@ class Parser:
                     q.having = (op, number)
                 else:
                     q.cmp = value
+            elif kind == "distinct":   # understood only before what has the values ("different kinds", "distinct
+                distinct, distinct_at = s.text, n   # nodes")
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
@@ -1219,6 +1232,10 @@ class Parser:
                     q.per_item, pending_group = True, False   # "each validation": one row per such stage
             elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
                 q.group.append(value)
+            elif kind == "measure" and not (ent.columns[value].unit or ent.columns[value].agg) and n and (
+                    distinct_at == n - 1 or spans[n - 1].meanings[0] == Meaning("q", None, "count")) \
+                    and spans[n - 1].end == s.start:   # "how many ranks": a number that names a row's part (no
+                distinct_col = value                   # unit, no aggregate) counts its different values, not rows
             elif kind == "measure" or kind == "metric":
                 col = ent.columns[value] if kind == "measure" else None
                 if kind == "metric":
@@ -1240,6 +1257,8 @@ class Parser:
             elif kind == "column":
                 if pending_group:
                     q.group.append(value)
+                elif distinct_at == n - 1 and n:
+                    distinct_col = value
                 else:
                     q.show.append(value)
             elif kind == "json":
@@ -1248,13 +1267,20 @@ class Parser:
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
                 if pending_group:
                     q.group.append(col)
-                elif col and not (ent.now and ent.label == col):
+                elif col:
                     before = tokens[s.start - 1].text if s.start else ""
-                    if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
-                                  "distinct", "different", "rank", "sort", "order") or before.isdigit() \
-                            or before in COUNTS or (self._local.ones and not q.project):
+                    subject = not any(x.meanings[0].kind not in ("past", "present", "filler") for x in spans[:n]) \
+                        and any(x.kind in ("rank", "top") for y in spans[n + 1:] for x in y.meanings)
+                    if ent.now and ent.label == col and not (subject and any(   # a current-state view's rows are
+                            x.kind == "measure" and self._fits(x, ent) for y in spans[n + 1:] for x in y.meanings)):
+                        pass   # its nodes: listed as such, unless a measure of theirs is ranked ("the most cycles")
+                    elif before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
+                                    "every", "distinct", "different", "unique", "rank", "sort", "order") \
+                            or before.isdigit() or before in COUNTS or (self._local.ones and not q.project) or subject:
+                        # "node with the most remediation cycles": the subject of a superlative is who, listed
                         q.project = q.project or col     # "which nodes ...": one row per node
-                        q.count_distinct = before in ("many", "distinct", "different")
+                        q.count_distinct = before in ("many", "distinct", "different", "unique")
+                        distinct = "" if distinct_at == n - 1 else distinct
             elif kind == "versus":
                 q.versus = value
             elif kind == "ago":
@@ -1313,6 +1339,16 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if distinct_col:   # "node with the most different kinds of errors": per node, how many kinds; "how many
+            #                ranks": how many different ranks; "which different kinds": each kind once
+            if q.project and q.project != distinct_col and not q.group:
+                q.distinct_of = distinct_col
+            else:
+                q.project = distinct_col
+                q.count_distinct = q.qkind == "count" or bool(q.group)
+            distinct = ""
+        if distinct:   # "distinct" before nothing that has values: not understood
+            unknown.append(distinct)
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
             long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
             if len(long) == 1:
@@ -1407,7 +1443,8 @@ class Parser:
                 q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
-        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+        if most and q.measure and q.measure.agg == "sum" and q.project and not q.agg:   # "spent the most time":
+            #                  the total per node (of a time that adds up; "the most cycles" is the highest)
             q.agg = "sum"
         q.understood = [u for u in q.understood if u]
         return Parse(q, unknown, unknown_nodes, q.understood)
