@@ -30,7 +30,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
     "typical": ("agg", "median"), "median": ("agg", "median"),
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
-    "in all": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
+    "in all": ("agg", "sum"), "all told": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
     "summed": ("agg", "sum"), "summed up": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
     "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
@@ -60,7 +60,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
-    "but never": ("neg", "never"),
+    "but never": ("neg", "never"), "nobody": ("neg", "never"), "no one": ("neg", "never"),
     "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
@@ -168,6 +168,7 @@ MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "cre
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
+UN = re.compile(r"\bun([a-z]{4,})\b")   # a negative prefix: "unclosed", "unacknowledged"
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
@@ -527,6 +528,8 @@ class Parser:
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
         q = HYPHENATED.sub(lambda m: m.group(0) if self._known(m.group(0)) else m.group(0).replace("-", " "),
                            normalise(question))   # "shadow-mode" is "shadow mode"; a rule id stays one word
+        q = UN.sub(lambda m: m.group(0) if self._means(m.group(0)) or not self._means(m.group(1), ("time", "cond"))
+                   else "not " + m.group(1), q)   # "unclosed" is "not closed" where only "closed" means something
         command = COMMANDS.match(q)
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
@@ -556,6 +559,9 @@ class Parser:
         elif rest:
             parsed.unknown.append(rest[0])
         return parsed
+
+    def _means(self, word: str, kinds=CONTENT) -> bool:
+        return any(m.kind in kinds for m in self.lexicon.phrases.get((stem(word),), []))
 
     def _known(self, word: str) -> bool:
         """A hyphenated word that is a name of its own: a rule id, a node, a phrase, a number ("twenty-four")."""
@@ -1271,7 +1277,9 @@ class Parser:
                     before = tokens[s.start - 1].text if s.start else ""
                     subject = not any(x.meanings[0].kind not in ("past", "present", "filler") for x in spans[:n]) \
                         and any(x.kind in ("rank", "top") for y in spans[n + 1:] for x in y.meanings)
-                    if ent.now and ent.label == col and not (subject and any(   # a current-state view's rows are
+                    if q.project and q.project != col and before == "and" and not col.startswith("list:"):
+                        q.show.append(col)   # "which node and job": both, on each row
+                    elif ent.now and ent.label == col and not (subject and any(   # a current-state view's rows are
                             x.kind == "measure" and self._fits(x, ent) for y in spans[n + 1:] for x in y.meanings)):
                         pass   # its nodes: listed as such, unless a measure of theirs is ranked ("the most cycles")
                     elif before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
