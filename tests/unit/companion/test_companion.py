@@ -785,3 +785,46 @@ def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(
     assert c.status == "fact" and c.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
     assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
+
+
+def test_a_unit_named_chooses_the_measure_in_it(conn):
+    a = q(conn, "total seconds job 1 lost across its requeues")   # "lost": steps or time; seconds: the time
+    truth = values(conn, "SELECT SUM(time_lost_s) FROM job_losses WHERE job_id = 1")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0])
+    assert q(conn, "total seconds of steps lost by job 1").status != "fact"   # no measure of steps in seconds
+
+
+def test_a_total_of_stays_within_a_time_range_is_the_part_inside_it(conn):
+    now = reference_time(conn)
+    a = q(conn, "per node, seconds out of service within the last hour")
+    truth = values(conn, f"""WITH st AS (SELECT d.node, d.ts AS s, COALESCE((SELECT MIN(r.ts) FROM
+        lifecycle_transitions r WHERE r.node = d.node AND r.cycle = d.cycle AND r.to_state = 'resumed'), {now!r}) AS e
+        FROM lifecycle_transitions d WHERE d.to_state = 'drained' AND d.node IS NOT NULL)
+        SELECT node, SUM(MAX(0, MIN(e, {now!r}) - MAX(s, {now!r} - 3600))) FROM st
+        WHERE e > {now!r} - 3600 AND s < {now!r} GROUP BY node ORDER BY node""")
+    assert a.status == "fact" and [(n, round(v, 3)) for n, v in a.rows] == [(n, round(v, 3)) for n, v in truth]
+
+
+def test_a_negation_before_a_time_and_its_condition_negates_both(conn):
+    a = q(conn, "how many checkpoint requests were not acked in time")   # never acked, or late
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL OR acked_at > deadline")
+    b = q(conn, "how many incidents remain unclosed")   # a negative prefix where only the rest means something
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM incidents WHERE closed_at IS NULL")
+
+
+def test_the_subject_of_a_superlative_is_named_and_different_values_are_counted(conn):
+    a = q(conn, "node with the most remediation cycles")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT node, cycle FROM node_lifecycle WHERE cycle = (SELECT MAX(cycle) FROM node_lifecycle)")
+    b = q(conn, "how many ranks does job 1 run")   # a number naming a part of the row: its different values
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(DISTINCT rank) FROM kpis WHERE job_id = 1")
+    assert "2 different ranks" in b.text
+    c = q(conn, "node showing the most different kinds of errors?")
+    assert c.status == "fact" and c.rows == values(conn, """SELECT node, n FROM (SELECT node, COUNT(DISTINCT kind) AS n
+        FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node) WHERE n = (SELECT MAX(n) FROM (SELECT
+        COUNT(DISTINCT kind) AS n FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node))
+        ORDER BY node""")
+    d = q(conn, "the checkpoint request nobody acknowledged — which node and job?")
+    assert d.status == "fact" and [r[:2] for r in d.rows] == values(
+        conn, "SELECT node, job_id FROM checkpoint_requests WHERE acked_at IS NULL")
