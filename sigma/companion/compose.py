@@ -233,7 +233,7 @@ def _having_count(q: Query) -> str:
 def _in_unit(q: Query) -> Column | None:
     """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
-    if not q.unit:
+    if not q.unit or (q.unit == "%" and q.agg == "share"):   # a share in percent (agg_of)
         return m
     factor = UNITS.get((m.unit if m else "", q.unit))
     if factor is None:
@@ -293,7 +293,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             cond = " AND ".join(s for s, _ in share_conds)
             for _, p in share_conds:
                 params.extend(p)
-            return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
+            return f"{'100.0 * ' if q.unit == '%' else ''}AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
         if agg == "distinct":
             return f"COUNT(DISTINCT {q.distinct_of or proj})"
         if agg == "count" or col is None:
@@ -355,6 +355,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
+            units[name] = "%" if q.unit == "%" else ""
         if m is not None and value_agg not in ("count", "share"):
             units[name] = m.unit
         expr = agg_of(value_agg, mname)

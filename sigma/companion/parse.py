@@ -65,6 +65,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
+    "in percent": ("unit", "%"), "as a percentage": ("unit", "%"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
@@ -527,8 +528,9 @@ class Parser:
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
+        q = re.sub(r"\b([a-z]+)-wise\b", r"\1", normalise(question))   # "step-wise, where is job 1": its step
         q = HYPHENATED.sub(lambda m: m.group(0) if self._known(m.group(0)) else m.group(0).replace("-", " "),
-                           normalise(question))   # "shadow-mode" is "shadow mode"; a rule id stays one word
+                           q)   # "shadow-mode" is "shadow mode"; a rule id stays one word
         q = UN.sub(lambda m: m.group(0) if self._means(m.group(0)) or not self._means(m.group(1), ("time", "cond"))
                    else "not " + m.group(1), q)   # "unclosed" is "not closed" where only "closed" means something
         command = COMMANDS.match(q)

@@ -828,3 +828,12 @@ def test_the_subject_of_a_superlative_is_named_and_different_values_are_counted(
     d = q(conn, "the checkpoint request nobody acknowledged — which node and job?")
     assert d.status == "fact" and [r[:2] for r in d.rows] == values(
         conn, "SELECT node, job_id FROM checkpoint_requests WHERE acked_at IS NULL")
+
+
+def test_a_share_in_percent_and_a_word_suffixed_wise(conn):
+    a = q(conn, "what share of incidents are critical, in percent")
+    truth = values(conn, "SELECT 100.0 * SUM(severity = 'critical') / COUNT(*) FROM incidents")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0]) and "%" in a.text
+    b = q(conn, "where is job 1 at, step-wise, right now?")   # "step-wise": as to its step
+    assert b.status == "fact" and values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0] \
+        in b.rows[0]
