@@ -1311,6 +1311,10 @@ class Parser:
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
+            if pending_group == "by" and kind == "agg" and (q.rank or q.top or q.sort) and q.project:
+                continue   # "top 3 rules by average time open": ranked by that aggregate (of the measure next)
+            if pending_group == "by" and kind == "measure" and (q.rank or q.top or q.sort) and q.project:
+                pending_group = False   # "top 3 rules by time open": ranked by it
             if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by
                 #                                                          the watchdog": who, not a grouping
                 pending_group = False

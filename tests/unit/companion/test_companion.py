@@ -837,3 +837,10 @@ def test_a_share_in_percent_and_a_word_suffixed_wise(conn):
     b = q(conn, "where is job 1 at, step-wise, right now?")   # "step-wise": as to its step
     assert b.status == "fact" and values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0] \
         in b.rows[0]
+
+
+def test_top_n_by_an_aggregate_of_a_measure_ranks_by_it(conn):
+    a = q(conn, "top 3 rules by average time open")
+    assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(
+        conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL GROUP BY rule_id "
+              "ORDER BY v DESC, rule_id LIMIT 3")]
