@@ -337,6 +337,10 @@ def test_aer_that_cannot_recover_a_device_reboots_in_older_kernels_words_too(lin
      "'/opt/enroot/data': Permission denied", ["notify"]),
     ("May 10 05:42:37 node1 systemd[1]: slurm.service: main process exited, code=exited, status=1/FAILURE",
      ["notify"]),  # older systemd's lower-case wording
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: error: *** STEP 63532.0 STEPD TERMINATED ON node1 AT "
+     "2020-12-14T09:44:56 DUE TO JOB NOT ENDING WITH SIGNALS ***", ["notify"]),  # unkillable: SLURM drains itself
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: [63532.0] error: *** STEP 63532.0 ON node1 CANCELLED AT "
+     "2020-12-14T09:44:56 ***", []),  # a user's scancel
     ("Feb 02 09:51:48 node1 slurmd[12912]: slurmd: slurmd version 23.02.7 started", []),
     ("Feb 02 09:51:48 node1 slurmd[12912]: error: Node configuration differs from hardware: CPUs=64:128(hw)", []),
     ("Feb 02 09:52:07 node1 kernel: slurmd: fatal: not slurmd's own line", []),  # the kernel does not speak for it
