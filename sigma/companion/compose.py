@@ -274,8 +274,11 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         op, value, unit = q.cmp
         if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
             raise NotUnderstood(f"'{op} {value:g}{' ' + unit if unit else ''}' without a measure of that kind")
-        where.append(f"{m.name} {op} ?")
-        params.append(value)
+        if q.agg in ("share", "of_all"):   # "what share lost no steps": the share's numerator, not a filter
+            share_conds.append((f"{m.name} {op} ?", [value]))
+        else:
+            where.append(f"{m.name} {op} ?")
+            params.append(value)
     rows = "rows AS (SELECT * FROM base" + (" WHERE " + " AND ".join(where) if where else "") + ")"
     head = f"WITH {base}, {rows} "
     units = {c.name: ("time" if c.role == "time" else c.unit) for c in ent.columns.values()

@@ -20,7 +20,8 @@ from sigma.companion.model import UNITS, Column, Cond, Entity, Model, link, tabl
 GRAMMAR: dict[str, tuple[str, str]] = {
     "how many": ("q", "count"), "number of": ("q", "count"), "count": ("q", "count"), "how often": ("q", "count"),
     "how many times": ("q", "count"), "how frequently": ("q", "count"), "total number of": ("q", "count"),
-    "times": ("times", ""), "so often": ("emphasis", ""), "often": ("emphasis", ""),
+    "times": ("times", ""), "so often": ("emphasis", ""), "often": ("emphasis", ""), "at all": ("emphasis", ""),
+    "no": ("zero", ""),   # before a measure's word ("lost no steps"): that measure is 0
     "how long": ("q", "duration"), "how fast": ("q", "duration"), "how quickly": ("q", "duration"),
     "how much time": ("q", "duration"), "duration": ("q", "duration"),
     "when": ("q", "when"), "what time": ("q", "when"), "at what time": ("q", "when"),
@@ -988,6 +989,7 @@ class Parser:
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
         distinct, distinct_at, distinct_col = "", -1, ""   # "different kinds", "how many ranks": different values
+        zero: tuple[str, int] | None = None   # "no" and where it ends
         devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
             # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
@@ -1152,6 +1154,10 @@ class Parser:
                 if q.agg and q.agg != value:   # "average total": one aggregate replacing another says neither
                     unknown.append(s.text)
                 q.agg = value
+                if value == "share" and "percent" in s.text:   # "what percentage of": the share in percent
+                    q.unit = q.unit or "%"
+            elif kind == "zero":
+                zero = (s.text, s.end)
             elif kind == "rank":
                 rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
                 if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
@@ -1364,6 +1370,11 @@ class Parser:
             distinct = ""
         if distinct:   # "distinct" before nothing that has values: not understood
             unknown.append(distinct)
+        if zero and not q.cmp and q.measure is not None and zero[1] < len(tokens) and tokens[zero[1]].stem in {
+                w for p in q.measure.words for w in p}:   # "lost no steps": steps lost = 0
+            q.cmp = ("=", 0.0, "s" if _kind_of(q.measure.unit) == "s" else q.measure.unit)
+        elif zero:
+            unknown.append(zero[0])
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
             long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
             if len(long) == 1:

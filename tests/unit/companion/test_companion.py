@@ -844,3 +844,10 @@ def test_top_n_by_an_aggregate_of_a_measure_ranks_by_it(conn):
     assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(
         conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL GROUP BY rule_id "
               "ORDER BY v DESC, rule_id LIMIT 3")]
+
+
+def test_no_before_a_measure_is_zero_and_a_percentage_is_in_percent(conn):
+    a = q(conn, "what percentage of job losses lost no steps at all")   # the share's numerator, in percent
+    truth = values(conn, "SELECT 100.0 * SUM(steps_lost = 0) / COUNT(*) FROM job_losses")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=1e-3)
+    assert q(conn, "how many incidents had no drains or no luck").status != "fact"
