@@ -835,15 +835,15 @@ def test_a_share_in_percent_and_a_word_suffixed_wise(conn):
     truth = values(conn, "SELECT 100.0 * SUM(severity = 'critical') / COUNT(*) FROM incidents")
     assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=1e-3) and "%" in a.text
     b = q(conn, "where is job 1 at, step-wise, right now?")   # "step-wise": as to its step
-    assert b.status == "fact" and values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0] \
-        in b.rows[0]
+    step = values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    assert b.status == "fact" and step in b.rows[0]
 
 
 def test_top_n_by_an_aggregate_of_a_measure_ranks_by_it(conn):
     a = q(conn, "top 3 rules by average time open")
     assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(
-        conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL GROUP BY rule_id "
-              "ORDER BY v DESC, rule_id LIMIT 3")]
+        conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL "
+              "GROUP BY rule_id ORDER BY v DESC, rule_id LIMIT 3")]
 
 
 def test_no_before_a_measure_is_zero_and_a_percentage_is_in_percent(conn):
