@@ -422,8 +422,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             return Built(sql, params, units, "rows")
         if q.rank and m and not q.agg:     # "which node was out of service the longest": the row(s) at the top
             fn = "MAX" if q.rank == "max" else "MIN"
-            sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
-                          f"ORDER BY {proj}")
+            sql = head + (f"SELECT DISTINCT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) "
+                          f"FROM rows) ORDER BY {proj}")   # each one at the top once ("job 1", not once per rank)
             return Built(sql, params, units, "ranking", mname)
         if q.which and m and not plain and not agg and not q.rank and q.qkind != "count":   # "which jobs lost
             fn = m.agg if m.agg in ("sum", "avg", "max", "min") else "max"   # more than 10 steps": each once

@@ -825,6 +825,11 @@ def test_the_subject_of_a_superlative_is_named_and_different_values_are_counted(
         FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node) WHERE n = (SELECT MAX(n) FROM (SELECT
         COUNT(DISTINCT kind) AS n FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node))
         ORDER BY node""")
+    e = q(conn, "job with the highest loss")   # the job once, though two ranks' lines tie at the top
+    assert e.status == "fact" and [r[0] for r in e.rows] == [r[0] for r in values(
+        conn, "SELECT DISTINCT job_id FROM kpis WHERE loss = (SELECT MAX(loss) FROM kpis)")]
+    assert q(conn, "how many unique nodes were drained").rows == values(
+        conn, "SELECT COUNT(DISTINCT target) FROM actions WHERE kind = 'drain' AND state = 'done'")
     d = q(conn, "the checkpoint request nobody acknowledged — which node and job?")
     assert d.status == "fact" and [r[:2] for r in d.rows] == values(
         conn, "SELECT node, job_id FROM checkpoint_requests WHERE acked_at IS NULL")
