@@ -254,6 +254,11 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
     where, params, share_conds = _filters(q, "base")
     where += _known_keys(q)
+    if q.latest_each:   # each one's latest row of those the question names (its own conditions, again, inside)
+        same = " AND ".join(where) or "1"
+        where.append(f"{ent.time} = (SELECT MAX(b2.{ent.time}) FROM base b2 WHERE b2.{q.project} = base.{q.project} "
+                     f"AND {same})")
+        params += params
     extras = [_extra(x) for x in q.extras]
     aggregates, plain = [x for x in extras if not x.plain], [x for x in extras if x.plain]
 

@@ -233,6 +233,7 @@ class Query:
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     distinct_of: str = ""                 # each projected row counts different values of this ("different kinds")
+    latest_each: bool = False             # only each projected node's or job's latest reading ("... now")
     top: int | None = None
     hypo: str = ""
     versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
@@ -1411,6 +1412,9 @@ class Parser:
             if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
                     q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
                 q.order = "latest"
+            elif q.measure and q.project and q.project in (ent.refs.get("node"), ent.refs.get("job")) and not (
+                    q.agg or q.group or q.bucket is not None or q.order or q.since is not None or q.extras):
+                q.latest_each = True   # "which node is lowest on free memory now": each one's latest reading
             else:
                 unknown.append(now_word)
         if each_row and not (q.agg or q.rank):

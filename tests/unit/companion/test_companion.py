@@ -856,3 +856,10 @@ def test_no_before_a_measure_is_zero_and_a_percentage_is_in_percent(conn):
     truth = values(conn, "SELECT 100.0 * SUM(steps_lost = 0) / COUNT(*) FROM job_losses")
     assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=1e-3)
     assert q(conn, "how many incidents had no drains or no luck").status != "fact"
+
+
+def test_now_of_readings_per_node_is_each_nodes_latest_reading(conn):
+    a = q(conn, "which node is lowest on free memory now")
+    assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(conn, """SELECT node FROM samples s
+        WHERE metric = 'host.mem.available_bytes' AND ts = (SELECT MAX(ts) FROM samples WHERE node = s.node
+        AND metric = 'host.mem.available_bytes') ORDER BY value LIMIT 1""")]
