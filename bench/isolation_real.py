@@ -23,20 +23,24 @@ labelled) and per 1,000 node-days of normal windows (the budget's unit); HitRate
 Methods: `engine` (the shipped defaults: peers where they help, own history elsewhere, the calibrated budget),
 `engine@6` (the same scores at the fixed floor min_score, no budget), `before` (the engine of BEFORE_REV, min_score
 6: the one an independent check found acting on 43 % of normal windows of another fleet), `3-sigma` (per metric,
-mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV). Each
+mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV),
+`cusum` (sequential.py: Page's CUSUM over the engine's rounds of each entity's position in its own long healthy
+history of its gap to the peers, at the same calibrated budget, acting in CUSUM_ROUNDS round; groups of 3 or more
+entities). Each
 baseline is also put at the engine's budget two ways: `(budget)`, the same calibration on its own scores (no
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
 Tuning: `--tune` runs the engine's choices (rounds 1-12, the comparability ratio, the lone-metric weights) on ASD's
 history and the first half of its scored part only; every other figure is reported on data those choices did not
-see (ASD's second half, every other data set).
+see (ASD's second half, every other data set). `--tune-cusum` does the same for the cusum's reference k, its cap
+and its rounds.
 
 A data set's groups are the jobs of one cluster: one budget calibration over all of them, the cluster's tail and
 each group's own, as the controller's Calibrator keeps them.
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
-       [--tune] [--nab-files 24]
+       [--tune] [--tune-cusum] [--cusum-reference K] [--cusum-cap C] [--cache DIR] [--nab-files 24]
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ DAY_WINDOWS = 86400 / ISO.window_s
 HISTORY = int(ISO.history_s / ISO.window_s)  # rounds of history each round is scored against
 OWN = HISTORY  # rounds of the engine's own history (--own-history-s; scores start at HISTORY all the same)
 WEIGHTS_EVERY = max(1, int(healthy.WEIGHTS_S / ISO.window_s))  # rounds between recomputing the lone weights
-CUSUM_ROUNDS = 1  # the cusum acts on one round at its threshold (--tune-cusum)
+CUSUM_REFERENCE, CUSUM_CAP = sequential.REFERENCE, sequential.CAP  # --cusum-reference, --cusum-cap
+CUSUM_ROUNDS = 1  # the cusum acts on one round at its threshold (chosen with --tune-cusum)
 CALIBRATE_EVERY = 30  # rounds between recalibrations (the controller recalibrates as its tail grows by 1 %)
 TODAY_REV = "d06369c"  # the scorer before noise floors and the per-node score
 BEFORE_REV = "79a1320"  # the engine before the calibrated budget (the one the held-out check ran)
@@ -136,9 +141,12 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
     return Pass(name, scores, evidence, ISO.min_score, 1000 * (time.perf_counter() - t0) / (T - HISTORY), positions)
 
 
-def cusum_pass(engine: Pass, reference: float = sequential.REFERENCE, cap: float = sequential.CAP) -> Pass:
+def cusum_pass(engine: Pass, reference: float | None = None, cap: float | None = None) -> Pass:
     """Page's CUSUM (sequential.py) over the engine pass's long-memory positions: the same rounds, the statistic
-    accumulated instead of judged round by round; its evidence the positions."""
+    accumulated instead of judged round by round; its evidence the positions. Default: --cusum-reference, --cusum-cap
+    (the shipped values unless given)."""
+    reference = CUSUM_REFERENCE if reference is None else reference
+    cap = CUSUM_CAP if cap is None else cap
     t0 = time.perf_counter()
     s = sequential.run(sequential.increments(engine.positions, cap=cap), reference)
     return Pass("cusum", s, np.nan_to_num(engine.positions, nan=0.0), ISO.min_score,
@@ -531,16 +539,21 @@ def main() -> int:
                     help="the engine's own history (default: the controller's history_s); --tune sweeps it")
     ap.add_argument("--tune-cusum", action="store_true", help="the cusum's reference, cap and rounds on the tuning "
                                                                   "part, then stop")
+    ap.add_argument("--cusum-reference", type=float, default=sequential.REFERENCE,
+                    help="the cusum's reference k (default: the shipped one)")
+    ap.add_argument("--cusum-cap", type=float, default=sequential.CAP, help="the most a round adds to the cusum")
     ap.add_argument("--tune-own", action="store_true", help="the engine with --own-history-s on the tuning part")
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep each scoring pass here (keyed by the scorers' code and the data): a re-run only acts")
     args = ap.parse_args()
-    global OWN
+    global OWN, CUSUM_REFERENCE, CUSUM_CAP
     OWN = int(args.own_history_s / ISO.window_s)
+    CUSUM_REFERENCE, CUSUM_CAP = args.cusum_reference, args.cusum_cap
     print(f"controller defaults: budget {ISO.budget_per_1000_node_days:g} false drains per 1,000 node-days, "
           f"min_score {ISO.min_score} (floor), dominance {ISO.dominance}, rounds {ISO.rounds}, comparable_ratio "
           f"{ISO.comparable_ratio:g}, window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows), "
-          f"history {HISTORY} windows, the engine's own {OWN}")
+          f"history {HISTORY} windows, the engine's own {OWN}; cusum reference {CUSUM_REFERENCE:g}, cap "
+          f"{CUSUM_CAP:g}, rounds {CUSUM_ROUNDS}")
     if args.tune_cusum:
         tune_cusum(args.data, args.cache)
         return 0
