@@ -371,7 +371,7 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
                 print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
                       f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
                       f"{cal.detail if cal else ''}")
-    equal_budgets(ds, per, budgets_per_window)
+    equal_budgets(per, budgets_per_window)
     return {k: total(v) for k, v in totals.items()}
 
 
@@ -384,10 +384,10 @@ SWEEP = np.concatenate([np.arange(2.0, 12.0, 0.5), np.arange(12.0, 40.0, 2.0), [
 CUSUM_SWEEP = np.concatenate([SWEEP[SWEEP < 300], np.arange(150.0, 1000.0, 50.0), [1000, 1500, 2000, 3000, 5000]])
 
 
-def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
-    """Each method at the threshold of a sweep over the scored part that gives its best top-1 with false actions
-    per normal window within the budget: the stated budget (budget_per_1000_node_days) and each of
-    budgets_per_window."""
+def equal_budgets(per: dict, budgets_per_window, lo: int = 0) -> None:
+    """Each method (name -> [(group, pass)]) at the threshold of a sweep over the scored rounds from `lo` on that
+    gives its best top-1 with false actions per normal window within the budget: the stated budget
+    (budget_per_1000_node_days) and each of budgets_per_window."""
     print(f"  at equal false-action budgets (best top-1 of a threshold sweep on the scored part; `th` the threshold):")
     stated = ISO.budget_per_1000_node_days / 1000
     for label, per_node_day, per_window in ([(f"{ISO.budget_per_1000_node_days:g}/1000 node-days", stated, None)]
@@ -396,13 +396,13 @@ def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
         for name, items in per.items():
             best = None
             for th in CUSUM_SWEEP if name == "cusum" else SWEEP:
-                rs = [outcome(g, acts_of(scored(p, g), th, rounds_of(name))) for g, p in items]
+                rs = [outcome(g, acts_of(scored(p, g), th, rounds_of(name)), lo) for g, p in items]
                 r = total(rs)
                 ok = (r["false"] <= per_node_day * r["node_days"] if per_node_day is not None
                       else r["false"] <= per_window * max(1, r["normal"]))
                 if ok and (best is None or r["top1"] > best[1]["top1"]):
                     best = (th, r)
-            n = max(1, sum(1 for g, _ in items for _ in g.segments))
+            n = max(1, best[1]["segments"]) if best else 1
             line += (f" | {name} {100 * best[1]['top1'] / n:4.1f}% top-1, {100 * best[1]['wrong'] / n:4.1f}% wrong "
                      f"(th {best[0]:g})" if best else f" | {name} cannot")
         print(line)
@@ -594,6 +594,7 @@ def main() -> int:
         c = cusum_pass(p)
         th, _ = calibrated_thresholds(c.scores, CUSUM_ROUNDS, ISO.budget_per_1000_node_days)
         print(row("cusum", outcome(g, acts_of(scored(c, g), th[g.train.shape[1] - HISTORY:], CUSUM_ROUNDS), half)))
+        equal_budgets({"engine": [(g, p)], "cusum": [(g, c)]}, (0.001,), half)
     print("\nevery data set, at the shipped defaults:")
     print("  data set  " + HEADER[1:])
     for name, methods in summary.items():
