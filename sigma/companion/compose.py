@@ -10,7 +10,7 @@ that keeps every row tied at the top, the latest or earliest row, a time, or the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sigma.companion.model import Column
 from sigma.companion.parse import Query
@@ -50,14 +50,42 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
         raise NotUnderstood(f"the second part of the question, of {q.entity.name}")
     if q.measure is not None and q.measure.name in [*q.group, q.project]:   # "max step per step": no answer
         raise NotUnderstood(f"{q.measure.name} both measured and grouped by")
+    if q.versus is not None:   # "drains in the last hour vs the hour before that": one value of each period
+        one = replace(q, versus=None)
+        if q.qkind in ("list", "yesno") and q.measure is None and not (q.project or q.group or q.show):
+            one = replace(one, qkind="count")   # rows of two periods side by side: how many of each
+        first = compose(one, now, tz_offset)
+        other = q.versus
+        second = compose(replace(one, since=other.since, until=other.until, period=other.words), now, tz_offset)
+        if first.shape != "scalar" or second.shape != "scalar" or first.extras:
+            raise NotUnderstood("a comparison of two periods of anything but one value")
+        name = f"{first.value}_{'_'.join(re.findall(r'[a-z0-9]+', other.words))}"
+        return Built(f"SELECT ({first.sql}) AS {first.value}, ({second.sql}) AS {name}", first.params + second.params,
+                     {**first.units, name: first.units.get(first.value, "")}, "versus", first.value)
+    if q.ago:   # "how long ago": from the row's time to now
+        q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
+    if q.entity.parts and built.shape == "scalar" and not q.extras and (
+            built.value == "n" or (q.measure is not None and built.units.get(built.value) != "time")):
+        built = _with_parts(q, built, now, tz_offset)
     built.extras = [x.name for x in used]
     if q.show and not built.showed:   # a column asked for that this shape of answer would leave out
         raise NotUnderstood(f"{', '.join(q.show)} together with a count, an aggregate or a grouping")
     if len(built.extras) != len(q.extras):
         raise NotUnderstood("the second part of the question together with this kind of answer")
     return built
+
+
+def _with_parts(q: Query, built: Built, now: float, tz_offset: float) -> Built:
+    """"How many checkpoints", "median time to save a checkpoint": the value over the rows and, beside it, over
+    the parts each row merges (the ranks' writes), as either is what a reader may mean."""
+    noun, source = q.entity.parts
+    parts = replace(q, entity=replace(q.entity, source=source, parts=None, default=""))
+    other = _compose(parts, now, tz_offset, [])
+    name = f"{built.value}_{'_'.join(noun.split())}"
+    return Built(f"SELECT ({built.sql}) AS {built.value}, ({other.sql}) AS {name}", built.params + other.params,
+                 {**built.units, name: built.units.get(built.value, "")}, "parts", built.value)
 
 
 @dataclass
@@ -74,6 +102,10 @@ def _extra(qb: Query) -> Extra:
     """"..., and how many of them led to a drain" (a count of those rows that also meet its conditions), "and the
     first time one opened" (a time), "and the average X" (an aggregate), "and at which step" (a column)."""
     ent = qb.entity
+    if qb.project and qb.project in ent.columns and qb.which and not (
+            qb.group or qb.bucket is not None or qb.having or qb.hypo or qb.measure or qb.conds or qb.show
+            or qb.agg or qb.rank or qb.qkind != "list"):   # "..., and for which node": each row's node
+        return Extra(qb.project, qb.project, "", [], True)
     if qb.group or qb.bucket is not None or qb.project or qb.having or qb.hypo:
         raise NotUnderstood("a second part with its own grouping")
     where, params, _ = _filters(qb, "rows")
@@ -142,7 +174,7 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
         joiner = " AND " if column.endswith("!") else " OR "   # "not A or B": neither
         sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"
         args = [a for c in conds for a in c.params]
-        if q.agg == "share" and column.rstrip("!") != metric_col:
+        if q.agg in ("share", "of_all") and column.rstrip("!") != metric_col:
             share_conds.append((sql.replace("{row}", "rows"), args))
         else:
             where.append(sql.replace("{row}", row))   # a relation names the row it belongs to
@@ -343,6 +375,15 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         sql = head + (", " + extra_cte if extra_cte else "") + sel + f" ORDER BY {largest}{', '.join(key_names)}"
         return Built(sql.replace("WITH base", "WITH base", 1), params, units, "groups")
 
+    if q.without is not None:   # "nodes drained but never rebooted": the listed ones less those the other's rows name
+        ref = next(r for r, c in ent.refs.items() if c == proj)
+        col = q.without.refs[ref]
+        other = compose(Query(q.without, project=col, which=True), now, tz_offset)
+        if q.qkind == "count":
+            raise NotUnderstood("how many of one entity's, less another's")
+        sql = head + (f"SELECT DISTINCT {proj} FROM rows WHERE {has_value(proj)} AND {proj} NOT IN (SELECT {col} "
+                      f"FROM ({other.sql}) WHERE {col} IS NOT NULL) ORDER BY {proj}")
+        return Built(sql, params + other.params, units, "rows")
     if q.anti:   # "which nodes were never drained": every one known, less those with such rows
         universe = UNIVERSES.get(proj)
         if universe is None:
@@ -415,6 +456,13 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
 
     if q.having:
         raise NotUnderstood("more than N times: of what (per node, per job, ...)")
+    if agg == "of_all" and not m:   # "out of all requests, how many were acked in time": those, and all
+        if not share_conds or q.qkind != "count":
+            raise NotUnderstood("out of all: how many of what")
+        cond = " AND ".join(c for c, _ in share_conds)
+        params += [p for _, ps in share_conds for p in ps]
+        return Built(head + f"SELECT SUM(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n, COUNT(*) AS n_all FROM rows",
+                     params, units, "scalar", "n")
     if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": a total of rows with no measure
         return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 
@@ -451,6 +499,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                               + [x.name for x in plain]))
     add(plain)
     if q.order:
+        if q.qkind == "count":   # "how many ... last": one row is no count
+            raise NotUnderstood(f"a count together with the {q.order} row")
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to order by")
         direction = "DESC" if q.order == "latest" else "ASC"

@@ -51,7 +51,9 @@ def describe_query(q) -> str:
     for name, v in (("time", q.period), ("measure", q.measure.name if q.measure else ""), ("aggregate", q.agg),
                     ("superlative", q.rank), ("order", q.order), ("per", ", ".join(q.group)),
                     ("one row per", q.project), ("question", q.qkind if q.qkind != "list" else ""),
-                    ("what if", q.hypo), ("in", q.unit)):
+                    ("what if", q.hypo), ("in", q.unit), ("beside", q.versus.words if q.versus else ""),
+                    ("time since", "now" if q.ago else ""),
+                    ("less those of", q.without.name.replace("_", " ") if q.without else "")):
         if v:
             bits.append(f"{name}: {v}")
     if q.cmp:
@@ -155,6 +157,31 @@ def _settled(conn, q, built, result, now: float, offset: float) -> tuple:
     return other, built, run_select(conn, built.sql, tuple(built.params))
 
 
+def _no_values(conn, q, built, columns: list[str], rows: list, now: float, offset: float) -> bool:
+    """The measure asked about has no value in any row in scope, though there are rows (a column the data never
+    fills, like MFU without a known peak): "none" would read as a fact about the cluster, so it is said as the
+    data's gap. No rows at all ("the throughput of job 9", a job with no KPI lines) stays an answer: none."""
+    value = built.value or (columns[-1] if built.shape in ("groups", "ranking") and columns else "")
+    if q.measure is None or value not in columns or not rows:
+        return False
+    i = columns.index(value)
+    if any(r[i] is not None for r in rows):
+        return False
+    count = compose(Query(q.entity, conds=q.conds, since=q.since, until=q.until, nodes=q.nodes, jobs=q.jobs,
+                          rules=q.rules, exclude=q.exclude, qkind="count"), now, offset)
+    return bool(run_select(conn, count.sql, tuple(count.params)).rows[0][0])
+
+
+def _parts_differ(conn, q, built, rows: list, now: float, offset: float) -> bool:
+    """The listed rows merge parts (a checkpoint: its ranks' writes) and there are not as many parts as rows: one
+    list cannot be both, so both numbers are said instead (a count or an aggregate over such rows says both)."""
+    if not q.entity.parts or built.shape != "rows" or q.per_item or q.project or q.group or q.which:
+        return False
+    count = compose(replace(q, entity=replace(q.entity, source=q.entity.parts[1], parts=None, default=""),
+                            qkind="count", measure=None, cmp=None, order="", show=[], plural=False), now, offset)
+    return run_select(conn, count.sql, tuple(count.params)).rows[0][0] != len(rows)
+
+
 def _which_one(q, rows: list, understood: str) -> Answer:
     """A question back: which of several rows' times or durations."""
     one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
@@ -227,7 +254,19 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"Your words fit {len(distinct)} readings with different answers: {names}. Which do you "
                            "mean? Ask again with the words of that one.", tier="fast", intent=q.entity.name,
                       status="clarify", understood=" | ".join(describe_query(r[0]) for r in distinct))
+    parted = _parts_differ(conn, q, built, result.rows, now, offset)
+    if parted:   # "checkpoints written in the last 30 minutes":
+        q = replace(q, qkind="count", plural=False)   # 19 checkpoints or their 28 rank writes: both numbers, as a
+        built = compose(q, now, offset)              # list is one or the other
+        result = run_select(conn, built.sql, tuple(built.params))
+    if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting"
+        return Answer(text=f"The data holds no values of {q.measure.name.replace('_', ' ')} for {noun(q, 2)}"
+                           f"{scope(q)}: no row in scope has one, so I cannot tell.", sql=built.sql,
+                      params=list(built.params), tier="fast", intent=q.entity.name, status="cannot",
+                      understood=understood, not_understood=[q.measure.name])
     text = say(q, built, result.columns, result.rows, tz)
+    if parted:
+        text += f" A list is one or the other: ask with 'each' for the {noun(q)}, one row each."
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,
                   units={c: u for c, u in built.units.items() if c in result.columns}, truncated=result.truncated)

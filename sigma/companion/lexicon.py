@@ -22,7 +22,7 @@ what which whose how where
 of in on at to for from with by about into onto as per via against
 and or also both either
 please show list tell give find display print report me let know see seen saw look
-any some all every each so such just only ever yet really actually currently exactly
+any some all every each so such just ever yet really actually currently exactly
 there's what's who's that's
 hey hi thanks
 """.split())

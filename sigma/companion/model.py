@@ -72,6 +72,14 @@ class Entity:
     explicit_values: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)  # from the document
     row_words: list[tuple[str, ...]] = field(default_factory=list)   # what one row is ("drain": a time out of
     #                                   service), so "per drain" or "a drained node" is each row, not a grouping
+    by_words: list[tuple[str, ...]] = field(default_factory=list)    # who writes every row ("the trainer" of
+    #                                   KPI lines): named as the subject, it fits and constrains nothing
+    devices: dict[tuple[str, ...], tuple[str, frozenset]] = field(default_factory=dict)   # a device's words ->
+    #                                   (column, its values): "NVSwitch" beside the kind sxid says nothing more
+    readings: bool = False            # its rows sample a state over time (KPI lines, host metrics): the latest
+    #                                   row of one node or job is its value now ("what step is job 1 on now")
+    parts: tuple[str, str] | None = None   # (noun, source) of the rows each row merges (a checkpoint: its ranks'
+    #                                   writes): a count or an aggregate is said over the rows and over the parts
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -149,7 +157,7 @@ def documented_values() -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def _table_of(ent: Entity) -> str:
+def table_of(ent: Entity) -> str:
     """The table an entity's rows come from: its source, or the first table its query reads (not a subquery's)."""
     top = ent.source
     while "(" in top:
@@ -163,7 +171,7 @@ def _table_of(ent: Entity) -> str:
 def _learn(conn: sqlite3.Connection, ent: Entity, names: list[str]) -> None:
     """Give every column of the entity a role, words and (for categories and JSON) its values from the data."""
     sample = _sample(conn, ent.source)
-    documented = documented_values().get(_table_of(ent), {})
+    documented = documented_values().get(table_of(ent), {})
     declared = {} if " " in ent.source else {r[1]: r[2] or "" for r in conn.execute(f"PRAGMA table_info({ent.source})")}
     for name in names:
         col = ent.columns.get(name) or Column(name, f"src.{name}", "")
@@ -263,7 +271,12 @@ def _entity(name: str, spec: dict) -> Entity:
     return Entity(name, source, [phrase_stems(w) for w in spec.get("words", [])], spec.get("time"),
                   spec.get("label", "id"), spec.get("show", []), columns, conds, {},
                   spec.get("default", ""), bool(spec.get("now")), True, spec.get("measure_names"),
-                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])])
+                  explicit_values, [phrase_stems(w) for w in spec.get("row", [])],
+                  [phrase_stems(w) for w in spec.get("by", [])],
+                  {phrase_stems(device): (column, frozenset(values))
+                   for column, devices in (spec.get("devices") or {}).items() for device, values in devices.items()},
+                  bool(spec.get("readings")),
+                  (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None)
 
 
 @lru_cache(maxsize=1)

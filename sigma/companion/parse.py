@@ -14,7 +14,7 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, link, unit_of
+from sigma.companion.model import Column, Cond, Entity, Model, link, table_of, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
@@ -30,11 +30,12 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
     "typical": ("agg", "median"), "median": ("agg", "median"),
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
-    "in all": ("agg", "sum"), "overall": ("agg", "sum"),
+    "in all": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
+    "summed": ("agg", "sum"), "summed up": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
-    "longest": ("rank", "max"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
+    "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
-    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "min"),
+    "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "shortest"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
     "quickest": ("rank", "min"), "fastest": ("rank", "min"),
     "last": ("order", "latest"), "latest": ("order", "latest"), "most recent": ("order", "latest"),
@@ -59,10 +60,15 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
+    "but never": ("neg", "never"),
+    "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
+    "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
+    "only": ("only", ""),   # before or after a value a row has one of ("notified only"), it says nothing more
+    "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
     "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
@@ -86,6 +92,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "marked": ("copula", ""), "marked as": ("copula", ""), "flagged": ("copula", ""), "flagged as": ("copula", ""),
     "labelled": ("copula", ""), "labeled": ("copula", ""), "tagged": ("copula", ""), "tagged as": ("copula", ""),
     "set to": ("copula", ""), "turn out": ("copula", ""), "turn out to be": ("copula", ""),
+    "come back": ("copula", ""), "come back as": ("copula", ""),   # "came back failed": a result (else a return)
     "after": ("after", ""), "because": ("after", ""), "caused by": ("after", ""), "due": ("after", ""),
     # a relation to rows of another entity ("incidents not followed by any action", "closed without a drain")
     "followed by": ("rel", ""), "led to": ("rel", ""), "lead to": ("rel", ""), "leading to": ("rel", ""),
@@ -99,6 +106,12 @@ CMP = re.compile(
     r"less than|shorter than|lower than|under|below|at most|no more than|not more than)\s+"
     r"(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten|a|an)\b\s*"
     r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)?\b")
+# "two or more times", "5 or fewer steps", "30 s or longer": the number first, the bound after it
+CMP_UNIT = r"(times?|seconds?|secs?|minutes?|mins?|hours?|hrs?|steps?|percent|s|h|%)"
+CMP_OR = re.compile(
+    r"\b(\d+(?:\.\d+)?|once|twice|thrice|one|two|three|four|five|six|seven|eight|nine|ten)\s*" + CMP_UNIT + r"?\s+or\s+"
+    r"(more|greater|longer|higher|larger|over|above|fewer|less|shorter|lower|under|below)\b(?:\s*" + CMP_UNIT
+    + r"\b)?")
 CMP_OPS = {"more than": ">", "greater than": ">", "longer than": ">", "higher than": ">", "larger than": ">",
            "over": ">", "above": ">", "exceeding": ">", "at least": ">=", "fewer than": "<", "less than": "<",
            "shorter than": "<", "lower than": "<", "under": "<", "below": "<", "at most": "<=",
@@ -122,7 +135,7 @@ COMMANDS = re.compile(r"^\s*(please )?(drain|undrain|resume|reboot|requeue|cance
 COUNTS = {w: i for i, w in enumerate("two three four five six seven eight nine ten".split(), 2)}   # as words
 WEAK_NOUNS = {stem(w) for w in ("error", "failure", "fault", "problem", "issue", "gpu")}
 # A second question in one: ", and how many of them ...", "and the first time one opened", "and at which step"
-CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|at what|at which|in which|"
+CLAUSE = re.compile(r",?\s+and\s+(?=(?:how|what|which|when|why|(?:at|in|for|on|to|from|with) (?:what|which)|"
                     r"the (?:first|last|latest|earliest))\b)")
 REFERENTS = {"each", "one", "ones"}   # in a second part: the first part's rows (like "them", a function word)
 FILTERS = ("node", "job", "rule", "cond", "json")
@@ -135,16 +148,22 @@ SPAN_OF = re.compile(r"\b(?:(?:time|delay|gap|duration|latency|how long|how much
                      r"(?:between|from)|between)\b")
 # "break the actions down by state": the verb's two halves around its object are one grouping word, "by"
 BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+){1,4}? (down|up)(?= by\b)")
+# "break down the reboots by node", "split by where it resumed": the verb before its object, "by" the grouping word
+BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
+# "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
+LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
 NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
 SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
+# Verbs of a thing becoming faulty ("the loss went NaN", "node3 turned bad"): when it did is the fault's own time
+BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "became")}
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
-                          "made")}
+                          "made", "write", "wrote", "written")}
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
@@ -153,7 +172,9 @@ QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
 TIME_ORDER = {"by": "<=", "before": "<", "after": ">"}   # between two times of a row: "acked by the deadline"
 DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her", "our", "your")}
-AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are")}   # inside a phrase
+# inside a phrase ("steps were lost"; "to get acknowledged": to acknowledge)
+AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got", "gets",
+                         "getting")}
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
 
 
@@ -164,6 +185,8 @@ class Meaning:
     value: object = None
     learnt: bool = False      # from a name or value in the data, not from the schema document (vocabulary.yaml)
     weak: bool = False        # a value the schema lists that no row has: it fits, but weighs less in the choice
+    noun: bool = False        # a value spelled as the noun of an entity that is those rows: fits, weighs nothing
+    modifier: bool = False    # a value that modifies the entity's own noun ("remediation stage"): name or value
 
 
 @dataclass
@@ -201,10 +224,13 @@ class Query:
     compare: bool = False                 # "compare ... on node1 and node2": one row each
     exclude: dict[str, list] = field(default_factory=dict)   # negated filters: node/job/rule -> values
     anti: bool = False                    # "which nodes were never drained": the projection's others
+    without: Entity | None = None         # "drained but never rebooted": the projection less that entity's
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
     top: int | None = None
     hypo: str = ""
+    versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
+    ago: bool = False                     # "how long ago": the measure is the time from the row's time to now
     unit: str = ""                        # "in GiB", "in minutes": the measure in that unit
     search: list[str] = field(default_factory=list)   # quoted text the rows mention
     noun_of_name: str = ""                # a value word read as the noun of the name before it ("AER errors")
@@ -254,7 +280,8 @@ class Lexicon:
         for rid in model.rule_ids:
             add((rid,), Meaning("rule", None, (rid,)))
         reserved = {p for ps in model.refs.values() for p in ps}
-        reserved |= {p for ent in model.entities.values() for p in ent.words}
+        nouns = {p for ent in model.entities.values() for p in ent.words}
+        reserved |= nouns
         reserved |= {phrase_stems(w) for w in GRAMMAR}
         for ent in model.entities.values():
             for p in ent.words:
@@ -263,6 +290,10 @@ class Lexicon:
                 add(p, Meaning("cond", ent.name, cond))
             for p in ent.row_words:
                 add(p, Meaning("row", ent.name))
+            for p in ent.by_words:
+                add(p, Meaning("by", ent.name))
+            for p, device in ent.devices.items():
+                add(p, Meaning("device", ent.name, device))
             for col in ent.columns.values():
                 kind = {"measure": "measure", "time": "time", "category": "column", "text": "column"}.get(col.role)
                 if kind:
@@ -278,11 +309,18 @@ class Lexicon:
                     # set membership: equality for one value, and right for SLURM's comma-separated flags too
                     cond = Cond(ent.name, f"instr(',' || {col.name} || ',', ?) > 0", f"{col.name} {value}",
                                 col.name, (f",{value},",))
-                    for p in phrases:
-                        if p not in reserved or p in explicit.get(col.name, ()):
-                            add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen))
+                    for p in phrases:   # a value spelled by the noun of an entity that is those rows of this
+                        #   one ("requeue" actions: restarts): a reading only where that entity does not fit
+                        noun = p in nouns and p not in explicit.get(col.name, ()) and any(
+                            p in other.words and _subset(other, ent, col.name, value)
+                            for other in model.entities.values())
+                        if p in reserved and p not in explicit.get(col.name, ()) and not noun:
+                            continue
+                        add(p, Meaning("cond", ent.name, cond, learnt, value in col.unseen, noun))
                 for key in col.keys:
                     add(phrase_stems(key) + ("#",), Meaning("json", ent.name, (col.name, key), True))
+        for w in MADE:   # a verb that says a row was made fits every entity (a column's word of some, too)
+            add((w,), Meaning("filler"))
         for p, likes in _rule_id_words(model.rule_ids).items():   # every other word's meaning comes first, and a
             #   noun that names an entity stays its own ("nan loss events": events, not the kpi-nan-loss-event rule)
             if _determined(p) not in self.phrases and not any(
@@ -292,6 +330,13 @@ class Lexicon:
             for p in ent.words:                #  means nothing else; it weighs less than the whole compound
                 if len(p) > 1 and (p[-1],) not in self.phrases and p[-1] not in STOPWORDS:
                     self._add((p[-1],), Meaning("entity", ent.name, learnt=not ent.explicit, weak=True))
+        # a name whose modifier is a value of its own rows ("remediation stage": stages, and the stage remediating)
+        # means that value too, as "validation stage" does; the name alone where the question asks that column
+        for ent in model.entities.values():
+            for p in (p for p in ent.words if len(p) > 1):
+                for m in self.phrases.get(_determined(p[:-1]), []):
+                    if m.kind == "cond" and m.entity == ent.name:
+                        self._add(p, Meaning("cond", ent.name, m.value, m.learnt, m.weak, modifier=True))
         self.longest = max(len(p) for p in self.phrases)
         # phrases by their words, in any order: a compound written the other way round ("ambiguous isolation"), and
         # a phrase whose words are apart in the question ("how much training time did job 1 lose")
@@ -317,28 +362,37 @@ class Lexicon:
         for n in range(min(self.longest + 2, len(stems) - i), 0, -1):
             if not all(free[i:i + n]):
                 continue
-            if n > 1 and tuple(stems[i:i + n]) in self.phrases:   # a phrase with its auxiliary ("had no")
+            if n > 1 and tuple(stems[i:i + n]) in self.phrases and not self._learnt_only(tuple(stems[i:i + n])):
+                #                                                   a phrase with its auxiliary ("had no")
                 return n, self._led(tuple(stems[i:i + n])), []
             if n > 1 and (stems[i] in AUX or stems[i + n - 1] in AUX):
                 continue
             window = [w for k, w in enumerate(stems[i:i + n]) if k == 0 or w not in AUX]
             if len(window) > self.longest:
                 continue
-            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost")
-                found = [m for m in self.phrases.get(tuple(window), []) if m.kind == "measure"]
+            if len(window) < n:   # across an auxiliary only a measure's words ("steps were lost", "memory is free")
+                found = [m for m in self.phrases.get(tuple(window), []) if m.kind in ("measure", "metric")]
                 if found:
                     return n, found, []
                 continue
             nums = [_number(w) for w in window]
             key = tuple("#" if x is not None and not w.isalpha() else w for w, x in zip(window, nums))
             for k in (tuple(window), key):
-                if k in self.phrases:
+                if k in self.phrases and not self._learnt_only(k):
                     return n, self._led(k), [x for x, w in zip(nums, k) if w == "#"]
             others = self.by_words.get(frozenset(window), [])   # one phrase, its words in another order, where
             if n > 1 and len(others) == 1 and len(others[0]) == n and not all(   # a word means nothing alone
                     (w,) in self.phrases or w in STOPWORDS for w in window):
                 return n, self.phrases[others[0]], []
         return 0, [], []
+
+    def _learnt_only(self, phrase: tuple[str, ...]) -> bool:
+        """A phrase of several words that only names a value learnt from the data and starts with the name of what
+        rows refer to ("nodes down": the incident category node-down), each of whose words the schema document gives
+        a meaning of its own ("nodes", "down": a node's state): the document's words are read."""
+        return len(phrase) > 1 and all(m.learnt for m in self.phrases[phrase]) and any(
+            m.kind == "dim" for m in self.phrases.get(phrase[:1], [])) and all(
+            any(not m.learnt for m in self.phrases.get((w,), [])) for w in phrase)
 
     def agree(self, span: tuple[str, ...], meanings: list[Meaning], free: dict[str, int],
               names: dict[int, set[str]]) -> tuple[list[int], list]:
@@ -381,6 +435,12 @@ class Lexicon:
         return 0, 0, []
 
 
+def _subset(part: Entity, whole: Entity, column: str, value: str) -> bool:
+    """`part` is the rows of `whole`'s table with that value ("restarts": actions WHERE kind = 'requeue')."""
+    return part is not whole and table_of(part) == table_of(whole) and bool(
+        re.search(rf"\b{column}\s*=\s*'{re.escape(value)}'", part.source))
+
+
 def _rule_id_words(rule_ids) -> dict[tuple[str, ...], tuple[str, ...]]:
     """Rule ids in the words they are made of: "kernel hard lockup" and "hard lockup" (kernel-hard-lockup); a phrase
     several ids end in is each of them, a last word too where several ids share it ("lockups": hard and soft). Not
@@ -408,9 +468,9 @@ def _number(word: str) -> float | None:
         return None
 
 
-def _cmp(m: re.Match) -> tuple[str, float, str]:
+def _cmp(word: str, raw: str, unit: str) -> tuple[str, float, str]:
     """(operator, value, unit) of "more than 3 times", "over 30 s", "at least 2 minutes" (durations in seconds)."""
-    op, raw, unit = CMP_OPS[m.group(1)], m.group(2), m.group(3) or ""
+    op = CMP_OPS[word]
     value = float(NUMBER_WORDS.get(raw, raw))
     base = unit.rstrip("s") or unit
     if raw in ("once", "twice", "thrice") or base == "time":
@@ -437,6 +497,13 @@ def _bare_count(q: Query) -> bool:
     """'how often', 'how many times': a count with nothing of its own."""
     return q.qkind == "count" and not (q.conds or q.measure or q.agg or q.rules or q.nodes or q.jobs or q.exclude
                                        or q.since is not None or q.until is not None)
+
+
+def _bare_duration(q: Query) -> bool:
+    """'how long was it': a duration with nothing of its own."""
+    return q.qkind == "duration" and q.measure is None and q.time_col is None and not (
+        q.conds or q.agg or q.rank or q.order or q.rules or q.nodes or q.jobs or q.exclude or q.show
+        or q.since is not None or q.until is not None)
 
 
 def _from(ent: Entity) -> str:
@@ -475,6 +542,9 @@ class Parser:
                     parsed.alternatives = [a for a in parsed.alternatives if a is not query]
                 elif other.unknown:
                     query.extras.append(None)
+                elif _bare_duration(other.query) and query.measure is not None and _kind_of(
+                        query.measure.unit) == "s":   # "the longest stay ..., and how long was it": its measure,
+                    continue                          # which the first part's answer already shows
                 elif _bare_count(other.query) and query.qkind == "list":   # "which playbooks ..., and how often"
                     query.qkind = "count"
                     if query.show and not query.project:
@@ -539,6 +609,10 @@ class Parser:
         tokens = tokenize(q)
         if only is not None:
             tokens = [t for t in tokens if t.text not in REFERENTS]
+        # "did any node run out of memory? which ones?": the rows' subject named first is what is listed
+        self._local.ones = bool(re.search(r"[?.]\s*(?:and )?which ones\b", q))
+        if self._local.ones:
+            tokens = [t for t in tokens if t.text != "ones"]
         spans: list[Span] = []
         free = [True] * len(tokens)
 
@@ -560,12 +634,22 @@ class Parser:
         for m in BREAK_DOWN.finditer(q):
             claim(m.start(), m.start() + len(m.group(0).split(" ")[0]), Meaning("filler"))
             claim(m.start(1), m.end(1), Meaning("filler"))
+        for m in BREAK_DOWN_BY.finditer(q):
+            claim(m.start(), m.end(), Meaning("filler"))
+        for m in re.finditer(r"\bout of (?:all|every)(?: the| of the)?\b", q):   # "out of all requests, how many
+            claim(m.start(), m.end(), Meaning("agg", None, "of_all"))            # were acked": those, and all
+        for m in LASTED.finditer(q):
+            a, b = m.span(1) if m.group(1) else m.span()
+            claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
                 claim(a, b, Meaning("range", None, tr))
+            other = timerange.versus(q, tr)   # "vs the hour before that": the same question of a second period
+            if other:
+                claim(*other.spans[0], Meaning("versus", None, other))
         hypo = HYPO.search(q)
         if hypo:   # the action: its words, with the node it acts on between them ("take node3 out of service")
             for words, verb in sorted(HYPO_VERBS.items(), key=lambda kv: -len(kv[0])):
@@ -584,7 +668,11 @@ class Parser:
             if all(free[i] for i, t in enumerate(tokens) if m.start() <= t.start < m.end()):   # not a time range's
                 claim(m.start(), m.end(), Meaning("between"))
         for m in CMP.finditer(q):
-            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m)))
+            claim(m.start(), m.end(), Meaning("cmp", None, _cmp(m.group(1), m.group(2), m.group(3) or "")))
+        for m in CMP_OR.finditer(q):
+            word = m.group(3) + " than" if m.group(3) + " than" in CMP_OPS else m.group(3)   # "or more", "or over"
+            op, value, unit = _cmp(word, m.group(1), m.group(2) or m.group(4) or "")
+            claim(m.start(), m.end(), Meaning("cmp", None, (op + "=", value, unit)))
         n = rf"(\d+|{'|'.join(COUNTS)})"   # "top 3", "top three"
         for m in re.finditer(rf"\btop {n}\b|\b{n} (?=(?:most|worst|busiest|least|slowest|longest)\b)"   # and
                              rf"|\bthe {n} (?=[a-z]+(?: [a-z]+)? (?:that|which|with|who)\b.*\b(?:most|least|fewest|"
@@ -665,6 +753,8 @@ class Parser:
                     spans.append(Span(i, i + 1, t.text, [Meaning("weak")]))
         leftovers = [t.text for i, t in enumerate(tokens) if free[i] and t.text not in STOPWORDS
                      and t.stem not in STOPWORDS]
+        if tokens and tokens[0].text == "whose":   # a question for an owner, a person the data does not record
+            leftovers.insert(0, "whose")          # ("incidents whose status ...": a relative, a function word)
         for s in spans:   # "time" is a measure's word; only "times" counts ("how many times", "the most times")
             if s.text == "time":
                 s.meanings = [m for m in s.meanings if m.kind != "times"]
@@ -678,6 +768,9 @@ class Parser:
             names = tuple(m.entity for m in b.meanings if m.kind == "entity")
             if a.meanings[0].kind == "rel" and names:
                 b.meanings = [Meaning("related", None, names)]
+            if a.end == b.start and any(m.kind == "copula" for m in a.meanings) and any(
+                    m.kind == "cond" for m in b.meanings):   # "came back failed": a copula before a value, no return
+                a.meanings = [m for m in a.meanings if m.kind == "copula"]
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         if only is not None:
             return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)
@@ -686,14 +779,14 @@ class Parser:
     # ---------- choosing the entity and filling the slots ----------
 
     def _fits(self, m: Meaning, ent: Entity) -> bool:
-        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row"):
+        if m.kind in ("entity", "cond", "measure", "time", "column", "json", "metric", "row", "by", "device"):
             return m.entity == ent.name
         if m.kind == "dim":
             return m.value in ent.refs or (ent.name == "nodes" and m.value == "node")
         if m.kind in ("node", "job", "rule"):
             return m.kind in ent.refs
         if m.kind == "now":
-            return ent.now
+            return ent.now or ent.readings
         if m.kind == "weak":
             return "rule" in ent.refs
         if m.kind in ("hypo", "hypo-word"):
@@ -702,14 +795,20 @@ class Parser:
             return any(n != ent.name and link(ent, self.model.entities[n]) for n in m.value)
         if m.kind == "between":
             return bool(ent.time)
+        if m.kind == "rank" and m.value in ("longest", "shortest"):   # how long something lasted: a duration's
+            return bool(self._durations(ent))   # rows (a stay, an outage), never a current state's
         return True
+
+    @staticmethod
+    def _durations(ent: Entity) -> list[Column]:
+        return [c for c in ent.measures() if _kind_of(c.unit) == "s"]
 
     def _interpret(self, spans, leftovers, tokens, yesno, unknown_nodes) -> Parse:
         model = self.model
         past = any(m.kind == "past" for s in spans for m in s.meanings) or any(
             t.text in PAST_FORMS or t.text in ("was", "were", "did", "had") for t in tokens)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
-        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2,
+        weights = {"entity": 3, "cond": 1, "measure": 2, "time": 1, "column": 1, "json": 1, "metric": 2, "by": 1,
                    "hypo": 3, "rule": 1}
         best, best_key, keys = None, None, {}
         # "how many times": occurrences in a history, never a current-state view's one row per node
@@ -722,7 +821,7 @@ class Parser:
             else:
                 tense_ok = True
             fit = [any(self._fits(m, ent) for m in s.meanings) for s in spans]
-            score = sum(max((weights.get(m.kind, 0) / (2 if m.weak else 1) for m in s.meanings
+            score = sum(max((weights.get(m.kind, 0) * (not m.noun) / (2 if m.weak else 1) for m in s.meanings
                              if self._fits(m, ent)), default=0) for s in spans)
             if any(m.kind == "hypo" for s in spans for m in s.meanings) and ent.name == "nodes":
                 score += 3
@@ -745,9 +844,9 @@ class Parser:
                          unknown_nodes, understood=understood)
         parsed = self._fill(best, spans, leftovers, tokens, yesno, unknown_nodes, past)
         if not parsed.unknown:
-            others = [(best, pick) for pick in self._choices(best, spans)]
+            others = [(best, pick) for pick in self._choices(best, spans, tokens)]
             others += [(ent, pick) for ent in self._readings(best, spans, keys, present)
-                       for pick in [None, *self._choices(ent, spans)]]
+                       for pick in [None, *self._choices(ent, spans, tokens)]]
             for ent, pick in others:
                 other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
                 if not other.unknown:
@@ -763,7 +862,8 @@ class Parser:
         drained")."""
         fitting = [n for n, k in keys.items() if k[0] == 0 and n != best.name
                    and not (present and best.now and not self.model.entities[n].now)
-                   and not self._outworded(self.model.entities[n], best, spans)]
+                   and not self._outworded(self.model.entities[n], best, spans)
+                   and not self._by_noun(self.model.entities[n], spans)]
         for kind in ("entity", "measure"):   # a measure's words may be a time of another ("back in service"); a
             #     subject's word may be a condition of another history ("failures": incidents, or failed health
             #     checks), not of a current-state view, which only present tense reads ("drains" are not "draining")
@@ -787,6 +887,12 @@ class Parser:
                 fitting = [n for n in fitting if any(m.kind == "entity" and m.entity == n
                                                      for s in spans for m in s.meanings) or self._names(n)]
         return [self.model.entities[n] for n in sorted(fitting, key=lambda n: keys[n], reverse=True)]
+
+    def _by_noun(self, ent: Entity, spans: list[Span]) -> bool:
+        """Some word fits `ent` only as a value spelled by another entity's noun ("requeues": actions of kind
+        requeue): the noun names its own entity, and this one is read only where that one does not fit."""
+        return any(fit and all(m.noun for m in fit) for fit in (
+            [m for m in s.meanings if self._fits(m, ent)] for s in spans))
 
     def _names(self, name: str) -> bool:
         """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
@@ -813,7 +919,7 @@ class Parser:
             fitting = [m for m in fitting if not (m.kind in CONTENT and m.learnt)]
         return sorted(fitting, key=lambda m: RANK.index(m.kind) if m.kind in RANK else len(RANK))
 
-    def _choices(self, ent: Entity, spans: list[Span]) -> list[tuple[int, Meaning]]:
+    def _choices(self, ent: Entity, spans: list[Span], tokens) -> list[tuple[int, Meaning]]:
         """Other senses of a word for this entity, each a reading of its own: (span index, sense). A word that names
         the entity is read with all its senses at once ("in remediation": the entity and its state)."""
         out = []
@@ -823,7 +929,10 @@ class Parser:
                 out += [(n, m) for m in senses[1:] if m.kind in CONTENT and m.value != senses[0].value]
             if n and self._names_head(ent, spans[n - 1], s, senses):
                 out.append((n, Meaning("filler")))
-        return out
+            last = tokens[s.end - 1]
+            if any(m.modifier for m in senses) and last.text != last.stem and last.text.endswith("s"):
+                out.append((n, Meaning("entity", ent.name, "name")))   # "remediation stages": the stages of
+        return out                                                     # remediation, or those in remediating
 
     def _names_head(self, ent: Entity, before: Span, s: Span, senses: list[Meaning]) -> bool:
         """A value word right after the name of another value of the rows may be that name's own noun, not a
@@ -843,24 +952,41 @@ class Parser:
         pending_group = False
         negate = neg_column = relation = searched = negate_text = ""
         negated = -1   # the token where a negated filter ended
-        single = new = ""
+        single = new = now_word = ago = waited = timed_word = ""
         periods: list[tuple[str, int]] = []   # words naming a period of time ("hour"), each the buckets' or unknown
         each_row = False
         loose: list[int] = []     # spans with no sense for this entity
         measured = False          # a word named the measure (not the entity's own name: "out of service")
         timed: set[int] = set()   # the two spans of "between X and Y", read as times
         most = False
+        modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
+        lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
+        devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
-            if s.meanings[0].kind == "copula":   # "marked resolved": only before a value of a category
-                if not (n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent)
-                                                   for m in spans[n + 1].meanings)):
+            # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
+            # ("came back") is that column otherwise
+            if any(m.kind == "copula" for m in s.meanings):
+                if n + 1 < len(spans) and any(m.kind == "cond" and self._fits(m, ent) for m in spans[n + 1].meanings):
+                    continue
+                if not any(m.kind != "copula" and self._fits(m, ent) for m in s.meanings):
+                    unknown.append(s.text)
+                    continue
+            if s.meanings[0].kind == "wait":   # understood with a duration (below)
+                waited = s.text
+                continue
+            if s.meanings[0].kind == "only":   # "only led to a drain" restricts what else there was: not understood
+                near = [spans[k] for k in (n - 2, n - 1, n + 1, n + 2) if 0 <= k < len(spans)]
+                if not any(m.kind == "cond" and self._fits(m, ent) and m.value.column in ent.columns
+                           and ent.columns[m.value.column].role == "category" for x in near for m in x.meanings):
                     unknown.append(s.text)
                 continue
             if s.meanings[0].kind == "new":   # "new incidents": new since the time range's start, or unclear
                 new = s.text
                 continue
-            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name
-                if not (n + 1 < len(spans) and any(m.kind == "rule" for m in spans[n + 1].meanings)):
+            if s.meanings[0].kind == "after":   # "drained after node death": only before a fault's name, or the
+                #   word for the row itself ("out of service after being drained": from the drain on, as it is)
+                if not (n + 1 < len(spans) and any(m.kind == "rule" or (m.kind == "row" and m.entity == ent.name)
+                                                   for m in spans[n + 1].meanings)):
                     unknown.append(s.text)
                 continue
             fitting = self._senses(ent, s)
@@ -868,6 +994,12 @@ class Parser:
                     ent, spans[n - 1], s, fitting) and self._senses(ent, spans[n - 1])[0].value.column == "kind":
                 q.understood.append(s.text)   # "EDAC errors": a kind's name and its class noun, as "xid errors" after
                 continue                      # a rule's name, whatever their severity
+            other = next((self.model.entities[m.entity] for m in s.meanings if m.kind == "entity"
+                          and m.entity != ent.name and negate.endswith("never")), None)
+            if other is not None and not fitting and q.without is None:   # "nodes drained but never rebooted": the
+                q.without, negate = other, ""   # listed ones less those another entity's rows name (below)
+                q.understood.append(s.text)
+                continue
             if not fitting:
                 if s.meanings[0].kind not in ("unknown-node",):
                     loose.append(n)
@@ -877,8 +1009,11 @@ class Parser:
                 q.noun_of_name = s.text
             kind, value = m.kind, m.value
             q.understood.append(s.text)
-            if negate and kind in ("past", "present", "filler"):   # "have not been closed": the negation reaches on
-                continue
+            agent = any(m.kind == "cond" and self._fits(m, ent) for x in spans[n + 1:n + 2] for m in x.meanings)
+            if negate and (kind in ("past", "present", "filler") or (kind == "time" and value == ent.time and any(
+                    m.kind == "group" for x in spans[n + 1:n + 2] for m in x.meanings)) or (
+                    kind == "group" and s.text == "by" and agent)):
+                continue   # "have not been closed", "not raised by the watchdog": the negation reaches on
             if kind == "between":   # the next two words name two times of the row: the measure is the time apart,
                 # never negative whichever is named first ("from incident to fault" is the detection time too);
                 # a word naming the row itself stands for its own time ("from fault to incident": to its opening)
@@ -942,6 +1077,10 @@ class Parser:
                     negate, neg_column = "", cond.column
                     continue
                 negated = -1
+                if kind == "time" and value == ent.time:   # "not open": every row has its own start; unclear
+                    unknown.append(negate_text)
+                    negate = ""
+                    continue
                 if kind == "time":   # "never got an ack", "not closed": that time is not there
                     col = ent.columns[value]
                     sql = col.name if col.sql == f"src.{col.name}" else col.sql
@@ -954,6 +1093,8 @@ class Parser:
                     unknown.append(negate)
                     negate = ""
             if kind == "range":
+                if q.period and q.period != value.words:   # a second time range: which one bounds the rows?
+                    unknown.append(s.text)
                 q.since, q.until, q.period = value.since, value.until, value.words
             elif kind == "node":
                 q.nodes.append(value)
@@ -968,18 +1109,31 @@ class Parser:
                     q.order, value = ("earliest" if value == "when-first" else "latest"), "when"
                 if q.qkind in ("list", "yesno") or value == "count":
                     q.qkind = value
+                elif value != q.qkind and not (value == "why" and any(   # "how many requeues did xid errors
+                        m.kind == "rule" for x in spans for m in x.meanings)):   # cause": the fault's filter
+                    unknown.append(s.text)   # "how long ... when": a second question word the first left out
             elif kind == "agg":
+                if q.agg and q.agg != value:   # "average total": one aggregate replacing another says neither
+                    unknown.append(s.text)
                 q.agg = value
             elif kind == "rank":
-                q.rank = "max" if value == "most" else value
+                rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
+                if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
+                    unknown.append(s.text)
+                q.rank = rank
+                lasting = lasting or (s.text if value in ("longest", "shortest") else "")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
                         m.kind == "rank" for m in spans[n - 1].meanings):   # "most first": an order, largest first,
                     q.rank, q.sort = "", True                                 # of every row, not the top one
                     continue
+                if q.order and q.order != value:
+                    unknown.append(s.text)
                 q.order = value
             elif kind == "unit":
+                if q.unit and q.unit != value:
+                    unknown.append(s.text)
                 q.unit = value
             elif kind == "text":
                 q.search.append(value)
@@ -1017,6 +1171,11 @@ class Parser:
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
+                if n + 1 < len(spans) and spans[n + 1].start == s.end and not any(
+                        x.kind in ("cond", "measure") for x in fitting) and any(
+                        x.kind == "entity" and x.entity == ent.name for x in spans[n + 1].meanings):
+                    unknown.append(s.text)   # "log events": a word before the entity's noun that narrows it in a
+                    continue                 # way not understood (it names the entity, and nothing of its own)
                 last = tokens[s.end - 1].text
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
@@ -1028,7 +1187,10 @@ class Parser:
                 own = [x for x in fitting if x.kind == "measure"]
                 if own and q.measure is None:     # "time out of service" names the entity and its measure
                     q.measure = ent.columns[own[0].value]
+                if m.value == "name":   # the other reading of "remediation stages": the name, no value
+                    fitting = [x for x in fitting if not x.modifier]
                 q.conds += [x.value for x in fitting if x.kind == "cond"]   # "in remediation": entity and state
+                modified += [x.value for x in fitting if x.kind == "cond" and x.modifier]
                 if s.start and tokens[s.start - 1].text in ("which", "what") and ent.label not in ("id", "rowid"):
                     q.which = True
                     if not q.project and ent.label in ent.columns and not ent.now:
@@ -1056,7 +1218,9 @@ class Parser:
                         and spans[n - 1].end == s.start:   # "how many steps were lost": what is counted is summed;
                     q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")   # "the largest number of": ranked
             elif kind == "time":
-                q.time_col = value
+                if q.time_col and q.time_col != value:   # two times of the row, neither said to be a span
+                    unknown.append(s.text)
+                q.time_col, timed_word = value, s.text
             elif kind == "column":
                 if pending_group:
                     q.group.append(value)
@@ -1072,9 +1236,15 @@ class Parser:
                     before = tokens[s.start - 1].text if s.start else ""
                     if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
                                   "distinct", "different", "rank", "sort", "order") or before.isdigit() \
-                            or before in COUNTS:
+                            or before in COUNTS or (self._local.ones and not q.project):
                         q.project = q.project or col     # "which nodes ...": one row per node
                         q.count_distinct = before in ("many", "distinct", "different")
+            elif kind == "versus":
+                q.versus = value
+            elif kind == "ago":
+                ago = s.text
+            elif kind == "now" and not ent.now:   # a history of readings: its latest row (below)
+                now_word = s.text
             elif kind == "hypo":
                 q.hypo = value
             elif kind == "row" and pending_group:   # "on average per drain": over the rows, each one drain; with
@@ -1082,11 +1252,14 @@ class Parser:
                 continue
             elif kind == "single":   # "the most steps lost in a single requeue": one row's, kept if ranked
                 single = s.text
+            elif kind == "device":
+                devices.append((s.text, value))
             if pending_group in ("each", "every") and kind in ("measure", "time"):   # "until each came back"
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
-            if pending_group == "by" and kind in ("node", "job", "rule"):   # "reported by job 1": who, not a grouping
+            if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by
+                #                                                          the watchdog": who, not a grouping
                 pending_group = False
             if pending_group == "by" and kind == "single" and n + 1 < len(spans) and any(
                     m.kind == "entity" and m.entity == ent.name for m in spans[n + 1].meanings):
@@ -1094,10 +1267,14 @@ class Parser:
             if pending_group and not (kind in ("dim", "column") or (kind == "measure" and q.group)):
                 unknown.append(pending_group)   # "per" or "each" that groups by nothing understood
             pending_group = False
+        unended = any(c.sql.endswith(" IS NULL") and not c.sql.startswith("NOT ") for c in q.conds)
         for n in loose:   # a word that repeats the measure ("how many steps did job 1 lose": steps lost), the modifier
             s = spans[n]  # of the entity's own name ("checkpoint ack time": of checkpoint requests), or a related
             #               entity's name qualifying a column of this one ("time lost per recovery source")
             after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+            if s.meanings[0].kind == "now" and unended:   # rows whose end is not there yet ("incidents open right
+                q.understood.append(s.text)              # now", "never acked"): they are so now
+                continue
             if set(phrase_stems(s.text)) <= {w for p in ent.words for w in p[:-1]} - STOPWORDS or (after and any(
                     m.kind == "entity" and m.entity != ent.name and link(ent, self.model.entities[m.entity])
                     for m in s.meanings) and any(m.kind in ("column", "dim", "measure") and self._fits(m, ent)
@@ -1120,25 +1297,57 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
+            long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
+            if len(long) == 1:
+                q.measure = long[0]
+            elif q.qkind != "duration":   # a "how long" question's own duration, else unclear: never a count of
+                unknown.append(lasting)   # rows ("which job has run the longest")
         if q.cmp and q.measure and {q.cmp[2], _kind_of(q.measure.unit)} >= {"steps", "s"}:
             unknown.append(f"{q.cmp[1]:g} {q.cmp[2]}")   # "lose more than 10 steps": not a time lost
         if single and not q.rank:
             unknown.append(single)
+        unknown += [text for text, (column, values) in devices if not any(
+            c.column == column and any(str(p).strip(",") in values for p in c.params) for c in q.conds)]
         unknown += [text for text, seconds in periods if q.bucket != seconds]
         if q.sort and not (q.project or q.group):   # "rank" with nothing to rank
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if q.time_col and not (q.qkind == "when" or q.order and q.time_col == ent.time or q.ago):
+            # a time named of rows, not asked when nor ordered by: that time is there ("drains finished", "the
+            # node was back"), as a time negated is that time not there ("never acked")
+            col = ent.columns[q.time_col]   # (the row's own time, "incidents opened", every row has)
+            sql = col.name if col.sql == f"src.{col.name}" else col.sql
+            if q.time_col != ent.time:
+                q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
+            q.time_col = None
+        if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
+            unknown.append(waited)
+        if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks
+            if q.qkind == "duration" and q.measure is None and ent.time:
+                q.ago = True
+            else:
+                unknown.append(ago)
+        if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
+            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
+                    q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
+                q.order = "latest"
+            else:
+                unknown.append(now_word)
         if each_row and not (q.agg or q.rank):
             q.per_item = True
         if negate:
             unknown.append(negate)
+        for cond in modified:   # "what remediation stage is node2 in": the column asked is no value given, so the
+            if cond.column in (q.project, *q.show) and cond in q.conds:   # modifier is part of the name
+                q.conds.remove(cond)
         present = any(m.kind in ("present", "now", "still") for s in spans for m in s.meanings) and not past
         if present and not ent.now and q.one_value():
             # "what stage is node2 in": one value, now, of one node or job; a history's answer is its latest row,
             # never a count of every value it has had (in the past tense it is asked back: sigma.companion.fast)
             q.show, q.project, q.order = [ent.label], None, "latest"
-        if yesno and q.qkind == "list":
+        if yesno and q.qkind == "list" and not self._local.ones:
             q.qkind = "yesno"
         if not q.hypo and any(m.kind == "hypo-word" for s in spans for m in s.meanings):
             unknown.append("what if")   # a hypothetical whose action was not understood: not a filter on today
@@ -1146,10 +1355,17 @@ class Parser:
         if measured and q.which and q.measure.agg == "sum" and q.qkind in ("list", "yesno") and not (
                 q.cmp or q.agg or q.rank or q.having or q.order or q.group or q.bucket is not None):
             q.cmp = (">", 0.0, "s" if q.measure.unit == "s" else "")   # "which jobs lost steps": more than none
+        fault = ent.columns.get("fault_ts")
+        if q.qkind == "when" and q.rules and not q.time_col and fault is not None and fault.role == "time" and any(
+                t.stem in BECAME for t in tokens):   # "when did the loss last go NaN": when the fault happened,
+            q.time_col = fault.name                  # not its detection ("when was the last NaN loss": its incident)
         if q.compare:   # "compare X on node1 and node2": one row per node (or job)
             ref = "node" if len(q.nodes) > 1 else "job" if len(q.jobs) > 1 else None
+            values = [c.column for c in q.conds if c.column in ent.columns and ent.columns[c.column].role == "category"]
             if ref and ent.refs.get(ref) and not ent.refs[ref].startswith("list:"):
                 q.group.append(ent.refs[ref])
+            elif len(values) > 1 and len(set(values)) == 1:   # "compare ... of critical and warning incidents":
+                q.group.append(values[0])                       # one row per value of that column
             else:
                 unknown.append("compare")
         if q.search:   # text searched in the columns named ("in their summary"), else in every text column
@@ -1162,6 +1378,12 @@ class Parser:
                                     f"mentions '{text}'", "search:" + text, (like,) * len(cols)))
         elif searched:
             unknown.append(searched)
+        if q.without is not None:   # "nodes drained but never rebooted": what is listed is in both entities' rows
+            named = [ent.refs.get(m.value) for x in spans for m in x.meanings if m.kind == "dim"]
+            q.project = q.project or next((d for d in named if d and not d.startswith("list:")), None)
+            ref = next((r for r, c in ent.refs.items() if c == q.project), None)
+            if ref is None or not q.without.refs.get(ref) or q.qkind not in ("list", "yesno", "count") or q.group:
+                unknown.append(f"never {q.without.name.replace('_', ' ')}")
         if q.having and not q.project and not q.group:
             dims = [ent.refs.get(m.value) for s in spans for m in s.meanings if m.kind == "dim"]
             dims = [d for d in dims if d and not d.startswith("list:")]

@@ -91,6 +91,8 @@ def scope(q: Query) -> str:
         bits.append("on " + ", ".join(q.nodes))
     if q.jobs:
         bits.append("of job " + ", ".join(map(str, q.jobs)))
+    if q.without is not None:   # "drained but never rebooted"
+        bits.append(f"{q.project or 'those'} never in {q.without.name.replace('_', ' ')}")
     for ref, values in q.exclude.items():   # "excluding xid", "except on node1"
         bits.append(f"not {ref} " + " or ".join(str(v).replace("%", "*") for v in values))
     if q.cmp:
@@ -132,10 +134,24 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             "would interrupt"
         return (f"{action} {nodes} now: job(s) {', '.join(map(str, jobs))} run there (latest SLURM state); "
                 f"{'it ' + verb if q.hypo == 'drain' else 'that ' + verb + ' them'}.")
+    if b.shape == "parts":   # one value over the rows, and over the parts each merges
+        if b.value == "n":
+            return f"{rows[0][0]} {noun(q, rows[0][0])}{scope(q)}, written as {rows[0][1]} {q.entity.parts[0]}."
+        label = column_words(b.value).replace("avg ", "average ")
+        return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; over their "
+                f"{q.entity.parts[0]}: {fmt(columns[1], rows[0][1])}.")
+    if b.shape == "versus":   # one value of two periods
+        if b.value == "n":
+            return f"{rows[0][0]} {noun(q, rows[0][0])}{scope(q)}; {rows[0][1]} {q.versus.words}."
+        label = column_words(b.value).replace("avg ", "average ")
+        return (f"{label[0].upper() + label[1:]} — {noun(q)}{scope(q)}: {fmt(b.value, rows[0][0])}; "
+                f"{q.versus.words}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "scalar":
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
         if b.value == "n":
             text = f"{v} {noun(q, v)}{scope(q)}."
+            if "n_all" in columns:   # "out of all ...": and how many there are in all
+                text = text[:-1] + f", out of {rows[0][columns.index('n_all')]} in all."
             text += "".join(f" {column_words(c)[0].upper() + column_words(c)[1:]}: {fmt(c, x)}."
                             for c, x in zip(columns, rows[0] if rows else []) if c in b.extras)
         else:

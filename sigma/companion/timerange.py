@@ -110,3 +110,29 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
             t -= timedelta(days=1)
         return out(m, t, None) if m.group(1) in ("since", "after") else out(m, None, t)
     return None
+
+
+# the second period of a comparison, named from the first: "vs the hour before that", "compared with after"
+VERSUS = re.compile(r"\b(?:vs\.?|versus|compared (?:with|to)|against)\s+(?:the\s+)?(?:(?P<unit>minute|hour|day|week)"
+                    r"\s+before(?:\s+(?:that|it))?|previous\s+(?P<prev>minute|hour|day|week)|(?P<side>after|before)"
+                    r"(?:\s+(?:that|it))?)(?!\s*\d)\b")
+
+
+def versus(q: str, first: TimeRange) -> TimeRange | None:
+    """The period a comparison sets beside the question's time range, or None where none is named or it does not
+    follow from that range: the unit before a range that starts somewhere ("in the last hour vs the hour before
+    that"), the other side of a range open on one side ("before 16:00 compared with after")."""
+    m = VERSUS.search(q, max(end for _, end in first.spans))
+    if not m:
+        return None
+    unit = m.group("unit") or m.group("prev")
+    if unit and first.since is not None:
+        since, until = first.since - UNITS[unit], first.since
+    elif m.group("side") == "after" and first.until is not None and first.since is None:
+        since, until = first.until, None
+    elif m.group("side") == "before" and first.since is not None and first.until is None:
+        since, until = None, first.since
+    else:
+        return None
+    return TimeRange(since, until, m.group(0).split(None, 1)[1] if not m.group(0).startswith("compared") else
+                     m.group(0).split(None, 2)[2], [m.span()])

@@ -260,3 +260,268 @@ def test_smartd_reporting_a_disk_degrading_notifies_and_never_drains(message, ac
     outcome = try_line(RULES, BY_ID["disk-health-warning"], f"May  4 15:09:40 node1 smartd[15638]: {message}",
                        "rfc3164", SECTIONS)
     assert sorted({f.action for f in outcome.findings}) == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    # a ring or engine stopped the job's work and the driver reset the GPU itself: the job restarts
+    ("[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx_0.0.0 timeout, signaled seq=9910, emitted seq=9912",
+     ["requeue"]),
+    ("amdgpu 0000:03:00.0: amdgpu: ring comp_1.1.0 timeout, signaled seq=7, emitted seq=9", ["requeue"]),
+    ("amdgpu 0000:03:00.0: amdgpu: IP block:gfx_v11_0 is hung!", ["requeue"]),
+    ("[drm:gfx_v11_0_bad_op_irq [amdgpu]] *ERROR* Illegal opcode in command stream", ["requeue"]),
+    ("[drm] VRAM is lost due to GPU reset!", ["requeue"]),
+    # the recovery is going badly: an admin hears of it before the driver's full reset decides
+    ("amdgpu 0000:28:00.0: Ring gfx_0.0.0 reset failed", ["notify"]),
+    ("amdgpu 0000:c5:00.0: amdgpu: MES failed to respond to msg=SUSPEND", ["notify"]),
+    ("amdgpu 0000:08:00.0: amdgpu: MES(1) failed to respond to msg=REMOVE_QUEUE", ["notify"]),
+    ("[drm:mes_v11_0_submit_pkt_and_poll_completion.constprop.0 [amdgpu]] *ERROR* MES failed to response msg=3",
+     ["notify"]),
+    ("amdgpu 0000:c5:00.0: amdgpu: MES might be in unrecoverable state, issue a GPU reset", ["notify"]),
+    ("amdgpu: The cp might be in an unrecoverable state due to an unsuccessful queues preemption", ["notify"]),
+    # a GPU the driver cannot reset, start or trust: the node reboots
+    ("amdgpu 0000:0b:00.0: amdgpu: GPU reset(1) failed", ["drain+reboot"]),
+    ("amdgpu 0000:03:00.0: amdgpu: Fatal error during GPU init", ["drain+reboot"]),
+    ("amdgpu 0000:e3:00.0: amdgpu: uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!",
+     ["drain+reboot"]),
+    ("amdgpu 0000:01:00.0: amdgpu: 2 uncorrectable hardware errors detected in umc block", ["drain+reboot"]),
+    # look-alikes: recovery that worked, RAS all-clear and totals, corrected errors, set-up lines
+    ("amdgpu 0000:08:00.0: amdgpu: GPU reset(2) succeeded!", []),
+    ("amdgpu 0000:03:00.0: amdgpu: Ring comp_1.1.0 reset succeeded", []),
+    ("amdgpu 0000:c3:00.0: amdgpu: no uncorrectable hardware errors detected in umc block", []),
+    ("amdgpu 0000:01:00.0: amdgpu: 1 correctable hardware errors detected in gfx block", []),
+    ("amdgpu 0000:83:00.0: amdgpu: ring gfx_0.0.0 uses VM inv eng 0 on hub 0", []),
+])
+def test_amd_gpu_hangs_restart_the_job_bad_recoveries_notify_and_failed_gpus_reboot(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("habanalabs hl2: Failed to communicate with Device CPU (CPU-CP timeout)", ["drain+reboot"]),
+    ("habanalabs 0000:1a:00.0: Failed to initialize hl2. Device is NOT usable !", ["drain+reboot"]),
+    ("habanalabs hl0: Device heartbeat failed! PCI link is healthy", ["drain+reboot"]),
+    ("habanalabs hl1: Successfully loaded firmware to device", []),
+])
+def test_a_gaudi_its_driver_cannot_use_reboots(line, actions):
+    assert decide(line)[1] == actions
+
+
+def test_the_nvidia_driver_refusing_work_until_a_reset_reboots():
+    assert decide("NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED] "
+                  "(0x00000062) returned from status @ kernel_channel.c:2874") == (["gpu_reset_required"],
+                                                                                  ["drain+reboot"])
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("SError Interrupt on CPU5, code 0x00000000be000000 -- SError", ["drain+ticket"]),  # the hardware's error
+    ("SError Interrupt on CPU3, code 0xbe000011 -- SError", ["drain+ticket"]),
+    ("Kernel panic - not syncing: Asynchronous SError Interrupt", ["drain+reboot"]),  # the panic that follows
+])
+def test_an_arm64_serror_drains_for_the_hardware_and_its_panic_reboots(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("amdgpu 0000:06:00.0: device has no AER-aware driver", ["drain+reboot"]),  # older kernels' wording
+    ("pcieport 0000:00:1c.4: AER: Device recovery failed", ["drain+reboot"]),
+    ("pcieport 0000:00:1c.4: AER: Device recovery successful", []),
+])
+def test_aer_that_cannot_recover_a_device_reboots_in_older_kernels_words_too(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("Feb 02 09:52:07 node1 slurmd[12912]: slurmd: fatal: can't stat gres.conf file /dev/nvidia0: No such file or "
+     "directory", ["notify"]),
+    ("Feb 20 18:59:13 node1 slurmd[57977]: fatal: gres.conf duplicate records for gpu", ["notify"]),
+    ("Feb 22 17:46:38 node1 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory "
+     "'/opt/enroot/data': Permission denied", ["notify"]),
+    ("May 10 05:42:37 node1 systemd[1]: slurm.service: main process exited, code=exited, status=1/FAILURE",
+     ["notify"]),  # older systemd's lower-case wording
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: error: *** STEP 63532.0 STEPD TERMINATED ON node1 AT "
+     "2020-12-14T09:44:56 DUE TO JOB NOT ENDING WITH SIGNALS ***", ["notify"]),  # unkillable: SLURM drains itself
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: [63532.0] error: *** STEP 63532.0 ON node1 CANCELLED AT "
+     "2020-12-14T09:44:56 ***", []),  # a user's scancel
+    ("Feb 02 09:51:48 node1 slurmd[12912]: slurmd: slurmd version 23.02.7 started", []),
+    ("Feb 02 09:51:48 node1 slurmd[12912]: error: Node configuration differs from hardware: CPUs=64:128(hw)", []),
+    ("Feb 02 09:52:07 node1 kernel: slurmd: fatal: not slurmd's own line", []),  # the kernel does not speak for it
+])
+def test_slurmds_own_failures_notify_and_never_drain(line, actions):
+    outcome = try_line(RULES, BY_ID["slurm-daemon-error"], line, "rfc3164", SECTIONS)
+    assert sorted({f.action for f in outcome.findings}) == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, message: Invalid address",
+     ["nccl_error"], ["requeue"]),  # EFA's provider failed a work request
+    ("[1,13]<stderr>:libfabric:35:1668017255::efa:cq:rxr_cq_write_tx_error():243<warn> rxr_cq_write_tx_error: "
+     "err: 20, prov_err: Not a directory (20)", ["nccl_error"], ["requeue"]),
+    ("Unable to write to EQ: Missing or unavailable event queue. err: Input/output error (5) prov_errno: Unknown "
+     "error -12 (-12) prov/efa/src/rxr/rxr.h:1343", ["nccl_error"], ["requeue"]),
+    ("nccl_net_ofi_domain_get_ep:969 NCCL WARN NET/OFI Creating new endpoint for domain 0x7f9befa99380 failed: "
+     "Invalid argument", ["nccl_error"], ["requeue"]),
+    ("compute-dy-p4d-1: Test CUDA failure common.cu:1045 'unknown error'", ["nccl_error"], ["requeue"]),
+    ("Test CUDA failure common.cu:1007 'CUDA-capable device(s) is/are busy or unavailable'", ["nccl_error"],
+     ["requeue"]),
+    (" [WARN] Kernel module nvidia_uvm is not loaded. Make sure the NVIDIA device driver is installed and loaded",
+     ["cuda_driver_unusable"], ["notify"]),  # enroot's NVIDIA hook
+    ("nvidia-container-cli: initialization error: nvml error: driver not loaded", ["cuda_driver_unusable"],
+     ["notify"]),
+    ("srun: error: Task launch for 23.0 failed on node node3: Job prolog failed", ["slurm_prolog_failed"],
+     ["notify"]),
+    ("salloc: Prolog failure on node k003-006", ["slurm_prolog_failed"], ["notify"]),
+    ("slurmstepd: error: Prolog hung on node worker-3", ["slurm_prolog_failed"], ["notify"]),
+    # look-alikes: the plugin's and libfabric's informational lines, a test that passed
+    ("ip-172-31-69-127:451707:453373 [4] NCCL INFO NET/OFI Using aws-ofi-nccl 1.7.4-aws", [], []),
+    ("libfabric:35:1668017255::efa:core:efa_device_init():120<info> EFA device 0 ready", [], []),
+    ("8h200-2:6831:6840 [0] NCCL INFO TUNER/Plugin: Failed to find ncclTunerPlugin_v3 symbol.", [], []),
+    ("# Out of bounds values : 0 OK", [], []),
+])
+def test_efa_and_nccl_tests_failures_restart_the_job_and_a_node_that_cannot_start_it_notifies(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+def test_a_slurm_prolog_failure_names_the_node():
+    outcome = try_line(RULES, BY_ID["slurm-prolog-failed"], "salloc: Prolog failure on node k003-006", "plain",
+                       SECTIONS)
+    assert outcome.events[0]["fields"]["slurm_node"] == "k003-006"
+
+
+@pytest.mark.parametrize("line,actions", [
+    # an Intel GPU hung on a process's work and its driver reset it: the job restarts
+    ("i915 0000:00:02.0: [drm] GPU HANG: ecode 12:1:85dffffb, in python3 [4121]", ["requeue"]),
+    ("i915 0000:00:02.0: GPU HANG: ecode 6:1:0xfffffffe, in python3 [2483], hang on rcs0", ["requeue"]),
+    ("[drm] GPU HANG: ecode 7:0:0x87c3ffff, reason: Ring hung, action: reset", ["requeue"]),  # older kernels
+    ("i915 0000:00:02.0: [drm] python3[4121] context reset due to GPU hang", ["requeue"]),
+    ("xe 0000:0b:00.0: [drm] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, guc_id=2, state=0x3",
+     ["requeue"]),
+    # the GuC stops answering or cannot reset an engine: an admin hears of it before the full reset decides
+    ("i915 0000:30:00.0: [drm] *ERROR* GT0 [GUC COMMUNICATION] CT: No response for request 0x5503 (fence 168)",
+     ["notify"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GUC: TLB invalidation response timed out for seqno 309", ["notify"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GUC: CT: Communication stalled for 2175 ms, desc status=0x0,0x0",
+     ["notify"]),
+    ("i915 0000:00:02.0: [drm] Resetting chip for GuC failed to reset engine mask=0x1", ["notify"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* Tile0: GT0: GuC engine reset request failed on 0:0 because 0x00000000",
+     ["notify"]),
+    # a GPU its driver cannot reset or start, declared wedged: the node reboots
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: Failed to reset GuC, ret = -110", ["drain+reboot"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* Tile0: GT0: reset failed (-ETIMEDOUT)", ["drain+reboot"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* CRITICAL: Xe has declared device 0000:00:02.0 as wedged.", ["drain+reboot"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: Failed to initialize GPU, declaring it wedged!", ["drain+reboot"]),
+    # firmware the driver refuses or cannot start: the node's install, drained without blaming the GPU
+    ("xe 0000:00:02.0: [drm] *ERROR* GT0: Unsupported GuC v70.20.0! v70.29.2 or newer is required", ["drain"]),
+    ("i915 0000:0d:00.0: [drm] GT0: GUC: load failed: status = 0x40000056, time = 0ms, freq = 2400MHz, ret = 0",
+     ["drain"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GuC initialization failed -ENXIO", ["drain"]),
+    ("xe 0000:00:02.0: probe with driver xe failed with error -22", ["drain"]),
+    # look-alikes: resets that worked, the driver's advice, firmware loaded, a GPU that recovered
+    ("i915 0000:00:02.0: [drm] Resetting chip for stopped heartbeat on rcs0", []),
+    ("drm/i915: Resetting chip after gpu hang", []),
+    ("[drm] GPU hangs can indicate a bug anywhere in the entire gfx stack, including userspace.", []),
+    ("xe 0000:00:02.0: [drm] Tile0: GT0: reset started", []),
+    ("xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.36.0", []),
+    ("amdgpu 0000:03:00.0: [drm] device wedged, but recovered through reset", []),
+])
+def test_intel_gpu_hangs_restart_the_job_guc_trouble_notifies_and_wedged_gpus_reboot(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("CIFS VFS: Error connecting to socket. Aborting operation.", ["notify"]),
+    ("CIFS VFS: cifs_mount failed w/return code = -115", ["notify"]),
+    ("CIFS: VFS: \\\\fileserver has not responded in 180 seconds. Reconnecting...", ["notify"]),
+    ("nvme nvme0: queue 0: timeout cid 0xf000 type 4 opcode 0x18 (Admin Cmd)", ["notify"]),  # NVMe-oF keep-alive
+    ("block nvme0n1: no usable path - requeuing I/O", ["notify"]),
+    ("nvme nvme0: failed nvme_keep_alive_end_io error=10", ["notify"]),
+    ("WARNING: Pool 'tank' has encountered an uncorrectable I/O failure and has been suspended.", ["drain"]),
+    ("WARNING: MMP writes to pool 'tank' have not succeeded in over 5s; suspending pool", ["drain"]),
+    ("CIFS: Attempting to mount //fileserver/share", []),
+    ("nvme nvme0: creating 4 I/O queues.", []),
+    ("ZFS: Loaded module v2.1.5-1, ZFS pool version 5000, ZFS filesystem version 5", []),
+])
+def test_network_storage_clients_losing_their_server_notify_and_a_suspended_zfs_pool_drains(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("[1595598109.293924] [cn007:58829:0]       ib_verbs.h:84   UCX  ERROR ibv_exp_query_device(mlx5_0) returned "
+     "38: Inappropriate ioctl for device", ["rdma_device_unusable"], ["notify"]),
+    ("2024-10-09 15:47:38.568412: E external/xla/xla/tsl/distributed_runtime/coordination/coordination_service.cc:1170]"
+     " /job:jax_worker/replica:0/task:0 has been set to ERROR in coordination service: UNAVAILABLE: Task "
+     "/job:jax_worker/replica:0/task:0 heartbeat timeout. This indicates that the remote task has failed, got "
+     "preempted, or crashed unexpectedly.", ["coordination_lost"], ["requeue"]),
+    ("2024-04-12 23:39:41.656900: E external/xla/xla/pjrt/distributed/client.cc:96] Coordination service agent in "
+     "error status: DEADLINE_EXCEEDED: Deadline Exceeded", ["coordination_lost"], ["requeue"]),
+    # look-alikes: a barrier a misconfigured launch never reaches, a setting, a UCX call the job got wrong
+    ("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: PjRT_Client_Connect.",
+     [], []),
+    ("I0101 00:00:00.000000 coordination_service.cc:100] Setting heartbeat timeout to 100 seconds", [], []),
+    ("[cn007:58829:0] ib_iface.c:1020 UCX  ERROR ibv_create_qp() failed: Cannot allocate memory", [], []),
+])
+def test_a_lost_jax_task_restarts_the_job_and_an_unusable_rdma_device_notifies(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,message,why", [
+    # a syslog template with the facility in brackets: the facility says whose line it is
+    ("Feb  9 22:22:29 [kern.warning] [  377.489617] WARNING: Pool 'tank' has been suspended.",
+     "WARNING: Pool 'tank' has been suspended.", ""),
+    ("Feb  9 22:22:29 node1 [kern.err] kernel: [  377.4] XFS (sda1): Corruption detected.",
+     "XFS (sda1): Corruption detected.", ""),
+    ("Feb  9 22:22:29 [user.warning] kernel: WARNING: Pool 'tank' has been suspended.",
+     "WARNING: Pool 'tank' has been suspended.", "facility user"),  # a user's `logger -t kernel`
+    # dmesg -T in a CJK locale: the month leads with its number
+    ("[三 9月  6 11:00:27 2017] [drm] GPU HANG: ecode 9:0:0x85dffffb, in x [1296]",
+     "[drm] GPU HANG: ecode 9:0:0x85dffffb, in x [1296]", ""),
+])
+def test_envelopes_naming_the_facility_in_brackets_or_a_cjk_month_are_read(line, message, why):
+    from sigma.telemetry.logformats import parse, unattributed
+
+    parsed = parse(line)
+    assert (parsed.message, unattributed(parsed, ["kernel"])) == (message, why)
+    assert parsed.ts is not None
+
+
+@pytest.mark.parametrize("line,actions", [
+    # the NVIDIA driver's RPCs to the GPU's firmware processor failing (status 0xf: the GPU is lost) reboot
+    ("NVRM: _issueRpcAndWait: rpcSendMessage failed with status 0x0000000f for fn 76!", ["drain+reboot"]),
+    ("NVRM: _issueRpcAndWait: rpcRecvPoll failed with status 0x00000065 for fn 10!", ["drain+reboot"]),
+    # die()'s header in any trap's words, and the kernel finding its own lists corrupted, reboot
+    ("invalid opcode: 0000 [#1] SMP PTI", ["drain+reboot"]),
+    ("stack segment: 0000 [#1] PREEMPT SMP NOPTI", ["drain+reboot"]),
+    ("list_del corruption. prev->next should be ffff98679438a5d0, but was ca53e83f5e8cf5a8", ["drain+reboot"]),
+    ("list_add corruption. next->prev should be prev (ffff8881), but was ffff8882. (next=ffff8883).",
+     ["drain+reboot"]),
+    # GPU page faults of drivers without Xids restart the job, as Xid 31 does
+    ("*** gpu fault: ttbr0=000000018bbd9000 iova=0000000115af0000 dir=READ type=TRANSLATION source=CCU (0,0,0,1)",
+     ["requeue"]),
+    ("METAX.B10200.ATU.ERROR hwip DMAW0 fault code(7) perm code: 2", ["requeue"]),
+    # look-alikes: another program's RPC, a USB device, the driver's informational lines
+    ("rpcbind: rpcSendMessage failed with status 0x1", []),
+    ("usb 1-1: device not accepting address 3, error -71", []),
+    ("METAX.B10200.ATU.INFO atu 0x0 pde_base_addr 0x50016c0000", []),
+])
+def test_gsp_rpcs_failing_and_kernel_traps_reboot_and_gpu_page_faults_restart_the_job(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("NCCL error in: ProcessGroupNCCL.cpp:1269, internal error, NCCL version 2.14.3", ["nccl_error"], ["requeue"]),
+    ("ncclInternalError: Internal check failed.", ["nccl_error"], ["requeue"]),
+    ("-:6015:6224 [1] proxy.cc:884 NCCL WARN Proxy Call to rank 1 failed (Connect)", ["nccl_error"], ["requeue"]),
+    ("torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", ["cuda_error"],
+     ["requeue"]),
+    # gpu-burn: a GPU's worker died (its progress line), its verdict FAULTY: the node's GPU is suspect
+    ("30.0%  proc'd: 1 (9 Gflop/s) - -1 (0 Gflop/s)   errors: 0 - -5337  (DIED!)  temps: 30 C - 30 C ",
+     ["burn_in_failed"], ["notify"]),
+    ("\tGPU 1: FAULTY", ["burn_in_failed"], ["notify"]),
+    # look-alikes: the job's own misuse, the hint PyTorch prints after an error, a GPU that passed
+    ("NCCL error in: ProcessGroupNCCL.cpp:1269, invalid usage, NCCL version 2.14.3", [], []),
+    ("Search for `cudaErrorDevicesUnavailable' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES"
+     ".html for more information.", [], []),
+    ("\tGPU 0: OK", [], []),
+    ("No clients are alive!  Aborting", [], []),
+])
+def test_nccl_internal_and_proxy_errors_and_a_busy_gpu_restart_the_job_and_a_failed_burn_in_notifies(line, kinds,
+                                                                                                   actions):
+    assert decide(line, job=True) == (kinds, actions)

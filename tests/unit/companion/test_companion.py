@@ -45,7 +45,7 @@ def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
     sets = {p.stem: load_questions(p) for p in sorted(SETS.glob("*.yaml"))}
     assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
                          "held_out_7", "held_out_8", "held_out_9", "held_out_10",
-                         "held_out_11", "held_out_12", "held_out_13", "held_out_14"}
+                         "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15"}
     assert sum(map(len, sets.values())) >= 150
     built = {x.text for x in sets["built"]}
     for name, qs in sets.items():
@@ -654,3 +654,134 @@ def test_an_entitys_name_ending_in_its_measure_names_the_measure(conn):
 def test_an_average_in_the_present_tense_is_over_the_history(conn):
     a = q(conn, "what is the median time a node stays in validation?")   # not the nodes validating now
     assert a.status == "fact" and "lifecycle_transitions" in a.sql and "validating" in a.understood
+
+
+@pytest.mark.parametrize("question,word", [
+    ("how many message events on node2?", "message"),   # a word before the entity's noun that only names it
+    ("what was the average median detection latency?", "median"),   # a slot said twice, two values
+    ("how long was the first outage, last?", "last"),
+    ("which incidents only led to a drain?", "only"),   # what else there was: a restriction not understood
+    ("whose jobs were requeued?", "whose"),   # an owner the data does not record
+])
+def test_a_word_taken_without_effect_is_not_understood(conn, question, word):
+    a = q(conn, question)
+    assert a.status == "partial" and word in a.not_understood and not a.rows
+
+
+def test_a_measure_no_row_in_scope_has_is_the_datas_gap_not_none(conn):
+    a = q(conn, "what MFU is job 1 getting?")   # every KPI line's mfu is NULL
+    assert a.status == "cannot" and "no values of mfu" in a.text and not a.rows
+    assert q(conn, "what throughput did job 9 reach?").status == "fact"   # no KPI lines of job 9 at all: none
+
+
+@pytest.mark.parametrize("question,sql", [
+    ("how many log events came from node4 since 16:00?",
+     "SELECT COUNT(*) FROM events WHERE source = 'log' AND node = 'node4' AND ts >= 1795791600"),
+    ("which checkpoint request was never acked, and for which node?",
+     "SELECT id, node FROM checkpoint_requests WHERE acked_at IS NULL"),
+    ("when did the loss last go NaN?", "SELECT MAX(fault_ts) FROM incidents WHERE rule_id LIKE 'kpi-nan%'"),
+    ("what step is job 1 on now?", "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1"),
+    ("how much memory is free on node3 right now?",
+     "SELECT value FROM samples WHERE node = 'node3' AND metric = 'host.mem.available_bytes' ORDER BY ts DESC LIMIT 1"),
+    ("any nodes down right now?", "SELECT node FROM node_snapshots s WHERE ts = (SELECT MAX(ts) FROM node_snapshots "
+                                  "WHERE node = s.node) AND state IN ('down', 'fail', 'failing')"),
+    ("rules that have fired two or more times",
+     "SELECT rule_id, COUNT(*) FROM incidents GROUP BY rule_id HAVING COUNT(*) >= 2"),
+    ("break down the reboots by node",
+     "SELECT target, COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done' GROUP BY target"),
+    ("how many actions are still pending?", "SELECT COUNT(*) FROM actions WHERE state = 'planned'"),
+    ("how long ago was the last reboot?",
+     "SELECT 1795794059.64476 - MAX(done_at) FROM actions WHERE kind = 'reboot' AND state = 'done'"),
+    ("drains in the last hour vs the hour before that?",
+     "SELECT (SELECT COUNT(*) FROM actions WHERE kind = 'drain' AND state = 'done' AND done_at >= 1795790459.64476), "
+     "(SELECT COUNT(*) FROM actions WHERE kind = 'drain' AND state = 'done' AND done_at >= 1795786859.64476 "
+     "AND done_at < 1795790459.64476)"),
+    ("out of all checkpoint requests, how many were acked before their deadline?",
+     "SELECT SUM(CASE WHEN acked_at < deadline THEN 1 ELSE 0 END), COUNT(*) FROM checkpoint_requests"),
+    ("how many job losses were recovered from a periodic checkpoint?",
+     "SELECT COUNT(*) FROM job_losses WHERE source = 'periodic'"),
+    ("did any node run out of memory? which ones?", "SELECT DISTINCT node FROM events WHERE kind = 'oom_kill'"),
+    ("how many incidents are open right now?", "SELECT COUNT(*) FROM incidents WHERE closed_at IS NULL"),
+    ("compare the average detection latency of critical and warning incidents",
+     "SELECT severity, AVG(opened_at - fault_ts) FROM incidents WHERE severity IN ('critical', 'warning') "
+     "GROUP BY severity"),
+    ("what was the longest a checkpoint request waited to be acknowledged?",
+     "SELECT MAX(acked_at - requested_at) FROM checkpoint_requests"),
+    ("how many incidents on node2 were not raised by the watchdog?",
+     "SELECT COUNT(*) FROM incidents WHERE node = 'node2' AND source != 'watchdog'"),
+    ("what mfu did node1 get per hour?", None),   # every KPI line's mfu is empty: the data's gap, per period too
+    ("which drained nodes were never rebooted?",
+     "SELECT target FROM actions WHERE kind = 'drain' AND state = 'done' EXCEPT "
+     "SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
+    ("which nodes had checkpoint requests but never reboots?",
+     "SELECT node FROM checkpoint_requests EXCEPT SELECT target FROM actions WHERE kind = 'reboot' AND state = 'done'"),
+    ("how many checkpoints did job 1 write?",   # a checkpoint, and its ranks' writes: both numbers
+     "SELECT COUNT(DISTINCT json_extract(fields, '$.step')), COUNT(*) FROM events WHERE source = 'kpi' AND "
+     "kind = 'checkpoint' AND EXISTS (SELECT 1 FROM json_each(job_ids) j WHERE j.value = 1)"),
+])
+def test_words_of_held_out_14_read_by_general_mechanisms(conn, question, sql):
+    a = q(conn, question)
+    if sql is None:
+        assert a.status == "cannot" and not a.rows
+        return
+    want = values(conn, sql)
+    got = [tuple(round(v, 1) if isinstance(v, float) else v for v in r) for r in a.rows]
+    want = [tuple(round(v, 1) if isinstance(v, float) else v for v in r) for r in want]
+    assert a.status == "fact" and all(sorted(col) in [sorted(g) for g in zip(*got)] for col in zip(*want)) \
+        and len(got) == len(want), (a.understood, a.rows, want)
+
+
+STAYS = ("SELECT {agg}(v.ts - r.ts) FROM lifecycle_transitions r JOIN lifecycle_transitions v ON v.node = r.node "
+         "AND v.cycle = r.cycle AND v.to_state = 'validating' WHERE r.to_state = 'remediating'")
+
+
+def test_a_names_modifier_that_is_a_value_of_its_rows_is_that_value_unless_the_question_asks_it(conn):
+    a = q(conn, "mean duration of the remediation stage")   # the time in remediation, never every stage's
+    assert a.status == "fact" and values_of(a) == values(conn, STAYS.format(agg="AVG"))
+    b = q(conn, "what remediation stage is node3 in?")   # the stage asked for: the name, no value given
+    assert b.status == "fact" and b.rows[0][b.columns.index("stage")] == values(
+        conn, "SELECT state FROM node_lifecycle WHERE node = 'node3'")[0][0]
+    assert q(conn, "list the remediation stages of node1").status == "clarify"   # the stages of it, or those in it
+    c = q(conn, "how long did the remediation stage last for node3 on average?")   # "last": the verb, not latest
+    assert c.status == "fact" and values_of(c) == values(conn, STAYS.format(agg="AVG") + " AND r.node = 'node3'")
+
+
+def test_a_row_without_its_own_start_time_is_not_a_reading_of_not(conn):
+    a = q(conn, "how many incidents are not open?")   # every incident opened: "not open" is not opened_at unset
+    assert a.status == "partial" and "not open" in a.text
+
+
+def test_longest_and_shortest_rank_how_long_a_row_lasted(conn):
+    a = q(conn, "shortest stay in remediation on node1")
+    assert a.status == "fact" and values_of(a) == values(conn, STAYS.format(agg="MIN") + " AND r.node = 'node1'")
+    b = q(conn, "which node had the longest single validation, and how long was it?")   # its duration, shown once
+    assert b.status == "fact" and values_of(b) == values(
+        conn, "SELECT v.node, r.ts - v.ts AS s FROM lifecycle_transitions v JOIN lifecycle_transitions r "
+              "ON r.node = v.node AND r.cycle = v.cycle AND r.to_state = 'resumed' WHERE v.to_state = 'validating' "
+              "ORDER BY s DESC LIMIT 1")
+    assert q(conn, "which job has run the longest?").status == "partial"   # no duration: never a count of KPI lines
+
+
+def test_a_value_spelled_as_another_entitys_noun_is_read_where_that_entity_does_not_fit(conn):
+    a = q(conn, "how many requeues were shadowed instead of done?")   # done requeues are never shadowed: actions
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'shadow'")
+    b = q(conn, "how many requeues were there?")   # the noun's own entity fits: no other reading
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'requeue' AND state = 'done'")
+    # drains are actions, not incidents: an incident's action 'drain' is what its rule decided, not a drain done
+    assert q(conn, "which incidents were drained?").status != "fact"
+
+
+def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(conn):
+    a = q(conn, "how many health checks came back passed?")   # a result, not a return to service
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE source = 'health' AND severity IN ('pass', 'accept')")
+    assert q(conn, "which nodes came back failed?").status == "clarify"   # as "which nodes failed": not a drain's
+    b = q(conn, "how many checkpoints has the trainer written?")   # each rank's trainer writes its own event
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'")
+    c = q(conn, "how many GPU Xid events were logged on node3?")
+    assert c.status == "fact" and c.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
+    assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
