@@ -361,18 +361,20 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
         if not calibrates:
             print(row(f"{name} (budget)", total(totals[f"{name} (budget)"])))
         if name == "cusum":
-            for g, cal in trails:
-                print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
-                      f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
-                      f"{cal.detail if cal else ''}")
+            print_trails(trails)
         if name == "engine":
             print(row("engine@6 (no budget)", total(totals["engine@6"])))
-            for g, cal in trails:
-                print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
-                      f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
-                      f"{cal.detail if cal else ''}")
+            print_trails(trails)
     equal_budgets(per, budgets_per_window)
     return {k: total(v) for k, v in totals.items()}
+
+
+def print_trails(trails: list) -> None:
+    """Where each group's calibration stood at the end of its scored part."""
+    for g, cal in trails:
+        print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
+              f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
+              f"{cal.detail if cal else ''}")
 
 
 def scored_evidence(p: Pass, g: Group):
@@ -463,9 +465,9 @@ def tune_cusum(root: Path, cache: Path | None = None) -> None:
     p = cached(cache, "asd-tune", first, "engine", lambda: engine_pass(first))
     lo = first.train.shape[1] - HISTORY
     inc, lab = sequential.increments(p.positions[lo:], cap=np.inf), first.labels.T
+    healthy_q = " / ".join(f"{x:.2f}" for x in np.percentile(inc[~lab], [50, 99, 99.9]))
     print(f"  a round's increment (the top-{sequential.TOP} mean of positions, uncapped): unlabelled node-rounds "
-          f"median / 99th / 99.9th percentile {' / '.join(f'{x:.2f}' for x in np.percentile(inc[~lab], [50, 99, 99.9]))}"
-          f"; labelled node-rounds median {np.median(inc[lab]):.2f}")
+          f"median / 99th / 99.9th percentile {healthy_q}; labelled node-rounds median {np.median(inc[lab]):.2f}")
     for cap in (6.0, 9.0, 12.0, 24.0, 1e9):
         for reference in (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0):
             if cap <= reference:
