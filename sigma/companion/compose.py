@@ -115,7 +115,7 @@ def _extra(qb: Query) -> Extra:
     when = (lambda v: f"CASE WHEN {cond} THEN {v} END") if cond else (lambda v: v)  # noqa: E731
     m = qb.measure
     if qb.qkind == "when":
-        t = qb.time_col or ent.time
+        t = qb.time_col or qb.timed or ent.time
         fn, word = ("MIN", "first") if qb.order == "earliest" else ("MAX", "last")
         return Extra(f"{fn}({when(t)})", f"{word}_{t}", "time", params, False)
     if m is not None and (qb.agg or qb.rank) and qb.agg not in ("count", "share", "median"):
@@ -182,11 +182,12 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     if q.since is not None or q.until is not None:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to filter on")
+        t = q.timed or ent.time
         if q.since is not None:
-            where.append(f"{ent.time} >= ?")
+            where.append(f"{t} >= ?")
             params.append(q.since)
         if q.until is not None:
-            where.append(f"{ent.time} < ?")
+            where.append(f"{t} < ?")
             params.append(q.until)
     return where, params, share_conds
 
@@ -304,7 +305,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to follow over time")
         size = _bucket_size(q, now)
-        bucket = f"CAST(({ent.time} + {tz_offset:.0f}) / {size} AS INTEGER) * {size} - {tz_offset:.0f}"
+        bucket = f"CAST(({q.timed or ent.time} + {tz_offset:.0f}) / {size} AS INTEGER) * {size} - {tz_offset:.0f}"
         units["period"] = "time"
     proj = q.project
     if proj and proj.startswith("list:"):
@@ -345,7 +346,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             f" GROUP BY {cols}" if keys else ""), name
 
     if q.qkind == "when" and (group or proj) and bucket is None:
-        tcol = q.time_col or ent.time
+        tcol = q.time_col or q.timed or ent.time
         keys = group or [proj]
         fn = "MIN" if q.order == "earliest" else "MAX"
         units[tcol] = "time"
@@ -443,7 +444,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         return Built(sql, params, units, "groups", name)
 
     if q.qkind == "when":
-        tcol = q.time_col or ent.time
+        tcol = q.time_col or q.timed or ent.time
         if not tcol:
             raise NotUnderstood(f"{ent.name} have no time")
         units[tcol] = "time"

@@ -212,6 +212,8 @@ class Query:
     order: str = ""                       # latest earliest
     measure: Column | None = None
     time_col: str | None = None
+    timed: str = ""                       # the time the verb names ("closed": closed_at), where it is not the
+    #                                     entity's own: the time range and the buckets are of it
     group: list[str] = field(default_factory=list)
     bucket: int | None = None
     project: str | None = None            # "which nodes ..." -> one row per node
@@ -1314,6 +1316,9 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if q.time_col and q.time_col != ent.time and not q.ago:   # "closed in the last 20 minutes", "when were
+            col = ent.columns[q.time_col]   # they closed since 16:00": the window is on the closing, not the opening
+            q.timed = col.name if col.sql == f"src.{col.name}" else col.sql
         if q.time_col and not (q.qkind == "when" or q.order and q.time_col == ent.time or q.ago):
             # a time named of rows, not asked when nor ordered by: that time is there ("drains finished", "the
             # node was back"), as a time negated is that time not there ("never acked")
@@ -1322,6 +1327,16 @@ class Parser:
             if q.time_col != ent.time:
                 q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
             q.time_col = None
+        if not q.timed and (q.since is not None or q.until is not None or q.bucket is not None
+                            or q.qkind == "when"):
+            # a condition that the row's other time is there ("closed", "acknowledged") is the verb's time: a
+            # window is of it ("closed in the last 20 minutes": closed_at, not opened_at); of two, none is forced
+            named = {m.group(1) for c in q.conds if (m := re.fullmatch(r"(\w+) IS NOT NULL", c.sql))
+                     and m.group(1) != ent.time and getattr(ent.columns.get(m.group(1)), "role", "") == "time"}
+            if len(named) == 1:
+                q.timed = named.pop()
+            elif named:
+                unknown.append(" and ".join(sorted(named)) + " as the time of the window")
         if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
             unknown.append(waited)
         if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks

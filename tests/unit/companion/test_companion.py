@@ -785,3 +785,16 @@ def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(
     assert c.status == "fact" and c.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
     assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
+
+
+def test_a_window_is_on_the_time_the_verb_names(conn):
+    now = reference_time(conn)
+    a = q(conn, "how many incidents were closed in the last 45 minutes?")   # the closing, not the opening
+    assert a.status == "fact" and a.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE closed_at >= {now} - 2700")
+    b = q(conn, "how many checkpoint requests were acknowledged in the past 30 minutes?")
+    assert b.status == "fact" and b.rows == values(
+        conn, f"SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at >= {now} - 1800")
+    c = q(conn, "how many incidents were opened in the last 45 minutes?")   # the row's own time
+    assert c.status == "fact" and c.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 2700")
