@@ -798,3 +798,10 @@ def test_a_window_is_on_the_time_the_verb_names(conn):
     c = q(conn, "how many incidents were opened in the last 45 minutes?")   # the row's own time
     assert c.status == "fact" and c.rows == values(
         conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 2700")
+
+
+def test_a_total_is_of_what_the_question_names_and_otherwise_asked_back(conn):
+    a = q(conn, "how long was the outage?")   # no node, job, rule or window: which of the stays is not said
+    assert a.status == "clarify" and "total" in a.text
+    b = q(conn, "how long was node3 out of service?")   # the node's time out: its stays added up, said as such
+    assert b.status == "fact" and "total" in b.text
