@@ -152,7 +152,8 @@ BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+
 BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
 # "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
 LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
-NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
+                 r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
