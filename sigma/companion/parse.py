@@ -1037,6 +1037,10 @@ class Parser:
             if kind == "rel":   # the next word names the related rows; "not followed by" and "without" negate
                 relation = "not" if value == "not" or negate else "with"
                 negate = ""
+                if value == "not" and not negate and n + 1 < len(spans) and all(
+                        m.kind in ("time", "cond") for m in spans[n + 1].meanings):
+                    negate, relation = s.text, ""   # "without an ack": that time is not there, as "never acked"
+                    continue
                 if not (n + 1 < len(spans) and spans[n + 1].meanings[0].kind == "related"):
                     # "ended up in shadow mode": before a value of the rows' own category it says what they became
                     if not (value != "not" and not negate and n + 1 < len(spans) and any(
