@@ -37,7 +37,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
     "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "shortest"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
-    "quickest": ("rank", "min"), "fastest": ("rank", "min"),
+    "quickest": ("rank", "min"), "fastest": ("rank", "min"), "busiest": ("rank", "most"), "quietest": ("rank", "min"),
     "last": ("order", "latest"), "latest": ("order", "latest"), "most recent": ("order", "latest"),
     "recent": ("order", "latest"), "current": ("order", "latest"), "currently": ("now", ""),
     "first": ("order", "earliest"), "earliest": ("order", "earliest"), "oldest": ("order", "earliest"),
@@ -152,6 +152,9 @@ BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+
 BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
 # "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
 LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
+# buckets of a stated size: "in 10-minute buckets", "5 minute intervals", "every 15 minutes"
+BUCKETS = re.compile(r"\b(?:in |into |by |per )?(\d+)[- ]?(second|sec|minute|min|hour)s? (?:buckets?|bins?|intervals?|"
+                     r"slots?)\b|\bevery (\d+) (second|sec|minute|min|hour)s?\b")
 NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
                  r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
@@ -646,6 +649,10 @@ class Parser:
             claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
+        for m in BUCKETS.finditer(q):
+            size = int(m.group(1) or m.group(3)) * timerange.UNITS[m.group(2) or m.group(4)]
+            if size:
+                claim(m.start(), m.end(), Meaning("bucket", None, str(size)))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:

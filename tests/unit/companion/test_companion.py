@@ -805,3 +805,23 @@ def test_a_total_is_of_what_the_question_names_and_otherwise_asked_back(conn):
     assert a.status == "clarify" and "total" in a.text
     b = q(conn, "how long was node3 out of service?")   # the node's time out: its stays added up, said as such
     assert b.status == "fact" and "total" in b.text
+
+
+def test_everyday_time_words_and_stated_bucket_sizes(conn):
+    now = reference_time(conn)
+    midnight = datetime.fromtimestamp(now, BERLIN).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    a = q(conn, "how many reboots since midnight?")
+    assert a.status == "fact" and a.rows == values(
+        conn, f"SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done' AND done_at >= {midnight}")
+    b = q(conn, "how many incidents were opened in the past half hour?")
+    assert b.status == "fact" and b.rows == values(conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 1800")
+    d = q(conn, "how many checkpoint requests are without an ack?")   # "without" a time: that time is not there
+    assert d.status == "fact" and d.rows == values(
+        conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL")
+    e = q(conn, "incidents per node, busiest first")
+    assert e.status == "fact" and [r[1] for r in e.rows] == sorted((r[1] for r in e.rows), reverse=True)
+    f = q(conn, "incidents opened in 20-minute buckets")
+    assert f.status == "fact" and all(r[0] % 1200 == 0 for r in f.rows)
+    g = q(conn, "what state is node3 in atm?")   # "atm": now, the current-state view
+    assert g.status == "fact" and g.rows[0][1] == values(
+        conn, "SELECT state FROM node_snapshots WHERE node = 'node3' ORDER BY ts DESC LIMIT 1")[0][0]
