@@ -155,6 +155,8 @@ LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?
 # buckets of a stated size: "in 10-minute buckets", "5 minute intervals", "every 15 minutes"
 BUCKETS = re.compile(r"\b(?:in |into |by |per )?(\d+)[- ]?(second|sec|minute|min|hour)s? (?:buckets?|bins?|intervals?|"
                      r"slots?)\b|\bevery (\d+) (second|sec|minute|min|hour)s?\b")
+# a percentile, as the nearest rank: "p90", "the 95th percentile"
+PERCENTILE = re.compile(r"\bp([1-9]\d?)\b|\b(?:the )?([1-9]\d?)(?:st|nd|rd|th)? percentile(?: of)?\b")
 NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
                  r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
@@ -180,6 +182,11 @@ DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her",
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got", "gets",
                          "getting")}
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
+
+
+def percentile(agg: str) -> int | None:
+    """The percentile an aggregate names ("p90": 90), or None."""
+    return int(agg[1:]) if re.fullmatch(r"p\d+", agg or "") else None
 
 
 @dataclass(frozen=True)
@@ -649,6 +656,8 @@ class Parser:
             claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
+        for m in PERCENTILE.finditer(q):
+            claim(m.start(), m.end(), Meaning("agg", None, f"p{m.group(1) or m.group(2)}"))
         for m in BUCKETS.finditer(q):
             size = int(m.group(1) or m.group(3)) * timerange.UNITS[m.group(2) or m.group(4)]
             if size:
@@ -824,7 +833,7 @@ class Parser:
         # "how many times": occurrences in a history, never a current-state view's one row per node
         times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
         # "on average, how long does a node stay": an average is over a history, never one current row per node
-        times = times or any(m.kind == "agg" and m.value in ("avg", "median") for s in spans for m in s.meanings)
+        times = times or any(m.kind == "agg" and (m.value in ("avg", "median") or percentile(m.value)) for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
             if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False

@@ -825,3 +825,10 @@ def test_everyday_time_words_and_stated_bucket_sizes(conn):
     g = q(conn, "what state is node3 in atm?")   # "atm": now, the current-state view
     assert g.status == "fact" and g.rows[0][1] == values(
         conn, "SELECT state FROM node_snapshots WHERE node = 'node3' ORDER BY ts DESC LIMIT 1")[0][0]
+
+
+def test_a_percentile_is_the_nearest_rank(conn):
+    a = q(conn, "what is the p75 detection latency?")
+    lat = sorted(r[0] for r in conn.execute("SELECT opened_at - fault_ts FROM incidents WHERE fault_ts IS NOT NULL"))
+    assert a.status == "fact" and round(a.rows[0][0], 3) == round(lat[-(-75 * len(lat) // 100) - 1], 3)
+    assert q(conn, "p90 of incidents").status == "partial"   # a percentile of no measure
