@@ -1366,7 +1366,9 @@ class Parser:
             else:
                 unknown.append(ago)
         if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
-            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
+            if q.measure and q.project == q.measure.name:   # aggregate, "now" says no row alone ("what training
+                q.project = None                            # step ... now": the measure asked, no row per value)
+            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (
                     q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
                 q.order = "latest"
             else:
