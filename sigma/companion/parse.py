@@ -1307,6 +1307,11 @@ class Parser:
             if s.text in STOPWORDS and all(m.entity for m in s.meanings) and after and after.meanings[0].kind in (
                     "filler", "range"):   # "requeues done so far", "done this week": a function word before a time
                 continue   # where it names only other entities' columns or values (a drain's "done")
+            before = spans[n - 1] if n and spans[n - 1].end == s.start else None
+            if s.text in ("value", "values", "reading", "readings") and q.measure is not None and before and any(
+                    m.kind in ("measure", "metric") and self._fits(m, ent) for m in before.meanings):
+                q.understood.append(s.text)   # "the loss value": the measure just named, its own value
+                continue
             if set(phrase_stems(s.text)) <= MADE:   # "did the sidecar raise": another entity's time of being made
                 q.understood.append(s.text)
                 continue

@@ -832,3 +832,12 @@ def test_a_percentile_is_the_nearest_rank(conn):
     lat = sorted(r[0] for r in conn.execute("SELECT opened_at - fault_ts FROM incidents WHERE fault_ts IS NOT NULL"))
     assert a.status == "fact" and round(a.rows[0][0], 3) == round(lat[-(-75 * len(lat) // 100) - 1], 3)
     assert q(conn, "p90 of incidents").status == "partial"   # a percentile of no measure
+
+
+def test_a_measures_value_word_and_now_of_the_measure_asked(conn):
+    latest = values(conn, "SELECT loss FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    a = q(conn, "what is the latest loss value of job 1?")   # "value": the measure just named
+    assert a.status == "fact" and latest in [round(v, 3) for v in a.rows[0] if isinstance(v, float)]
+    step = values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    b = q(conn, "what training step is job 1 at right now?")
+    assert b.status == "fact" and step in b.rows[0]
