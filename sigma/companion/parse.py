@@ -1040,6 +1040,14 @@ class Parser:
                             Meaning("time", ent.name, ent.time) if ent.time and any(
                                 t.kind == "entity" and t.entity == ent.name for t in x.meanings) else None)
                         for x in spans[n + 1:n + 3]]
+                # the row itself, then a duration from its start named by its end ("from request to ack": ack_s)
+                since_start = next((ent.columns[t.value] for x in spans[n + 2:n + 3] for t in x.meanings
+                                    if t.kind == "measure" and self._fits(t, ent) and re.fullmatch(
+                                        rf"\w+ - {ent.time}", ent.columns[t.value].sql or "")), None)
+                if len(ends) == 2 and ends[0] and ends[0].value == ent.time and ends[1] is None and since_start \
+                        and q.measure is None:
+                    q.measure, measured, timed = since_start, True, {n + 1, n + 2}
+                    continue
                 if len(ends) < 2 or None in ends or ends[0].value == ends[1].value or q.measure is not None:
                     unknown.append(s.text)
                     continue

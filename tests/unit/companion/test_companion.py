@@ -841,3 +841,8 @@ def test_a_measures_value_word_and_now_of_the_measure_asked(conn):
     step = values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
     b = q(conn, "what training step is job 1 at right now?")
     assert b.status == "fact" and step in b.rows[0]
+
+
+def test_time_from_the_row_to_a_time_a_duration_names(conn):
+    a = q(conn, "median time from request to ack?")   # the row's own time, then the duration its end names
+    assert a.status == "fact" and q(conn, "median ack time?").rows == a.rows
