@@ -54,6 +54,11 @@ _HOST_IDENT = (r"(?:(?P<host>[^\s:\[]+) )?"
 _MON_DAY = r"(?P<mon>[^\s\d\[\]][^\s\[\]]*|\d{1,2}\S+) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)"
 # RFC 3164 (and journalctl short / short-precise, in any locale): "Nov 23 19:49:20[.123456] host ident[pid]: message"
 _RFC3164 = re.compile(_PRI + _MON_DAY + r"(?P<frac>\.\d+)? " + _HOST_IDENT)
+# a syslog template that prints the facility and priority in brackets after the time, with or without a host and
+# program ("Feb  9 22:22:29 [kern.warning] [  377.489617] WARNING: Pool ..."): the facility says who wrote it
+_BRACKETED = re.compile(_PRI + _MON_DAY + r"(?P<frac>\.\d+)? (?:(?P<host>[^\s:\[]+) )?\[(?P<facility>[a-z0-9]+)\."
+                        r"(?P<level>emerg|alert|crit|err|warning|warn|notice|info|debug)\] "
+                        r"(?:(?P<ident>[^\s:\[]+)(?:\[(?P<pid>\d+)\])?: )?")
 # RFC 3339 stamp first (rsyslog's high-precision file format, journalctl short-iso / short-iso-precise)
 _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _RFC3339 = re.compile(_PRI + r"(?P<iso>" + _ISO + r") " + _HOST_IDENT)
@@ -75,7 +80,9 @@ _UPTIME = re.compile(r"\[ *(?P<up>\d+\.\d+)(?: <[ \d.]+>)?\] ?")
 _CALLER = re.compile(r"\[ *[TC]\d+\] ?")  # CONFIG_PRINTK_CALLER
 # dmesg -H, reltime, delta
 _RELATIVE = re.compile(r"\[(?: *\+\d+\.\d+| *< *\d+\.\d+>|[A-Z][a-z]{2}\d{1,2} \d\d:\d\d)\] ?")
-_DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*) {1,2}(?P<day>\d{1,2}) "
+# dmesg -T in the node's locale: "[Tue Aug 26 16:02:58 2025]", "[三 9月  6 11:00:27 2017]" (CJK months lead with digits)
+_DMESG_T = re.compile(r"\[(?:(?P<wday>[^\s\]]+) )?(?P<mon>[^\s\d\]][^\s\]]*|\d{1,2}[^\s\d\]][^\s\]]*) {1,2}"
+                      r"(?P<day>\d{1,2}) "
                       r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?")
 _DMESG_ISO = re.compile(r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+(?:[+-]\d\d:?\d\d)?) ")  # util-linux: comma
 # dmesg -x / --decode: "kern  :warn  : " before the stamps (the facility is the ring buffer's own)
@@ -226,11 +233,22 @@ def _rfc3164(line, now, booted):
     m = _RFC3164.match(line)
     if not m or not months(m["mon"]):
         return None
+    return _inner(LogLine(line[m.end():], _syslog_time(m, now), m["host"] or "", m["ident"], format="rfc3164",
+                          facility=_pri(m)), booted)
+
+
+def _bracketed(line, now, booted):
+    m = _BRACKETED.match(line)
+    if not m or not months(m["mon"]) or m["facility"] not in _FACILITIES:
+        return None
+    return _inner(LogLine(line[m.end():], _syslog_time(m, now), m["host"] or "", m["ident"] or "", format="rfc3164",
+                          facility=m["facility"]), booted)
+
+
+def _syslog_time(m, now) -> float | None:
+    """A syslog stamp's time (no year: the one that puts it closest to now), with its fraction where it has one."""
     ts = _month_day(m["mon"], m["day"], m["hms"], None, now)
-    if ts is not None and m["frac"]:
-        ts += float(m["frac"])
-    return _inner(LogLine(line[m.end():], ts, m["host"] or "", m["ident"], format="rfc3164", facility=_pri(m)),
-                  booted)
+    return ts + float(m["frac"]) if ts is not None and m["frac"] else ts
 
 
 def _unix(line, now, booted):
@@ -319,8 +337,8 @@ def _loghub(line, now, booted):
     return None if inner.format == "plain" else replace(inner, ts=ts, format=f"loghub-{inner.format}")
 
 
-_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _unix, _logread, _talos, _sonic, _loghub,
-            _dmesg)
+_PARSERS = (_journal_json, _kmsg, _rfc5424, _rfc3339, _dmesg_iso, _rfc3164, _bracketed, _unix, _logread, _talos,
+            _sonic, _loghub, _dmesg)
 
 
 def _inner(parsed: LogLine, booted: float | None) -> LogLine:

@@ -78,6 +78,14 @@ def test_the_seventh_held_out_part_has_its_own_sources_and_benign_look_alikes():
     assert sum(r["want"] in ("notify", "record", "none") for r in seventh) >= len(seventh) / 3
 
 
+def test_the_eighth_held_out_part_has_its_own_sources_and_benign_look_alikes():
+    eighth = [r for r in ROWS if r["part"] == "held-out-8"]
+    assert len(eighth) >= 90 and len({r["src"] for r in eighth}) >= 45
+    assert not {r["src"] for r in eighth} & {r["src"] for r in ROWS if r["part"] != "held-out-8"}
+    assert len({r["fmt"] for r in eighth}) >= 5
+    assert sum(r["want"] in ("notify", "record", "none") for r in eighth) >= len(eighth) / 3
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

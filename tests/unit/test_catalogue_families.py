@@ -380,3 +380,99 @@ def test_a_slurm_prolog_failure_names_the_node():
     outcome = try_line(RULES, BY_ID["slurm-prolog-failed"], "salloc: Prolog failure on node k003-006", "plain",
                        SECTIONS)
     assert outcome.events[0]["fields"]["slurm_node"] == "k003-006"
+
+
+@pytest.mark.parametrize("line,actions", [
+    # an Intel GPU hung on a process's work and its driver reset it: the job restarts
+    ("i915 0000:00:02.0: [drm] GPU HANG: ecode 12:1:85dffffb, in python3 [4121]", ["requeue"]),
+    ("i915 0000:00:02.0: GPU HANG: ecode 6:1:0xfffffffe, in python3 [2483], hang on rcs0", ["requeue"]),
+    ("[drm] GPU HANG: ecode 7:0:0x87c3ffff, reason: Ring hung, action: reset", ["requeue"]),  # older kernels
+    ("i915 0000:00:02.0: [drm] python3[4121] context reset due to GPU hang", ["requeue"]),
+    ("xe 0000:0b:00.0: [drm] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, guc_id=2, state=0x3",
+     ["requeue"]),
+    # the GuC stops answering or cannot reset an engine: an admin hears of it before the full reset decides
+    ("i915 0000:30:00.0: [drm] *ERROR* GT0 [GUC COMMUNICATION] CT: No response for request 0x5503 (fence 168)",
+     ["notify"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GUC: TLB invalidation response timed out for seqno 309", ["notify"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GUC: CT: Communication stalled for 2175 ms, desc status=0x0,0x0",
+     ["notify"]),
+    ("i915 0000:00:02.0: [drm] Resetting chip for GuC failed to reset engine mask=0x1", ["notify"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* Tile0: GT0: GuC engine reset request failed on 0:0 because 0x00000000",
+     ["notify"]),
+    # a GPU its driver cannot reset or start, declared wedged: the node reboots
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: Failed to reset GuC, ret = -110", ["drain+reboot"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* Tile0: GT0: reset failed (-ETIMEDOUT)", ["drain+reboot"]),
+    ("xe 0000:00:02.0: [drm] *ERROR* CRITICAL: Xe has declared device 0000:00:02.0 as wedged.", ["drain+reboot"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: Failed to initialize GPU, declaring it wedged!", ["drain+reboot"]),
+    # firmware the driver refuses or cannot start: the node's install, drained without blaming the GPU
+    ("xe 0000:00:02.0: [drm] *ERROR* GT0: Unsupported GuC v70.20.0! v70.29.2 or newer is required", ["drain"]),
+    ("i915 0000:0d:00.0: [drm] GT0: GUC: load failed: status = 0x40000056, time = 0ms, freq = 2400MHz, ret = 0",
+     ["drain"]),
+    ("i915 0000:00:02.0: [drm] *ERROR* GT0: GuC initialization failed -ENXIO", ["drain"]),
+    ("xe 0000:00:02.0: probe with driver xe failed with error -22", ["drain"]),
+    # look-alikes: resets that worked, the driver's advice, firmware loaded, a GPU that recovered
+    ("i915 0000:00:02.0: [drm] Resetting chip for stopped heartbeat on rcs0", []),
+    ("drm/i915: Resetting chip after gpu hang", []),
+    ("[drm] GPU hangs can indicate a bug anywhere in the entire gfx stack, including userspace.", []),
+    ("xe 0000:00:02.0: [drm] Tile0: GT0: reset started", []),
+    ("xe 0000:03:00.0: [drm] Using GuC firmware from xe/bmg_guc_70.bin version 70.36.0", []),
+    ("amdgpu 0000:03:00.0: [drm] device wedged, but recovered through reset", []),
+])
+def test_intel_gpu_hangs_restart_the_job_guc_trouble_notifies_and_wedged_gpus_reboot(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("CIFS VFS: Error connecting to socket. Aborting operation.", ["notify"]),
+    ("CIFS VFS: cifs_mount failed w/return code = -115", ["notify"]),
+    ("CIFS: VFS: \\\\fileserver has not responded in 180 seconds. Reconnecting...", ["notify"]),
+    ("nvme nvme0: queue 0: timeout cid 0xf000 type 4 opcode 0x18 (Admin Cmd)", ["notify"]),  # NVMe-oF keep-alive
+    ("block nvme0n1: no usable path - requeuing I/O", ["notify"]),
+    ("nvme nvme0: failed nvme_keep_alive_end_io error=10", ["notify"]),
+    ("WARNING: Pool 'tank' has encountered an uncorrectable I/O failure and has been suspended.", ["drain"]),
+    ("WARNING: MMP writes to pool 'tank' have not succeeded in over 5s; suspending pool", ["drain"]),
+    ("CIFS: Attempting to mount //fileserver/share", []),
+    ("nvme nvme0: creating 4 I/O queues.", []),
+    ("ZFS: Loaded module v2.1.5-1, ZFS pool version 5000, ZFS filesystem version 5", []),
+])
+def test_network_storage_clients_losing_their_server_notify_and_a_suspended_zfs_pool_drains(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("[1595598109.293924] [cn007:58829:0]       ib_verbs.h:84   UCX  ERROR ibv_exp_query_device(mlx5_0) returned "
+     "38: Inappropriate ioctl for device", ["rdma_device_unusable"], ["notify"]),
+    ("2024-10-09 15:47:38.568412: E external/xla/xla/tsl/distributed_runtime/coordination/coordination_service.cc:1170]"
+     " /job:jax_worker/replica:0/task:0 has been set to ERROR in coordination service: UNAVAILABLE: Task "
+     "/job:jax_worker/replica:0/task:0 heartbeat timeout. This indicates that the remote task has failed, got "
+     "preempted, or crashed unexpectedly.", ["coordination_lost"], ["requeue"]),
+    ("2024-04-12 23:39:41.656900: E external/xla/xla/pjrt/distributed/client.cc:96] Coordination service agent in "
+     "error status: DEADLINE_EXCEEDED: Deadline Exceeded", ["coordination_lost"], ["requeue"]),
+    # look-alikes: a barrier a misconfigured launch never reaches, a setting, a UCX call the job got wrong
+    ("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: PjRT_Client_Connect.",
+     [], []),
+    ("I0101 00:00:00.000000 coordination_service.cc:100] Setting heartbeat timeout to 100 seconds", [], []),
+    ("[cn007:58829:0] ib_iface.c:1020 UCX  ERROR ibv_create_qp() failed: Cannot allocate memory", [], []),
+])
+def test_a_lost_jax_task_restarts_the_job_and_an_unusable_rdma_device_notifies(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,message,why", [
+    # a syslog template with the facility in brackets: the facility says whose line it is
+    ("Feb  9 22:22:29 [kern.warning] [  377.489617] WARNING: Pool 'tank' has been suspended.",
+     "WARNING: Pool 'tank' has been suspended.", ""),
+    ("Feb  9 22:22:29 node1 [kern.err] kernel: [  377.4] XFS (sda1): Corruption detected.",
+     "XFS (sda1): Corruption detected.", ""),
+    ("Feb  9 22:22:29 [user.warning] kernel: WARNING: Pool 'tank' has been suspended.",
+     "WARNING: Pool 'tank' has been suspended.", "facility user"),  # a user's `logger -t kernel`
+    # dmesg -T in a CJK locale: the month leads with its number
+    ("[三 9月  6 11:00:27 2017] [drm] GPU HANG: ecode 9:0:0x85dffffb, in x [1296]",
+     "[drm] GPU HANG: ecode 9:0:0x85dffffb, in x [1296]", ""),
+])
+def test_envelopes_naming_the_facility_in_brackets_or_a_cjk_month_are_read(line, message, why):
+    from sigma.telemetry.logformats import parse, unattributed
+
+    parsed = parse(line)
+    assert (parsed.message, unattributed(parsed, ["kernel"])) == (message, why)
+    assert parsed.ts is not None

@@ -40,6 +40,8 @@ SHORT_IDS = {
     "gpu-pcie-replays": "pcie-replays",
     "gpu-driver-mismatch": "drv-mismatch",
     "gpu-reset-required": "reset-needed",
+    "intel-gpu-failed": "intelgpu-fail",
+    "intel-gpu-firmware": "intelgpu-fw",
     "nvswitch-sxid-fatal": "sxid-fatal",
     "nvswitch-sxid-nonfatal": "sxid-nonfatal",
     "nvswitch-sxid-reboot": "sxid-reboot",
