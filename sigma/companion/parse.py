@@ -157,6 +157,7 @@ BUCKETS = re.compile(r"\b(?:in |into |by |per )?(\d+)[- ]?(second|sec|minute|min
                      r"slots?)\b|\bevery (\d+) (second|sec|minute|min|hour)s?\b")
 # a percentile, as the nearest rank: "p90", "the 95th percentile"
 PERCENTILE = re.compile(r"\bp([1-9]\d?)\b|\b(?:the )?([1-9]\d?)(?:st|nd|rd|th)? percentile(?: of)?\b")
+SPEED = {"slowest", "fastest", "quickest"}   # superlatives of how long a row took, where no measure is named
 NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
                  r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
@@ -1152,7 +1153,7 @@ class Parser:
                 if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
                     unknown.append(s.text)
                 q.rank = rank
-                lasting = lasting or (s.text if value in ("longest", "shortest") else "")
+                lasting = lasting or (s.text if value in ("longest", "shortest") or s.text in SPEED else "")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
@@ -1334,7 +1335,11 @@ class Parser:
         if pending_group:
             unknown.append(pending_group)
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
-            long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
+            # what "how long" names, or the one duration a word of the question names part of ("the slowest
+            # checkpoint save": its save time; never "which job has run the longest": no duration says "run")
+            said = {t.stem for t in tokens} - STOPWORDS - {stem("time")}
+            long = [c for c in self._durations(ent) if ("long",) in c.words] or [
+                c for c in self._durations(ent) if any(set(w) & said for w in c.words)]
             if len(long) == 1:
                 q.measure = long[0]
             elif q.qkind != "duration":   # a "how long" question's own duration, else unclear: never a count of

@@ -846,3 +846,11 @@ def test_a_measures_value_word_and_now_of_the_measure_asked(conn):
 def test_time_from_the_row_to_a_time_a_duration_names(conn):
     a = q(conn, "median time from request to ack?")   # the row's own time, then the duration its end names
     assert a.status == "fact" and q(conn, "median ack time?").rows == a.rows
+
+
+def test_slowest_and_fastest_rank_the_one_duration_the_rows_have(conn):
+    a = q(conn, "what was the slowest checkpoint save?")   # checkpoints have one duration: their save time
+    assert a.status == "fact" and a.rows[0][0] == values(
+        conn, "SELECT MAX(json_extract(fields, '$.save_s')) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'")[0][0]
+    b = q(conn, "which was the quickest checkpoint save?")
+    assert b.status == "fact" and b.text.startswith("The least")
