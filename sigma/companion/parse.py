@@ -834,7 +834,8 @@ class Parser:
         # "how many times": occurrences in a history, never a current-state view's one row per node
         times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
         # "on average, how long does a node stay": an average is over a history, never one current row per node
-        times = times or any(m.kind == "agg" and (m.value in ("avg", "median") or percentile(m.value)) for s in spans for m in s.meanings)
+        times = times or any(m.kind == "agg" and (m.value in ("avg", "median") or percentile(m.value))
+                             for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
             if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False
@@ -1060,12 +1061,12 @@ class Parser:
             if n in timed:
                 continue
             if kind == "rel":   # the next word names the related rows; "not followed by" and "without" negate
-                relation = "not" if value == "not" or negate else "with"
-                negate = ""
                 if value == "not" and not negate and n + 1 < len(spans) and all(
                         m.kind in ("time", "cond") for m in spans[n + 1].meanings):
-                    negate, relation = s.text, ""   # "without an ack": that time is not there, as "never acked"
+                    negate = s.text   # "without an ack": that time is not there, as "never acked"
                     continue
+                relation = "not" if value == "not" or negate else "with"
+                negate = ""
                 if not (n + 1 < len(spans) and spans[n + 1].meanings[0].kind == "related"):
                     # "ended up in shadow mode": before a value of the rows' own category it says what they became
                     if not (value != "not" and not negate and n + 1 < len(spans) and any(

@@ -1,6 +1,7 @@
 """Time ranges in the forms people write, read in the site's timezone: "in the last 3 hours", "past day", "today",
 "yesterday", "this afternoon", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20",
-"between 10:00 and 10:30", "from 10:00 to 10:30", "before 10:00", "after 10:00", "since yesterday", "before today",
+"between 10:00 and 10:30", "from 10:00 to 10:30", "before 10:00", "after 10:00", "from 15:00 on", "since midnight",
+"in the last half hour", "since yesterday", "before today",
 "since 2 hours ago". Each match says which characters of the question it used, so the parser knows those words are
 understood."""
 

@@ -814,7 +814,8 @@ def test_everyday_time_words_and_stated_bucket_sizes(conn):
     assert a.status == "fact" and a.rows == values(
         conn, f"SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done' AND done_at >= {midnight}")
     b = q(conn, "how many incidents were opened in the past half hour?")
-    assert b.status == "fact" and b.rows == values(conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 1800")
+    assert b.status == "fact" and b.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 1800")
     d = q(conn, "how many checkpoint requests are without an ack?")   # "without" a time: that time is not there
     assert d.status == "fact" and d.rows == values(
         conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL")
@@ -850,7 +851,7 @@ def test_time_from_the_row_to_a_time_a_duration_names(conn):
 
 def test_slowest_and_fastest_rank_the_one_duration_the_rows_have(conn):
     a = q(conn, "what was the slowest checkpoint save?")   # checkpoints have one duration: their save time
-    assert a.status == "fact" and a.rows[0][0] == values(
-        conn, "SELECT MAX(json_extract(fields, '$.save_s')) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'")[0][0]
+    saves = "SELECT MAX(json_extract(fields, '$.save_s')) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'"
+    assert a.status == "fact" and a.rows[0][0] == values(conn, saves)[0][0]
     b = q(conn, "which was the quickest checkpoint save?")
     assert b.status == "fact" and b.text.startswith("The least")
