@@ -170,7 +170,7 @@ BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "b
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
-                          "made", "write", "wrote", "written")}
+                          "made", "write", "wrote", "written", "throw", "threw", "thrown")}
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
