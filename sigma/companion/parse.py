@@ -90,6 +90,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
     "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
     "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
+    "cluster wide": ("filler", ""),   # "cluster-wide": all of its rows
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
@@ -1352,7 +1353,8 @@ class Parser:
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
             if pending_group == "by" and kind == "agg" and (q.rank or q.top or q.sort) and q.project:
-                continue   # "top 3 rules by average time open": ranked by that aggregate (of the measure next)
+                pending_group = False   # "top 3 rules by average time open": ranked by that aggregate (of the
+                continue                # measure next)
             if pending_group == "by" and kind == "measure" and (q.rank or q.top or q.sort) and q.project:
                 pending_group = False   # "top 3 rules by time open": ranked by it
             if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by

@@ -845,6 +845,8 @@ def test_a_share_in_percent_and_a_word_suffixed_wise(conn):
 
 
 def test_top_n_by_an_aggregate_of_a_measure_ranks_by_it(conn):
+    assert q(conn, "top 3 rules by average time from open to close").rows == q(
+        conn, "top 3 rules by average time open").rows   # "by" before the aggregate, whatever names the measure
     a = q(conn, "top 3 rules by average time open")
     assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(
         conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL "
