@@ -90,7 +90,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
     "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
     "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
-    "cluster wide": ("filler", ""),   # "cluster-wide": all of its rows
+    "cluster wide": ("filler", ""),
+    "reading": ("reading", ""),   # after an order or a measure ("at last reading", "the load reading"): its row   # "cluster-wide": all of its rows
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
@@ -1193,6 +1194,11 @@ class Parser:
                     q.unit = q.unit or "%"
             elif kind == "zero":
                 zero = (s.text, s.end)
+            elif kind == "reading":
+                before = spans[n - 1] if n and spans[n - 1].end == s.start else None
+                if not (before and any(m.kind in ("measure", "metric") and self._fits(m, ent) or (
+                        m.kind == "order" and ent.readings) for m in before.meanings)):
+                    unknown.append(s.text)
             elif kind == "rank":
                 rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
                 if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another

@@ -935,3 +935,11 @@ def test_slowest_and_fastest_rank_the_one_duration_the_rows_have(conn):
     assert a.status == "fact" and a.rows[0][0] == values(conn, saves)[0][0]
     b = q(conn, "which was the quickest checkpoint save?")
     assert b.status == "fact" and b.text.startswith("The least")
+
+
+def test_a_reading_after_an_order_is_the_row_and_an_abbreviation_its_word(conn):
+    a = q(conn, "node1 free mem at last reading, bytes")   # "mem": memory; "last reading": the latest row
+    truth = values(conn, "SELECT value FROM samples WHERE node = 'node1' AND metric = 'host.mem.available_bytes' "
+                         "ORDER BY ts DESC LIMIT 1")
+    assert a.status == "fact" and truth[0][0] in a.rows[0]
+    assert q(conn, "any reading of incidents").status == "partial"   # incidents are no history of readings
