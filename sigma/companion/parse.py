@@ -585,9 +585,10 @@ class Parser:
         return any(m.kind in kinds for m in self.lexicon.phrases.get((stem(word),), []))
 
     def _known(self, word: str) -> bool:
-        """A hyphenated word that is a name of its own: a rule id, a node, a phrase, a number ("twenty-four")."""
+        """A hyphenated word that is a name of its own: a rule id, a node, a phrase or a word of one ("resumed from a
+        just-in-time checkpoint"), a number ("twenty-four")."""
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
-                or any(part in timerange.COUNTS for part in word.split("-")))
+                or stem(word) in self.lexicon.containing or any(part in timerange.COUNTS for part in word.split("-")))
 
     def _time_order(self, tokens, stems: list[str], free: list[bool]) -> list[Span]:
         """Two times of one row compared: "acked by their deadline", "delivered after the deadline" is a condition

@@ -943,3 +943,9 @@ def test_a_reading_after_an_order_is_the_row_and_an_abbreviation_its_word(conn):
                          "ORDER BY ts DESC LIMIT 1")
     assert a.status == "fact" and truth[0][0] in a.rows[0]
     assert q(conn, "any reading of incidents").status == "partial"   # incidents are no history of readings
+
+
+def test_a_hyphenated_word_of_a_phrase_stays_one_word(conn):
+    a = q(conn, "of job 1's requeues, how many resumed from a just-in-time checkpoint?")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM job_losses WHERE job_id = 1 AND source = 'jit'")
