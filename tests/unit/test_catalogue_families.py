@@ -525,3 +525,29 @@ def test_gsp_rpcs_failing_and_kernel_traps_reboot_and_gpu_page_faults_restart_th
 def test_nccl_internal_and_proxy_errors_and_a_busy_gpu_restart_the_job_and_a_failed_burn_in_notifies(line, kinds,
                                                                                                    actions):
     assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    # the block layer refusing what a stacked device sent past the limits of the device under it: the stack's setup
+    ("bio too big device dm-13 (1944 > 1024)", ["block_io_rejected"], ["notify"]),
+    ("bio too big for device dm-0 (256 > 255)", ["block_io_rejected"], ["notify"]),
+    ("blk_cloned_rq_check_limits: over max size limit. (2048 > 1024)", ["block_io_rejected"], ["notify"]),
+    # look-alikes: a device's limits as the kernel sets them, a program's own words
+    ("device-mapper: table: 253:3: adding target device sdb caused an alignment inconsistency", [], []),
+])
+def test_a_stacked_device_past_its_limits_notifies(line, kinds, actions):
+    assert decide(line) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    # slurmstepd cannot run the batch script slurmd wrote into its own spool: the node's spool is gone or unusable
+    ("slurmstepd: error: execve(): /tmp/slurmd/job00089/slurm_script: No such file or directory",
+     ["slurm_batch_script_lost"], ["notify"]),
+    ("slurmstepd-gpu3: error: execve(): /var/spool/slurmd/job4242/slurm_script: Permission denied",
+     ["slurm_batch_script_lost"], ["notify"]),
+    # look-alike: a program of the job's own that cannot be run is the job's bug
+    ("slurmstepd: error: execve(): ./train.sh: No such file or directory", [], []),
+    ("slurmstepd: error: execve(): python3: Permission denied", [], []),
+])
+def test_a_batch_script_lost_from_slurmds_spool_notifies_and_a_jobs_own_program_does_not(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
