@@ -90,8 +90,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
     "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
     "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
-    "cluster wide": ("filler", ""),
-    "reading": ("reading", ""),   # after an order or a measure ("at last reading", "the load reading"): its row   # "cluster-wide": all of its rows
+    "cluster wide": ("filler", ""),   # "cluster-wide": all of its rows
+    "reading": ("reading", ""),   # after an order or a measure ("at last reading", "the load reading"): its row
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
