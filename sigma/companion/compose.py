@@ -84,7 +84,8 @@ def _within(q: Query, now: float) -> Query:
     m, ent = q.measure, q.entity
     span = SPAN.fullmatch(m.sql) if m is not None else None
     total = q.agg == "sum" or (not q.agg and not q.rank and m is not None and m.agg == "sum" and q.qkind != "count")
-    if not (span and total and span.group(2) == ent.time and (q.since is not None or q.until is not None)
+    if not (span and total and span.group(2) == ent.time == (q.timed or ent.time)   # (a range on the row's start)
+            and (q.since is not None or q.until is not None)
             and q.bucket is None and getattr(ent.columns.get(span.group(1)), "role", "") == "time"):
         return q
     end, start = f"COALESCE({span.group(1)}, {now!r})", span.group(2)
