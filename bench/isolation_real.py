@@ -23,20 +23,24 @@ labelled) and per 1,000 node-days of normal windows (the budget's unit); HitRate
 Methods: `engine` (the shipped defaults: peers where they help, own history elsewhere, the calibrated budget),
 `engine@6` (the same scores at the fixed floor min_score, no budget), `before` (the engine of BEFORE_REV, min_score
 6: the one an independent check found acting on 43 % of normal windows of another fleet), `3-sigma` (per metric,
-mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV). Each
+mean/std of the entity's own history; the largest excursion beyond 3), `today` (the scorer of TODAY_REV),
+`cusum` (sequential.py: Page's CUSUM over the engine's rounds of each entity's position in its own long healthy
+history of its gap to the peers, at the same calibrated budget, acting in CUSUM_ROUNDS round; groups of 3 or more
+entities). Each
 baseline is also put at the engine's budget two ways: `(budget)`, the same calibration on its own scores (no
 oracle), and at equal false-action budgets, the threshold of a sweep over the scored part that gives its best top-1
 within the budget (an oracle choice no calibration gets).
 
 Tuning: `--tune` runs the engine's choices (rounds 1-12, the comparability ratio, the lone-metric weights) on ASD's
 history and the first half of its scored part only; every other figure is reported on data those choices did not
-see (ASD's second half, every other data set).
+see (ASD's second half, every other data set). `--tune-cusum` does the same for the cusum's reference k, its cap
+and its rounds.
 
 A data set's groups are the jobs of one cluster: one budget calibration over all of them, the cluster's tail and
 each group's own, as the controller's Calibrator keeps them.
 
 usage: python bench/isolation_real.py [--data ../shared/data] [--cloud DIR] [--layout DIR ...] [--only NAME ...]
-       [--tune] [--nab-files 24]
+       [--tune] [--tune-cusum] [--cusum-reference K] [--cusum-cap C] [--cache DIR] [--nab-files 24]
 """
 
 from __future__ import annotations
@@ -60,13 +64,15 @@ import isolation_data as data  # noqa: E402
 from isolation_data import Group  # noqa: E402
 
 from sigma.controller.config import IsolationConfig  # noqa: E402
-from sigma.controller.detect import budget, healthy, isolation  # noqa: E402
+from sigma.controller.detect import budget, healthy, isolation, sequential  # noqa: E402
 
 ISO = IsolationConfig()
 DAY_WINDOWS = 86400 / ISO.window_s
 HISTORY = int(ISO.history_s / ISO.window_s)  # rounds of history each round is scored against
 OWN = HISTORY  # rounds of the engine's own history (--own-history-s; scores start at HISTORY all the same)
 WEIGHTS_EVERY = max(1, int(healthy.WEIGHTS_S / ISO.window_s))  # rounds between recomputing the lone weights
+CUSUM_REFERENCE, CUSUM_CAP = sequential.REFERENCE, sequential.CAP  # --cusum-reference, --cusum-cap
+CUSUM_ROUNDS = 1  # the cusum acts on one round at its threshold (chosen with --tune-cusum)
 CALIBRATE_EVERY = 30  # rounds between recalibrations (the controller recalibrates as its tail grows by 1 %)
 TODAY_REV = "d06369c"  # the scorer before noise floors and the per-node score
 BEFORE_REV = "79a1320"  # the engine before the calibrated budget (the one the held-out check ran)
@@ -92,6 +98,7 @@ class Pass:
     evidence: np.ndarray | None  # [rounds, entities, metrics] what ranks the metrics of a verdict
     threshold: float  # the method's own default
     ms: float  # per round
+    positions: np.ndarray | None = None  # [rounds, entities, metrics] the engine's long-memory positions (cusum)
 
 
 def _series(g: Group) -> np.ndarray:
@@ -110,6 +117,7 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
     ents, series = [f"e{i}" for i in range(E)], [f"m{j}" for j in range(M)]
     sketches = healthy.Sketches()
     scores, evidence = np.zeros((T - HISTORY, E)), np.zeros((T - HISTORY, E, M))
+    positions = np.full((T - HISTORY, E, M), np.nan)
     weights = q = None
     if ratio is None and mod is isolation:
         ratio = ISO.comparable_ratio
@@ -126,9 +134,28 @@ def engine_pass(g: Group, mod=isolation, name: str = "engine", lone: bool = True
                       position=(lambda d: sketches.positions(ents, series, d, q)) if lone and q is not None else None)
         scores[t - HISTORY] = s.total
         evidence[t - HISTORY] = s.evidence if s.evidence is not None else s.metric_z
+        if q is not None:  # where the node's gap to its peers lies in its long healthy history (the cusum's input)
+            positions[t - HISTORY] = sketches.positions(ents, series, healthy.residuals(cur), q)
         if lone and E >= 3:  # not those named this round (at the floor), through the teaching rule
             sketches.teach(ents, series, healthy.residuals(cur), s.total < ISO.min_score)
-    return Pass(name, scores, evidence, ISO.min_score, 1000 * (time.perf_counter() - t0) / (T - HISTORY))
+    return Pass(name, scores, evidence, ISO.min_score, 1000 * (time.perf_counter() - t0) / (T - HISTORY), positions)
+
+
+def cusum_pass(engine: Pass, reference: float | None = None, cap: float | None = None) -> Pass:
+    """Page's CUSUM (sequential.py) over the engine pass's long-memory positions: the same rounds, the statistic
+    accumulated instead of judged round by round; its evidence the positions. Default: --cusum-reference, --cusum-cap
+    (the shipped values unless given)."""
+    reference = CUSUM_REFERENCE if reference is None else reference
+    cap = CUSUM_CAP if cap is None else cap
+    t0 = time.perf_counter()
+    s = sequential.run(sequential.increments(engine.positions, cap=cap), reference)
+    return Pass("cusum", s, np.nan_to_num(engine.positions, nan=0.0), ISO.min_score,
+                engine.ms + 1000 * (time.perf_counter() - t0) / max(1, s.shape[0]), engine.positions)
+
+
+def rounds_of(name: str) -> int:
+    """The rounds a method's culprit must hold: the cusum's persistence is in its statistic."""
+    return CUSUM_ROUNDS if name == "cusum" else ISO.rounds
 
 
 def three_sigma_pass(g: Group) -> Pass:
@@ -273,17 +300,17 @@ def cached(cache: Path | None, dataset: str, g: Group, method: str, make) -> Pas
 
     key = hashlib.sha1(b"".join([(REPO / "sigma/controller/detect" / f).read_bytes() for f in (
         "isolation.py", "healthy.py") if method == "engine"] + [dataset.encode(), f"own{OWN}".encode() * (
-        method == "engine" and OWN != HISTORY), g.name.encode(), method.encode(),
+        method == "engine" and OWN != HISTORY), b"positions" * (method == "engine"), g.name.encode(), method.encode(),
         np.ascontiguousarray(np.nan_to_num(_series(g))).tobytes()])).hexdigest()[:16]
     path = cache / f"{dataset}-{g.name}-{method}-{key}.npz"
     if path.exists():
         z = np.load(path)
         return Pass(method, z["scores"], z["evidence"] if z["evidence"].size else None, float(z["threshold"]),
-                    float(z["ms"]))
+                    float(z["ms"]), z["positions"] if "positions" in z and z["positions"].size else None)
     p = make()
     cache.mkdir(parents=True, exist_ok=True)
     np.savez(path, scores=p.scores, evidence=p.evidence if p.evidence is not None else np.zeros(0),
-             threshold=p.threshold, ms=p.ms)
+             threshold=p.threshold, ms=p.ms, positions=p.positions if p.positions is not None else np.zeros(0))
     return p
 
 
@@ -297,6 +324,8 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
     t0 = time.perf_counter()
     for g in ds.groups:
         passes = [cached(cache, ds.name, g, "engine", lambda: engine_pass(g))]
+        if passes[0].positions is not None and len(g.names) >= 3:
+            passes.append(cusum_pass(passes[0]))
         if before is not None:
             passes.append(cached(cache, ds.name, g, "before", lambda: engine_pass(g, before, "before", own=HISTORY)))
         passes.append(cached(cache, ds.name, g, "3-sigma", lambda: three_sigma_pass(g)))
@@ -310,33 +339,42 @@ def run_dataset(ds: data.DataSet, before, today, budgets_per_window=(0.001,), ca
     for name, items in per.items():
         results, trails = [], []
         # the data set's groups are the jobs of one cluster: one budget calibration over all of them
-        calibrated = cluster_thresholds([p.scores for _, p in items], ISO.rounds, ISO.budget_per_1000_node_days)
+        rounds = rounds_of(name)
+        calibrated = cluster_thresholds([p.scores for _, p in items], rounds, ISO.budget_per_1000_node_days)
+        calibrates = name in ("engine", "cusum")  # the controller's own statistics: the budget is their default
         for (g, p), (cal_th, trail) in zip(items, calibrated):
             s = scored(p, g)
             cal_th = cal_th[g.train.shape[1] - HISTORY:]
-            if name == "engine":
+            if calibrates:
                 th = cal_th
                 trails.append((g, trail[-1][1] if trail else None))
             else:
                 th = p.threshold
             named = np.where(s.max(axis=1) >= ISO.min_score, s.argmax(axis=1), -1)
-            results.append(outcome(g, acts_of(s, th), evidence=scored_evidence(p, g), named=named))
+            results.append(outcome(g, acts_of(s, th, rounds), evidence=scored_evidence(p, g), named=named))
             if name == "engine":
                 totals.setdefault("engine@6", []).append(outcome(g, acts_of(s, ISO.min_score)))
-            else:  # the same budget calibration on the method's own scores: equal budgets without an oracle
+            elif not calibrates:  # the same budget calibration on the method's own scores: equal budgets, no oracle
                 totals.setdefault(f"{name} (budget)", []).append(outcome(g, acts_of(s, cal_th)))
         totals[name] = results
         print(row(name, total(results), f"   ({np.mean([p.ms for _, p in items]):.1f} ms/round)"))
-        if name != "engine":
+        if not calibrates:
             print(row(f"{name} (budget)", total(totals[f"{name} (budget)"])))
+        if name == "cusum":
+            print_trails(trails)
         if name == "engine":
             print(row("engine@6 (no budget)", total(totals["engine@6"])))
-            for g, cal in trails:
-                print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
-                      f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
-                      f"{cal.detail if cal else ''}")
-    equal_budgets(ds, per, budgets_per_window)
+            print_trails(trails)
+    equal_budgets(per, budgets_per_window)
     return {k: total(v) for k, v in totals.items()}
+
+
+def print_trails(trails: list) -> None:
+    """Where each group's calibration stood at the end of its scored part."""
+    for g, cal in trails:
+        print(f"    {g.name}: {cal.method if cal else 'no calibration'}"
+              f"{f', acts at {cal.threshold:.1f}' if cal and cal.acts else ', notifies only'}: "
+              f"{cal.detail if cal else ''}")
 
 
 def scored_evidence(p: Pass, g: Group):
@@ -344,12 +382,14 @@ def scored_evidence(p: Pass, g: Group):
 
 
 SWEEP = np.concatenate([np.arange(2.0, 12.0, 0.5), np.arange(12.0, 40.0, 2.0), [50, 70, 100, 150, 300, 1000]])
+# the cusum's statistic grows a round at a time: its thresholds reach further
+CUSUM_SWEEP = np.concatenate([SWEEP[SWEEP < 300], np.arange(150.0, 1000.0, 50.0), [1000, 1500, 2000, 3000, 5000]])
 
 
-def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
-    """Each method at the threshold of a sweep over the scored part that gives its best top-1 with false actions
-    per normal window within the budget: the stated budget (budget_per_1000_node_days) and each of
-    budgets_per_window."""
+def equal_budgets(per: dict, budgets_per_window, lo: int = 0) -> None:
+    """Each method (name -> [(group, pass)]) at the threshold of a sweep over the scored rounds from `lo` on that
+    gives its best top-1 with false actions per normal window within the budget: the stated budget
+    (budget_per_1000_node_days) and each of budgets_per_window."""
     print(f"  at equal false-action budgets (best top-1 of a threshold sweep on the scored part; `th` the threshold):")
     stated = ISO.budget_per_1000_node_days / 1000
     for label, per_node_day, per_window in ([(f"{ISO.budget_per_1000_node_days:g}/1000 node-days", stated, None)]
@@ -357,14 +397,14 @@ def equal_budgets(ds: data.DataSet, per: dict, budgets_per_window) -> None:
         line = f"    {label:22s}"
         for name, items in per.items():
             best = None
-            for th in SWEEP:
-                rs = [outcome(g, acts_of(scored(p, g), th)) for g, p in items]
+            for th in CUSUM_SWEEP if name == "cusum" else SWEEP:
+                rs = [outcome(g, acts_of(scored(p, g), th, rounds_of(name)), lo) for g, p in items]
                 r = total(rs)
                 ok = (r["false"] <= per_node_day * r["node_days"] if per_node_day is not None
                       else r["false"] <= per_window * max(1, r["normal"]))
                 if ok and (best is None or r["top1"] > best[1]["top1"]):
                     best = (th, r)
-            n = max(1, sum(1 for g, _ in items for _ in g.segments))
+            n = max(1, best[1]["segments"]) if best else 1
             line += (f" | {name} {100 * best[1]['top1'] / n:4.1f}% top-1, {100 * best[1]['wrong'] / n:4.1f}% wrong "
                      f"(th {best[0]:g})" if best else f" | {name} cannot")
         print(line)
@@ -414,6 +454,38 @@ def tune_own(root: Path) -> None:
         best = max(((x, outcome(first, acts_of(s, x))) for x in SWEEP), key=lambda o: (
             o[1]["false"] <= budget_win * o[1]["normal"], o[1]["top1"]))
         print(row(f"within {100 * budget_win:g} %/win (th {best[0]:g})", best[1]))
+
+
+def tune_cusum(root: Path, cache: Path | None = None) -> None:
+    """The cusum's reference k, cap and rounds, on the tuning part only (one engine pass; the cusum is cheap)."""
+    first = tuning_part(root)
+    print(f"cusum on ASD's history and the first half of its scored part ({first.test.shape[1]} windows, "
+          f"{len(first.segments)} segments): calibrated top-1, wrong, false actions per normal window (threshold at "
+          f"the end) | the best top-1 within 0.1 % false actions per window (oracle threshold)")
+    p = cached(cache, "asd-tune", first, "engine", lambda: engine_pass(first))
+    lo = first.train.shape[1] - HISTORY
+    inc, lab = sequential.increments(p.positions[lo:], cap=np.inf), first.labels.T
+    healthy_q = " / ".join(f"{x:.2f}" for x in np.percentile(inc[~lab], [50, 99, 99.9]))
+    print(f"  a round's increment (the top-{sequential.TOP} mean of positions, uncapped): unlabelled node-rounds "
+          f"median / 99th / 99.9th percentile {healthy_q}; labelled node-rounds median {np.median(inc[lab]):.2f}")
+    for cap in (6.0, 9.0, 12.0, 24.0, 1e9):
+        for reference in (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0):
+            if cap <= reference:
+                continue
+            c = cusum_pass(p, reference, cap)
+            s = scored(c, first)
+            for rounds in (1, 2):
+                th, trail = calibrated_thresholds(c.scores, rounds, ISO.budget_per_1000_node_days)
+                r = outcome(first, acts_of(s, th[lo:], rounds))
+                best = max(((x, outcome(first, acts_of(s, x, rounds))) for x in CUSUM_SWEEP), key=lambda o: (
+                    o[1]["false"] <= 0.001 * o[1]["normal"], o[1]["top1"], -o[1]["wrong"]))
+                n = max(1, r["segments"])
+                cal = trail[-1][1] if trail else None
+                print(f"  cap {cap:g} k {reference:g} rounds {rounds}: calibrated {100 * r['top1'] / n:4.1f}% "
+                      f"{100 * r['wrong'] / n:4.1f}% {100 * r['false'] / max(1, r['normal']):.3f}% (acts at "
+                      f"{f'{cal.threshold:.1f}' if cal and cal.acts else 'none'}) | within 0.1 %: "
+                      f"{100 * best[1]['top1'] / n:4.1f}% {100 * best[1]['wrong'] / n:4.1f}% (th {best[0]:g})",
+                      flush=True)
 
 
 # ---------- NAB: single series, the per-node detector ----------
@@ -467,16 +539,26 @@ def main() -> int:
     ap.add_argument("--tune", action="store_true", help="the tuning runs on ASD's first half, then stop")
     ap.add_argument("--own-history-s", type=float, default=ISO.history_s,
                     help="the engine's own history (default: the controller's history_s); --tune sweeps it")
+    ap.add_argument("--tune-cusum", action="store_true", help="the cusum's reference, cap and rounds on the tuning "
+                                                                  "part, then stop")
+    ap.add_argument("--cusum-reference", type=float, default=sequential.REFERENCE,
+                    help="the cusum's reference k (default: the shipped one)")
+    ap.add_argument("--cusum-cap", type=float, default=sequential.CAP, help="the most a round adds to the cusum")
     ap.add_argument("--tune-own", action="store_true", help="the engine with --own-history-s on the tuning part")
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep each scoring pass here (keyed by the scorers' code and the data): a re-run only acts")
     args = ap.parse_args()
-    global OWN
+    global OWN, CUSUM_REFERENCE, CUSUM_CAP
     OWN = int(args.own_history_s / ISO.window_s)
+    CUSUM_REFERENCE, CUSUM_CAP = args.cusum_reference, args.cusum_cap
     print(f"controller defaults: budget {ISO.budget_per_1000_node_days:g} false drains per 1,000 node-days, "
           f"min_score {ISO.min_score} (floor), dominance {ISO.dominance}, rounds {ISO.rounds}, comparable_ratio "
           f"{ISO.comparable_ratio:g}, window {ISO.window_s:.0f} s (a simulated day = {DAY_WINDOWS:.0f} windows), "
-          f"history {HISTORY} windows, the engine's own {OWN}")
+          f"history {HISTORY} windows, the engine's own {OWN}; cusum reference {CUSUM_REFERENCE:g}, cap "
+          f"{CUSUM_CAP:g}, rounds {CUSUM_ROUNDS}")
+    if args.tune_cusum:
+        tune_cusum(args.data, args.cache)
+        return 0
     if args.tune_own:
         tune_own(args.data)
         return 0
@@ -511,6 +593,10 @@ def main() -> int:
         print(HEADER)
         print(row("engine", outcome(g, acts_of(s, th), half)))
         print(row("engine@6 (no budget)", outcome(g, acts_of(s, ISO.min_score), half)))
+        c = cusum_pass(p)
+        th, _ = calibrated_thresholds(c.scores, CUSUM_ROUNDS, ISO.budget_per_1000_node_days)
+        print(row("cusum", outcome(g, acts_of(scored(c, g), th[g.train.shape[1] - HISTORY:], CUSUM_ROUNDS), half)))
+        equal_budgets({"engine": [(g, p)], "cusum": [(g, c)]}, (0.001,), half)
     print("\nevery data set, at the shipped defaults:")
     print("  data set  " + HEADER[1:])
     for name, methods in summary.items():

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from sigma.companion.model import Column
-from sigma.companion.parse import Query
+from sigma.companion.parse import Query, percentile
 
 # Every node or job the controller knows, for "which nodes were never ...".
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
@@ -115,10 +115,10 @@ def _extra(qb: Query) -> Extra:
     when = (lambda v: f"CASE WHEN {cond} THEN {v} END") if cond else (lambda v: v)  # noqa: E731
     m = qb.measure
     if qb.qkind == "when":
-        t = qb.time_col or ent.time
+        t = qb.time_col or qb.timed or ent.time
         fn, word = ("MIN", "first") if qb.order == "earliest" else ("MAX", "last")
         return Extra(f"{fn}({when(t)})", f"{word}_{t}", "time", params, False)
-    if m is not None and (qb.agg or qb.rank) and qb.agg not in ("count", "share", "median"):
+    if m is not None and (qb.agg or qb.rank) and qb.agg not in ("count", "share", "median") and not percentile(qb.agg):
         fn = qb.agg or qb.rank
         return Extra(AGG_SQL[fn].format(when(m.name)), f"{fn}_{m.name}", m.unit, params, False)
     if qb.qkind == "count" and m is None and not qb.agg:
@@ -182,11 +182,12 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     if q.since is not None or q.until is not None:
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to filter on")
+        t = q.timed or ent.time
         if q.since is not None:
-            where.append(f"{ent.time} >= ?")
+            where.append(f"{t} >= ?")
             params.append(q.since)
         if q.until is not None:
-            where.append(f"{ent.time} < ?")
+            where.append(f"{t} < ?")
             params.append(q.until)
     return where, params, share_conds
 
@@ -304,7 +305,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         if not ent.time:
             raise NotUnderstood(f"{ent.name} have no time to follow over time")
         size = _bucket_size(q, now)
-        bucket = f"CAST(({ent.time} + {tz_offset:.0f}) / {size} AS INTEGER) * {size} - {tz_offset:.0f}"
+        bucket = f"CAST(({q.timed or ent.time} + {tz_offset:.0f}) / {size} AS INTEGER) * {size} - {tz_offset:.0f}"
         units["period"] = "time"
     proj = q.project
     if proj and proj.startswith("list:"):
@@ -318,8 +319,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         agg = q.rank
     if m and not agg and (group or bucket is not None or (proj and q.rank and m)):
         agg = m.agg if m.agg in AGG_SQL else ("" if (proj and q.rank) else "avg")
-    if agg == "median" and m is None:
-        raise NotUnderstood("a median of what")
+    if (agg == "median" or percentile(agg)) and m is None:
+        raise NotUnderstood(f"a {'median' if agg == 'median' else 'percentile'} of what")
 
     def grouped(keys: list[str], value_agg: str) -> tuple[str, str, str]:
         """(CTE, SELECT keys, value ... GROUP BY keys, the value's name); a median through window functions."""
@@ -332,6 +333,15 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
                    f"(n + 2) / 2)" + (f" GROUP BY {cols}" if keys else ""))
             units[f"median_{mname}"] = m.unit
             return body, sel, f"median_{mname}"
+        if percentile(value_agg):   # the nearest rank: the smallest value with at least p % of them at or below it
+            part = f"PARTITION BY {cols} " if keys else ""
+            body = (f"pct AS (SELECT {cols + ', ' if keys else ''}{mname} AS v, ROW_NUMBER() OVER ({part}ORDER BY "
+                    f"{mname}) AS rn, COUNT(*) OVER ({part.strip()}) AS n FROM rows WHERE {mname} IS NOT NULL) ")
+            name = f"{value_agg}_{mname}"
+            sel = (f"SELECT {cols + ', ' if keys else ''}MIN(v) AS {name} FROM pct WHERE rn = (n * "
+                   f"{percentile(value_agg)} + 99) / 100" + (f" GROUP BY {cols}" if keys else ""))
+            units[name] = m.unit
+            return body, sel, name
         name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
@@ -345,7 +355,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             f" GROUP BY {cols}" if keys else ""), name
 
     if q.qkind == "when" and (group or proj) and bucket is None:
-        tcol = q.time_col or ent.time
+        tcol = q.time_col or q.timed or ent.time
         keys = group or [proj]
         fn = "MIN" if q.order == "earliest" else "MAX"
         units[tcol] = "time"
@@ -443,7 +453,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         return Built(sql, params, units, "groups", name)
 
     if q.qkind == "when":
-        tcol = q.time_col or ent.time
+        tcol = q.time_col or q.timed or ent.time
         if not tcol:
             raise NotUnderstood(f"{ent.name} have no time")
         units[tcol] = "time"

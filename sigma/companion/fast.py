@@ -134,7 +134,8 @@ def _assumed(q: Query) -> Query | None:
     rows there are: the latest time ("when did node1 come back": the last time), the total of a time that adds up
     (a measure whose default aggregate in the schema document is the sum: "how long was node2 out of service"), the
     average of any other duration ("how long did detection take for xid errors"). Rows named in the plural ("when
-    were the drains") are each listed instead: None."""
+    were the drains") are each listed instead: None. A total is of what the question names (a node, a job, a rule,
+    a window, a condition): "how long was the downtime?" names none, so "the" one of many is not forced: None."""
     if q.plural:
         return None
     count = [Query(q.entity, qkind="count")]
@@ -142,6 +143,9 @@ def _assumed(q: Query) -> Query | None:
         return replace(q, order="latest", assumed="latest", extras=count)
     m = q.measure or next((c for c in q.entity.measures() if c.unit == "s"), None)
     agg = "sum" if m is not None and m.agg == "sum" else "avg"
+    if agg == "sum" and not (q.nodes or q.jobs or q.rules or q.conds or q.exclude or q.since is not None
+                             or q.until is not None):
+        return None
     return replace(q, agg=agg, assumed=agg, extras=count)
 
 
@@ -240,6 +244,8 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return _which_one(q, result.rows, understood) if _one_of_many(q, built, result.rows) else Answer(
             text=f"I understood {understood}, but my query for it failed ({exc}).", tier="fast",
             intent=q.entity.name, status="cannot", understood=understood, not_understood=[str(exc)])
+    if not q.plural and _one_of_many(q, built, result.rows):   # one of many with no default forced: ask which
+        return _which_one(q, result.rows, understood)
     if q.one_value() and len(result.rows) > 1:   # "what stage was node2 in": one of several, no word says which
         return Answer(text=f"{', '.join(q.nodes + [f'job {j}' for j in q.jobs])} had {len(result.rows)} "
                            f"{q.project.replace('_', ' ')} values ({', '.join(str(r[0]) for r in result.rows[:8])}); "

@@ -92,6 +92,7 @@ def normalise(question: str) -> str:
                                                                            "here", "where") else ""), q)
     q = re.sub(r"\b(what|that|there|who|it|here|where)'s\b", r"\1 is", q)
     q = re.sub(r"n't\b", " not", q)
+    q = re.sub(r"\b(\w+)\(s\)", r"\1", q)   # "job(s)": the noun, as one or several
     # the other contractions of a pronoun and its auxiliary ("we've had", "they'd have"): the auxiliary written out
     q = re.sub(r"\b(i|we|you|they|he|she)'(ve|re|ll|d)\b",
                lambda m: f"{m.group(1)} " + {"ve": "have", "re": "are", "ll": "will", "d": "would"}[m.group(2)], q)

@@ -37,7 +37,7 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "slowest": ("rank", "max"), "most": ("rank", "most"), "the most": ("rank", "most"), "top": ("rank", "max"),
     "minimum": ("rank", "min"), "min": ("rank", "min"), "lowest": ("rank", "min"), "shortest": ("rank", "shortest"),
     "smallest": ("rank", "min"), "fewest": ("rank", "min"), "least": ("rank", "min"), "the least": ("rank", "min"),
-    "quickest": ("rank", "min"), "fastest": ("rank", "min"),
+    "quickest": ("rank", "min"), "fastest": ("rank", "min"), "busiest": ("rank", "most"), "quietest": ("rank", "min"),
     "last": ("order", "latest"), "latest": ("order", "latest"), "most recent": ("order", "latest"),
     "recent": ("order", "latest"), "current": ("order", "latest"), "currently": ("now", ""),
     "first": ("order", "earliest"), "earliest": ("order", "earliest"), "oldest": ("order", "earliest"),
@@ -152,7 +152,14 @@ BREAK_DOWN = re.compile(r"\b(?:break|breaking|broke|split|splitting)\b(?: [\w-]+
 BREAK_DOWN_BY = re.compile(r"\b(?:(?:break|breaking|broke) (?:down|up)|split|splitting)\b(?=(?: [\w'-]+){0,5}? by\b)")
 # "how long did it last", "which stay lasted longest": the verb (how long something was), never the latest one
 LASTED = re.compile(r"\blast(?:ed|s|ing)\b|\bhow long\b.*\b(last)\b(?=\s*(?:$|[?.,!;]|for|on|in|at|during)\b)")
-NOW = re.compile(r"\b(?:right now|at the moment|at present|currently|now)\b")
+# buckets of a stated size: "in 10-minute buckets", "5 minute intervals", "every 15 minutes"
+BUCKETS = re.compile(r"\b(?:in |into |by |per )?(\d+)[- ]?(second|sec|minute|min|hour)s? (?:buckets?|bins?|intervals?|"
+                     r"slots?)\b|\bevery (\d+) (second|sec|minute|min|hour)s?\b")
+# a percentile, as the nearest rank: "p90", "the 95th percentile"
+PERCENTILE = re.compile(r"\bp([1-9]\d?)\b|\b(?:the )?([1-9]\d?)(?:st|nd|rd|th)? percentile(?: of)?\b")
+SPEED = {"slowest", "fastest", "quickest"}   # superlatives of how long a row took, where no measure is named
+NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
+                 r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
@@ -163,7 +170,7 @@ BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "b
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
-                          "made", "write", "wrote", "written")}
+                          "made", "write", "wrote", "written", "throw", "threw", "thrown")}
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
@@ -176,6 +183,11 @@ DETERMINERS = {stem(w) for w in ("the", "a", "an", "its", "their", "his", "her",
 AUX = {stem(w) for w in ("was", "were", "been", "be", "did", "has", "have", "had", "is", "are", "get", "got", "gets",
                          "getting")}
 UNKNOWN_NODE = re.compile(r"node\d+|[a-z]+\d*(?:-[a-z0-9]+)*-\d+|gpu\d+-\w+")
+
+
+def percentile(agg: str) -> int | None:
+    """The percentile an aggregate names ("p90": 90), or None."""
+    return int(agg[1:]) if re.fullmatch(r"p\d+", agg or "") else None
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,8 @@ class Query:
     order: str = ""                       # latest earliest
     measure: Column | None = None
     time_col: str | None = None
+    timed: str = ""                       # the time the verb names ("closed": closed_at), where it is not the
+    #                                     entity's own: the time range and the buckets are of it
     group: list[str] = field(default_factory=list)
     bucket: int | None = None
     project: str | None = None            # "which nodes ..." -> one row per node
@@ -643,6 +657,12 @@ class Parser:
             claim(a, b, Meaning("filler"))
         for m in NOW.finditer(q):   # a time word, claimed before phrases ("drained at the moment")
             claim(m.start(), m.end(), Meaning("now"))
+        for m in PERCENTILE.finditer(q):
+            claim(m.start(), m.end(), Meaning("agg", None, f"p{m.group(1) or m.group(2)}"))
+        for m in BUCKETS.finditer(q):
+            size = int(m.group(1) or m.group(3)) * timerange.UNITS[m.group(2) or m.group(4)]
+            if size:
+                claim(m.start(), m.end(), Meaning("bucket", None, str(size)))
         tr = timerange.find(q, now, tz)
         if tr:
             for a, b in tr.spans:
@@ -814,7 +834,8 @@ class Parser:
         # "how many times": occurrences in a history, never a current-state view's one row per node
         times = any(s.text.split()[-1] == "times" and m.kind == "q" for s in spans for m in s.meanings)
         # "on average, how long does a node stay": an average is over a history, never one current row per node
-        times = times or any(m.kind == "agg" and m.value in ("avg", "median") for s in spans for m in s.meanings)
+        times = times or any(m.kind == "agg" and (m.value in ("avg", "median") or percentile(m.value))
+                             for s in spans for m in s.meanings)
         for order, ent in enumerate(model.entities.values()):
             if (past or times) and ent.now and not any(m.kind == "now" for s in spans for m in s.meanings):
                 tense_ok = False
@@ -1021,6 +1042,14 @@ class Parser:
                             Meaning("time", ent.name, ent.time) if ent.time and any(
                                 t.kind == "entity" and t.entity == ent.name for t in x.meanings) else None)
                         for x in spans[n + 1:n + 3]]
+                # the row itself, then a duration from its start named by its end ("from request to ack": ack_s)
+                since_start = next((ent.columns[t.value] for x in spans[n + 2:n + 3] for t in x.meanings
+                                    if t.kind == "measure" and self._fits(t, ent) and re.fullmatch(
+                                        rf"\w+ - {ent.time}", ent.columns[t.value].sql or "")), None)
+                if len(ends) == 2 and ends[0] and ends[0].value == ent.time and ends[1] is None and since_start \
+                        and q.measure is None:
+                    q.measure, measured, timed = since_start, True, {n + 1, n + 2}
+                    continue
                 if len(ends) < 2 or None in ends or ends[0].value == ends[1].value or q.measure is not None:
                     unknown.append(s.text)
                     continue
@@ -1032,6 +1061,10 @@ class Parser:
             if n in timed:
                 continue
             if kind == "rel":   # the next word names the related rows; "not followed by" and "without" negate
+                if value == "not" and not negate and n + 1 < len(spans) and all(
+                        m.kind in ("time", "cond") for m in spans[n + 1].meanings):
+                    negate = s.text   # "without an ack": that time is not there, as "never acked"
+                    continue
                 relation = "not" if value == "not" or negate else "with"
                 negate = ""
                 if not (n + 1 < len(spans) and spans[n + 1].meanings[0].kind == "related"):
@@ -1121,7 +1154,7 @@ class Parser:
                 if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
                     unknown.append(s.text)
                 q.rank = rank
-                lasting = lasting or (s.text if value in ("longest", "shortest") else "")
+                lasting = lasting or (s.text if value in ("longest", "shortest") or s.text in SPEED else "")
                 most = most or value == "most"
             elif kind == "order":
                 if value == "earliest" and n and q.rank == "max" and spans[n - 1].end == s.start and any(
@@ -1284,6 +1317,11 @@ class Parser:
             if s.text in STOPWORDS and all(m.entity for m in s.meanings) and after and after.meanings[0].kind in (
                     "filler", "range"):   # "requeues done so far", "done this week": a function word before a time
                 continue   # where it names only other entities' columns or values (a drain's "done")
+            before = spans[n - 1] if n and spans[n - 1].end == s.start else None
+            if s.text in ("value", "values", "reading", "readings") and q.measure is not None and before and any(
+                    m.kind in ("measure", "metric") and self._fits(m, ent) for m in before.meanings):
+                q.understood.append(s.text)   # "the loss value": the measure just named, its own value
+                continue
             if set(phrase_stems(s.text)) <= MADE:   # "did the sidecar raise": another entity's time of being made
                 q.understood.append(s.text)
                 continue
@@ -1298,7 +1336,11 @@ class Parser:
         if pending_group:
             unknown.append(pending_group)
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
-            long = [c for c in self._durations(ent) if ("long",) in c.words]   # what "how long" names
+            # what "how long" names, or the one duration a word of the question names part of ("the slowest
+            # checkpoint save": its save time; never "which job has run the longest": no duration says "run")
+            said = {t.stem for t in tokens} - STOPWORDS - {stem("time")}
+            long = [c for c in self._durations(ent) if ("long",) in c.words] or [
+                c for c in self._durations(ent) if any(set(w) & said for w in c.words)]
             if len(long) == 1:
                 q.measure = long[0]
             elif q.qkind != "duration":   # a "how long" question's own duration, else unclear: never a count of
@@ -1314,6 +1356,9 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        if q.time_col and q.time_col != ent.time and not q.ago:   # "closed in the last 20 minutes", "when were
+            col = ent.columns[q.time_col]   # they closed since 16:00": the window is on the closing, not the opening
+            q.timed = col.name if col.sql == f"src.{col.name}" else col.sql
         if q.time_col and not (q.qkind == "when" or q.order and q.time_col == ent.time or q.ago):
             # a time named of rows, not asked when nor ordered by: that time is there ("drains finished", "the
             # node was back"), as a time negated is that time not there ("never acked")
@@ -1322,6 +1367,16 @@ class Parser:
             if q.time_col != ent.time:
                 q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
             q.time_col = None
+        if not q.timed and (q.since is not None or q.until is not None or q.bucket is not None
+                            or q.qkind == "when"):
+            # a condition that the row's other time is there ("closed", "acknowledged") is the verb's time: a
+            # window is of it ("closed in the last 20 minutes": closed_at, not opened_at); of two, none is forced
+            named = {m.group(1) for c in q.conds if (m := re.fullmatch(r"(\w+) IS NOT NULL", c.sql))
+                     and m.group(1) != ent.time and getattr(ent.columns.get(m.group(1)), "role", "") == "time"}
+            if len(named) == 1:
+                q.timed = named.pop()
+            elif named:
+                unknown.append(" and ".join(sorted(named)) + " as the time of the window")
         if waited and not (q.qkind == "duration" or (q.measure is not None and q.measure.unit in ("s", "min", "h"))):
             unknown.append(waited)
         if ago:   # "how long ago was the last reboot": the time since it, of a row the question picks
@@ -1330,7 +1385,9 @@ class Parser:
             else:
                 unknown.append(ago)
         if now_word:   # "what step is job 1 on now": one node's or job's latest reading; of several, or an
-            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (   # aggregate, "now" says no row alone
+            if q.measure and q.project == q.measure.name:   # aggregate, "now" says no row alone ("what training
+                q.project = None                            # step ... now": the measure asked, no row per value)
+            if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (
                     q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
                 q.order = "latest"
             else:

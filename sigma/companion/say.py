@@ -171,7 +171,8 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
         width = len(columns) - len(b.extras)   # the second part's columns come last, beside the value
         keys = " and ".join(column_words(c) for c in columns[:width - 1])
         measure = "count" if columns[width - 1] == "n" else column_words(columns[width - 1]).replace("avg ", "average ")
-        head = f"The most, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
+        most = "The least" if q.rank == "min" else "The most"
+        head = f"{most}, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
         parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:width - 1]))
                  + (": " if width > 1 else "") + fmt(columns[width - 1], r[width - 1])
                  + "".join(f", {column_words(c)} {fmt(c, v)}" for c, v in zip(columns[width:], r[width:]))

@@ -1,6 +1,7 @@
 """Time ranges in the forms people write, read in the site's timezone: "in the last 3 hours", "past day", "today",
 "yesterday", "this afternoon", "this week", "last week", "since Tuesday", "since 10:30", "since 2026-11-20",
-"between 10:00 and 10:30", "from 10:00 to 10:30", "before 10:00", "after 10:00", "since yesterday", "before today",
+"between 10:00 and 10:30", "from 10:00 to 10:30", "before 10:00", "after 10:00", "from 15:00 on", "since midnight",
+"in the last half hour", "since yesterday", "before today",
 "since 2 hours ago". Each match says which characters of the question it used, so the parser knows those words are
 understood."""
 
@@ -58,8 +59,9 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
     # a day or week as the bound of an open range: "since yesterday" is from yesterday's start on, "before today"
     # until today's start; "since 2 hours ago" from that instant
     days = {"yesterday": (midnight - timedelta(days=1)), "today": midnight, "this morning": midnight,
-            "this week": week, "last week": week - timedelta(days=7)}
-    m = re.search(r"\b(since|after|from|before|until) (yesterday|today|this morning|this week|last week)\b", q)
+            "midnight": midnight, "this week": week, "last week": week - timedelta(days=7)}
+    m = re.search(r"\b(since|after|from|before|until) (yesterday|today|this morning|midnight|this week|last week)\b",
+                  q)
     if m:
         start = days[m.group(2)]
         return out(m, start, None) if m.group(1) in ("since", "after", "from") else out(m, None, start)
@@ -77,6 +79,9 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
         n = COUNTS.get(m.group(1), None) if m.group(1) else 1
         n = int(m.group(1)) if n is None else n
         return TimeRange(now - n * _unit(m.group(2)), None, m.group(0).strip(), [m.span()])
+    m = re.search(r"\b(?:in |over |during |within )?(?:the )?(?:last|past|previous) half(?: an?)? (hour|day)\b", q)
+    if m:   # "in the last half hour"
+        return TimeRange(now - _unit(m.group(1)) / 2, None, m.group(0).strip(), [m.span()])
     m = re.search(r"\b(?:in the )?(?:last|past) (hour|day|week|month)\b", q)
     if m:
         return TimeRange(now - _unit(m.group(1)), None, m.group(0).strip(), [m.span()])
@@ -103,12 +108,13 @@ def find(q: str, now: float, tz: tzinfo | None) -> TimeRange | None:
         d = datetime.fromisoformat(m.group(2)).replace(tzinfo=tz)
         d = d.replace(hour=int(m.group(3) or 0), minute=int(m.group(4) or 0))
         return out(m, d, None) if m.group(1) in ("since", "after") else out(m, None, d)
-    m = re.search(r"\b(since|after|before|until) " + CLOCK + r"\b", q)
-    if m and (m.group(3) or m.group(4)):  # "since 10:30" or "after 9 pm", not "since 3" (a count)
+    m = re.search(r"\b(since|after|before|until) " + CLOCK + r"\b", q) or re.search(
+        r"\b(from) " + CLOCK + r" (?:on|onwards?)\b", q)
+    if m and (m.group(3) or m.group(4)):  # "since 10:30", "after 9 pm", "from 15:00 on"; not "since 3" (a count)
         t = _clock(midnight, *m.group(2, 3, 4))
         if t > local:
             t -= timedelta(days=1)
-        return out(m, t, None) if m.group(1) in ("since", "after") else out(m, None, t)
+        return out(m, t, None) if m.group(1) in ("since", "after", "from") else out(m, None, t)
     return None
 
 

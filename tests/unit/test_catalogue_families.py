@@ -337,6 +337,10 @@ def test_aer_that_cannot_recover_a_device_reboots_in_older_kernels_words_too(lin
      "'/opt/enroot/data': Permission denied", ["notify"]),
     ("May 10 05:42:37 node1 systemd[1]: slurm.service: main process exited, code=exited, status=1/FAILURE",
      ["notify"]),  # older systemd's lower-case wording
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: error: *** STEP 63532.0 STEPD TERMINATED ON node1 AT "
+     "2020-12-14T09:44:56 DUE TO JOB NOT ENDING WITH SIGNALS ***", ["notify"]),  # unkillable: SLURM drains itself
+    ("Dec 14 09:44:56 node1 slurmstepd[4242]: [63532.0] error: *** STEP 63532.0 ON node1 CANCELLED AT "
+     "2020-12-14T09:44:56 ***", []),  # a user's scancel
     ("Feb 02 09:51:48 node1 slurmd[12912]: slurmd: slurmd version 23.02.7 started", []),
     ("Feb 02 09:51:48 node1 slurmd[12912]: error: Node configuration differs from hardware: CPUs=64:128(hw)", []),
     ("Feb 02 09:52:07 node1 kernel: slurmd: fatal: not slurmd's own line", []),  # the kernel does not speak for it
@@ -476,3 +480,48 @@ def test_envelopes_naming_the_facility_in_brackets_or_a_cjk_month_are_read(line,
     parsed = parse(line)
     assert (parsed.message, unattributed(parsed, ["kernel"])) == (message, why)
     assert parsed.ts is not None
+
+
+@pytest.mark.parametrize("line,actions", [
+    # the NVIDIA driver's RPCs to the GPU's firmware processor failing (status 0xf: the GPU is lost) reboot
+    ("NVRM: _issueRpcAndWait: rpcSendMessage failed with status 0x0000000f for fn 76!", ["drain+reboot"]),
+    ("NVRM: _issueRpcAndWait: rpcRecvPoll failed with status 0x00000065 for fn 10!", ["drain+reboot"]),
+    # die()'s header in any trap's words, and the kernel finding its own lists corrupted, reboot
+    ("invalid opcode: 0000 [#1] SMP PTI", ["drain+reboot"]),
+    ("stack segment: 0000 [#1] PREEMPT SMP NOPTI", ["drain+reboot"]),
+    ("list_del corruption. prev->next should be ffff98679438a5d0, but was ca53e83f5e8cf5a8", ["drain+reboot"]),
+    ("list_add corruption. next->prev should be prev (ffff8881), but was ffff8882. (next=ffff8883).",
+     ["drain+reboot"]),
+    # GPU page faults of drivers without Xids restart the job, as Xid 31 does
+    ("*** gpu fault: ttbr0=000000018bbd9000 iova=0000000115af0000 dir=READ type=TRANSLATION source=CCU (0,0,0,1)",
+     ["requeue"]),
+    ("METAX.B10200.ATU.ERROR hwip DMAW0 fault code(7) perm code: 2", ["requeue"]),
+    # look-alikes: another program's RPC, a USB device, the driver's informational lines
+    ("rpcbind: rpcSendMessage failed with status 0x1", []),
+    ("usb 1-1: device not accepting address 3, error -71", []),
+    ("METAX.B10200.ATU.INFO atu 0x0 pde_base_addr 0x50016c0000", []),
+])
+def test_gsp_rpcs_failing_and_kernel_traps_reboot_and_gpu_page_faults_restart_the_job(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("NCCL error in: ProcessGroupNCCL.cpp:1269, internal error, NCCL version 2.14.3", ["nccl_error"], ["requeue"]),
+    ("ncclInternalError: Internal check failed.", ["nccl_error"], ["requeue"]),
+    ("-:6015:6224 [1] proxy.cc:884 NCCL WARN Proxy Call to rank 1 failed (Connect)", ["nccl_error"], ["requeue"]),
+    ("torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", ["cuda_error"],
+     ["requeue"]),
+    # gpu-burn: a GPU's worker died (its progress line), its verdict FAULTY: the node's GPU is suspect
+    ("30.0%  proc'd: 1 (9 Gflop/s) - -1 (0 Gflop/s)   errors: 0 - -5337  (DIED!)  temps: 30 C - 30 C ",
+     ["burn_in_failed"], ["notify"]),
+    ("\tGPU 1: FAULTY", ["burn_in_failed"], ["notify"]),
+    # look-alikes: the job's own misuse, the hint PyTorch prints after an error, a GPU that passed
+    ("NCCL error in: ProcessGroupNCCL.cpp:1269, invalid usage, NCCL version 2.14.3", [], []),
+    ("Search for `cudaErrorDevicesUnavailable' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES"
+     ".html for more information.", [], []),
+    ("\tGPU 0: OK", [], []),
+    ("No clients are alive!  Aborting", [], []),
+])
+def test_nccl_internal_and_proxy_errors_and_a_busy_gpu_restart_the_job_and_a_failed_burn_in_notifies(line, kinds,
+                                                                                                   actions):
+    assert decide(line, job=True) == (kinds, actions)

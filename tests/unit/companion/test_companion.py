@@ -785,3 +785,73 @@ def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(
     assert c.status == "fact" and c.rows == values(
         conn, "SELECT COUNT(*) FROM events WHERE kind = 'xid' AND node = 'node3'")
     assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
+
+
+def test_a_window_is_on_the_time_the_verb_names(conn):
+    now = reference_time(conn)
+    a = q(conn, "how many incidents were closed in the last 45 minutes?")   # the closing, not the opening
+    assert a.status == "fact" and a.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE closed_at >= {now} - 2700")
+    b = q(conn, "how many checkpoint requests were acknowledged in the past 30 minutes?")
+    assert b.status == "fact" and b.rows == values(
+        conn, f"SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at >= {now} - 1800")
+    c = q(conn, "how many incidents were opened in the last 45 minutes?")   # the row's own time
+    assert c.status == "fact" and c.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 2700")
+
+
+def test_a_total_is_of_what_the_question_names_and_otherwise_asked_back(conn):
+    a = q(conn, "how long was the outage?")   # no node, job, rule or window: which of the stays is not said
+    assert a.status == "clarify" and "total" in a.text
+    b = q(conn, "how long was node3 out of service?")   # the node's time out: its stays added up, said as such
+    assert b.status == "fact" and "total" in b.text
+
+
+def test_everyday_time_words_and_stated_bucket_sizes(conn):
+    now = reference_time(conn)
+    midnight = datetime.fromtimestamp(now, BERLIN).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    a = q(conn, "how many reboots since midnight?")
+    assert a.status == "fact" and a.rows == values(
+        conn, f"SELECT COUNT(*) FROM actions WHERE kind = 'reboot' AND state = 'done' AND done_at >= {midnight}")
+    b = q(conn, "how many incidents were opened in the past half hour?")
+    assert b.status == "fact" and b.rows == values(
+        conn, f"SELECT COUNT(*) FROM incidents WHERE opened_at >= {now} - 1800")
+    d = q(conn, "how many checkpoint requests are without an ack?")   # "without" a time: that time is not there
+    assert d.status == "fact" and d.rows == values(
+        conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL")
+    e = q(conn, "incidents per node, busiest first")
+    assert e.status == "fact" and [r[1] for r in e.rows] == sorted((r[1] for r in e.rows), reverse=True)
+    f = q(conn, "incidents opened in 20-minute buckets")
+    assert f.status == "fact" and all(r[0] % 1200 == 0 for r in f.rows)
+    g = q(conn, "what state is node3 in atm?")   # "atm": now, the current-state view
+    assert g.status == "fact" and g.rows[0][1] == values(
+        conn, "SELECT state FROM node_snapshots WHERE node = 'node3' ORDER BY ts DESC LIMIT 1")[0][0]
+
+
+def test_a_percentile_is_the_nearest_rank(conn):
+    a = q(conn, "what is the p75 detection latency?")
+    lat = sorted(r[0] for r in conn.execute("SELECT opened_at - fault_ts FROM incidents WHERE fault_ts IS NOT NULL"))
+    assert a.status == "fact" and round(a.rows[0][0], 3) == round(lat[-(-75 * len(lat) // 100) - 1], 3)
+    assert q(conn, "p90 of incidents").status == "partial"   # a percentile of no measure
+
+
+def test_a_measures_value_word_and_now_of_the_measure_asked(conn):
+    latest = values(conn, "SELECT loss FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    a = q(conn, "what is the latest loss value of job 1?")   # "value": the measure just named
+    assert a.status == "fact" and latest in [round(v, 3) for v in a.rows[0] if isinstance(v, float)]
+    step = values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    b = q(conn, "what training step is job 1 at right now?")
+    assert b.status == "fact" and step in b.rows[0]
+
+
+def test_time_from_the_row_to_a_time_a_duration_names(conn):
+    a = q(conn, "median time from request to ack?")   # the row's own time, then the duration its end names
+    assert a.status == "fact" and q(conn, "median ack time?").rows == a.rows
+
+
+def test_slowest_and_fastest_rank_the_one_duration_the_rows_have(conn):
+    a = q(conn, "what was the slowest checkpoint save?")   # checkpoints have one duration: their save time
+    saves = "SELECT MAX(json_extract(fields, '$.save_s')) FROM events WHERE source = 'kpi' AND kind = 'checkpoint'"
+    assert a.status == "fact" and a.rows[0][0] == values(conn, saves)[0][0]
+    b = q(conn, "which was the quickest checkpoint save?")
+    assert b.status == "fact" and b.text.startswith("The least")
