@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from sigma.companion.model import Column
+from sigma.companion.model import UNITS, Column, Cond
 from sigma.companion.parse import Query, percentile
 
 # Every node or job the controller knows, for "which nodes were never ...".
 UNIVERSES = {"node": "SELECT node FROM node_snapshots", "job_id": "SELECT job_id FROM kpis"}
-UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
-         ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1}   # (the measure's unit, the one asked for): divide by
+SPAN = re.compile(r"(\w+) - (\w+)")   # a measure that is the time from one of a row's times to another
 RATE_UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 AGG_SQL = {"avg": "AVG({})", "sum": "SUM({})", "max": "MAX({})", "min": "MIN({})", "count": "COUNT(*)"}
 
@@ -64,6 +63,7 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
                      {**first.units, name: first.units.get(first.value, "")}, "versus", first.value)
     if q.ago:   # "how long ago": from the row's time to now
         q = replace(q, measure=Column("ago_s", f"{now!r} - {q.time_col or q.entity.time}", "measure", "s"))
+    q = _within(q, now)
     used: list[Extra] = []
     built = _compose(q, now, tz_offset, used)
     if q.entity.parts and built.shape == "scalar" and not q.extras and (
@@ -75,6 +75,27 @@ def compose(q: Query, now: float, tz_offset: float) -> Built:
     if len(built.extras) != len(q.extras):
         raise NotUnderstood("the second part of the question together with this kind of answer")
     return built
+
+
+def _within(q: Query, now: float) -> Query:
+    """A time a row lasted (from its own time to another of its times) that adds up, asked within a time range
+    ("seconds out of service in the last hour"): the part of each stay inside the range, one not ended yet lasting
+    until now; the rows are those that overlap the range, not only those that began in it."""
+    m, ent = q.measure, q.entity
+    span = SPAN.fullmatch(m.sql) if m is not None else None
+    total = q.agg == "sum" or (not q.agg and not q.rank and m is not None and m.agg == "sum" and q.qkind != "count")
+    if not (span and total and span.group(2) == ent.time == (q.timed or ent.time)   # (a range on the row's start)
+            and (q.since is not None or q.until is not None)
+            and q.bucket is None and getattr(ent.columns.get(span.group(1)), "role", "") == "time"):
+        return q
+    end, start = f"COALESCE({span.group(1)}, {now!r})", span.group(2)
+    since = start if q.since is None else f"{q.since!r}"
+    until = f"{now!r}" if q.until is None else f"{q.until!r}"
+    clipped = replace(m, name=re.sub(r"_s$", "", m.name) + "_in_range_s",
+                      sql=f"MAX(0, MIN({end}, {until}) - MAX({start}, {since}))")
+    overlap = [Cond(ent.name, f"{end} > {since}", q.period, "range:end"),
+               Cond(ent.name, f"{start} < {until}", q.period, "range:start")]
+    return replace(q, measure=clipped, since=None, until=None, conds=q.conds + overlap)
 
 
 def _with_parts(q: Query, built: Built, now: float, tz_offset: float) -> Built:
@@ -214,13 +235,13 @@ def _having_count(q: Query) -> str:
 def _in_unit(q: Query) -> Column | None:
     """The question's measure, in the unit it asks for ("in GiB", "in minutes") if it names one."""
     m = q.measure
-    if not q.unit:
+    if not q.unit or (q.unit == "%" and q.agg == "share"):   # a share in percent (agg_of)
         return m
     factor = UNITS.get((m.unit if m else "", q.unit))
     if factor is None:
         raise NotUnderstood(f"'in {q.unit}' for {m.name if m else 'no measure'}")
     name = re.sub(r"_(s|bytes)$", "", m.name) + "_" + q.unit.lower()   # out_of_service_s -> out_of_service_min
-    return Column(name, f"({m.sql}) / {factor}", "measure", q.unit)
+    return replace(m, name=name, sql=f"({m.sql}) / {factor}", unit=q.unit)   # its words and aggregate kept
 
 
 def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built:
@@ -235,6 +256,11 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     base = f"base AS (SELECT src.*{extra} FROM {src} AS src)"
     where, params, share_conds = _filters(q, "base")
     where += _known_keys(q)
+    if q.latest_each:   # each one's latest row of those the question names (its own conditions, again, inside)
+        same = " AND ".join(where) or "1"
+        where.append(f"{ent.time} = (SELECT MAX(b2.{ent.time}) FROM base b2 WHERE b2.{q.project} = base.{q.project} "
+                     f"AND {same})")
+        params += params
     extras = [_extra(x) for x in q.extras]
     aggregates, plain = [x for x in extras if not x.plain], [x for x in extras if x.plain]
 
@@ -255,8 +281,11 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         op, value, unit = q.cmp
         if m is None or (unit == "s") != (m.unit == "s") or (unit == "%") != (m.unit == "%"):
             raise NotUnderstood(f"'{op} {value:g}{' ' + unit if unit else ''}' without a measure of that kind")
-        where.append(f"{m.name} {op} ?")
-        params.append(value)
+        if q.agg in ("share", "of_all"):   # "what share lost no steps": the share's numerator, not a filter
+            share_conds.append((f"{m.name} {op} ?", [value]))
+        else:
+            where.append(f"{m.name} {op} ?")
+            params.append(value)
     rows = "rows AS (SELECT * FROM base" + (" WHERE " + " AND ".join(where) if where else "") + ")"
     head = f"WITH {base}, {rows} "
     units = {c.name: ("time" if c.role == "time" else c.unit) for c in ent.columns.values()
@@ -274,9 +303,9 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             cond = " AND ".join(s for s, _ in share_conds)
             for _, p in share_conds:
                 params.extend(p)
-            return f"AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
+            return f"{'100.0 * ' if q.unit == '%' else ''}AVG(CASE WHEN {cond} THEN 1.0 ELSE 0.0 END)"
         if agg == "distinct":
-            return f"COUNT(DISTINCT {proj})"
+            return f"COUNT(DISTINCT {q.distinct_of or proj})"
         if agg == "count" or col is None:
             if agg not in ("count", "", "sum") and col is None:   # a total of rows with no measure: their number
                 raise NotUnderstood(f"{agg} of what")
@@ -345,6 +374,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
         name = "n" if value_agg in ("count", "distinct") or m is None else f"{value_agg}_{mname}"
         if value_agg == "share":
             name = "share"
+            units[name] = "%" if q.unit == "%" else ""
         if m is not None and value_agg not in ("count", "share"):
             units[name] = m.unit
         expr = agg_of(value_agg, mname)
@@ -408,8 +438,8 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             return Built(sql, params, units, "rows")
         if q.rank and m and not q.agg:     # "which node was out of service the longest": the row(s) at the top
             fn = "MAX" if q.rank == "max" else "MIN"
-            sql = head + (f"SELECT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) FROM rows) "
-                          f"ORDER BY {proj}")
+            sql = head + (f"SELECT DISTINCT {proj}, {mname} FROM rows WHERE {mname} = (SELECT {fn}({mname}) "
+                          f"FROM rows) ORDER BY {proj}")   # each one at the top once ("job 1", not once per rank)
             return Built(sql, params, units, "ranking", mname)
         if q.which and m and not plain and not agg and not q.rank and q.qkind != "count":   # "which jobs lost
             fn = m.agg if m.agg in ("sum", "avg", "max", "min") else "max"   # more than 10 steps": each once
@@ -429,7 +459,7 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
             keys = list(dict.fromkeys([proj] + q.show))
             _, sel, _ = grouped(keys, "count")
             return Built(head + sel + f" ORDER BY {', '.join(keys)}", params, units, "groups", "n", showed=True)
-        value_agg = agg or "count"
+        value_agg = agg or ("distinct" if q.distinct_of else "count")   # "the node with the most different kinds"
         extra_cte, sel, name = grouped([proj], value_agg)
         if q.having:
             if value_agg != "count":

@@ -36,7 +36,7 @@ IRREGULAR = {
     "saved": "save", "saves": "save", "saving": "save", "came": "come", "comes": "come", "coming": "come",
     "spent": "spend", "spends": "spend", "hit": "hit", "hits": "hit", "analyses": "analysis",
     "utilisation": "utiliz", "utilization": "utiliz", "utilised": "utiliz", "utilized": "utiliz",
-    "util": "utiliz", "usage": "utiliz", "data": "data", "status": "status", "statuses": "status",
+    "util": "utiliz", "usage": "utiliz", "mem": "memory", "data": "data", "status": "status", "statuses": "status",
     "latest": "latest", "recent": "recent", "gpus": "gpu", "cpus": "cpu", "xids": "xid", "less": "less",
     "was": "was", "has": "has", "does": "does", "is": "is", "this": "this", "its": "its", "us": "us",
     "checks": "check", "checked": "check", "failure": "failure", "failures": "failure", "failed": "fail",

@@ -30,6 +30,10 @@ JSON_COLUMNS_SKIP = {"evidence", "payload", "params", "data", "labels"}  # free-
 REF_COLUMNS = {"node": "node", "job_id": "job", "rule_id": "rule"}
 LIST_REFS = {"job_ids": "job", "jobs": "job"}
 
+UNITS = {("bytes", "GiB"): 2 ** 30, ("bytes", "MiB"): 2 ** 20, ("bytes", "GB"): 1e9, ("bytes", "MB"): 1e6,
+         ("s", "min"): 60, ("s", "h"): 3600, ("s", "s"): 1,
+         ("bytes", "bytes"): 1}   # (the measure's unit, the one asked for): divide by
+
 
 @dataclass
 class Column:

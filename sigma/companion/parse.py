@@ -14,13 +14,14 @@ from datetime import tzinfo
 
 from sigma.companion import timerange
 from sigma.companion.lexicon import NUMBER_WORDS, STOPWORDS, normalise, phrase_stems, stem, tokenize
-from sigma.companion.model import Column, Cond, Entity, Model, link, table_of, unit_of
+from sigma.companion.model import UNITS, Column, Cond, Entity, Model, link, table_of, unit_of
 
 # Words of the question's shape, whatever the entity. (kind, value)
 GRAMMAR: dict[str, tuple[str, str]] = {
     "how many": ("q", "count"), "number of": ("q", "count"), "count": ("q", "count"), "how often": ("q", "count"),
     "how many times": ("q", "count"), "how frequently": ("q", "count"), "total number of": ("q", "count"),
-    "times": ("times", ""), "so often": ("emphasis", ""), "often": ("emphasis", ""),
+    "times": ("times", ""), "so often": ("emphasis", ""), "often": ("emphasis", ""), "at all": ("emphasis", ""),
+    "no": ("zero", ""),   # before a measure's word ("lost no steps"): that measure is 0
     "how long": ("q", "duration"), "how fast": ("q", "duration"), "how quickly": ("q", "duration"),
     "how much time": ("q", "duration"), "duration": ("q", "duration"),
     "when": ("q", "when"), "what time": ("q", "when"), "at what time": ("q", "when"),
@@ -30,7 +31,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "average": ("agg", "avg"), "mean": ("agg", "avg"), "avg": ("agg", "avg"), "on average": ("agg", "avg"),
     "typical": ("agg", "median"), "median": ("agg", "median"),
     "total": ("agg", "sum"), "in total": ("agg", "sum"), "sum": ("agg", "sum"), "altogether": ("agg", "sum"),
-    "in all": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"), "add up": ("agg", "sum"),
+    "in all": ("agg", "sum"), "all told": ("agg", "sum"), "overall": ("agg", "sum"), "added up": ("agg", "sum"),
+    "add up": ("agg", "sum"),
     "summed": ("agg", "sum"), "summed up": ("agg", "sum"),
     "maximum": ("rank", "max"), "max": ("rank", "max"), "highest": ("rank", "max"), "peak": ("rank", "max"),
     "longest": ("rank", "longest"), "worst": ("rank", "max"), "largest": ("rank", "max"), "biggest": ("rank", "max"),
@@ -60,10 +62,11 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "is": ("present", ""), "are": ("present", ""),
     "not": ("neg", ""), "excluding": ("neg", ""), "except": ("neg", ""), "except for": ("neg", ""),
     "other than": ("neg", ""), "apart from": ("neg", ""), "never": ("neg", "never"), "but not": ("neg", ""),
-    "but never": ("neg", "never"),
+    "but never": ("neg", "never"), "nobody": ("neg", "never"), "no one": ("neg", "never"),
     "rather than": ("neg", ""), "instead of": ("neg", ""),
     "in gib": ("unit", "GiB"), "in gb": ("unit", "GB"), "in mib": ("unit", "MiB"), "in mb": ("unit", "MB"),
     "in minutes": ("unit", "min"), "in hours": ("unit", "h"), "in seconds": ("unit", "s"),
+    "in percent": ("unit", "%"), "as a percentage": ("unit", "%"),
     "mention": ("search", ""), "contain": ("search", ""), "say": ("search", ""), "match": ("search", ""),
     "compare": ("compare", ""), "versus": ("compare", ""), "vs": ("compare", ""),
     "ago": ("ago", ""),   # "how long ago was the last reboot": the time from a row's time to now
@@ -71,7 +74,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "wait": ("wait", ""), "waited": ("wait", ""),   # a duration's verb: with a duration only ("waited to be acked")
     "distinct": ("distinct", ""), "different": ("distinct", ""), "unique": ("distinct", ""),
     "happen": ("filler", ""), "see": ("filler", ""), "have": ("filler", ""), "get": ("filler", ""),
-    "seconds": ("filler", ""), "take": ("filler", ""), "it": ("filler", ""),
+    "seconds": ("unit", "s"), "bytes": ("unit", "bytes"),   # a unit named bare ("total seconds lost"): in it
+    "take": ("filler", ""), "it": ("filler", ""),
     "controller": ("filler", ""), "the controller": ("filler", ""), "sigma": ("filler", ""), "go": ("filler", ""),
     "there": ("filler", ""), "have we": ("filler", ""), "we have": ("filler", ""), "been": ("past", ""),
     "until": ("filler", ""), "till": ("filler", ""), "across": ("filler", ""), "reach": ("filler", ""),
@@ -86,6 +90,8 @@ GRAMMAR: dict[str, tuple[str, str]] = {
     "in terms of": ("filler", ""),   # "affect in terms of jobs": which jobs
     "sit": ("filler", ""), "rack up": ("filler", ""), "clock up": ("filler", ""),
     "cluster": ("filler", ""), "whole cluster": ("filler", ""),   # "across the cluster": all of its rows
+    "cluster wide": ("filler", ""),   # "cluster-wide": all of its rows
+    "reading": ("reading", ""),   # after an order or a measure ("at last reading", "the load reading"): its row
     # a row's own start: understood only with a time range that says since when ("new incidents in the past hour")
     "new": ("new", ""), "newly": ("new", ""),
     # a copula before a category's value ("marked resolved"): understood only when a value follows
@@ -174,6 +180,7 @@ MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "cre
 # Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
 APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
                       r"popped|popping|crop|crops|cropped|cropping) up\b")
+UN = re.compile(r"\bun([a-z]{4,})\b")   # a negative prefix: "unclosed", "unacknowledged"
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 PREPOSITIONS = {"in", "on", "at", "for", "from", "with", "into", "to", "during", "under"}
@@ -241,6 +248,8 @@ class Query:
     without: Entity | None = None         # "drained but never rebooted": the projection less that entity's
     having: tuple[str, float] | None = None
     having_of: str = ""                   # the having counts different values of this column ("on more than one node")
+    distinct_of: str = ""                 # each projected row counts different values of this ("different kinds")
+    latest_each: bool = False             # only each projected node's or job's latest reading ("... now")
     top: int | None = None
     hypo: str = ""
     versus: object = None                 # a second time range the same value is asked of (timerange.TimeRange)
@@ -537,8 +546,11 @@ class Parser:
         self.lexicon = Lexicon(model)
 
     def parse(self, question: str, now: float, tz: tzinfo | None) -> Parse:
+        q = re.sub(r"\b([a-z]+)-wise\b", r"\1", normalise(question))   # "step-wise, where is job 1": its step
         q = HYPHENATED.sub(lambda m: m.group(0) if self._known(m.group(0)) else m.group(0).replace("-", " "),
-                           normalise(question))   # "shadow-mode" is "shadow mode"; a rule id stays one word
+                           q)   # "shadow-mode" is "shadow mode"; a rule id stays one word
+        q = UN.sub(lambda m: m.group(0) if self._means(m.group(0)) or not self._means(m.group(1), ("time", "cond"))
+                   else "not " + m.group(1), q)   # "unclosed" is "not closed" where only "closed" means something
         command = COMMANDS.match(q)
         if command:   # an order, not a question: nothing here acts
             return Parse(None, [command.group(2)], [], command=command.group(2))
@@ -569,10 +581,14 @@ class Parser:
             parsed.unknown.append(rest[0])
         return parsed
 
+    def _means(self, word: str, kinds=CONTENT) -> bool:
+        return any(m.kind in kinds for m in self.lexicon.phrases.get((stem(word),), []))
+
     def _known(self, word: str) -> bool:
-        """A hyphenated word that is a name of its own: a rule id, a node, a phrase, a number ("twenty-four")."""
+        """A hyphenated word that is a name of its own: a rule id, a node, a phrase or a word of one ("resumed from a
+        just-in-time checkpoint"), a number ("twenty-four")."""
         return (word in self.model.rule_ids or word in self.model.nodes or (stem(word),) in self.lexicon.phrases
-                or any(part in timerange.COUNTS for part in word.split("-")))
+                or stem(word) in self.lexicon.containing or any(part in timerange.COUNTS for part in word.split("-")))
 
     def _time_order(self, tokens, stems: list[str], free: list[bool]) -> list[Span]:
         """Two times of one row compared: "acked by their deadline", "delivered after the deadline" is a condition
@@ -791,10 +807,25 @@ class Parser:
             if a.end == b.start and any(m.kind == "copula" for m in a.meanings) and any(
                     m.kind == "cond" for m in b.meanings):   # "came back failed": a copula before a value, no return
                 a.meanings = [m for m in a.meanings if m.kind == "copula"]
+        self._agree_units(spans)
         yesno = bool(tokens) and tokens[0].text in YESNO_START
         if only is not None:
             return self._fill(only, spans, leftovers, tokens, False, unknown_nodes, False)
         return self._interpret(spans, leftovers, tokens, yesno, unknown_nodes)
+
+    def _agree_units(self, spans: list[Span]) -> None:
+        """A unit the question names ("total seconds job 1 lost", "in GiB") agrees with the measure: where a word
+        names measures in several units ("lost": steps, or time), it names only those in that unit. (One with no
+        measure in it is not understood: sigma.companion.compose._in_unit.)"""
+        units = {m.value for s in spans for m in s.meanings if m.kind == "unit"}
+        if len(units) != 1:
+            return
+        fits = {have for have, asked in UNITS if asked in units}
+        for s in spans:
+            measures = [m for m in s.meanings if m.kind == "measure"]
+            agree = [m for m in measures if self.model.entities[m.entity].columns[m.value].unit in fits]
+            if agree and len(agree) < len(measures):
+                s.meanings = [m for m in s.meanings if m.kind != "measure" or m in agree]
 
     # ---------- choosing the entity and filling the slots ----------
 
@@ -982,6 +1013,8 @@ class Parser:
         most = False
         modified: list[Cond] = []   # values read from a name's modifier ("remediation stage")
         lasting = ""   # "longest", "shortest": a superlative of how long a row lasted
+        distinct, distinct_at, distinct_col = "", -1, ""   # "different kinds", "how many ranks": different values
+        zero: tuple[str, int] | None = None   # "no" and where it ends
         devices: list[tuple[str, tuple]] = []   # "NVSwitch": understood beside a kind of event about it
         for n, s in enumerate(spans):
             # a copula ("marked resolved") only before a value of a category; a phrase that is also a column's word
@@ -1114,10 +1147,19 @@ class Parser:
                     unknown.append(negate_text)
                     negate = ""
                     continue
-                if kind == "time":   # "never got an ack", "not closed": that time is not there
+                if kind == "time":   # that time is not there, or not there as the next word says
                     col = ent.columns[value]
                     sql = col.name if col.sql == f"src.{col.name}" else col.sql
-                    q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
+                    after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == s.end else None
+                    how = next((x.value for x in (after.meanings if after else []) if x.kind == "cond"
+                                and self._fits(x, ent) and x.value.column == col.name), None)
+                    if how is not None:   # "not acked in time": not (acked, and in time), so never acked or late
+                        q.conds.append(Cond(ent.name, f"NOT COALESCE(({sql} IS NOT NULL AND {how.sql}), 0)",
+                                            f"{negate} {s.text} {after.text}", col.name + "!", how.params))
+                        q.understood.append(after.text)
+                        timed.add(n + 1)
+                    else:   # "never got an ack", "not closed": that time is not there
+                        q.conds.append(Cond(ent.name, f"{sql} IS NULL", f"{negate} {s.text}", col.name + "!"))
                     negate = ""
                     continue
                 if kind == "entity" and q.project:   # "which nodes were never drained"
@@ -1149,6 +1191,15 @@ class Parser:
                 if q.agg and q.agg != value:   # "average total": one aggregate replacing another says neither
                     unknown.append(s.text)
                 q.agg = value
+                if value == "share" and "percent" in s.text:   # "what percentage of": the share in percent
+                    q.unit = q.unit or "%"
+            elif kind == "zero":
+                zero = (s.text, s.end)
+            elif kind == "reading":
+                before = spans[n - 1] if n and spans[n - 1].end == s.start else None
+                if not (before and any(m.kind in ("measure", "metric") and self._fits(m, ent) or (
+                        m.kind == "order" and ent.readings) for m in before.meanings)):
+                    unknown.append(s.text)
             elif kind == "rank":
                 rank = {"most": "max", "longest": "max", "shortest": "min"}.get(value, value)
                 if q.rank and q.rank != rank:   # "the longest, the shortest": one superlative replacing another
@@ -1201,6 +1252,8 @@ class Parser:
                     q.having = (op, number)
                 else:
                     q.cmp = value
+            elif kind == "distinct":   # understood only before what has the values ("different kinds", "distinct
+                distinct, distinct_at = s.text, n   # nodes")
             elif kind == "compare":
                 q.compare = True
             elif kind == "entity":
@@ -1236,6 +1289,10 @@ class Parser:
                     q.per_item, pending_group = True, False   # "each validation": one row per such stage
             elif kind == "measure" and pending_group and not ent.columns[value].unit:   # "each rank"
                 q.group.append(value)
+            elif kind == "measure" and not (ent.columns[value].unit or ent.columns[value].agg) and n and (
+                    distinct_at == n - 1 or spans[n - 1].meanings[0] == Meaning("q", None, "count")) \
+                    and spans[n - 1].end == s.start:   # "how many ranks": a number that names a row's part (no
+                distinct_col = value                   # unit, no aggregate) counts its different values, not rows
             elif kind == "measure" or kind == "metric":
                 col = ent.columns[value] if kind == "measure" else None
                 if kind == "metric":
@@ -1257,6 +1314,8 @@ class Parser:
             elif kind == "column":
                 if pending_group:
                     q.group.append(value)
+                elif distinct_at == n - 1 and n:
+                    distinct_col = value
                 else:
                     q.show.append(value)
             elif kind == "json":
@@ -1265,13 +1324,22 @@ class Parser:
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
                 if pending_group:
                     q.group.append(col)
-                elif col and not (ent.now and ent.label == col):
+                elif col:
                     before = tokens[s.start - 1].text if s.start else ""
-                    if before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all", "every",
-                                  "distinct", "different", "rank", "sort", "order") or before.isdigit() \
-                            or before in COUNTS or (self._local.ones and not q.project):
+                    subject = not any(x.meanings[0].kind not in ("past", "present", "filler") for x in spans[:n]) \
+                        and any(x.kind in ("rank", "top") for y in spans[n + 1:] for x in y.meanings)
+                    if q.project and q.project != col and before == "and" and not col.startswith("list:"):
+                        q.show.append(col)   # "which node and job": both, on each row
+                    elif ent.now and ent.label == col and not (subject and any(   # a current-state view's rows are
+                            x.kind == "measure" and self._fits(x, ent) for y in spans[n + 1:] for x in y.meanings)):
+                        pass   # its nodes: listed as such, unless a measure of theirs is ranked ("the most cycles")
+                    elif before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
+                                    "every", "distinct", "different", "unique", "rank", "sort", "order") \
+                            or before.isdigit() or before in COUNTS or (self._local.ones and not q.project) or subject:
+                        # "node with the most remediation cycles": the subject of a superlative is who, listed
                         q.project = q.project or col     # "which nodes ...": one row per node
-                        q.count_distinct = before in ("many", "distinct", "different")
+                        q.count_distinct = before in ("many", "distinct", "different", "unique")
+                        distinct = "" if distinct_at == n - 1 else distinct
             elif kind == "versus":
                 q.versus = value
             elif kind == "ago":
@@ -1291,6 +1359,11 @@ class Parser:
                 pending_group = False
             if pending_group and kind == "q" and value == "count" and (q.rank or q.top or q.sort):
                 continue   # "top 3 rules by number of incidents": ranked by their count (the entity comes next)
+            if pending_group == "by" and kind == "agg" and (q.rank or q.top or q.sort) and q.project:
+                pending_group = False   # "top 3 rules by average time open": ranked by that aggregate (of the
+                continue                # measure next)
+            if pending_group == "by" and kind == "measure" and (q.rank or q.top or q.sort) and q.project:
+                pending_group = False   # "top 3 rules by time open": ranked by it
             if pending_group == "by" and kind in ("node", "job", "rule", "cond"):   # "reported by job 1", "raised by
                 #                                                          the watchdog": who, not a grouping
                 pending_group = False
@@ -1335,6 +1408,21 @@ class Parser:
                 q.qkind, q.agg = "list", q.agg or ("" if q.rank else "sum")
         if pending_group:
             unknown.append(pending_group)
+        if distinct_col:   # "node with the most different kinds of errors": per node, how many kinds; "how many
+            #                ranks": how many different ranks; "which different kinds": each kind once
+            if q.project and q.project != distinct_col and not q.group:
+                q.distinct_of = distinct_col
+            else:
+                q.project = distinct_col
+                q.count_distinct = q.qkind == "count" or bool(q.group)
+            distinct = ""
+        if distinct:   # "distinct" before nothing that has values: not understood
+            unknown.append(distinct)
+        if zero and not q.cmp and q.measure is not None and zero[1] < len(tokens) and tokens[zero[1]].stem in {
+                w for p in q.measure.words for w in p}:   # "lost no steps": steps lost = 0
+            q.cmp = ("=", 0.0, "s" if _kind_of(q.measure.unit) == "s" else q.measure.unit)
+        elif zero:
+            unknown.append(zero[0])
         if lasting and q.measure is None and not most:   # "the longest stay in remediation": the row's duration
             # what "how long" names, or the one duration a word of the question names part of ("the slowest
             # checkpoint save": its save time; never "which job has run the longest": no duration says "run")
@@ -1390,6 +1478,9 @@ class Parser:
             if q.measure and len(q.nodes) + len(q.jobs) == 1 and not (
                     q.agg or q.rank or q.group or q.bucket is not None or q.order or q.project or q.since is not None):
                 q.order = "latest"
+            elif q.measure and q.project and q.project in (ent.refs.get("node"), ent.refs.get("job")) and not (
+                    q.agg or q.group or q.bucket is not None or q.order or q.since is not None or q.extras):
+                q.latest_each = True   # "which node is lowest on free memory now": each one's latest reading
             else:
                 unknown.append(now_word)
         if each_row and not (q.agg or q.rank):
@@ -1448,7 +1539,8 @@ class Parser:
                 q.project = dims[0]
         if q.show and not q.project and (q.qkind == "count" or q.rank or q.having):  # "which playbooks, how often"
             q.project = q.show.pop(0)
-        if most and q.measure and q.project and not q.agg:   # "spent the most time": the total per node
+        if most and q.measure and q.measure.agg == "sum" and q.project and not q.agg:   # "spent the most time":
+            #                  the total per node (of a time that adds up; "the most cycles" is the highest)
             q.agg = "sum"
         q.understood = [u for u in q.understood if u]
         return Parse(q, unknown, unknown_nodes, q.understood)

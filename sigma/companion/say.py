@@ -78,8 +78,10 @@ PLURALS = {"restart (requeue)": "restarts (requeues)", "time out of service": "t
 
 def noun(q: Query, n: int | None = None) -> str:
     word = NOUNS.get(q.entity.name, q.entity.name.replace("_", " "))
-    if n == 1:
-        return word
+    return word if n == 1 else plural(word)
+
+
+def plural(word: str) -> str:
     return PLURALS.get(word) or (word if word.endswith("s") else word + "s")
 
 
@@ -148,7 +150,9 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
                 f"{q.versus.words}: {fmt(columns[1], rows[0][1])}.")
     if b.shape == "scalar":
         v = rows[0][columns.index(b.value)] if rows and b.value in columns else (rows[0][0] if rows else None)
-        if b.value == "n":
+        if b.value == "n" and q.count_distinct and q.project:   # "how many ranks": different values, not rows
+            text = f"{v} different {plural(column_words(q.project))} — {what}."
+        elif b.value == "n":
             text = f"{v} {noun(q, v)}{scope(q)}."
             if "n_all" in columns:   # "out of all ...": and how many there are in all
                 text = text[:-1] + f", out of {rows[0][columns.index('n_all')]} in all."
@@ -170,7 +174,8 @@ def say(q: Query, b: Built, columns: list[str], rows: list[tuple], tz: tzinfo | 
             return f"No {what}."
         width = len(columns) - len(b.extras)   # the second part's columns come last, beside the value
         keys = " and ".join(column_words(c) for c in columns[:width - 1])
-        measure = "count" if columns[width - 1] == "n" else column_words(columns[width - 1]).replace("avg ", "average ")
+        measure = ("count" if not q.distinct_of else f"different {plural(column_words(q.distinct_of))}") \
+            if columns[width - 1] == "n" else column_words(columns[width - 1]).replace("avg ", "average ")
         most = "The least" if q.rank == "min" else "The most"
         head = f"{most}, by {measure}" if b.shape == "ranking" else f"{measure[0].upper() + measure[1:]} per {keys}"
         parts = [" / ".join(fmt(c, r[i]) for i, c in enumerate(columns[:width - 1]))

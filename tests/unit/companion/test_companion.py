@@ -45,7 +45,7 @@ def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
     sets = {p.stem: load_questions(p) for p in sorted(SETS.glob("*.yaml"))}
     assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
                          "held_out_7", "held_out_8", "held_out_9", "held_out_10",
-                         "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15"}
+                         "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15", "held_out_16"}
     assert sum(map(len, sets.values())) >= 150
     built = {x.text for x in sets["built"]}
     for name, qs in sets.items():
@@ -787,6 +787,86 @@ def test_a_copula_a_writer_and_a_device_are_understood_beside_what_they_qualify(
     assert q(conn, "how many NVSwitch Xid errors?").status == "partial"   # Xid is the GPU's, not NVSwitch's
 
 
+def test_a_unit_named_chooses_the_measure_in_it(conn):
+    a = q(conn, "total seconds job 1 lost across its requeues")   # "lost": steps or time; seconds: the time
+    truth = values(conn, "SELECT SUM(time_lost_s) FROM job_losses WHERE job_id = 1")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0])
+    assert q(conn, "total seconds of steps lost by job 1").status != "fact"   # no measure of steps in seconds
+
+
+def test_a_total_of_stays_within_a_time_range_is_the_part_inside_it(conn):
+    now = reference_time(conn)
+    a = q(conn, "per node, seconds out of service within the last hour")
+    truth = values(conn, f"""WITH st AS (SELECT d.node, d.ts AS s, COALESCE((SELECT MIN(r.ts) FROM
+        lifecycle_transitions r WHERE r.node = d.node AND r.cycle = d.cycle AND r.to_state = 'resumed'), {now!r}) AS e
+        FROM lifecycle_transitions d WHERE d.to_state = 'drained' AND d.node IS NOT NULL)
+        SELECT node, SUM(MAX(0, MIN(e, {now!r}) - MAX(s, {now!r} - 3600))) FROM st
+        WHERE e > {now!r} - 3600 AND s < {now!r} GROUP BY node ORDER BY node""")
+    assert a.status == "fact" and [(n, round(v, 3)) for n, v in a.rows] == [(n, round(v, 3)) for n, v in truth]
+
+
+def test_a_negation_before_a_time_and_its_condition_negates_both(conn):
+    a = q(conn, "how many checkpoint requests were not acked in time")   # never acked, or late
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL OR acked_at > deadline")
+    b = q(conn, "how many incidents remain unclosed")   # a negative prefix where only the rest means something
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM incidents WHERE closed_at IS NULL")
+
+
+def test_the_subject_of_a_superlative_is_named_and_different_values_are_counted(conn):
+    a = q(conn, "node with the most remediation cycles")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT node, cycle FROM node_lifecycle WHERE cycle = (SELECT MAX(cycle) FROM node_lifecycle)")
+    b = q(conn, "how many ranks does job 1 run")   # a number naming a part of the row: its different values
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(DISTINCT rank) FROM kpis WHERE job_id = 1")
+    assert "2 different ranks" in b.text
+    c = q(conn, "node showing the most different kinds of errors?")
+    assert c.status == "fact" and c.rows == values(conn, """SELECT node, n FROM (SELECT node, COUNT(DISTINCT kind) AS n
+        FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node) WHERE n = (SELECT MAX(n) FROM (SELECT
+        COUNT(DISTINCT kind) AS n FROM events WHERE severity = 'error' AND node IS NOT NULL GROUP BY node))
+        ORDER BY node""")
+    e = q(conn, "job with the highest loss")   # the job once, though two ranks' lines tie at the top
+    assert e.status == "fact" and [r[0] for r in e.rows] == [r[0] for r in values(
+        conn, "SELECT DISTINCT job_id FROM kpis WHERE loss = (SELECT MAX(loss) FROM kpis)")]
+    assert q(conn, "how many unique nodes were drained").rows == values(
+        conn, "SELECT COUNT(DISTINCT target) FROM actions WHERE kind = 'drain' AND state = 'done'")
+    d = q(conn, "the checkpoint request nobody acknowledged — which node and job?")
+    assert d.status == "fact" and [r[:2] for r in d.rows] == values(
+        conn, "SELECT node, job_id FROM checkpoint_requests WHERE acked_at IS NULL")
+
+
+def test_a_share_in_percent_and_a_word_suffixed_wise(conn):
+    a = q(conn, "what share of incidents are critical, in percent")
+    truth = values(conn, "SELECT 100.0 * SUM(severity = 'critical') / COUNT(*) FROM incidents")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=1e-3) and "%" in a.text
+    b = q(conn, "where is job 1 at, step-wise, right now?")   # "step-wise": as to its step
+    step = values(conn, "SELECT step FROM kpis WHERE job_id = 1 ORDER BY ts DESC LIMIT 1")[0][0]
+    assert b.status == "fact" and step in b.rows[0]
+
+
+def test_top_n_by_an_aggregate_of_a_measure_ranks_by_it(conn):
+    assert q(conn, "top 3 rules by average time from open to close").rows == q(
+        conn, "top 3 rules by average time open").rows   # "by" before the aggregate, whatever names the measure
+    a = q(conn, "top 3 rules by average time open")
+    assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(
+        conn, "SELECT rule_id, AVG(closed_at - opened_at) AS v FROM incidents WHERE rule_id IS NOT NULL "
+              "GROUP BY rule_id ORDER BY v DESC, rule_id LIMIT 3")]
+
+
+def test_no_before_a_measure_is_zero_and_a_percentage_is_in_percent(conn):
+    a = q(conn, "what percentage of job losses lost no steps at all")   # the share's numerator, in percent
+    truth = values(conn, "SELECT 100.0 * SUM(steps_lost = 0) / COUNT(*) FROM job_losses")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=1e-3)
+    assert q(conn, "how many incidents had no drains or no luck").status != "fact"
+
+
+def test_now_of_readings_per_node_is_each_nodes_latest_reading(conn):
+    a = q(conn, "which node is lowest on free memory now")
+    assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in values(conn, """SELECT node FROM samples s
+        WHERE metric = 'host.mem.available_bytes' AND ts = (SELECT MAX(ts) FROM samples WHERE node = s.node
+        AND metric = 'host.mem.available_bytes') ORDER BY value LIMIT 1""")]
+
+
 def test_a_window_is_on_the_time_the_verb_names(conn):
     now = reference_time(conn)
     a = q(conn, "how many incidents were closed in the last 45 minutes?")   # the closing, not the opening
@@ -855,3 +935,17 @@ def test_slowest_and_fastest_rank_the_one_duration_the_rows_have(conn):
     assert a.status == "fact" and a.rows[0][0] == values(conn, saves)[0][0]
     b = q(conn, "which was the quickest checkpoint save?")
     assert b.status == "fact" and b.text.startswith("The least")
+
+
+def test_a_reading_after_an_order_is_the_row_and_an_abbreviation_its_word(conn):
+    a = q(conn, "node1 free mem at last reading, bytes")   # "mem": memory; "last reading": the latest row
+    truth = values(conn, "SELECT value FROM samples WHERE node = 'node1' AND metric = 'host.mem.available_bytes' "
+                         "ORDER BY ts DESC LIMIT 1")
+    assert a.status == "fact" and truth[0][0] in a.rows[0]
+    assert q(conn, "any reading of incidents").status == "partial"   # incidents are no history of readings
+
+
+def test_a_hyphenated_word_of_a_phrase_stays_one_word(conn):
+    a = q(conn, "of job 1's requeues, how many resumed from a just-in-time checkpoint?")
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM job_losses WHERE job_id = 1 AND source = 'jit'")
