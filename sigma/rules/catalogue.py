@@ -23,7 +23,8 @@ from sigma.telemetry import logformats
 # telemetry section that reads it there.
 TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job", "cuda_error": "job",
                   "cuda_driver_unusable": "job", "slurm_prolog_failed": "job", "rdma_device_unusable": "job",
-                  "coordination_lost": "job", "burn_in_failed": "job", "slurm_batch_script_lost": "job", "unit_failed": "service",
+                  "coordination_lost": "job", "burn_in_failed": "job", "slurm_batch_script_lost": "job", "shm_exhausted": "job",
+                  "unit_failed": "service",
                   "service_error": "service", "disk_health_warning": "service", "slurm_error": "service"}
 SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output", "service": "services"}
 # Envelopes a target's lines can have: job output and DCGM output are written by programs, not by syslog; a kernel

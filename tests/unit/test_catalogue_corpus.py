@@ -96,6 +96,16 @@ def test_a_sampled_held_out_part_is_a_sample_of_its_own_sources(part):
     assert sum(r["want"] in ("notify", "record", "none") for r in sample) >= len(sample) / 2
 
 
+def test_the_logbook_part_is_every_quoted_line_of_training_run_logbooks():
+    """Every log line the logbooks quote, in order: mostly a healthy run's own output."""
+    logbook = [r for r in ROWS if r["part"] == "held-out-11"]
+    assert len(logbook) >= 100
+    assert not {r["src"] for r in logbook} & {r["src"] for r in ROWS if r["part"] != "held-out-11"}
+    assert all("/chronicles" in r["src"] and "/blob/" in r["src"] for r in logbook)  # a logbook file at a commit
+    assert len({r["line"] for r in logbook}) == len(logbook)
+    assert sum(r["want"] in ("notify", "record", "none") for r in logbook) >= len(logbook) / 2
+
+
 def test_an_unknown_part_is_refused_naming_the_source(tmp_path):
     bad = tmp_path / "corpus.yaml"
     bad.write_text("sources:\n- src: https://example.org/x\n  part: held-in\n  lines:\n"

@@ -551,3 +551,37 @@ def test_a_stacked_device_past_its_limits_notifies(line, kinds, actions):
 ])
 def test_a_batch_script_lost_from_slurmds_spool_notifies_and_a_jobs_own_program_does_not(line, kinds, actions):
     assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    # the driver's unknown error: the GPU was lost or hung under the job (the node is judged from its kernel log)
+    ("[default3]:  what():  CUDA error: unknown error", ["cuda_error"], ["requeue"]),
+    ("RuntimeError: CUDA error: unknown error", ["cuda_error"], ["requeue"]),
+    ("[rank1]: torch.AcceleratorError: CUDA error: unknown error", ["cuda_error"], ["requeue"]),
+    ("jax.errors.JaxRuntimeError: INTERNAL: CUDA_ERROR_UNKNOWN: unknown error", ["cuda_error"], ["requeue"]),
+    ("cudaErrorUnknown returned by cudaStreamSynchronize", ["cuda_error"], ["requeue"]),
+    # look-alikes: the job's own bugs, an unknown error code of a program's own
+    ("RuntimeError: CUDA error: device-side assert triggered", [], []),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", ["cuda_error"], []),
+    ("ValueError: unknown error code 42", [], []),
+])
+def test_the_cuda_drivers_unknown_error_restarts_the_job(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    # PyTorch's DataLoader workers out of the node's /dev/shm: the job dies, the node goes on
+    ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+     ["shm_exhausted"], ["requeue"]),
+    ("RuntimeError: DataLoader worker (pid 30882) is killed by signal: Bus error. It is possible that dataloader's "
+     "workers are out of shared memory. Please try to raise your shared memory limit.", ["shm_exhausted"], ["requeue"]),
+    ("[rank0]: RuntimeError: unable to write to file </torch_2161_2933553693_0>: No space left on device (28)",
+     ["shm_exhausted"], ["requeue"]),
+    # look-alikes: a worker gone for another reason, the job's own crash, /dev/shm's usage, a checkpoint's disk full
+    ("RuntimeError: DataLoader worker (pid(s) 1234) exited unexpectedly", [], []),
+    ("Bus error (core dumped)", [], []),
+    ("tmpfs            94G  336K   94G   1% /dev/shm", [], []),
+    ("OSError: [Errno 28] No space left on device: '/checkpoints/global_step100'", [], []),
+])
+def test_dataloader_workers_out_of_shared_memory_restart_the_job(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
