@@ -1266,6 +1266,8 @@ class Parser:
                 q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
+                elif s.start and tokens[s.start - 1].text == "every":   # "the state of every drain": each one,
+                    q.per_item = q.plural = True                        # never a single row
                 elif pending_group and (q.rank or q.top or q.sort):   # "top 2 nodes by incidents": by their count
                     pending_group = False
                 elif pending_group == "per" and q.agg:   # "median time lost per job loss": over the rows, as "per
@@ -1332,7 +1334,9 @@ class Parser:
                         q.show.append(col)   # "which node and job": both, on each row
                     elif ent.now and ent.label == col and not (subject and any(   # a current-state view's rows are
                             x.kind == "measure" and self._fits(x, ent) for y in spans[n + 1:] for x in y.meanings)):
-                        pass   # its nodes: listed as such, unless a measure of theirs is ranked ("the most cycles")
+                        # its nodes: listed as such, unless a measure of theirs is ranked ("the most cycles"); "every
+                        # node": each one's row, never a single (latest) one
+                        q.per_item = q.plural = q.per_item or q.plural or before in ("every", "all")
                     elif before in ("which", "what", "list", "the", "show", "top", "of", "those", "many", "all",
                                     "every", "distinct", "different", "unique", "rank", "sort", "order") \
                             or before.isdigit() or before in COUNTS or (self._local.ones and not q.project) or subject:
@@ -1485,6 +1489,8 @@ class Parser:
                 unknown.append(now_word)
         if each_row and not (q.agg or q.rank):
             q.per_item = True
+        if q.per_item and q.order == "latest" and ent.now and not q.nodes:   # "the current state of every node":
+            q.order = ""   # a current-state view's rows are each one's current row, so no single latest one
         if negate:
             unknown.append(negate)
         for cond in modified:   # "what remediation stage is node2 in": the column asked is no value given, so the
