@@ -851,6 +851,11 @@ class Parser:
         return True
 
     @staticmethod
+    def _plural(token) -> bool:
+        """The word is in the plural ("categories", "nodes"; not "loss")."""
+        return token.text.endswith("s") and not token.text.endswith("ss") and token.text != token.stem
+
+    @staticmethod
     def _durations(ent: Entity) -> list[Column]:
         return [c for c in ent.measures() if _kind_of(c.unit) == "s"]
 
@@ -1262,8 +1267,7 @@ class Parser:
                         x.kind == "entity" and x.entity == ent.name for x in spans[n + 1].meanings):
                     unknown.append(s.text)   # "log events": a word before the entity's noun that narrows it in a
                     continue                 # way not understood (it names the entity, and nothing of its own)
-                last = tokens[s.end - 1].text
-                q.plural = q.plural or (last.endswith("s") and not last.endswith("ss") and last != tokens[s.end - 1].stem)
+                q.plural = q.plural or self._plural(tokens[s.end - 1])
                 if pending_group in ("each", "every", "for each", "for every"):   # "each validation": one row each
                     q.per_item, pending_group = True, False
                 elif s.start and tokens[s.start - 1].text == "every":   # "the state of every drain": each one,
@@ -1318,6 +1322,9 @@ class Parser:
                     q.group.append(value)
                 elif distinct_at == n - 1 and n:
                     distinct_col = value
+                elif s.start and tokens[s.start - 1].text in ("which", "what") and not q.project and (
+                        self._plural(tokens[s.end - 1])):   # "which categories of incident": the column's
+                    q.project = value                       # different values, one row each (as "which nodes")
                 else:
                     q.show.append(value)
             elif kind == "json":
