@@ -895,6 +895,8 @@ class Parser:
             dims = [m.value for s in spans for m in s.meanings if m.kind == "dim"]
             if dims and HOMES.get(dims[0]) in model.entities:
                 best = model.entities[HOMES[dims[0]]]
+        chosen = best
+        best = self._reported(best, spans, tokens, keys)
         understood = [s.text for s in spans if s.meanings[0].kind not in ("filler", "past", "present")]
         if best is None:
             return Parse(None, [s.text for s in spans if s.meanings[0].kind == "unknown-node"] + leftovers,
@@ -903,12 +905,29 @@ class Parser:
         if not parsed.unknown:
             others = [(best, pick) for pick in self._choices(best, spans, tokens)]
             others += [(ent, pick) for ent in self._readings(best, spans, keys, present)
+                       if ent is not chosen or best is chosen   # a fault reported: not its incidents too
                        for pick in [None, *self._choices(ent, spans, tokens)]]
             for ent, pick in others:
                 other = self._fill(ent, spans, leftovers, tokens, yesno, unknown_nodes, past, pick)
                 if not other.unknown:
                     parsed.alternatives.append(other.query)
         return parsed
+
+    def _reported(self, best: Entity | None, spans: list[Span], tokens, keys: dict[str, tuple]) -> Entity | None:
+        """A count of a fault that a job or node is the subject of ("how many nan losses did job 1 hit"): the
+        reports it sent, where a word of the fault is also a kind of report (its rule's incidents are what the
+        controller opened, read where the question names them or another subject: "did the controller catch")."""
+        if best is None or any(m.kind == "entity" for s in spans for m in s.meanings) or not any(
+                m.kind == "q" and m.value == "count" for s in spans for m in s.meanings):
+            return best
+        if not any(s.start and tokens[s.start - 1].text in ("did", "has", "have", "had") and any(
+                m.kind in ("job", "node") for m in s.meanings) for s in spans):
+            return best
+        own = [m.entity for s in spans if any(m.kind == "rule" and self._fits(m, best) for m in s.meanings)
+               for m in s.meanings if m.kind == "cond" and m.entity != best.name and keys.get(m.entity, (1,))[0] == 0
+               and "source" in self.model.entities[m.entity].columns]   # reports, each naming who sent it (not
+        #                                                                   a state: "did node1 go down")
+        return self.model.entities[own[0]] if own else best
 
     def _readings(self, best: Entity, spans: list[Span], keys: dict[str, tuple], present: bool) -> list[Entity]:
         """The other entities every word of the question fits, in order of fit: each is another reading of the
