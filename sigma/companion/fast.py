@@ -14,8 +14,9 @@ from dataclasses import replace
 from datetime import datetime, tzinfo
 
 from sigma.companion.answer import Answer
-from sigma.companion.compose import NotUnderstood, compose
-from sigma.companion.model import Model, build
+from sigma.companion.compose import Built, NotUnderstood, compose
+from sigma.companion.lexicon import phrase_stems
+from sigma.companion.model import Cond, Model, build
 from sigma.companion.parse import Parser, Query
 from sigma.companion.safe_sql import UnsafeQuery, run_select
 from sigma.companion.say import noun, reading, say, scope
@@ -186,6 +187,45 @@ def _parts_differ(conn, q, built, rows: list, now: float, offset: float) -> bool
     return run_select(conn, count.sql, tuple(count.params)).rows[0][0] != len(rows)
 
 
+def _other_sense(q, question: str) -> tuple[Query, list] | None:
+    """The question read with each word readers take two ways (the entity's `senses`: "logged" by any source or
+    in the kernel log, "errors" of severity error or error or critical) in its other reading, and those senses;
+    None where it has no such word."""
+    stems = phrase_stems(question)
+    conds, said = list(q.conds), []
+    for sense in q.entity.senses:
+        if not any(stems[i:i + len(w)] == w for w in sense.words for i in range(len(stems))):
+            continue
+        own = [c for c in conds if c.column == sense.column]
+        if [c.label for c in own] != ([f"{sense.column} {sense.value}"] if sense.value else []):
+            continue   # the question says its own value ("kernel log errors": no other reading of "logged")
+        conds = [c for c in conds if c not in own] + [Cond(q.entity.name, sense.sql, sense.said, sense.column)]
+        said.append(sense)
+    return (replace(q, conds=conds), said) if said else None
+
+
+def _both_senses(q, built: Built, columns: list[str], other: Built, senses: list) -> Built | None:
+    """A count read both ways, side by side ("3 events; kernel log only and critical too: 2"), one row per group
+    where it is grouped; None for any other answer (a list or a ranking is one reading or the other)."""
+    if (built.value or columns[-1]) != "n" or built.extras or built.shape not in ("scalar", "groups") \
+            or q.qkind == "yesno":
+        return None
+    name = "as_" + "_and_".join("_".join(re.findall(r"[a-z0-9]+", x.said)) for x in senses)
+    params = list(built.params) + list(other.params)
+    if built.shape == "scalar":
+        return Built(f"SELECT ({built.sql}) AS n, ({other.sql}) AS {name}", params, dict(built.units), "scalar",
+                     "n", extras=[name])
+    keys = columns[:-1]   # the groups' keys, then the count
+    if not keys or columns[-1] != "n" or not all(re.fullmatch(r"[a-z_]+", k) for k in keys):
+        return None
+    on = lambda t: " AND ".join(f"{t}.{k} IS k.{k}" for k in keys)  # noqa: E731
+    cols = ", ".join(f"k.{k}" for k in keys)
+    return Built(f"WITH a AS ({built.sql}), b AS ({other.sql}) SELECT {cols}, COALESCE(a.n, 0) AS n, "
+                 f"COALESCE(b.n, 0) AS {name} FROM (SELECT {', '.join(keys)} FROM a UNION SELECT {', '.join(keys)} "
+                 f"FROM b) k LEFT JOIN a ON {on('a')} LEFT JOIN b ON {on('b')} ORDER BY {cols}", params,
+                 dict(built.units), "groups", "n", extras=[name])
+
+
 def _which_one(q, rows: list, understood: str) -> Answer:
     """A question back: which of several rows' times or durations."""
     one, options, words = (("time", "each time, the first or the last", "each, first, last") if q.qkind == "when"
@@ -265,6 +305,19 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         q = replace(q, qkind="count", plural=False)   # 19 checkpoints or their 28 rank writes: both numbers, as a
         built = compose(q, now, offset)              # list is one or the other
         result = run_select(conn, built.sql, tuple(built.params))
+    sensed, otherwise = _other_sense(q, question), ""
+    if sensed and not parted:   # a word readers take two ways: where the answers differ, both figures, or ask
+        other = compose(sensed[0], now, offset)
+        other_result = run_select(conn, other.sql, tuple(other.params))
+        if not _same((q, built, result.columns, result.rows), (sensed[0], other, other_result.columns,
+                                                                   other_result.rows)):
+            both = _both_senses(q, built, result.columns, other, sensed[1])
+            if both is None:   # a list or a ranking is one reading or the other: the first, the other's said too
+                otherwise = say(sensed[0], other, other_result.columns, other_result.rows, tz)
+            else:
+                built, result = both, run_select(conn, both.sql, tuple(both.params))
+        else:
+            sensed = None
     if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting"
         return Answer(text=f"The data holds no values of {q.measure.name.replace('_', ' ')} for {noun(q, 2)}"
                            f"{scope(q)}: no row in scope has one, so I cannot tell.", sql=built.sql,
@@ -273,6 +326,9 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
     text = say(q, built, result.columns, result.rows, tz)
     if parted:
         text += f" A list is one or the other: ask with 'each' for the {noun(q)}, one row each."
+    if sensed:
+        text += " Read two ways, as the words allow: " + "; ".join(x.means for x in sensed[1]) + (
+            f". Read the other way: {otherwise}" if otherwise else ".")
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,
                   units={c: u for c, u in built.units.items() if c in result.columns}, truncated=result.truncated)

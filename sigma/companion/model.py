@@ -58,6 +58,18 @@ class Cond:
     params: tuple = ()
 
 
+@dataclass(frozen=True)
+class Sense:
+    """A word readers take two ways (the schema document's `senses`): its other reading, a predicate `sql` on
+    `column`, taken where the question's own condition on that column is `value` (None: where it has none)."""
+    words: tuple[tuple[str, ...], ...]
+    column: str
+    sql: str
+    said: str                         # the other reading in a few words (the name of its figure's column)
+    means: str                        # both readings in words, said beside both figures
+    value: str | None = None
+
+
 @dataclass
 class Entity:
     name: str
@@ -84,6 +96,7 @@ class Entity:
     #                                   row of one node or job is its value now ("what step is job 1 on now")
     parts: tuple[str, str] | None = None   # (noun, source) of the rows each row merges (a checkpoint: its ranks'
     #                                   writes): a count or an aggregate is said over the rows and over the parts
+    senses: tuple[Sense, ...] = ()    # words readers take two ways ("logged": by any source, or the kernel log)
 
     def measures(self) -> list[Column]:
         return [c for c in self.columns.values() if c.role == "measure"]
@@ -280,7 +293,9 @@ def _entity(name: str, spec: dict) -> Entity:
                   {phrase_stems(device): (column, frozenset(values))
                    for column, devices in (spec.get("devices") or {}).items() for device, values in devices.items()},
                   bool(spec.get("readings")),
-                  (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None)
+                  (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None,
+                  tuple(Sense(tuple(phrase_stems(w) for w in x["words"]), x["column"], x["sql"], x["said"],
+                              x["means"], x.get("value")) for x in spec.get("senses", [])))
 
 
 @lru_cache(maxsize=1)
