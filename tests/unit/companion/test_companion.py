@@ -949,3 +949,32 @@ def test_a_hyphenated_word_of_a_phrase_stays_one_word(conn):
     a = q(conn, "of job 1's requeues, how many resumed from a just-in-time checkpoint?")
     assert a.status == "fact" and a.rows == values(
         conn, "SELECT COUNT(*) FROM job_losses WHERE job_id = 1 AND source = 'jit'")
+
+
+def test_every_node_of_a_current_state_lists_each_node(conn):
+    a = q(conn, "what is the current slurm state of every node?")   # each node's row, never the single latest
+    assert a.status == "fact" and len(a.rows) == values(conn, "SELECT COUNT(DISTINCT node) FROM node_snapshots")[0][0]
+
+
+def test_which_plural_column_noun_lists_its_different_values(conn):
+    a = q(conn, "what severities did incidents on node2 have?")
+    truth = values(conn, "SELECT DISTINCT severity FROM incidents WHERE node = 'node2' AND severity <> ''")
+    assert a.status == "fact" and sorted(r[0] for r in a.rows) == sorted(r[0] for r in truth)
+
+
+def test_a_count_of_a_fault_a_node_reported_counts_its_reports(conn):
+    a = q(conn, "how many nan losses did node2 report?")   # its events, not the incidents opened for them
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM events WHERE kind = 'nan_loss' AND node = 'node2'")
+    b = q(conn, "how many nan losses did the controller catch?")   # the controller's own: incidents
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM incidents WHERE rule_id LIKE 'kpi-nan%'")
+
+
+def test_a_word_read_two_ways_gives_both_figures(conn):
+    a = q(conn, "how many errors did node1 log?")   # any source and error, or kernel log and error or critical
+    both = values(conn, "SELECT (SELECT COUNT(*) FROM events WHERE node = 'node1' AND severity = 'error'), "
+                        "(SELECT COUNT(*) FROM events WHERE node = 'node1' AND source = 'log' AND severity IN "
+                        "('error', 'critical'))")
+    assert both[0][0] != both[0][1] and a.status == "fact" and a.rows == both and "Read two ways" in a.text
+    b = q(conn, "how many errors did node4 log?")   # the two readings agree: one figure
+    assert b.status == "fact" and len(b.rows[0]) == 1 and "Read two ways" not in b.text
