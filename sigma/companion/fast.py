@@ -15,7 +15,7 @@ from datetime import datetime, tzinfo
 
 from sigma.companion.answer import Answer
 from sigma.companion.compose import Built, NotUnderstood, compose
-from sigma.companion.lexicon import phrase_stems
+from sigma.companion.lexicon import STOPWORDS, phrase_stems
 from sigma.companion.model import Cond, Model, build
 from sigma.companion.parse import Parser, Query
 from sigma.companion.safe_sql import UnsafeQuery, run_select
@@ -187,21 +187,24 @@ def _parts_differ(conn, q, built, rows: list, now: float, offset: float) -> bool
     return run_select(conn, count.sql, tuple(count.params)).rows[0][0] != len(rows)
 
 
-def _other_sense(q, question: str) -> tuple[Query, list] | None:
-    """The question read with each word readers take two ways (the entity's `senses`: "logged" by any source or
-    in the kernel log, "errors" of severity error or error or critical) in its other reading, and those senses;
-    None where it has no such word."""
+def _senses(q, question: str) -> tuple[Query, Query, list]:
+    """The question with the words whose sense their place fixes ("log errors": of the kernel log), then read
+    with each word readers take two ways (the entity's `senses`: "logged" by any source or in the kernel log,
+    "errors" of severity error or error or critical) in its other reading, and those senses."""
     stems = phrase_stems(question)
-    conds, said = list(q.conds), []
+    base, conds, said = list(q.conds), list(q.conds), []
     for sense in q.entity.senses:
-        if not any(stems[i:i + len(w)] == w for w in sense.words for i in range(len(stems))):
-            continue
+        at = [i + len(w) for w in sense.words for i in range(len(stems)) if stems[i:i + len(w)] == w]
         own = [c for c in conds if c.column == sense.column]
-        if [c.label for c in own] != ([f"{sense.column} {sense.value}"] if sense.value else []):
+        if not at or [c.label for c in own] != ([f"{sense.column} {sense.value}"] if sense.value else []):
             continue   # the question says its own value ("kernel log errors": no other reading of "logged")
-        conds = [c for c in conds if c not in own] + [Cond(q.entity.name, sense.sql, sense.said, sense.column)]
+        cond = Cond(q.entity.name, sense.sql, sense.said, sense.column)
+        if sense.modifier and all(i < len(stems) and stems[i] not in STOPWORDS for i in at):   # "log errors"
+            base, conds = base + [cond], conds + [cond]
+            continue
+        conds = [c for c in conds if c not in own] + [cond]
         said.append(sense)
-    return (replace(q, conds=conds), said) if said else None
+    return replace(q, conds=base), replace(q, conds=conds), said
 
 
 def _both_senses(q, built: Built, columns: list[str], other: Built, senses: list) -> Built | None:
@@ -305,13 +308,21 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         q = replace(q, qkind="count", plural=False)   # 19 checkpoints or their 28 rank writes: both numbers, as a
         built = compose(q, now, offset)              # list is one or the other
         result = run_select(conn, built.sql, tuple(built.params))
-    sensed, otherwise = _other_sense(q, question), ""
+    fixed, sensed, said = _senses(q, question)
+    if fixed != q and not parted:   # "log errors": the kernel log's, the one reading
+        q, built = fixed, compose(fixed, now, offset)
+        result = run_select(conn, built.sql, tuple(built.params))
+    sensed, otherwise = (sensed, said) if said else None, ""
     if sensed and not parted:   # a word readers take two ways: where the answers differ, both figures, or ask
         other = compose(sensed[0], now, offset)
         other_result = run_select(conn, other.sql, tuple(other.params))
         if not _same((q, built, result.columns, result.rows), (sensed[0], other, other_result.columns,
                                                                    other_result.rows)):
             both = _both_senses(q, built, result.columns, other, sensed[1])
+            if both is not None and (q.which or q.qkind != "count"):   # "which kinds ... more than once": the
+                keys = lambda rows: {r[:-1] for r in rows}                 # groups are the answer, so both
+                if keys(result.rows) != keys(other_result.rows):           # readings must have the same ones
+                    both = None
             if both is None:   # a list or a ranking is one reading or the other: the first, the other's said too
                 otherwise = say(sensed[0], other, other_result.columns, other_result.rows, tz)
             else:

@@ -68,6 +68,7 @@ class Sense:
     said: str                         # the other reading in a few words (the name of its figure's column)
     means: str                        # both readings in words, said beside both figures
     value: str | None = None
+    modifier: bool = False            # before another noun the word has the other reading alone ("log errors")
 
 
 @dataclass
@@ -295,7 +296,7 @@ def _entity(name: str, spec: dict) -> Entity:
                   bool(spec.get("readings")),
                   (spec["parts"]["noun"], " ".join(spec["parts"]["source"].split())) if spec.get("parts") else None,
                   tuple(Sense(tuple(phrase_stems(w) for w in x["words"]), x["column"], x["sql"], x["said"],
-                              x["means"], x.get("value")) for x in spec.get("senses", [])))
+                              x["means"], x.get("value"), bool(x.get("modifier"))) for x in spec.get("senses", [])))
 
 
 @lru_cache(maxsize=1)

@@ -167,7 +167,8 @@ SPEED = {"slowest", "fastest", "quickest"}   # superlatives of how long a row to
 NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this point|currently|as of now|by now|atm|"
                  r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
-UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of )?all time)\b")
+UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of |over )?all time|"
+                       r"(?:over|across) all(?= \w)(?! time))\b")   # "over all incidents": every one, as with no word
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
 SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
@@ -177,9 +178,10 @@ BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "b
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
                           "made", "write", "wrote", "written", "throw", "threw", "thrown")}
-# Verbs of appearing ("showed up", "came up", "popped up"): every row that is there did, so they constrain nothing
-APPEARED = re.compile(r"\b(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|pops|"
-                      r"popped|popping|crop|crops|cropped|cropping) up\b")
+# Verbs of appearing ("showed up", "came up", "popped up", "appeared"): every row that is there did, so they
+# constrain nothing
+APPEARED = re.compile(r"\b(?:(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|"
+                      r"pops|popped|popping|crop|crops|cropped|cropping) up|appear|appears|appeared|appearing)\b")
 UN = re.compile(r"\bun([a-z]{4,})\b")   # a negative prefix: "unclosed", "unacknowledged"
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
