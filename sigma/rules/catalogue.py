@@ -24,6 +24,7 @@ from sigma.telemetry import logformats
 TARGET_BY_KIND = {"dcgm_health": "dcgm", "nccl_timeout": "job", "nccl_error": "job", "cuda_error": "job",
                   "cuda_driver_unusable": "job", "slurm_prolog_failed": "job", "rdma_device_unusable": "job",
                   "coordination_lost": "job", "burn_in_failed": "job", "slurm_batch_script_lost": "job", "shm_exhausted": "job",
+                  "slurm_node_failure": "job",
                   "unit_failed": "service",
                   "service_error": "service", "disk_health_warning": "service", "slurm_error": "service"}
 SECTION_BY_TARGET = {"kernel": "kernel", "dcgm": "dcgm", "job": "job_output", "service": "services"}

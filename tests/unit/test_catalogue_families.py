@@ -585,3 +585,28 @@ def test_the_cuda_drivers_unknown_error_restarts_the_job(line, kinds, actions):
 ])
 def test_dataloader_workers_out_of_shared_memory_restart_the_job(line, kinds, actions):
     assert decide(line, job=True) == (kinds, actions)
+
+
+@pytest.mark.parametrize("line,kinds,actions", [
+    ("srun: error: Node failure on jean-zay-iam37", ["slurm_node_failure"], ["requeue"]),
+    ("salloc: error: Node failure on node[3-4]", ["slurm_node_failure"], ["requeue"]),
+    ("3: srun: error: Node failure on node7", ["slurm_node_failure"], ["requeue"]),  # srun --label
+    ("slurmstepd: error: *** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT 2023-03-06T03:17:51 DUE TO NODE FAILURE, "
+     "SEE SLURMCTLD LOG FOR DETAILS ***", ["slurm_node_failure"], ["requeue"]),
+    ("slurmstepd-node3: error: *** JOB 4242 ON node3 CANCELLED AT 2023-03-06T03:17:51 DUE TO NODE FAILURE, SEE "
+     "SLURMCTLD LOG FOR DETAILS ***", ["slurm_node_failure"], ["requeue"]),
+    # look-alikes: the step's own end, other cancels, a program's words, a task that merely ended
+    ("srun: Job step aborted: Waiting up to 62 seconds for job step to finish.", [], []),
+    ("slurmstepd: error: *** STEP 4242.0 ON node3 CANCELLED AT 2023-03-06T03:17:51 DUE TO TIME LIMIT ***", [], []),
+    ("slurmstepd: error: *** JOB 4242 ON node3 CANCELLED AT 2023-03-06T03:17:51 DUE TO PREEMPTION ***", [], []),
+    ("slurmstepd: error: *** STEP 4242.0 ON node3 CANCELLED AT 2023-03-06T03:17:51 ***", [], []),
+    ("srun: error: jean-zay-iam06: task 0: Terminated", [], []),
+    ("retrying: the data loader saw a node failure on shard 3", [], []),
+])
+def test_slurms_word_that_a_node_of_the_job_failed_restarts_the_job(line, kinds, actions):
+    assert decide(line, job=True) == (kinds, actions)
+
+
+def test_a_slurm_node_failure_names_the_failed_node():
+    outcome = try_line(RULES, BY_ID["slurm-node-failure"], "srun: error: Node failure on node7", "plain", SECTIONS)
+    assert outcome.events[0]["fields"]["slurm_node"] == "node7"
