@@ -308,27 +308,32 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         q = replace(q, qkind="count", plural=False)   # 19 checkpoints or their 28 rank writes: both numbers, as a
         built = compose(q, now, offset)              # list is one or the other
         result = run_select(conn, built.sql, tuple(built.params))
-    fixed, sensed, said = _senses(q, question)
-    if fixed != q and not parted:   # "log errors": the kernel log's, the one reading
-        q, built = fixed, compose(fixed, now, offset)
-        result = run_select(conn, built.sql, tuple(built.params))
-    sensed, otherwise = (sensed, said) if said else None, ""
-    if sensed and not parted:   # a word readers take two ways: where the answers differ, both figures, or ask
-        other = compose(sensed[0], now, offset)
-        other_result = run_select(conn, other.sql, tuple(other.params))
-        if not _same((q, built, result.columns, result.rows), (sensed[0], other, other_result.columns,
-                                                                   other_result.rows)):
-            both = _both_senses(q, built, result.columns, other, sensed[1])
-            if both is not None and (q.which or q.qkind != "count"):   # "which kinds ... more than once": the
-                keys = lambda rows: {r[:-1] for r in rows}                 # groups are the answer, so both
-                if keys(result.rows) != keys(other_result.rows):           # readings must have the same ones
-                    both = None
-            if both is None:   # a list or a ranking is one reading or the other: the first, the other's said too
-                otherwise = say(sensed[0], other, other_result.columns, other_result.rows, tz)
+    fixed, other_q, senses = _senses(q, question) if not parted else (q, q, [])
+    otherwise = ""
+    try:
+        if fixed != q:   # "log errors": the kernel log's, the one reading
+            q, built = fixed, compose(fixed, now, offset)
+            result = run_select(conn, built.sql, tuple(built.params))
+        if senses:   # a word readers take two ways: where the answers differ, both are said
+            other = compose(other_q, now, offset)
+            other_result = run_select(conn, other.sql, tuple(other.params))
+            if _same((q, built, result.columns, result.rows),
+                     (other_q, other, other_result.columns, other_result.rows)):
+                senses = []
             else:
-                built, result = both, run_select(conn, both.sql, tuple(both.params))
-        else:
-            sensed = None
+                both = _both_senses(q, built, result.columns, other, senses)
+                keys = lambda rows: {r[:-1] for r in rows}  # noqa: E731
+                if both is not None and (q.which or q.qkind != "count") and keys(result.rows) != keys(
+                        other_result.rows):   # "which kinds ... more than once": the groups are the answer, so
+                    both = None               # both readings must have the same ones
+                if both is None:   # a list or a ranking is one reading or the other: the first, the other's said
+                    otherwise = say(other_q, other, other_result.columns, other_result.rows, tz)
+                else:
+                    built, result = both, run_select(conn, both.sql, tuple(both.params))
+    except (NotUnderstood, UnsafeQuery, sqlite3.Error) as exc:   # a reading that does not compose: no answer
+        return Answer(text=f"I understood {understood}, but these parts do not make one question I can answer "
+                           f"from the data: {exc}.", tier="fast", intent=q.entity.name, status="partial",
+                      understood=understood, not_understood=[str(exc)])
     if _no_values(conn, q, built, result.columns, result.rows, now, offset):   # "what MFU is job 1 getting"
         return Answer(text=f"The data holds no values of {q.measure.name.replace('_', ' ')} for {noun(q, 2)}"
                            f"{scope(q)}: no row in scope has one, so I cannot tell.", sql=built.sql,
@@ -337,8 +342,8 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
     text = say(q, built, result.columns, result.rows, tz)
     if parted:
         text += f" A list is one or the other: ask with 'each' for the {noun(q)}, one row each."
-    if sensed:
-        text += " Read two ways, as the words allow: " + "; ".join(x.means for x in sensed[1]) + (
+    if senses:
+        text += " Read two ways, as the words allow: " + "; ".join(x.means for x in senses) + (
             f". Read the other way: {otherwise}" if otherwise else ".")
     return Answer(text=text, columns=result.columns, rows=result.rows, sql=built.sql, params=list(built.params),
                   tier="fast", intent=q.entity.name, status="fact", understood=understood,
