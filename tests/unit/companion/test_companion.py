@@ -978,3 +978,7 @@ def test_a_word_read_two_ways_gives_both_figures(conn):
     assert both[0][0] != both[0][1] and a.status == "fact" and a.rows == both and "Read two ways" in a.text
     b = q(conn, "how many errors did node4 log?")   # the two readings agree: one figure
     assert b.status == "fact" and len(b.rows[0]) == 1 and "Read two ways" not in b.text
+    c = q(conn, "which kinds of log error showed up on node1?")   # "log" before a noun: the kernel log alone
+    truth = values(conn, "SELECT DISTINCT kind FROM events WHERE node = 'node1' AND source = 'log' AND severity IN "
+                         "('error', 'critical')")
+    assert c.status == "fact" and sorted(r[0] for r in c.rows) == sorted(r[0] for r in truth)
