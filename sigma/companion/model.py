@@ -47,6 +47,7 @@ class Column:
     keys: list[str] = field(default_factory=list)                           # JSON keys seen
     learnt: bool = False              # its words come from its name, not from the schema document
     unseen: set[str] = field(default_factory=set)   # values the schema lists that no row has (yet)
+    only_in: str = ""                 # a time set only on rows of this condition ("done_at": state = 'done')
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ def _entity(name: str, spec: dict) -> Entity:
         c = c or {}
         role = "measure" if "sql" in c and not cname.endswith("_at") else ""
         columns[cname] = Column(cname, c.get("sql", f"src.{cname}"), role, unit_of(cname) if role else "",
-                                [phrase_stems(w) for w in c.get("words", [])], c.get("agg", ""))
+                                [phrase_stems(w) for w in c.get("words", [])], c.get("agg", ""),
+                                only_in=c.get("only_in", ""))
     for cname, vals in (spec.get("values") or {}).items():
         col = columns.setdefault(cname, Column(cname, f"src.{cname}", ""))
         col.values = {v: [phrase_stems(w) for w in words] for v, words in vals.items()}

@@ -1476,6 +1476,10 @@ class Parser:
             unknown.append("rank")
         if new and q.since is None:
             unknown.append(new)
+        columns = [c.column for c in q.conds if not c.column.endswith("!")]
+        if any(t.text == "both" for t in tokens) and (len(q.nodes) > 1 or len(q.jobs) > 1 or len(q.rules) > 1 or len(
+                columns) > len(set(columns))):   # "on both node2 and node3": what each has (an intersection), never
+            unknown.append("both")           # the rows of either, which two values of one slot otherwise are
         if q.time_col and q.time_col != ent.time and not q.ago:   # "closed in the last 20 minutes", "when were
             col = ent.columns[q.time_col]   # they closed since 16:00": the window is on the closing, not the opening
             q.timed = col.name if col.sql == f"src.{col.name}" else col.sql
@@ -1485,6 +1489,11 @@ class Parser:
             col = ent.columns[q.time_col]   # (the row's own time, "incidents opened", every row has)
             sql = col.name if col.sql == f"src.{col.name}" else col.sql
             if q.time_col != ent.time:
+                # a time set only in one state, beside another value of that state ("done in shadow mode"): two
+                # values of one single-valued column, and no word says which one wins
+                only = re.match(r"(\w+)\b", col.only_in)
+                if only and any(c.column == only.group(1) and c.sql != col.only_in for c in q.conds):
+                    unknown.append(timed_word)
                 q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
             q.time_col = None
         if not q.timed and (q.since is not None or q.until is not None or q.bucket is not None
