@@ -972,6 +972,15 @@ class Parser:
         return any(fit and all(m.noun for m in fit) for fit in (
             [m for m in s.meanings if self._fits(m, ent)] for s in spans))
 
+    def _scope(self, ent: Entity, spans: list[Span], tokens, n: int, value: str) -> Column | None:
+        """The category column of `ent` with a value `value` where the dimension's word, in the singular, comes
+        right before the entity's own noun in the plural ("node incidents"; not "rules fired"), or None."""
+        after = spans[n + 1] if n + 1 < len(spans) and spans[n + 1].start == spans[n].end else None
+        if not (after and any(m.kind == "entity" and m.entity == ent.name for m in after.meanings)
+                and not self._plural(tokens[spans[n].end - 1]) and self._plural(tokens[after.end - 1])):
+            return None
+        return next((c for c in ent.columns.values() if c.role == "category" and value in c.values), None)
+
     def _names(self, name: str) -> bool:
         """One of the entity's own words is in the question's second part ("..., and what actions would ...")."""
         second = getattr(self._local, "second", [])
@@ -1350,6 +1359,11 @@ class Parser:
                     q.show.append(value)
             elif kind == "json":
                 q.conds.append(_json_cond(ent, value))
+            elif kind == "dim" and not pending_group and (scope := self._scope(ent, spans, tokens, n, value)):
+                # "node incidents": a dimension's word before the entity's noun, where the entity has a category
+                # of that name, is that category (incidents of scope node), never a grouping by node
+                sql = scope.name if scope.sql == f"src.{scope.name}" else scope.sql
+                q.conds.append(Cond(ent.name, f"{sql} = ?", s.text, scope.name, (value,)))
             elif kind == "dim":
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
                 if pending_group:
