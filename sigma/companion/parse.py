@@ -1366,7 +1366,13 @@ class Parser:
                 q.conds.append(Cond(ent.name, f"{sql} = ?", s.text, scope.name, (value,)))
             elif kind == "dim":
                 col = ent.refs.get(value) or ("node" if value == "node" else None)
-                if pending_group:
+                if pending_group in ("each", "every") and ent.now and ent.label == col and q.qkind == "list" \
+                        and not (q.agg or q.rank or q.measure or q.group):
+                    # "what remediation state is each node in": a current-state view has one row per node, each
+                    # node's own, listed with its values (never a count per node)
+                    q.per_item = q.plural = True
+                    pending_group = False
+                elif pending_group:
                     q.group.append(col)
                 elif col:
                     before = tokens[s.start - 1].text if s.start else ""
