@@ -174,6 +174,9 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")
 # Verbs of a thing becoming faulty ("the loss went NaN", "node3 turned bad"): when it did is the fault's own time
 BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "became")}
+# Verbs of a fault's report being had ("seen", "logged", "reported", "hit"): the reports, not the incident opened
+SEEN = {stem(w) for w in ("see", "seen", "saw", "log", "logged", "report", "reported", "hit", "observe", "observed",
+                          "record", "recorded")}
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
@@ -919,11 +922,15 @@ class Parser:
         """A count of a fault that a job or node is the subject of ("how many nan losses did job 1 hit"): the
         reports it sent, where a word of the fault is also a kind of report (its rule's incidents are what the
         controller opened, read where the question names them or another subject: "did the controller catch")."""
-        if best is None or any(m.kind == "entity" for s in spans for m in s.meanings) or not any(
-                m.kind == "q" and m.value == "count" for s in spans for m in s.meanings):
+        if best is None or any(m.kind == "entity" for s in spans for m in s.meanings):
             return best
-        if not any(s.start and tokens[s.start - 1].text in ("did", "has", "have", "had") and any(
-                m.kind in ("job", "node") for m in s.meanings) for s in spans):
+        asked = {m.value for s in spans for m in s.meanings if m.kind in ("q", "order")}
+        fault = next((s.end for s in spans if any(m.kind == "rule" for m in s.meanings)), None)
+        # "when was the first xid seen on node4": a fault seen, logged or reported is its reports, and when
+        seen = fault is not None and any(t.stem in SEEN for t in tokens[fault:fault + 2])
+        subject = any(s.start and tokens[s.start - 1].text in ("did", "has", "have", "had") and any(
+            m.kind in ("job", "node") for m in s.meanings) for s in spans)
+        if not (("count" in asked and (subject or seen)) or (seen and asked & {"when", "earliest", "latest"})):
             return best
         own = [m.entity for s in spans if any(m.kind == "rule" and self._fits(m, best) for m in s.meanings)
                for m in s.meanings if m.kind == "cond" and m.entity != best.name and keys.get(m.entity, (1,))[0] == 0
