@@ -175,8 +175,7 @@ SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|
 # Verbs of a thing becoming faulty ("the loss went NaN", "node3 turned bad"): when it did is the fault's own time
 BECAME = {stem(w) for w in ("go", "went", "gone", "turn", "turned", "become", "became")}
 # Verbs of a fault's report being had ("seen", "logged", "reported", "hit"): the reports, not the incident opened
-SEEN = {stem(w) for w in ("see", "seen", "saw", "log", "logged", "report", "reported", "hit", "observe", "observed",
-                          "record", "recorded")}
+SEEN = {stem(w) for w in ("see", "seen", "saw", "log", "logged", "report", "reported", "hit")}
 # Verbs that say a row was made (filed, submitted, raised): every row was, so they constrain nothing
 MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "created", "generate", "generated",
                           "produce", "produced", "emit", "emitted", "raise", "raised", "issue", "issued", "make",
@@ -1515,12 +1514,12 @@ class Parser:
             # node was back"), as a time negated is that time not there ("never acked")
             col = ent.columns[q.time_col]   # (the row's own time, "incidents opened", every row has)
             sql = col.name if col.sql == f"src.{col.name}" else col.sql
+            # a time set only in one state, beside another value of that state ("done in shadow mode"): two
+            # values of one single-valued column, and no word says which one wins
+            only = re.match(r"(\w+)\b", col.only_in)
+            if only and any(c.column == only.group(1) and c.sql != col.only_in for c in q.conds):
+                unknown.append(timed_word)
             if q.time_col != ent.time:
-                # a time set only in one state, beside another value of that state ("done in shadow mode"): two
-                # values of one single-valued column, and no word says which one wins
-                only = re.match(r"(\w+)\b", col.only_in)
-                if only and any(c.column == only.group(1) and c.sql != col.only_in for c in q.conds):
-                    unknown.append(timed_word)
                 q.conds.append(Cond(ent.name, f"{sql} IS NOT NULL", timed_word, col.name))
             q.time_col = None
         if not q.timed and (q.since is not None or q.until is not None or q.bucket is not None

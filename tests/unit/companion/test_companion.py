@@ -983,3 +983,39 @@ def test_a_word_read_two_ways_gives_both_figures(conn):
     truth = values(conn, "SELECT DISTINCT kind FROM events WHERE node = 'node1' AND source = 'log' AND severity IN "
                          "('error', 'critical')")
     assert c.status == "fact" and sorted(r[0] for r in c.rows) == sorted(r[0] for r in truth)
+
+
+def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
+    assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
+    assert q(conn, "how many reboots finished in shadow mode").status == "partial"
+    a = q(conn, "how many drains happened in shadow mode?")   # no time word: the shadow ones
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM actions WHERE kind = 'drain' AND state = 'shadow'")
+
+
+def test_both_x_and_y_is_an_intersection_not_understood_never_the_union(conn):
+    assert q(conn, "which rules fired on both node1 and node4").status == "partial"
+    a = q(conn, "which rules fired on node1 or node4")   # either: the union, as asked
+    truth = values(conn, "SELECT DISTINCT rule_id FROM incidents WHERE node IN ('node1', 'node4')")
+    assert a.status == "fact" and sorted(r[0] for r in a.rows) == sorted(r[0] for r in truth)
+
+
+def test_a_dimension_word_before_the_entity_noun_is_its_category_value(conn):
+    a = q(conn, "average detection latency of job incidents")   # scope job, one figure, not one per job
+    truth = values(conn, "SELECT AVG(opened_at - fault_ts) FROM incidents WHERE scope = 'job'")
+    assert a.status == "fact" and len(a.rows) == 1 and a.rows[0][0] == pytest.approx(truth[0][0])
+
+
+def test_what_column_is_every_node_in_lists_each_nodes_value(conn):
+    a = q(conn, "what remediation state is every node in?")
+    truth = values(conn, "SELECT node, state FROM node_lifecycle")
+    assert a.status == "fact" and sorted((r[0], r[1]) for r in a.rows) == sorted(truth)
+
+
+def test_a_fault_reported_asked_when_is_its_reports_time(conn):
+    a = q(conn, "when was the latest xid reported on node2")   # the xid line itself, not the incident opened
+    truth = values(conn, "SELECT MAX(ts) FROM events WHERE kind = 'xid' AND node = 'node2'")
+    assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], abs=0.01)
+    b = q(conn, "when was the latest xid incident on node2")   # the incidents named: their opening
+    truth = values(conn, "SELECT MAX(opened_at) FROM incidents WHERE rule_id LIKE 'gpu-xid%' AND node = 'node2'")
+    assert b.status == "fact" and b.rows[0][0] == pytest.approx(truth[0][0], abs=0.01) != a.rows[0][0]
