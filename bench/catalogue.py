@@ -15,8 +15,9 @@ the fifth's fixes, `part: held-out-6`), the seventh (gathered after the sixth's 
 eighth (gathered after the seventh's fixes, `part: held-out-8`), the ninth (sampled by fixed generic searches after
 the eighth's fixes, not aimed at gaps, `part: held-out-9`), the tenth (sampled by the same protocol with new
 queries after the ninth's fixes, `part: held-out-10`), the eleventh (every log line quoted by public logbooks of
-large training runs, in order, after the tenth's fixes, `part: held-out-11`) and the twelfth (the same protocol over
-logbooks the eleventh did not reach, after its fixes, `part: held-out-12`):
+large training runs, in order, after the tenth's fixes, `part: held-out-11`), the twelfth (the same protocol over
+logbooks the eleventh did not reach, after its fixes, `part: held-out-12`) and the thirteenth (sampled by fixed
+queries naming the venues where GPU-cluster admins ask for help, after the twelfth's fixes, `part: held-out-13`):
   node-action lines acted on     lines that call for drain / drain+reboot / drain+ticket that got a node action
   exact                          ... that got the very action the line calls for
   job-level lines acted on       lines that call for a job restart that got one (and no node action)
@@ -64,7 +65,7 @@ def heldout(src: str) -> bool:
 
 PARTS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6",
          "held-out-7", "held-out-8", "held-out-9", "held-out-10", "held-out-11",
-         "held-out-12")
+         "held-out-12", "held-out-13")
 
 
 def load_corpus(path: Path) -> list[dict]:

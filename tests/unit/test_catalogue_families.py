@@ -610,3 +610,50 @@ def test_slurms_word_that_a_node_of_the_job_failed_restarts_the_job(line, kinds,
 def test_a_slurm_node_failure_names_the_failed_node():
     outcome = try_line(RULES, BY_ID["slurm-node-failure"], "srun: error: Node failure on node7", "plain", SECTIONS)
     assert outcome.events[0]["fields"]["slurm_node"] == "node7"
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("NVRM: _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP", ["drain+reboot"]),
+    ("NVRM: _kgspBootGspRm: (the GPU is likely in a bad state and may need to be reset)", ["drain+reboot"]),
+    ("NVRM kgspInitRm_IMPL: cannot bootstrap riscv/gsp: 0x40", ["drain+reboot"]),  # 515-525: no colon after NVRM
+    ("NVRM RmInitAdapter: Cannot initialize GSP firmware RM", ["drain+reboot"]),
+    ("NVRM s_executeBooterUcode_TU102: Booter failed with non-zero error code: 0x3", ["drain+reboot"]),
+    ("NVRM: GPU 0000:17:00.0: RmInitAdapter failed! (0x62:0x40:1941)", ["drain+reboot"]),
+    ("NVRM cpuidInfoAMD: Unrecognized AMD processor in cpuidInfoAMD", []),
+    ("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  525.60.11  Release Build", []),
+])
+def test_a_gsp_that_cannot_boot_reboots_in_either_nvrm_prefix(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("NVRM: Open nvidia.ko is only ready for use on Data Center GPUs.", ["drain+ticket"]),
+    ("NVRM: To force use of Open nvidia.ko on other GPUs, see the", []),  # the rest of the notice says nothing
+])
+def test_an_open_module_not_ready_for_the_gpu_is_a_refusal(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ("BUG: kernel NULL pointer dereference, address: 0000000000000008", ["drain+reboot"]),
+    ("BUG: Kernel NULL pointer dereference on read at 0x00000000", ["drain+reboot"]),  # powerpc's words
+    ("BUG: unable to handle kernel NULL pointer dereference at 0000000000000010", ["drain+reboot"]),
+    ("#PF: supervisor write access in kernel mode", []),
+    ("BUG: sleeping function called from invalid context at kernel/locking/mutex.c:580", []),
+])
+def test_the_kernel_faulting_on_a_bad_address_reboots_in_old_and_new_words(line, actions):
+    assert decide(line)[1] == actions
+
+
+@pytest.mark.parametrize("line,actions", [
+    ('Nov 03 13:31:36 node1 kubelet[1601]: E1103 13:31:36.822843    1601 pod_workers.go:191] Error syncing pod 6d97 '
+     '("nvidia-device-plugin-daemonset-x2_gpu-operator(6d97)"), skipping: failed to "StartContainer" for '
+     '"nvidia-device-plugin" with CrashLoopBackOff: "back-off 5m0s restarting failed container"', ["notify"]),
+    ('Nov 03 13:31:36 node1 kubelet[1601]: E1103 13:31:36.822843    1601 pod_workers.go:191] Error syncing pod 6d97 '
+     '("web-7f_default(6d97)"), skipping: failed to "StartContainer" for "web" with CrashLoopBackOff: "back-off"', []),
+    ('Nov 03 13:31:29 node1 kubelet[1601]: I1103 13:31:29.309279    1601 setters.go:73] Using node IP: "10.0.0.4"', []),
+    ('Nov 03 13:31:36 node1 kernel: failed to "StartContainer" for "nvidia-driver-ctr" with CrashLoopBackOff', []),
+])
+def test_kubelet_restarting_a_crashing_nvidia_gpu_stack_container_notifies_and_never_drains(line, actions):
+    outcome = try_line(RULES, BY_ID["service-failed"], line, "rfc3164", SECTIONS)
+    assert sorted({f.action for f in outcome.findings}) == actions
