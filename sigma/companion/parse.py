@@ -920,12 +920,13 @@ class Parser:
     def _reported(self, best: Entity | None, spans: list[Span], tokens, keys: dict[str, tuple]) -> Entity | None:
         """A count of a fault that a job or node is the subject of ("how many nan losses did job 1 hit"): the
         reports it sent, where a word of the fault is also a kind of report (its rule's incidents are what the
-        controller opened, read where the question names them or another subject: "did the controller catch")."""
+        controller opened, read where the question names them or another subject: "did the controller catch");
+        and a fault seen, logged, reported or hit, counted or asked when, first or last ("when was the first xid seen
+        on node4"): those reports and their time."""
         if best is None or any(m.kind == "entity" for s in spans for m in s.meanings):
             return best
         asked = {m.value for s in spans for m in s.meanings if m.kind in ("q", "order")}
         fault = next((s.end for s in spans if any(m.kind == "rule" for m in s.meanings)), None)
-        # "when was the first xid seen on node4": a fault seen, logged or reported is its reports, and when
         seen = fault is not None and any(t.stem in SEEN for t in tokens[fault:fault + 2])
         subject = any(s.start and tokens[s.start - 1].text in ("did", "has", "have", "had") and any(
             m.kind in ("job", "node") for m in s.meanings) for s in spans)
