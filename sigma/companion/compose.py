@@ -506,6 +506,12 @@ def _compose(q: Query, now: float, tz_offset: float, used: list[Extra]) -> Built
     if (q.qkind == "count" or agg == "sum") and not m:   # "total drains": a total of rows with no measure
         return Built(head + f"SELECT COUNT(*) AS n{add(aggregates)} FROM rows", params, units, "scalar", "n")
 
+    if m and q.rank and q.top and not agg and not q.order:   # "the 3 incidents that took longest to close": the
+        cols = list(dict.fromkeys([c for c in ent.show if c] + [mname] + [x.name for x in plain]))   # rows at the top
+        add(plain)
+        sql = head + (f"SELECT {', '.join(cols)} FROM rows WHERE {mname} IS NOT NULL ORDER BY {mname} "
+                      f"{'DESC' if q.rank == 'max' else 'ASC'} LIMIT {q.top}")
+        return Built(sql, params, units, "ranking", mname)
     if m and q.rank and not agg and (q.which or plain) and not q.order:   # the row(s) at the top
         fn = "MAX" if q.rank == "max" else "MIN"
         cols = [mname] if plain and not q.which else [c for c in ent.show if c] + [mname]

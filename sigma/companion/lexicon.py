@@ -86,6 +86,11 @@ TOKEN = re.compile(r"\d{4}-\d{2}-\d{2}(?:[t ]\d{1,2}:\d{2})?|\d{1,2}:\d{2}(?::\d
                    r"|[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*")
 
 
+# Shorthands an admin types, written out before any word is read
+ABBREVIATIONS = {"ckpt": "checkpoint", "ckpts": "checkpoints", "w/": "with", "w/o": "without"}
+ABBREVIATION = re.compile(r"(?<![\w/])(ckpts?|w/o|w/)(?![\w/])")
+
+
 def normalise(question: str) -> str:
     q = question.lower().replace("’", "'")
     q = re.sub(r"\b(\w+)'s\b", lambda m: m.group(1) + ("" if m.group(1) in ("what", "that", "there", "who", "it",
@@ -93,6 +98,8 @@ def normalise(question: str) -> str:
     q = re.sub(r"\b(what|that|there|who|it|here|where)'s\b", r"\1 is", q)
     q = re.sub(r"n't\b", " not", q)
     q = re.sub(r"\b(\w+)\(s\)", r"\1", q)   # "job(s)": the noun, as one or several
+    q = ABBREVIATION.sub(lambda m: ABBREVIATIONS[m.group(1)], q)   # "ckpt", "w/": the word written out
+    q = re.sub(r"\b(\d+)m\b", r"\1 minutes", q)   # "the last 45m": minutes, as "45 min"
     # the other contractions of a pronoun and its auxiliary ("we've had", "they'd have"): the auxiliary written out
     q = re.sub(r"\b(i|we|you|they|he|she)'(ve|re|ll|d)\b",
                lambda m: f"{m.group(1)} " + {"ve": "have", "re": "are", "ll": "will", "d": "would"}[m.group(2)], q)

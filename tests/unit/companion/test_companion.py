@@ -1020,3 +1020,18 @@ def test_a_fault_reported_asked_when_is_its_reports_time(conn):
     b = q(conn, "when was the latest xid incident on node2")   # the incidents named: their opening
     truth = values(conn, "SELECT MAX(opened_at) FROM incidents WHERE rule_id LIKE 'gpu-xid%' AND node = 'node2'")
     assert b.status == "fact" and b.rows[0][0] == pytest.approx(truth[0][0], abs=0.01) != a.rows[0][0]
+
+
+def test_shorthands_are_written_out(conn):
+    a = q(conn, "how many ckpts were requested w/o an ack?")   # checkpoints, without
+    truth = values(conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NULL")
+    assert a.status == "fact" and a.rows == truth
+    b = q(conn, "how many drains in the last 90m")   # minutes
+    assert b.status == "fact" and b.rows == q(conn, "how many drains in the last 90 minutes").rows
+
+
+def test_the_n_rows_that_rank_highest_are_listed(conn):
+    a = q(conn, "the 2 incidents that stayed open the longest")   # two rows, never the single extreme value
+    truth = conn.execute("SELECT id FROM incidents WHERE closed_at IS NOT NULL ORDER BY closed_at - opened_at DESC "
+                         "LIMIT 2").fetchall()   # in order, longest first
+    assert a.status == "fact" and [r[0] for r in a.rows] == [r[0] for r in truth]
