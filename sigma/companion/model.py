@@ -270,11 +270,20 @@ def _referred_columns(entities: dict[str, Entity]) -> None:
                     words=list(words), learnt=col.learnt))
 
 
+def _said(sql: str) -> str:
+    """A condition's words built from its SQL's values ("result IN ('fail', 'reject')": "result fail or reject"),
+    so that an answer names every value it counted, never a subset; "" for any other predicate."""
+    m = re.fullmatch(r"(\w+) (?:= '(\w+)'|IN \(((?:'\w+'(?:, )?)+)\))", sql.strip())
+    if not m:
+        return ""
+    return m.group(1) + " " + (m.group(2) or " or ".join(re.findall(r"'(\w+)'", m.group(3))))
+
+
 def _entity(name: str, spec: dict) -> Entity:
     conds = {}
     for words, sql in (spec.get("conds") or {}).items():
         m = re.match(r"\(?\s*(?:NOT \()?\s*(\w+)\b", sql)
-        conds[phrase_stems(words)] = Cond(name, sql, words, m.group(1) if m else "")
+        conds[phrase_stems(words)] = Cond(name, sql, _said(sql) or words, m.group(1) if m else "")
     columns = {}
     for cname, c in (spec.get("columns") or {}).items():
         c = c or {}

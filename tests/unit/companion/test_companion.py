@@ -984,6 +984,10 @@ def test_a_word_read_two_ways_gives_both_figures(conn):
                          "('error', 'critical')")
     assert c.status == "fact" and sorted(r[0] for r in c.rows) == sorted(r[0] for r in truth)
 
+    d = q(conn, "per node, number of failed health checks")   # suites' rejects beside the checks' own fails, or not
+    truth = values(conn, "SELECT node, SUM(severity IN ('fail', 'reject')), SUM(severity = 'fail') FROM events "
+                         "WHERE source = 'health' AND severity IN ('fail', 'reject') GROUP BY node ORDER BY node")
+    assert d.status == "fact" and d.rows == truth and "fail or reject" in d.text and "Read two ways" in d.text
 
 def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
     assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
