@@ -262,6 +262,13 @@ def answer(conn: sqlite3.Connection, question: str, *, now: float | None = None,
         return Answer(text=f"Which {thing}? Give its {'SLURM job id' if thing == 'job' else 'name'}, e.g. "
                            f"'{'why did job 42 restart?' if thing == 'job' else 'what state is node3 in?'}'",
                       tier="fast", intent=q.entity.name, status="clarify", understood=understood)
+    if q.judged and not parsed.unknown:
+        thing = q.judged.split()[-1]
+        return Answer(text=f"'{q.judged}' has several readings whose answers differ: the {thing} of "
+                           f"{' or '.join(q.rules)} incidents, or a measure of each {thing.rstrip('s')} (its step "
+                           f"time, load or utilisation) against the others. Which do you mean? Ask with that "
+                           f"measure, or 'incidents'.", tier="fast", intent=q.entity.name, status="clarify",
+                      understood=understood)
     if parsed.unknown:
         return Answer(text=f"I understood {understood}, but not: {', '.join(repr(w) for w in parsed.unknown)}. "
                            "I will not guess at those, so this is not an answer; rephrase, or configure a language "

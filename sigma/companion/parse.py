@@ -225,6 +225,8 @@ class Query:
     """What the question asks, in slots."""
     entity: Entity
     conds: list[Cond] = field(default_factory=list)
+    judged: str = ""   # a fault's words that are the question's only noun ("the slow nodes"): a judgement of the
+    #                    thing with several readings (its fault's incidents, or a measure of it), asked back
     cmp: tuple[str, float, str] | None = None   # a comparison on the measure: (op, value, unit)
     since: float | None = None
     until: float | None = None
@@ -1219,6 +1221,11 @@ class Parser:
                 q.jobs += value
             elif kind == "rule":
                 q.rules += _likes(value)
+                nouns = {p[-1] for ps in self.model.refs.values() for p in ps}
+                if phrase_stems(s.text)[-1] in nouns and not any(   # "show me the slow nodes": the fault's words
+                        m.kind in ("entity", "dim", "measure", "metric", "column", "row")   # are its only noun, so
+                        for x in spans if x is not s for m in x.meanings):   # the thing judged, not its reports
+                    q.judged = s.text
             elif kind == "q":
                 if value == "why-filter":
                     continue

@@ -989,6 +989,14 @@ def test_a_word_read_two_ways_gives_both_figures(conn):
                          "WHERE source = 'health' AND severity IN ('fail', 'reject') GROUP BY node ORDER BY node")
     assert d.status == "fact" and d.rows == truth and "fail or reject" in d.text and "Read two ways" in d.text
 
+
+def test_a_faults_words_that_are_the_only_noun_judge_the_thing_and_are_asked_back(conn):
+    a = q(conn, "show me the slow nodes")   # slowdown incidents, or step time, load or utilisation per node
+    assert a.status == "clarify" and not a.rows and "step time" in a.text
+    b = q(conn, "how many slow node incidents")   # another noun names what is counted: the fault's incidents
+    assert b.status == "fact" and b.rows == values(
+        conn, "SELECT COUNT(*) FROM incidents WHERE rule_id IN ('isolation-outlier', 'watchdog-throughput-drop')")
+
 def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
     assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
     assert q(conn, "how many reboots finished in shadow mode").status == "partial"
