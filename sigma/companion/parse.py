@@ -168,7 +168,9 @@ NOW = re.compile(r"\b(?:right now|at (?:the|this) moment|at present|at this poin
                  r"now)\b")
 # A time with no bound: the whole history, as a question without a time range reads ("so far", "to date")
 UNBOUNDED = re.compile(r"\b(?:so far|to date|up to now|until now|till now|up till now|(?:of |over )?all time|"
-                       r"(?:over|across) all(?= \w)(?! time))\b")   # "over all incidents": every one, as with no word
+                       r"(?:over|across) all(?= \w)(?! time)|"   # "over all incidents": every one, as with no word
+                       r"(?:over|across|for|during|in|throughout) (?:its|their|the) (?:whole|entire|full) "
+                       r"(?:run|runs|life|lifetime|history))\b")   # "over its whole run": the job's every row
 # The site as the subject of a light verb ("have we done", "we've had", "did we see"): who saw it is no condition
 SUBJECT = re.compile(r"\b(?:have we|did we|do we|we have|we had|we|have i|did i|i have|i)(?: ever)? (?:done|do|did|"
                      r"had|have|seen|see|saw|got|get|gotten|experienced|observed)\b")

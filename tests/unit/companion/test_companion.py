@@ -997,6 +997,11 @@ def test_a_faults_words_that_are_the_only_noun_judge_the_thing_and_are_asked_bac
     assert b.status == "fact" and b.rows == values(
         conn, "SELECT COUNT(*) FROM incidents WHERE rule_id IN ('isolation-outlier', 'watchdog-throughput-drop')")
 
+
+def test_a_things_whole_run_is_no_time_bound(conn):
+    a = q(conn, "job 1's mean step time over its whole run")
+    assert a.status == "fact" and a.rows == values(conn, "SELECT AVG(step_time_s) FROM kpis WHERE job_id = 1")
+
 def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
     assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
     assert q(conn, "how many reboots finished in shadow mode").status == "partial"
