@@ -65,7 +65,7 @@ def heldout(src: str) -> bool:
 
 PARTS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6",
          "held-out-7", "held-out-8", "held-out-9", "held-out-10", "held-out-11",
-         "held-out-12", "held-out-13")
+         "held-out-12", "held-out-13", "held-out-14")
 
 
 def load_corpus(path: Path) -> list[dict]:
