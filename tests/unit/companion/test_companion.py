@@ -46,7 +46,7 @@ def test_the_sets_are_split_large_enough_and_every_ground_truth_runs(conn):
     assert set(sets) == {"built", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
                          "held_out_7", "held_out_8", "held_out_9", "held_out_10",
                          "held_out_11", "held_out_12", "held_out_13", "held_out_14", "held_out_15", "held_out_16",
-                         "held_out_17", "held_out_18"}
+                         "held_out_17", "held_out_18", "held_out_19"}
     assert sum(map(len, sets.values())) >= 150
     built = {x.text for x in sets["built"]}
     for name, qs in sets.items():
