@@ -16,8 +16,10 @@ eighth (gathered after the seventh's fixes, `part: held-out-8`), the ninth (samp
 the eighth's fixes, not aimed at gaps, `part: held-out-9`), the tenth (sampled by the same protocol with new
 queries after the ninth's fixes, `part: held-out-10`), the eleventh (every log line quoted by public logbooks of
 large training runs, in order, after the tenth's fixes, `part: held-out-11`), the twelfth (the same protocol over
-logbooks the eleventh did not reach, after its fixes, `part: held-out-12`) and the thirteenth (sampled by fixed
-queries naming the venues where GPU-cluster admins ask for help, after the twelfth's fixes, `part: held-out-13`):
+logbooks the eleventh did not reach, after its fixes, `part: held-out-12`), the thirteenth (sampled by fixed
+queries naming the venues where GPU-cluster admins ask for help, after the twelfth's fixes, `part: held-out-13`) and
+the fourteenth (sampled by fixed queries naming the software that runs on training clusters, after the thirteenth's
+fixes, `part: held-out-14`):
   node-action lines acted on     lines that call for drain / drain+reboot / drain+ticket that got a node action
   exact                          ... that got the very action the line calls for
   job-level lines acted on       lines that call for a job restart that got one (and no node action)
@@ -65,7 +67,7 @@ def heldout(src: str) -> bool:
 
 PARTS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5", "held-out-6",
          "held-out-7", "held-out-8", "held-out-9", "held-out-10", "held-out-11",
-         "held-out-12", "held-out-13")
+         "held-out-12", "held-out-13", "held-out-14")
 
 
 def load_corpus(path: Path) -> list[dict]:

@@ -511,6 +511,16 @@ def test_gsp_rpcs_failing_and_kernel_traps_reboot_and_gpu_page_faults_restart_th
     ("-:6015:6224 [1] proxy.cc:884 NCCL WARN Proxy Call to rank 1 failed (Connect)", ["nccl_error"], ["requeue"]),
     ("torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable", ["cuda_error"],
      ["requeue"]),
+    # the same runtime errors in PyTorch's pre-1.0 envelopes and the runtime's older wording
+    ("THCudaCheck FAIL file=/opt/conda/work/aten/src/THC/THCGeneral.cpp line=51 error=46 : all CUDA-capable devices "
+     "are busy or unavailable", ["cuda_error"], ["requeue"]),
+    ("RuntimeError: cuda runtime error (46) : all CUDA-capable devices are busy or unavailable at /pytorch/aten/src/"
+     "THC/THCGeneral.cpp:51", ["cuda_error"], ["requeue"]),
+    ("THCudaCheck FAIL file=/pytorch/aten/src/THC/THCCachingHostAllocator.cpp line=265 error=39 : uncorrectable ECC "
+     "error encountered", ["cuda_error"], ["requeue"]),
+    # the job's own bugs in the same envelope: no event
+    ("THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=405 error=11 : invalid argument", [], []),
+    ("THCudaCheck FAIL file=/pytorch/aten/src/THC/generic/THCStorage.cu line=58 error=2 : out of memory", [], []),
     # gpu-burn: a GPU's worker died (its progress line), its verdict FAULTY: the node's GPU is suspect
     ("30.0%  proc'd: 1 (9 Gflop/s) - -1 (0 Gflop/s)   errors: 0 - -5337  (DIED!)  temps: 30 C - 30 C ",
      ["burn_in_failed"], ["notify"]),
