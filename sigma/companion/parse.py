@@ -1223,7 +1223,7 @@ class Parser:
                 q.jobs += value
             elif kind == "rule":
                 q.rules += _likes(value)
-                nouns = {p[-1] for ps in self.model.refs.values() for p in ps}
+                nouns = {p[-1] for k in ("node", "job") for p in self.model.refs.get(k, [])}   # things, not faults
                 if phrase_stems(s.text)[-1] in nouns and not any(   # "show me the slow nodes": the fault's words
                         m.kind in ("entity", "dim", "measure", "metric", "column", "row")   # are its only noun, so
                         for x in spans if x is not s for m in x.meanings):   # the thing judged, not its reports
