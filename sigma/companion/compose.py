@@ -189,8 +189,10 @@ def _filters(q: Query, row: str) -> tuple[list[str], list, list[tuple[str, list]
     share_conds = []       # "what share of X are Y": Y is the numerator, not a filter
     metric_col = (ent.measure_names or {}).get("column")
     by_column: dict[str, list] = {}
-    for c in q.conds:   # several values of one column ("warning or error events") are alternatives
-        by_column.setdefault(c.column or c.sql, []).append(c)
+    for c in q.conds:   # several values of one column ("warning or error events") are alternatives; a test of
+        #                 another kind ("acknowledged", "missed the deadline": null, a comparison) holds as well
+        value = c.column.endswith("!") or not re.search(r"\bIS (?:NOT )?NULL\b|[<>]", c.sql)   # "!": ANDed anyway
+        by_column.setdefault((c.column or c.sql) if value else c.sql, []).append(c)
     for column, conds in by_column.items():
         joiner = " AND " if column.endswith("!") else " OR "   # "not A or B": neither
         sql = conds[0].sql if len(conds) == 1 else "(" + joiner.join(c.sql for c in conds) + ")"

@@ -1003,6 +1003,12 @@ def test_a_things_whole_run_is_no_time_bound(conn):
     truth = values(conn, "SELECT AVG(step_time_s) FROM kpis WHERE job_id = 1")
     assert a.status == "fact" and a.rows[0][0] == pytest.approx(truth[0][0], rel=1e-3)   # said to 4 figures
 
+
+def test_two_tests_of_one_column_that_are_not_its_values_both_hold(conn):
+    a = q(conn, "how many acknowledged requests missed their deadline")   # acked, and late: never "or"
+    assert a.status == "fact" and a.rows == values(
+        conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NOT NULL AND acked_at > deadline")
+
 def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
     assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
     assert q(conn, "how many reboots finished in shadow mode").status == "partial"
