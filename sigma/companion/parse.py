@@ -185,7 +185,9 @@ MADE = {stem(w) for w in ("file", "filed", "submit", "submitted", "create", "cre
 # Verbs of appearing ("showed up", "came up", "popped up", "appeared"): every row that is there did, so they
 # constrain nothing
 APPEARED = re.compile(r"\b(?:(?:show|shows|showed|shown|showing|come|comes|came|coming|turn|turns|turned|turning|pop|"
-                      r"pops|popped|popping|crop|crops|cropped|cropping) up|appear|appears|appeared|appearing)\b")
+                      r"pops|popped|popping|crop|crops|cropped|cropping) up|appear|appears|appeared|appearing|"
+                      r"(?:come|comes|came|arrive|arrives|arrived)(?= (?:after|before|past|in time)\b))\b")
+#   and of arriving before when ("acks came after their deadline"): the row's own time, which the words after say
 UN = re.compile(r"\bun([a-z]{4,})\b")   # a negative prefix: "unclosed", "unacknowledged"
 HYPHENATED = re.compile(r"(?<![\w'-])[a-z]+(?:-[a-z]+)+(?![\w-])")   # words joined by hyphens, no digits
 QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")

@@ -1008,6 +1008,8 @@ def test_two_tests_of_one_column_that_are_not_its_values_both_hold(conn):
     a = q(conn, "how many acknowledged requests missed their deadline")   # acked, and late: never "or"
     assert a.status == "fact" and a.rows == values(
         conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at IS NOT NULL AND acked_at > deadline")
+    b = q(conn, "how many acks arrived past their deadline")   # arriving before a time: the row's own, no condition
+    assert b.status == "fact" and b.rows == values(conn, "SELECT COUNT(*) FROM checkpoint_requests WHERE acked_at > deadline")
 
 def test_a_time_set_only_in_one_state_beside_another_state_is_not_understood(conn):
     assert q(conn, "how many drains were completed in shadow mode?").status == "partial"   # never done: not 0
