@@ -1030,7 +1030,7 @@ def test_both_x_and_y_is_an_intersection_not_understood_never_the_union(conn):
 def test_a_dimension_word_before_the_entity_noun_is_its_category_value(conn):
     a = q(conn, "average detection latency of job incidents")   # scope job, one figure, not one per job
     truth = values(conn, "SELECT AVG(opened_at - fault_ts) FROM incidents WHERE scope = 'job'")
-    assert a.status == "fact" and len(a.rows) == 1 and a.rows[0][0] == pytest.approx(truth[0][0], rel=1e-3)   # as said
+    assert a.status == "fact" and len(a.rows) == 1 and a.rows[0][0] == pytest.approx(truth[0][0])
 
 
 def test_what_column_is_every_node_in_lists_each_nodes_value(conn):
