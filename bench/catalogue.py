@@ -150,6 +150,7 @@ def score(row: dict, res: dict) -> dict:
         out["job"] = job and not node
     else:
         out["benign_node"] = node  # a failure when True
+        out["benign_job"] = job  # a healthy job restarted: a failure when True
     if want in DRAIN + ("requeue", "notify"):
         out["no_event"] = not res["events"]  # a failure when True
     if want == "notify":
@@ -159,7 +160,9 @@ def score(row: dict, res: dict) -> dict:
 
 FIGURES = [("node", "node-action lines acted on", False), ("exact", "  ... with the exact action", False),
            ("job", "job-level lines acted on", False), ("notify", "notify lines notified", False),
-           ("benign_node", "benign lines with a node action", True), ("no_event", "no event, action needed", True)]
+           ("benign_node", "benign lines with a node action", True),
+           ("benign_job", "benign lines with a job restart", True), ("no_event", "no event, action needed", True)]
+FAILED_WHEN_TRUE = {fig for fig, _, bad in FIGURES if bad}
 
 
 def tally(rows, results, key=None) -> dict:
@@ -212,7 +215,7 @@ def failures(rows, results, show_heldout: bool) -> list[str]:
         if row["part"] != "tuning" and not show_heldout:
             continue
         s = score(row, res)
-        bad = [f for f, v in s.items() if (v if f in ("benign_node", "no_event") else not v)]
+        bad = [f for f, v in s.items() if (v if f in FAILED_WHEN_TRUE else not v)]
         if bad:
             out.append(f"  [{row['part']}] want {row['want']:12} got {','.join(res['rules']) or 'nothing':40} "
                        f"events {','.join(res['events']) or '-':20} {row['fmt']:16} {row['line'][:110]!r}")
