@@ -107,15 +107,15 @@ def test_checkpoint_request_answer_manifest_and_resume(job, monkeypatch):
     ckpt.parent.mkdir()
     ckpt.write_text("weights")
     r.checkpoint_saved(12, ckpt, request=req)
-    clock = Clock(time.time())
-    with monkeypatch.context() as m:   # hold's waiting on a clock of the test's own: what it does, not how long
+    clock = Clock(1000.0)
+    with monkeypatch.context() as m:   # hold waits on a clock of the test's own: what it does, not how long it takes
         m.setattr(kpi, "time", clock)
-        r.hold(req)
-        assert clock.now >= deadline and all(s > 0 for s in clock.slept)  # held until the request's deadline
+        r.hold(kpi.Request(17, 1003.0), tick_s=1.0)
+        assert clock.slept == [1.0, 1.0, 1.0]  # held, tick by tick, up to the request's deadline and no tick past it
         asked = []
-        late = kpi.Request(19, clock.now + 60)
-        r.hold(late, done=lambda: asked.append(1) or len(asked) > 2)  # the framework caught SIGTERM
-        assert len(asked) == 3 and clock.now < late.deadline  # left when done said so, not at the deadline
+        done = lambda: asked.append(1) or len(asked) > 2  # noqa: E731 - the framework caught SIGTERM at the third look
+        r.hold(kpi.Request(19, 1063.0), tick_s=1.0, done=done)
+        assert len(asked) == 3 and clock.slept[3:] == [1.0, 1.0]  # left when done said so, not at the deadline
     assert r.checkpoint_request() is None  # answered once
     r.close()
     answer = [json.loads(x) for x in r.path.read_text().splitlines() if '"checkpoint"' in x][-1]
